@@ -1,0 +1,36 @@
+"""chainoffload: decide which activations to offload to host memory, and when, to train a deep
+network in less GPU memory at the least cost in time; verify the plan; carry it out.
+
+The framework-independent core: the chain model (:class:`Chain`, :class:`Platform`), the one
+schedule format (:class:`Schedule`, :class:`Transfer`), the one simulator (:func:`simulate`),
+and solvers behind one front door (:func:`solve`).
+"""
+
+from .chain import Chain, ChainError
+from .platform import Platform, PlatformError
+from .schedule import Schedule, ScheduleError, Transfer, fixed_order
+from .simulate import Timeline, Violation, simulate, keep_all_peak
+from .result import Result, Status
+from .solvers import solve, methods, register
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Chain",
+    "ChainError",
+    "Platform",
+    "PlatformError",
+    "Schedule",
+    "ScheduleError",
+    "Transfer",
+    "fixed_order",
+    "Timeline",
+    "Violation",
+    "simulate",
+    "keep_all_peak",
+    "Result",
+    "Status",
+    "solve",
+    "methods",
+    "register",
+]

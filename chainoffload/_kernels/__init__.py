@@ -1,0 +1,1 @@
+"""Jitted kernels. Private: they take arrays and trust them; the public wrappers validate."""

@@ -1,0 +1,327 @@
+"""The one schedule format every solver returns and the simulator replays.
+
+A :class:`Schedule` is the compute sequence plus transfers, each tied to a trigger: the start
+or the end of a compute op, after which the transfer is queued on its channel. This is what an
+executor can do: a forward/backward hook enqueues a copy on a side stream; the compute stream
+waits on the copy's event. See DESIGN.md, "One schedule format".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from .chain import Chain
+
+__all__ = ["Schedule", "ScheduleError", "Transfer", "OP_KINDS", "fixed_order"]
+
+#: Compute op kinds: F (F_all, run with autograd), B, and the rematerialization ops Fck / Fn.
+OP_KINDS = ("F", "B", "Fck", "Fn")
+OP_CODE = {kind: code for code, kind in enumerate(OP_KINDS)}
+TRANSFER_KINDS = ("offload", "prefetch")
+AT_KINDS = ("start", "end")
+
+
+class ScheduleError(ValueError):
+    """A schedule is malformed (not a schedule of this chain at all); the message says where.
+
+    Malformed means the structure is wrong: an unknown stage, an index out of range, an offload
+    without its prefetch. A well-formed schedule that breaks a timing or memory rule is not an
+    error: :func:`chainoffload.simulate` reports it as infeasible.
+    """
+
+
+@dataclasses.dataclass(frozen=True)
+class Transfer:
+    """One offload (D2H copy of unit ``unit``) or prefetch (H2D copy back).
+
+    Parameters
+    ----------
+    kind
+        ``"offload"`` or ``"prefetch"``.
+    unit
+        Stage i whose unit (saved[i] bytes) moves, 1-based.
+    op
+        0-based index into the compute sequence of the op whose start or end triggers it.
+    at
+        ``"start"`` or ``"end"`` of that op.
+    before
+        Optional 0-based index of a compute op (> ``op``) that does not start until this
+        transfer ends.
+    """
+
+    kind: str
+    unit: int
+    op: int
+    at: str = "end"
+    before: int | None = None
+
+    @property
+    def event(self) -> int:
+        """Position of the trigger in the event sequence: ``2 * op`` (start) or ``2 * op + 1`` (end)."""
+        return 2 * self.op + (1 if self.at == "end" else 0)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The transfer as DESIGN.md's JSON object."""
+        out: dict[str, Any] = {"kind": self.kind, "unit": self.unit, "trigger": {"op": self.op, "at": self.at}}
+        if self.before is not None:
+            out["before"] = self.before
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], *, index: int = 0) -> "Transfer":
+        """Parse a transfer from its JSON object; ``index`` is used in error messages."""
+        where = f"schedule.transfers[{index}]"
+        if not isinstance(data, Mapping):
+            raise ScheduleError(f"{where}: expected an object, got {data!r:.60}")
+        unknown = sorted(set(data) - {"kind", "unit", "trigger", "before"})
+        if unknown:
+            raise ScheduleError(f"{where}: unknown field(s) {', '.join(unknown)}")
+        for key in ("kind", "unit", "trigger"):
+            if key not in data:
+                raise ScheduleError(f"{where}: missing field {key!r}")
+        trig = data["trigger"]
+        if not isinstance(trig, Mapping) or "op" not in trig or "at" not in trig:
+            raise ScheduleError(f"{where}.trigger: expected {{\"op\": int, \"at\": \"start\"|\"end\"}}, got {trig!r:.60}")
+        return cls(
+            kind=data["kind"],
+            unit=_int(data["unit"], f"{where}.unit"),
+            op=_int(trig["op"], f"{where}.trigger.op"),
+            at=trig["at"],
+            before=None if data.get("before") is None else _int(data["before"], f"{where}.before"),
+        )
+
+
+def _int(v: Any, where: str) -> int:
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+        raise ScheduleError(f"{where}: expected an integer, got {v!r}")
+    return int(v)
+
+
+def fixed_order(length: int) -> tuple[tuple[str, int], ...]:
+    """The fixed compute order of pure offloading: F_1..F_L, B_L..B_1."""
+    return tuple(("F", i) for i in range(1, length + 1)) + tuple(("B", i) for i in range(length, 0, -1))
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+    """A compute sequence plus triggered transfers.
+
+    Parameters
+    ----------
+    compute
+        Sequence of ``(kind, stage)`` with kind in ``OP_KINDS`` and stage 1-based.
+    transfers
+        The :class:`Transfer` list. Order matters only for ties: transfers with the same trigger
+        are queued in list order.
+    """
+
+    compute: tuple[tuple[str, int], ...]
+    transfers: tuple[Transfer, ...] = ()
+
+    def __post_init__(self) -> None:
+        try:
+            compute = tuple((str(k), int(s)) for k, s in self.compute)
+        except (TypeError, ValueError):
+            raise ScheduleError(f"schedule.compute: expected [kind, stage] pairs, got {self.compute!r:.80}") from None
+        object.__setattr__(self, "compute", compute)
+        transfers = tuple(self.transfers)
+        for idx, t in enumerate(transfers):
+            if not isinstance(t, Transfer):
+                raise ScheduleError(f"schedule.transfers[{idx}]: expected a Transfer, got {t!r:.60}")
+        object.__setattr__(self, "transfers", transfers)
+
+    # -- construction ----------------------------------------------------------------------
+
+    @classmethod
+    def keep_all(cls, length: int) -> "Schedule":
+        """The fixed order with no transfer."""
+        return cls(fixed_order(length), ())
+
+    # -- queries ---------------------------------------------------------------------------
+
+    def index(self, kind: str, stage: int) -> int:
+        """0-based position of the first compute op ``(kind, stage)``."""
+        try:
+            return self.compute.index((kind, stage))
+        except ValueError:
+            raise ScheduleError(f"schedule.compute: no op {kind}_{stage}") from None
+
+    @property
+    def offloaded_units(self) -> tuple[int, ...]:
+        """Stages whose unit is offloaded, sorted."""
+        return tuple(sorted({t.unit for t in self.transfers if t.kind == "offload"}))
+
+    def offloaded_bytes(self, chain: "Chain") -> int:
+        """Bytes copied to the host: saved[i] for every offloaded unit i."""
+        return int(sum(int(chain.saved[u - 1]) for u in self.offloaded_units))
+
+    @property
+    def has_remat(self) -> bool:
+        """Whether the compute sequence uses rematerialization ops (Fck, Fn) or repeats a forward."""
+        return any(k in ("Fck", "Fn") for k, _ in self.compute) or len(self.compute) != len(set(self.compute))
+
+    def op_name(self, index: int) -> str:
+        """Readable name of compute op ``index`` such as ``"B_3"``."""
+        kind, stage = self.compute[index]
+        return f"{kind}_{stage}"
+
+    def transfer_name(self, index: int) -> str:
+        """Readable name of transfer ``index`` such as ``"O_2"`` or ``"P_2"``."""
+        t = self.transfers[index]
+        return f"{'O' if t.kind == 'offload' else 'P'}_{t.unit}"
+
+    # -- validation ------------------------------------------------------------------------
+
+    def validate(self, chain: "Chain") -> None:
+        """Check the structure against ``chain``; raise :class:`ScheduleError` if malformed.
+
+        Checked: op kinds and stages exist; the compute sequence is the fixed order F_1..F_L,
+        B_L..B_1 (rematerialization sequences are checked by the remat module); every transfer
+        names a valid unit, trigger and ``before``; ``before`` comes after the trigger; at most
+        one offload and one prefetch per unit; every offload has its prefetch and vice versa; no
+        prefetch is triggered before its offload. Timing and memory are not checked here.
+        """
+        length = chain.length
+        n = len(self.compute)
+        for idx, (kind, stage) in enumerate(self.compute):
+            if kind not in OP_CODE:
+                raise ScheduleError(f"schedule.compute[{idx}]: unknown op kind {kind!r}; known: {', '.join(OP_KINDS)}")
+            if not 1 <= stage <= length:
+                raise ScheduleError(f"schedule.compute[{idx}]: stage {stage} is not in 1..{length}")
+        if not self.has_remat:
+            expected = fixed_order(length)
+            if self.compute != expected:
+                for idx, (got, want) in enumerate(zip(self.compute, expected)):
+                    if got != want:
+                        raise ScheduleError(
+                            f"schedule.compute[{idx}]: expected {want[0]}_{want[1]} of the fixed order "
+                            f"F_1..F_L, B_L..B_1, got {got[0]}_{got[1]}"
+                        )
+                raise ScheduleError(f"schedule.compute: expected {len(expected)} ops (F_1..F_{length}, B_{length}..B_1), got {n}")
+        offload: dict[int, int] = {}
+        prefetch: dict[int, int] = {}
+        for idx, t in enumerate(self.transfers):
+            where = f"schedule.transfers[{idx}]"
+            if t.kind not in TRANSFER_KINDS:
+                raise ScheduleError(f"{where}.kind: {t.kind!r} is not 'offload' or 'prefetch'")
+            if not 1 <= t.unit <= length:
+                raise ScheduleError(f"{where}.unit: {t.unit} is not a stage in 1..{length}")
+            if t.at not in AT_KINDS:
+                raise ScheduleError(f"{where}.trigger.at: {t.at!r} is not 'start' or 'end'")
+            if not 0 <= t.op < n:
+                raise ScheduleError(f"{where}.trigger.op: {t.op} is not an op index in 0..{n - 1}")
+            if t.before is not None and not t.op < t.before < n:
+                raise ScheduleError(
+                    f"{where}.before: {t.before} must be an op index after the trigger op {t.op} and below {n}"
+                )
+            table = offload if t.kind == "offload" else prefetch
+            if t.unit in table:
+                raise ScheduleError(f"{where}: unit {t.unit} has a second {t.kind} (first at transfers[{table[t.unit]}])")
+            table[t.unit] = idx
+        for unit, idx in offload.items():
+            if unit not in prefetch:
+                raise ScheduleError(f"schedule.transfers[{idx}]: unit {unit} is offloaded but never prefetched")
+        for unit, idx in prefetch.items():
+            if unit not in offload:
+                raise ScheduleError(f"schedule.transfers[{idx}]: unit {unit} is prefetched but never offloaded")
+            o_idx = offload[unit]
+            o, p = self.transfers[o_idx], self.transfers[idx]
+            if (p.event, idx) < (o.event, o_idx):
+                raise ScheduleError(
+                    f"schedule.transfers[{idx}]: the prefetch of unit {unit} is triggered before its offload "
+                    f"(transfers[{o_idx}])"
+                )
+
+    # -- arrays for the kernels ---------------------------------------------------------------
+
+    def arrays(self) -> tuple[np.ndarray, ...]:
+        """Flat int64 arrays for the kernels.
+
+        Returns ``(op_kind, op_stage, tr_kind, tr_unit, tr_op, tr_at, tr_before)``: op kinds are
+        codes of ``OP_KINDS``; transfer kind 0 = offload, 1 = prefetch; ``at`` 0 = start,
+        1 = end; ``before`` -1 when absent.
+        """
+        op_kind = np.array([OP_CODE.get(k, -1) for k, _ in self.compute], dtype=np.int64)
+        op_stage = np.array([s for _, s in self.compute], dtype=np.int64)
+        tr = self.transfers
+        tr_kind = np.array([0 if t.kind == "offload" else 1 for t in tr], dtype=np.int64)
+        tr_unit = np.array([t.unit for t in tr], dtype=np.int64)
+        tr_op = np.array([t.op for t in tr], dtype=np.int64)
+        tr_at = np.array([1 if t.at == "end" else 0 for t in tr], dtype=np.int64)
+        tr_before = np.array([-1 if t.before is None else t.before for t in tr], dtype=np.int64)
+        return op_kind, op_stage, tr_kind, tr_unit, tr_op, tr_at, tr_before
+
+    # -- JSON ------------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        """The schedule as DESIGN.md's JSON object."""
+        return {"compute": [[k, s] for k, s in self.compute], "transfers": [t.to_dict() for t in self.transfers]}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "Schedule":
+        """Parse a schedule from its JSON object (structure only; see :meth:`validate`)."""
+        if not isinstance(data, Mapping):
+            raise ScheduleError(f"schedule: expected a JSON object, got {type(data).__name__}")
+        unknown = sorted(set(data) - {"compute", "transfers"})
+        if unknown:
+            raise ScheduleError(f"schedule: unknown field(s) {', '.join(unknown)}")
+        if "compute" not in data:
+            raise ScheduleError("schedule: missing field 'compute'")
+        compute_raw = data["compute"]
+        if not isinstance(compute_raw, list):
+            raise ScheduleError(f"schedule.compute: expected a list, got {type(compute_raw).__name__}")
+        compute = []
+        for idx, op in enumerate(compute_raw):
+            if not isinstance(op, (list, tuple)) or len(op) != 2 or not isinstance(op[0], str):
+                raise ScheduleError(f"schedule.compute[{idx}]: expected [kind, stage], got {op!r:.60}")
+            compute.append((op[0], _int(op[1], f"schedule.compute[{idx}] stage")))
+        transfers_raw = data.get("transfers", [])
+        if not isinstance(transfers_raw, list):
+            raise ScheduleError(f"schedule.transfers: expected a list, got {type(transfers_raw).__name__}")
+        transfers = [Transfer.from_dict(t, index=i) for i, t in enumerate(transfers_raw)]
+        return cls(tuple(compute), tuple(transfers))
+
+    def to_json(self, *, indent: int | None = 1) -> str:
+        """The schedule as a JSON string."""
+        return json.dumps(self.to_dict(), indent=indent)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Schedule":
+        """Parse a schedule from a JSON string."""
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ScheduleError(f"schedule: malformed JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
+        return cls.from_dict(data)
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write the schedule as JSON to ``path``."""
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.write(self.to_json())
+            fh.write("\n")
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> "Schedule":
+        """Read a schedule from a JSON file."""
+        try:
+            with open(path, encoding="utf-8") as fh:
+                text = fh.read()
+        except OSError as exc:
+            raise ScheduleError(f"schedule: cannot read {os.fspath(path)!r}: {exc.strerror}") from None
+        try:
+            return cls.from_json(text)
+        except ScheduleError as exc:
+            raise ScheduleError(f"{os.fspath(path)}: {exc}") from None
+
+    @classmethod
+    def from_units(
+        cls, length: int, transfers: Iterable[Transfer] = (), compute: Sequence[tuple[str, int]] | None = None
+    ) -> "Schedule":
+        """A fixed-order schedule (or ``compute``) with the given transfers."""
+        return cls(tuple(compute) if compute is not None else fixed_order(length), tuple(transfers))

@@ -1,0 +1,212 @@
+"""One front door, :func:`solve`, over an explicit registry of methods.
+
+Every method has the same call shape, ``func(chain, platform, **options) -> Result``, and every
+result goes through the one simulator here before it is returned: the makespan, peak and
+offloaded bytes a caller sees are the simulator's, and a schedule the simulator rejects is never
+reported as feasible.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import math
+import time
+from typing import Any, Callable
+
+from ..chain import Chain
+from ..platform import Platform, PlatformError
+from ..result import Result, Status
+from ..simulate import simulate
+
+__all__ = ["solve", "methods", "register", "SolverSpec", "DEFAULT_METHOD", "check_memory_floor"]
+
+
+@dataclasses.dataclass(frozen=True)
+class SolverSpec:
+    """A registered method.
+
+    Attributes
+    ----------
+    name
+        Registry name (``--method NAME``).
+    target
+        ``"module:function"`` (imported on first use, so optional dependencies stay optional)
+        or the callable itself.
+    summary
+        One line for ``chainoffload methods``.
+    remat
+        Whether the method may recompute (its schedules may hold Fck / Fn ops).
+    """
+
+    name: str
+    target: str | Callable[..., Result]
+    summary: str
+    remat: bool = False
+
+    def load(self) -> Callable[..., Result]:
+        """The solver function."""
+        if callable(self.target):
+            return self.target
+        module, _, func = self.target.partition(":")
+        return getattr(importlib.import_module(module), func)
+
+
+_B = "chainoffload.solvers.baselines"
+
+# The registry: explicit, in the order `chainoffload methods` lists it.
+_REGISTRY: dict[str, SolverSpec] = {
+    spec.name: spec
+    for spec in (
+        SolverSpec("keep-all", f"{_B}:keep_all", "no offload; infeasible if the activations do not fit"),
+        SolverSpec(
+            "offload-all",
+            f"{_B}:offload_all",
+            "vDNN: offload every unit as soon as it is made, prefetch it one stage ahead",
+        ),
+        SolverSpec("first-k", f"{_B}:first_k", "TransformerEngine: offload the first k units, smallest k that fits"),
+        SolverSpec("largest-first", f"{_B}:largest_first", "torchtitan-style: offload the largest units until it fits"),
+    )
+}
+
+#: The method :func:`solve` uses when none is named.
+DEFAULT_METHOD = "largest-first"
+
+
+def methods() -> dict[str, str]:
+    """The registered methods, name to one-line summary, in listing order."""
+    return {name: spec.summary for name, spec in _REGISTRY.items()}
+
+
+def register(name: str, func: Callable[..., Result], summary: str, *, remat: bool = False, replace: bool = False) -> None:
+    """Add a method to the registry so that :func:`solve` and the CLI can use it.
+
+    Parameters
+    ----------
+    name
+        Registry name; must not clash with an existing one unless ``replace`` is true.
+    func
+        ``func(chain, platform, **options) -> Result``.
+    summary
+        One line for ``chainoffload methods``.
+    remat
+        Whether its schedules may recompute.
+    replace
+        Allow replacing a registered method of the same name.
+    """
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"register: name must be a non-empty string, got {name!r}")
+    if not callable(func):
+        raise TypeError(f"register: func for {name!r} is not callable")
+    if name in _REGISTRY and not replace:
+        raise ValueError(f"register: method {name!r} already exists (pass replace=True to replace it)")
+    _REGISTRY[name] = SolverSpec(name, func, summary, remat)
+
+
+def spec(name: str) -> SolverSpec:
+    """The registry entry of ``name``; unknown names raise with the list of known ones."""
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise ValueError(f"method: unknown method {name!r}; known: {', '.join(_REGISTRY)}") from None
+
+
+def check_memory_floor(chain: Chain, platform: Platform) -> None:
+    """Raise :class:`PlatformError` when the memory is below what any schedule needs.
+
+    That floor is :meth:`Chain.stage_memory_floor`: the memory one stage needs to run its own
+    forward and backward with nothing else kept. Below it no method can succeed, so it is
+    misuse, not an infeasible instance.
+    """
+    floor = chain.stage_memory_floor()
+    if platform.memory < floor:
+        raise PlatformError(
+            f"platform.memory: {platform.memory} B is below {floor} B, the least any schedule of chain "
+            f"{chain.name!r} needs (one stage's own forward and backward)"
+        )
+
+
+def solve(chain: Chain, platform: Platform, method: str | None = None, **options: Any) -> Result:
+    """Solve the offloading problem of ``chain`` on ``platform`` with ``method``.
+
+    Parameters
+    ----------
+    chain, platform
+        The instance.
+    method
+        A registry name (see :func:`methods`); ``None`` means :data:`DEFAULT_METHOD`.
+    **options
+        Passed to the method (e.g. ``time_limit``, ``slots``).
+
+    Returns
+    -------
+    Result
+        Its makespan, peak memory and offloaded bytes are the simulator's. A method whose
+        schedule the simulator rejects gets status ``error`` (never ``feasible``).
+
+    Raises
+    ------
+    ValueError
+        Unknown method, or memory below :meth:`Chain.stage_memory_floor`.
+    """
+    if not isinstance(chain, Chain):
+        raise TypeError(f"solve: chain must be a Chain, got {type(chain).__name__}")
+    if not isinstance(platform, Platform):
+        raise TypeError(f"solve: platform must be a Platform, got {type(platform).__name__}")
+    entry = spec(method or DEFAULT_METHOD)
+    check_memory_floor(chain, platform)
+    func = entry.load()
+    t0 = time.perf_counter()
+    result = func(chain, platform, **options)
+    elapsed = time.perf_counter() - t0
+    if not isinstance(result, Result):
+        raise TypeError(f"method {entry.name!r} returned {type(result).__name__}, not a Result")
+    return judge(chain, platform, result.replace(method=entry.name, runtime=result.runtime or elapsed))
+
+
+def judge(chain: Chain, platform: Platform, result: Result) -> Result:
+    """Replay ``result.schedule`` in the simulator and take every figure from it.
+
+    A schedule the simulator rejects, or whose claimed makespan differs from the simulated
+    one, turns a feasible/optimal status into ``error``.
+    """
+    trivial = chain.compute_time
+    lb = result.lower_bound
+    lb = trivial if not (isinstance(lb, float) and math.isfinite(lb)) else max(lb, trivial)
+    if result.schedule is None:
+        if result.status.has_schedule:
+            return result.replace(status=Status.ERROR, message=f"{result.method}: reported {result.status} without a schedule")
+        return result.replace(lower_bound=lb if result.status != Status.INFEASIBLE else result.lower_bound)
+    timeline = simulate(chain, platform, result.schedule)
+    changes: dict[str, Any] = {
+        "timeline": timeline,
+        "peak_memory": timeline.peak_memory,
+        "offloaded_bytes": timeline.offloaded_bytes,
+    }
+    if result.status.has_schedule:
+        claimed = result.makespan
+        if not timeline.feasible:
+            changes.update(
+                status=Status.ERROR,
+                makespan=math.inf,
+                message=f"{result.method}: the simulator rejects its schedule: {timeline.violation.message}",
+            )
+        elif math.isfinite(claimed) and not math.isclose(claimed, timeline.makespan, rel_tol=1e-9, abs_tol=1e-12):
+            changes.update(
+                status=Status.ERROR,
+                makespan=timeline.makespan,
+                message=f"{result.method}: claimed makespan {claimed!r} but the simulator gives {timeline.makespan!r}",
+            )
+        else:
+            changes.update(makespan=timeline.makespan, lower_bound=lb)
+            # A schedule that reaches the lower bound is proven optimal, whatever found it.
+            if result.status == Status.FEASIBLE and timeline.makespan <= lb * (1 + 1e-12):
+                changes.update(status=Status.OPTIMAL)
+            if lb > timeline.makespan * (1 + 1e-9):
+                changes.update(
+                    status=Status.ERROR,
+                    message=f"{result.method}: lower bound {lb!r} above the simulated makespan {timeline.makespan!r}",
+                )
+    else:
+        changes.update(makespan=math.inf)
+    return result.replace(**changes)

@@ -1,0 +1,90 @@
+"""Baselines users know: keep-all, offload-all (vDNN), first-k (TransformerEngine), largest-first.
+
+Each goes through the shared transfer planner and the simulator, so their makespans are
+comparable with every other method's.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Iterable, Sequence
+
+from ..chain import Chain
+from ..planner import plan_transfers
+from ..platform import Platform
+from ..result import Result, Status
+from ..schedule import Schedule
+from ..simulate import simulate
+
+__all__ = ["keep_all", "offload_all", "first_k", "largest_first"]
+
+
+def _offloadable(chain: Chain, platform: Platform) -> list[int]:
+    # Unit L is read by B_L right after F_L: offloading it frees nothing, so baselines skip it.
+    if not platform.can_transfer:
+        return []
+    return list(range(1, chain.length))
+
+
+def _plan(chain: Chain, platform: Platform, units: Iterable[int]) -> Schedule:
+    units = list(units)
+    if not units:
+        return Schedule.keep_all(chain.length)
+    return plan_transfers(chain, platform, units)
+
+
+def _first_fit(method: str, chain: Chain, platform: Platform, candidates: Sequence[Sequence[int]], t0: float) -> Result:
+    """Try offload sets in order; return the first the simulator accepts at the memory limit."""
+    least = math.inf
+    tried = 0
+    for units in candidates:
+        schedule = _plan(chain, platform, units)
+        timeline = simulate(chain, platform, schedule)
+        tried += 1
+        if timeline.feasible:
+            return Result(
+                method,
+                Status.FEASIBLE,
+                schedule,
+                makespan=timeline.makespan,
+                runtime=time.perf_counter() - t0,
+                info={"units": list(units), "tried": tried},
+            )
+        if timeline.violation.rule == "memory":
+            least = min(least, timeline.peak_memory)
+    return Result(
+        method,
+        Status.INFEASIBLE,
+        None,
+        runtime=time.perf_counter() - t0,
+        min_memory=None if not math.isfinite(least) else int(least),
+        info={"tried": tried},
+        message=f"{method}: no offload set it tries fits in {platform.memory} B",
+    )
+
+
+def keep_all(chain: Chain, platform: Platform) -> Result:
+    """No offload. Feasible (and optimal) exactly when every activation fits at once."""
+    t0 = time.perf_counter()
+    return _first_fit("keep-all", chain, platform, [[]], t0)
+
+
+def offload_all(chain: Chain, platform: Platform) -> Result:
+    """vDNN: offload every unit 1..L-1 as soon as it is made, prefetch one stage ahead."""
+    t0 = time.perf_counter()
+    return _first_fit("offload-all", chain, platform, [_offloadable(chain, platform)], t0)
+
+
+def first_k(chain: Chain, platform: Platform) -> Result:
+    """TransformerEngine: offload units 1..k for the smallest k that fits."""
+    t0 = time.perf_counter()
+    units = _offloadable(chain, platform)
+    return _first_fit("first-k", chain, platform, [units[:k] for k in range(len(units) + 1)], t0)
+
+
+def largest_first(chain: Chain, platform: Platform) -> Result:
+    """Offload the largest units (by saved bytes; ties: earlier stage) until it fits."""
+    t0 = time.perf_counter()
+    units = sorted(_offloadable(chain, platform), key=lambda u: (-int(chain.saved[u - 1]), u))
+    return _first_fit("largest-first", chain, platform, [sorted(units[:k]) for k in range(len(units) + 1)], t0)
