@@ -35,7 +35,7 @@ def _as_times(name: str, values: Any, length: int | None) -> np.ndarray:
         raise ChainError(f"chain.{name}: expected {length} values (one per stage), got {arr.shape[0]}")
     for idx, v in enumerate(arr):
         if not math.isfinite(v) or v < 0:
-            raise ChainError(f"chain.{name}: stage {idx + 1} has {name}={v!r}; times must be finite and >= 0")
+            raise ChainError(f"chain.{name}: stage {idx + 1} has {name}={float(v)!r}; times must be finite and >= 0")
     return arr
 
 

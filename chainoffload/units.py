@@ -33,11 +33,12 @@ _SIZE_FACTORS = {
     "tib": 1024**4,
 }
 
-_TIME_FACTORS = {"": 1.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
+# divisors, not factors: 10 / 1e6 is exactly 1e-5, 10 * 1e-6 is not
+_TIME_DIVISORS = {"": 1.0, "s": 1.0, "ms": 1e3, "us": 1e6, "µs": 1e6, "ns": 1e9}
 
 _NUMBER = r"([+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?|inf|infinity)"
 _SIZE_RE = re.compile(rf"^\s*{_NUMBER}\s*([A-Za-z]*)\s*$", re.IGNORECASE)
-_BW_RE = re.compile(rf"^\s*{_NUMBER}\s*([A-Za-z]*)\s*(?:/\s*s|ps)?\s*$", re.IGNORECASE)
+_BW_RE = re.compile(rf"^\s*{_NUMBER}\s*([A-Za-z]*?)\s*(?:/\s*s|ps)?\s*$", re.IGNORECASE)
 _TIME_RE = re.compile(rf"^\s*{_NUMBER}\s*([a-zµ]*)\s*$", re.IGNORECASE)
 
 
@@ -120,11 +121,11 @@ def parse_seconds(value: str | int | float, *, field: str = "latency") -> float:
         if not match:
             raise ValueError(f"{field}: {value!r} is not a duration (examples: 5us, 0.2ms, 1e-5)")
         number, unit = _number(match.group(1)), match.group(2).lower()
-        if unit not in _TIME_FACTORS:
+        if unit not in _TIME_DIVISORS:
             raise ValueError(f"{field}: unknown time unit {match.group(2)!r} in {value!r}")
     if not math.isfinite(number) or number < 0:
         raise ValueError(f"{field}: {value!r} must be a finite duration >= 0")
-    return number * _TIME_FACTORS[unit]
+    return number / _TIME_DIVISORS[unit]
 
 
 def format_bytes(n: float) -> str:

@@ -1,0 +1,277 @@
+"""Every memory and timing rule of DESIGN.md on the three-stage chain, computed by hand.
+
+The chain (tests/conftest.py): fwd 1, 2, 1; bwd 2, 4, 2; act 10, 20, 30, 40; saved 25, 35, 45;
+fwd_tmp 5; bwd_tmp 7. Ops: 0 F_1 [0,1], 1 F_2 [1,3], 2 F_3 [3,4], 3 B_3 [4,6], 4 B_2 [6,10],
+5 B_1 [10,12]. Keep-all memory: 10 | 40 at 0 | 75 at 1 | 120 at 3 | 192 at 4 (B_3 allocates g_2 30,
+g_3 40 and bwd_tmp 7 on top of a_0 10 and the three units 105) | 127 at 6 | 72 at 10 | 10 at 12.
+"""
+
+import math
+
+import numpy as np
+import pytest
+
+from chainoffload import Platform, Schedule, ScheduleError, Transfer, simulate
+from chainoffload.platform import PlatformError
+
+F1, F2, F3, B3, B2, B1 = range(6)
+BIG = 10**9
+
+
+def plat(memory=BIG, d2h=25.0, h2d=25.0, latency=0.0, duplex=True):
+    return Platform(memory=memory, bandwidth_d2h=d2h, bandwidth_h2d=h2d, latency=latency, duplex=duplex)
+
+
+def sched(*transfers):
+    return Schedule.from_units(3, transfers)
+
+
+def final_memory(tl):
+    return int(tl.memory_bytes[-1])
+
+
+def test_keep_all(chain3):
+    tl = simulate(chain3, plat(), Schedule.keep_all(3))
+    assert tl.feasible and tl.violation is None
+    assert tl.makespan == 12.0
+    assert tl.peak_memory == 192 and tl.peak_time == 4.0
+    np.testing.assert_array_equal(tl.op_start, [0, 1, 3, 4, 6, 10])
+    np.testing.assert_array_equal(tl.op_end, [1, 3, 4, 6, 10, 12])
+    # after the last event only g_0 (act[0]) is left: a_0 is freed at the end of B_1
+    assert final_memory(tl) == 10
+    assert tl.offloaded_bytes == 0
+
+
+def test_a0_resident_all_along(chain3):
+    bigger = chain3.replace(act=[110, 20, 30, 40])
+    tl = simulate(bigger, plat(), Schedule.keep_all(3))
+    assert tl.peak_memory == 192 + 100
+    assert tl.memory_bytes[0] == 110
+
+
+def test_fwd_tmp_counts_during_the_forward_only(chain3):
+    # F_3's transient at t=3: 70 + 45 + 100 = 215, above the B_3 peak of 192
+    tl = simulate(chain3.replace(fwd_tmp=[5, 5, 100]), plat(), Schedule.keep_all(3))
+    assert tl.peak_memory == 215 and tl.peak_time == 3.0
+    # F_2's transient at t=1: 35 + 35 + 100 = 170 < 192, freed at its end
+    tl = simulate(chain3.replace(fwd_tmp=[5, 100, 5]), plat(), Schedule.keep_all(3))
+    assert tl.peak_memory == 192
+
+
+def test_bwd_tmp_and_gradients(chain3):
+    tl = simulate(chain3.replace(bwd_tmp=[7, 7, 100]), plat(), Schedule.keep_all(3))
+    assert tl.peak_memory == 192 + 93
+    # B_L allocates g_L too: a bigger act[3] raises the B_3 peak twice (saved[3] >= act[3] as well)
+    tl = simulate(chain3.replace(act=[10, 20, 30, 45]), plat(), Schedule.keep_all(3))
+    assert tl.peak_memory == 192 + 5
+
+
+def test_offload_frees_after_next_forward(chain3):
+    # O_1: end of F_1, 25 B at 25 B/s -> [1, 2]; freed at max(2, end F_2 = 3) = 3.
+    # P_1: end of B_3 (t=6), [6, 7]; B_2 waits for it: +1 s.
+    s = sched(Transfer("offload", 1, F1, "end"), Transfer("prefetch", 1, B3, "end", before=B2))
+    tl = simulate(chain3, plat(), s)
+    assert tl.feasible
+    np.testing.assert_array_equal(tl.transfer_start, [1, 6])
+    np.testing.assert_array_equal(tl.transfer_end, [2, 7])
+    assert tl.makespan == 13.0
+    assert tl.peak_memory == 192 - 25
+    assert tl.offloaded_bytes == 25
+    # memory just after t=3: the unit and F_2's transient are gone, F_3 allocated 50
+    at3 = tl.memory_bytes[np.searchsorted(tl.memory_time, 3.0, side="right") - 1]
+    assert at3 == 120 - 25
+
+
+def test_slow_offload_frees_when_the_copy_ends(chain3):
+    # O_1 takes 3 s -> [1, 4]: freed at 4, the instant B_3 allocates; frees go first: peak 167.
+    s = sched(Transfer("offload", 1, F1, "end"), Transfer("prefetch", 1, B3, "end", before=B2))
+    tl = simulate(chain3, plat(d2h=25 / 3, h2d=25.0), s)
+    assert tl.transfer_end[0] == pytest.approx(4.0)
+    # 25 / (25/3) is 3.0000000000000004 in floats: the free lands just after B_3's start
+    tl = simulate(chain3, plat(d2h=25 / 3.5, h2d=25.0), s)
+    assert tl.peak_memory == 192
+    tl = simulate(chain3, plat(d2h=12.5, h2d=25.0), s)  # 2 s -> [1, 3]: freed with F_2's end
+    assert tl.peak_memory == 167
+
+
+def test_frees_before_allocations_at_one_instant(chain3):
+    # Latency only, bandwidth infinite: O_1 ends exactly at t=4 = start of B_3.
+    s = sched(Transfer("offload", 1, F1, "end"), Transfer("prefetch", 1, B3, "end", before=B2))
+    tl = simulate(chain3, Platform(memory=167, bandwidth_d2h=math.inf, bandwidth_h2d=math.inf, latency=3.0), s)
+    assert tl.transfer_end[0] == 4.0
+    assert tl.peak_memory == 167 and tl.feasible
+
+
+def test_prefetch_allocates_at_its_start(chain3):
+    # P_1 triggered at the start of B_3 (t=4): allocated at 4, so the offload bought nothing there.
+    s = sched(Transfer("offload", 1, F1, "end"), Transfer("prefetch", 1, B3, "start"))
+    tl = simulate(chain3, plat(), s)
+    assert tl.peak_memory == 192
+    assert tl.makespan == 12.0  # P_1 [4, 5] ends before B_2 starts at 6
+
+
+def test_backward_waits_for_prefetches_of_j_and_j_minus_1(chain3):
+    # Unit 2 out at the end of F_2 ([3, 4.4]); P_2 at the end of F_3 waits for it: [4.4, 5.8].
+    # B_3 reads a_2 (its input), so it waits for P_2: starts at 5.8 instead of 4.
+    s = sched(Transfer("offload", 2, F2, "end"), Transfer("prefetch", 2, F3, "end"))
+    tl = simulate(chain3, plat(), s)
+    assert tl.transfer_start[1] == pytest.approx(4.4)
+    assert tl.op_start[B3] == pytest.approx(5.8)
+    assert tl.makespan == pytest.approx(13.8)
+
+
+def test_explicit_before_makes_compute_wait(chain3):
+    s = sched(Transfer("offload", 1, F1, "end", before=F3), Transfer("prefetch", 1, B3, "start"))
+    tl = simulate(chain3, plat(d2h=25 / 3), s)  # O_1 [1, 4]: F_3 waits until 4
+    assert tl.op_start[F3] == pytest.approx(4.0)
+    assert tl.makespan == pytest.approx(13.0)
+
+
+def test_half_duplex_shares_one_fifo(chain3):
+    # O_2 [3, 4.4] on D2H; P_1 triggered at the start of F_3 (t=3, after the end of F_2).
+    s = sched(
+        Transfer("offload", 1, F1, "end"),
+        Transfer("offload", 2, F2, "end"),
+        Transfer("prefetch", 1, F3, "start"),
+        Transfer("prefetch", 2, F3, "end"),
+    )
+    duplex = simulate(chain3, plat(), s)
+    np.testing.assert_allclose(duplex.transfer_start, [1, 3, 3, 4.4])
+    shared = simulate(chain3, plat(duplex=False), s)
+    # P_1 queues behind O_2 on the one channel, P_2 behind P_1
+    np.testing.assert_allclose(shared.transfer_start, [1, 3, 4.4, 5.4])
+    assert duplex.op_start[B3] == pytest.approx(5.8)
+    assert shared.op_start[B3] == pytest.approx(6.8)
+
+
+def test_latency_is_added_per_transfer(chain3):
+    s = sched(Transfer("offload", 1, F1, "end"), Transfer("prefetch", 1, B3, "end", before=B2))
+    tl = simulate(chain3, plat(latency=0.5), s)
+    np.testing.assert_allclose(tl.transfer_end, [2.5, 7.5])
+    assert tl.makespan == pytest.approx(13.5)
+
+
+def test_memory_violation_names_op_time_and_bytes(chain3):
+    tl = simulate(chain3, plat(memory=191), Schedule.keep_all(3))
+    assert not tl.feasible
+    v = tl.violation
+    assert (v.rule, v.op, v.time, v.bytes) == ("memory", "B_3", 4.0, 192)
+    assert "exceeds the limit 191" in v.message
+    assert tl.makespan == 12.0  # the timeline is still reported
+
+
+def test_offload_before_its_unit_exists_is_a_read_violation(chain3):
+    s = sched(Transfer("offload", 2, F2, "start"), Transfer("prefetch", 2, B3, "start"))
+    v = simulate(chain3, plat(), s).violation
+    assert (v.rule, v.op, v.time) == ("read", "O_2", 1.0)
+
+
+def test_late_prefetch_is_a_read_violation(chain3):
+    # B_2 reads a_1; P_1 is triggered only at the start of B_2
+    s = sched(Transfer("offload", 1, F1, "end"), Transfer("prefetch", 1, B2, "start"))
+    v = simulate(chain3, plat(), s).violation
+    assert (v.rule, v.op, v.bytes) == ("read", "B_2", 25)
+
+
+def test_zero_length_op_transient_is_counted(chain3):
+    c = chain3.replace(fwd=[1.0, 2.0, 0.0], fwd_tmp=[5, 5, 100])
+    tl = simulate(c, plat(), Schedule.keep_all(3))
+    assert tl.peak_memory == 215
+
+
+def test_bandwidth_zero_with_offloads_is_an_error(chain3):
+    s = sched(Transfer("offload", 1, F1, "end"), Transfer("prefetch", 1, B3, "start"))
+    with pytest.raises(PlatformError, match="bandwidth_d2h: 0 but the schedule offloads unit 1"):
+        simulate(chain3, plat(d2h=0.0), s)
+    assert simulate(chain3, plat(d2h=0.0), Schedule.keep_all(3)).feasible
+
+
+def test_infinite_bandwidth_hides_transfers(chain3):
+    s = sched(Transfer("offload", 1, F1, "end"), Transfer("prefetch", 1, B3, "end", before=B2))
+    tl = simulate(chain3, plat(d2h=math.inf, h2d=math.inf), s)
+    assert tl.makespan == 12.0 and tl.peak_memory == 167
+
+
+def test_arrays_are_read_only(chain3):
+    tl = simulate(chain3, plat(), Schedule.keep_all(3))
+    with pytest.raises(ValueError):
+        tl.op_start[0] = 5.0
+
+
+@pytest.mark.parametrize(
+    "schedule, pattern",
+    [
+        (Schedule((("F", 1), ("F", 2), ("B", 3), ("F", 3), ("B", 2), ("B", 1))), r"compute\[2\]: expected F_3"),
+        (Schedule((("F", 1), ("F", 2), ("F", 3), ("B", 3), ("B", 2))), r"expected 6 ops"),
+        (Schedule((("F", 1), ("F", 2), ("F", 4), ("B", 3), ("B", 2), ("B", 1))), r"stage 4 is not in 1..3"),
+        (Schedule((("X", 1),)), r"unknown op kind 'X'"),
+        (sched(Transfer("offload", 1, F1, "end")), r"unit 1 is offloaded but never prefetched"),
+        (sched(Transfer("prefetch", 1, B3, "end")), r"unit 1 is prefetched but never offloaded"),
+        (
+            sched(Transfer("prefetch", 1, F1, "end"), Transfer("offload", 1, F1, "end")),
+            r"prefetch of unit 1 is triggered before its offload",
+        ),
+        (sched(Transfer("offload", 0, F1, "end")), r"unit: 0 is not a stage"),
+        (sched(Transfer("offload", 1, 9, "end")), r"trigger.op: 9 is not an op index"),
+        (sched(Transfer("offload", 1, F1, "middle")), r"trigger.at: 'middle'"),
+        (sched(Transfer("offload", 1, F2, "end", before=F2)), r"before: 1 must be an op index after"),
+        (sched(Transfer("upload", 1, F1, "end")), r"kind: 'upload'"),
+        (
+            sched(
+                Transfer("offload", 1, F1, "end"),
+                Transfer("offload", 1, F2, "end"),
+                Transfer("prefetch", 1, B3, "start"),
+            ),
+            r"unit 1 has a second offload",
+        ),
+    ],
+)
+def test_malformed_schedules_raise(chain3, schedule, pattern):
+    with pytest.raises(ScheduleError, match=pattern):
+        simulate(chain3, plat(), schedule)
+
+
+def test_schedule_json_round_trip(tmp_path):
+    s = sched(Transfer("offload", 1, F1, "end", before=F3), Transfer("prefetch", 1, B3, "start"))
+    path = tmp_path / "s.json"
+    s.save(path)
+    assert Schedule.load(path) == s
+    assert Schedule.from_json(s.to_json()) == s
+    d = s.to_dict()
+    assert d["transfers"][0] == {"kind": "offload", "unit": 1, "trigger": {"op": 0, "at": "end"}, "before": 2}
+    assert "before" not in d["transfers"][1]
+
+
+@pytest.mark.parametrize(
+    "text, pattern",
+    [
+        ("[1, 2]", "expected a JSON object"),
+        ('{"transfers": []}', "missing field 'compute'"),
+        ('{"compute": [["F"]]}', r"compute\[0\]: expected \[kind, stage\]"),
+        ('{"compute": [["F", 1.5]]}', r"compute\[0\] stage: expected an integer"),
+        ('{"compute": [], "transfers": [{"kind": "offload", "unit": 1}]}', r"transfers\[0\]: missing field 'trigger'"),
+        ('{"compute": [], "transfers": [{"kind": "offload", "unit": 1, "trigger": {"op": 0}}]}', r"transfers\[0\]\.trigger"),
+        ('{"compute": [], "extra": 1}', "unknown field"),
+        ("{", "malformed JSON"),
+    ],
+)
+def test_schedule_json_errors(text, pattern):
+    with pytest.raises(ScheduleError, match=pattern):
+        Schedule.from_json(text)
+
+
+def test_kernel_runs_as_python(chain3, monkeypatch):
+    """The kernel's Python body (what NUMBA_DISABLE_JIT=1 runs) gives the same timeline."""
+    from chainoffload._kernels import simulate as ks
+
+    s = sched(Transfer("offload", 2, F2, "end"), Transfer("prefetch", 2, F3, "end"))
+    p = plat()
+    jitted = simulate(chain3, p, s)
+    monkeypatch.setattr(ks, "_stable_order", ks._stable_order.py_func)
+    import sys
+
+    monkeypatch.setattr(sys.modules["chainoffload.simulate"], "simulate_kernel", ks.simulate_kernel.py_func)
+    plain = simulate(chain3, p, s)
+    np.testing.assert_array_equal(plain.op_start, jitted.op_start)
+    np.testing.assert_array_equal(plain.memory_bytes, jitted.memory_bytes)
+    assert plain.peak_memory == jitted.peak_memory and plain.makespan == jitted.makespan
