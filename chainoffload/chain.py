@@ -163,8 +163,17 @@ class Chain:
 
     @property
     def compute_time(self) -> float:
-        """sum(fwd) + sum(bwd): the makespan with no waiting, the trivial lower bound."""
-        return float(self.fwd.sum() + self.bwd.sum())
+        """sum(fwd) + sum(bwd): the makespan with no waiting, the trivial lower bound.
+
+        Summed in the order of the fixed schedule (F_1..F_L, B_L..B_1), as the simulator adds
+        durations, so that a schedule with no wait has exactly this makespan.
+        """
+        total = 0.0
+        for t in self.fwd.tolist():
+            total += t
+        for t in reversed(self.bwd.tolist()):
+            total += t
+        return total
 
     def stage_memory_floor(self) -> int:
         """The least memory any schedule of this chain needs, whatever it offloads or recomputes.

@@ -198,7 +198,8 @@ def judge(chain: Chain, platform: Platform, result: Result) -> Result:
                 message=f"{result.method}: claimed makespan {claimed!r} but the simulator gives {timeline.makespan!r}",
             )
         else:
-            changes.update(makespan=timeline.makespan, lower_bound=lb)
+            # Float sums in another order may put the bound an ulp above the makespan.
+            changes.update(makespan=timeline.makespan, lower_bound=min(lb, timeline.makespan))
             # A schedule that reaches the lower bound is proven optimal, whatever found it.
             if result.status == Status.FEASIBLE and timeline.makespan <= lb * (1 + 1e-12):
                 changes.update(status=Status.OPTIMAL)

@@ -1,0 +1,104 @@
+import json
+import subprocess
+import sys
+
+import pytest
+
+from chainoffload.cli import main
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture
+def files(tmp_path, capsys):
+    chain = tmp_path / "tiny.json"
+    assert run(capsys, "example", "tiny", "-o", str(chain))[0] == 0
+    return tmp_path, chain
+
+
+def test_example_list_and_write(capsys, tmp_path):
+    code, out, _ = run(capsys, "example")
+    assert code == 0 and "resnet18" in out and "tiny" in out
+    code, out, _ = run(capsys, "example", "resnet18")
+    assert code == 0 and json.loads(out)["name"].startswith("resnet18")
+
+
+def test_methods(capsys):
+    code, out, _ = run(capsys, "methods", "--json")
+    data = json.loads(out)
+    assert code == 0 and "keep-all" in data["methods"] and data["default"] in data["methods"]
+    code, out, _ = run(capsys, "methods")
+    assert "largest-first" in out and "*" in out
+
+
+def test_solve_json_and_simulate_agree(capsys, files):
+    tmp, chain = files
+    sched = tmp / "s.json"
+    code, out, _ = run(capsys, "solve", str(chain), "--memory", "300B", "--bandwidth", "25B/s", "--method", "keep-all", "--json", "--out", str(sched))
+    assert code == 0
+    res = json.loads(out)
+    assert set(res) >= {"method", "status", "makespan", "lower_bound", "peak_memory", "offloaded_bytes", "runtime", "schedule"}
+    assert res["status"] == "optimal" and res["makespan"] == 12.0 and res["peak_memory"] == 192
+    code, out, _ = run(capsys, "simulate", str(chain), str(sched), "--memory", "191", "--bandwidth", "25", "--json")
+    sim = json.loads(out)
+    assert code == 0 and sim["feasible"] is False and sim["violation"]["rule"] == "memory"
+    assert sim["makespan"] == 12.0 and sim["peak_memory"] == 192
+    code, out, _ = run(capsys, "simulate", str(chain), str(sched), "--memory", "192")
+    assert code == 0 and "feasible     yes" in out
+
+
+def test_solve_table(capsys, files):
+    _, chain = files
+    code, out, _ = run(capsys, "solve", str(chain), "--memory", "191", "--method", "keep-all")
+    assert code == 0 and "infeasible" in out and "min memory" in out
+
+
+def test_platform_file_and_overrides(capsys, files, tmp_path):
+    _, chain = files
+    plat = tmp_path / "p.json"
+    plat.write_text(json.dumps({"memory": "1KiB", "bandwidth_d2h": "1GB/s", "bandwidth_h2d": 1e9, "latency": "1us", "duplex": True}))
+    code, out, _ = run(capsys, "solve", str(chain), "--platform", str(plat), "--half-duplex", "--method", "keep-all", "--json")
+    assert code == 0 and json.loads(out)["status"] == "optimal"
+
+
+@pytest.mark.parametrize(
+    "argv, pattern",
+    [
+        (["solve", "{chain}"], "--memory is required"),
+        (["solve", "{chain}", "--memory", "lots"], "--memory: 'lots' is not a size"),
+        (["solve", "{chain}", "--memory", "100"], "platform.memory: 100 B is below 162 B"),
+        (["solve", "{chain}", "--memory", "1GB", "--method", "nope"], "unknown method 'nope'"),
+        (["solve", "{chain}", "--memory", "1GB", "--bandwidth", "warp"], "--bandwidth: 'warp' is not a bandwidth"),
+        (["solve", "{tmp}/missing.json", "--memory", "1GB"], "cannot read"),
+        (["solve", "{bad}", "--memory", "1GB"], "chain.saved: stage 1 has saved=1 < act=20"),
+        (["simulate", "{chain}", "{chain}", "--memory", "1GB"], "schedule: unknown field"),
+        (["frobnicate"], "invalid choice"),
+        (["solve"], "the following arguments are required"),
+        (["solve", "{chain}", "--memory", "1GB", "--method", "keep-all", "--option", "zz=1"], "--option"),
+    ],
+)
+def test_errors_are_one_line_exit_2(capsys, files, argv, pattern):
+    tmp, chain = files
+    bad = tmp / "bad.json"
+    data = json.loads(chain.read_text())
+    data["saved"][0] = 1
+    bad.write_text(json.dumps(data))
+    argv = [a.format(chain=chain, tmp=tmp, bad=bad) for a in argv]
+    code, out, err = run(capsys, *argv)
+    assert code == 2
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert pattern in err
+
+
+def test_console_script_subprocess(tmp_path):
+    """The installed entry point: one line on stderr, exit 2, no traceback."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "chainoffload.cli", "solve", str(tmp_path / "nope.json"), "--memory", "1GB"],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
