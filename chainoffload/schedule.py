@@ -9,6 +9,7 @@ waits on the copy's event. See DESIGN.md, "One schedule format".
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
@@ -161,7 +162,7 @@ class Schedule:
         """Bytes copied to the host: saved[i] for every offloaded unit i."""
         return int(sum(int(chain.saved[u - 1]) for u in self.offloaded_units))
 
-    @property
+    @functools.cached_property
     def has_remat(self) -> bool:
         """Whether the compute sequence uses rematerialization ops (Fck, Fn) or repeats a forward."""
         return any(k in ("Fck", "Fn") for k, _ in self.compute) or len(self.compute) != len(set(self.compute))
@@ -188,6 +189,14 @@ class Schedule:
         prefetch is triggered before its offload. Timing and memory are not checked here.
         """
         length = chain.length
+        # Structure depends on L alone; search loops replay one schedule many times.
+        checked = self.__dict__.setdefault("_valid_for", set())
+        if length in checked:
+            return
+        self._validate(length)
+        checked.add(length)
+
+    def _validate(self, length: int) -> None:
         n = len(self.compute)
         for idx, (kind, stage) in enumerate(self.compute):
             if kind not in OP_CODE:
@@ -247,6 +256,9 @@ class Schedule:
         codes of ``OP_KINDS``; transfer kind 0 = offload, 1 = prefetch; ``at`` 0 = start,
         1 = end; ``before`` -1 when absent.
         """
+        cached = self.__dict__.get("_arrays")
+        if cached is not None:
+            return cached
         op_kind = np.array([OP_CODE.get(k, -1) for k, _ in self.compute], dtype=np.int64)
         op_stage = np.array([s for _, s in self.compute], dtype=np.int64)
         tr = self.transfers
@@ -255,7 +267,11 @@ class Schedule:
         tr_op = np.array([t.op for t in tr], dtype=np.int64)
         tr_at = np.array([1 if t.at == "end" else 0 for t in tr], dtype=np.int64)
         tr_before = np.array([-1 if t.before is None else t.before for t in tr], dtype=np.int64)
-        return op_kind, op_stage, tr_kind, tr_unit, tr_op, tr_at, tr_before
+        out = (op_kind, op_stage, tr_kind, tr_unit, tr_op, tr_at, tr_before)
+        for arr in out:
+            arr.setflags(write=False)
+        self.__dict__["_arrays"] = out
+        return out
 
     # -- JSON ------------------------------------------------------------------------------
 
