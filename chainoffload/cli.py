@@ -106,11 +106,7 @@ def _cmd_solve(args: argparse.Namespace) -> int:
             options[key.replace("-", "_")] = value
     if args.time_limit is not None:
         options["time_limit"] = args.time_limit
-    try:
-        result = solve(chain, platform, args.method, **options)
-    except TypeError as exc:
-        # An option the method does not take: misuse, reported as such.
-        raise CliError(f"--option: {exc}") from None
+    result = solve(chain, platform, args.method, **options)
     if args.out:
         if result.schedule is None:
             raise CliError(f"--out: method {result.method!r} found no schedule ({result.status}); nothing written")

@@ -78,7 +78,8 @@ def test_platform_file_and_overrides(capsys, files, tmp_path):
         (["simulate", "{chain}", "{chain}", "--memory", "1GB"], "schedule: unknown field"),
         (["frobnicate"], "invalid choice"),
         (["solve"], "the following arguments are required"),
-        (["solve", "{chain}", "--memory", "1GB", "--method", "keep-all", "--option", "zz=1"], "--option"),
+        (["solve", "{chain}", "--memory", "1GB", "--method", "keep-all", "--option", "zz=1"], "does not take zz"),
+        (["solve", "{chain}", "--memory", "1GB", "--option", "zz"], "--option: expected KEY=VALUE"),
     ],
 )
 def test_errors_are_one_line_exit_2(capsys, files, argv, pattern):

@@ -104,3 +104,8 @@ def test_first_k_takes_the_smallest_k(chain3):
 def test_no_bandwidth_means_no_offload(chain3):
     r = solve(chain3, Platform(memory=191, bandwidth_d2h=0.0, bandwidth_h2d=0.0), "largest-first")
     assert r.status == Status.INFEASIBLE
+
+
+def test_unknown_option_names_the_accepted_ones(chain3):
+    with pytest.raises(ValueError, match=r"method 'keep-all' does not take time_limit; it takes: no options"):
+        solve(chain3, plat(1000), "keep-all", time_limit=3)

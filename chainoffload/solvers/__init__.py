@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import inspect
 import math
 import time
 from typing import Any, Callable
@@ -156,12 +157,25 @@ def solve(chain: Chain, platform: Platform, method: str | None = None, **options
     entry = spec(method or DEFAULT_METHOD)
     check_memory_floor(chain, platform)
     func = entry.load()
+    _check_options(entry.name, func, options)
     t0 = time.perf_counter()
     result = func(chain, platform, **options)
     elapsed = time.perf_counter() - t0
     if not isinstance(result, Result):
         raise TypeError(f"method {entry.name!r} returned {type(result).__name__}, not a Result")
     return judge(chain, platform, result.replace(method=entry.name, runtime=result.runtime or elapsed))
+
+
+def _check_options(name: str, func: Callable[..., Result], options: dict[str, Any]) -> None:
+    """Reject options the method does not take, naming the ones it does."""
+    params = inspect.signature(func).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    accepted = [n for n, p in list(params.items())[2:] if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    unknown = sorted(set(options) - set(accepted))
+    if unknown:
+        takes = ", ".join(accepted) if accepted else "no options"
+        raise ValueError(f"options: method {name!r} does not take {', '.join(unknown)}; it takes: {takes}")
 
 
 def judge(chain: Chain, platform: Platform, result: Result) -> Result:
