@@ -7,12 +7,12 @@ construction; its arrays are contiguous and read-only, so kernels can trust them
 
 from __future__ import annotations
 
-import json
 import math
-import os
 from typing import Any, Mapping, Sequence
 
 import numpy as np
+
+from ._jsonio import JsonIO
 
 __all__ = ["Chain", "ChainError"]
 
@@ -69,7 +69,7 @@ def _readonly(arr: np.ndarray) -> np.ndarray:
     return arr
 
 
-class Chain:
+class Chain(JsonIO):
     """A chain of L stages with the times and sizes of DESIGN.md's model.
 
     Parameters
@@ -101,6 +101,9 @@ class Chain:
     Instances are immutable; arrays are contiguous, read-only numpy arrays (float64 times,
     int64 sizes). Index ``i - 1`` of a length-L array is stage i; ``act[i]`` is a_i.
     """
+
+    _json_label = "chain"
+    _json_error = ChainError
 
     __slots__ = ("name", "fwd", "bwd", "act", "saved", "fwd_tmp", "bwd_tmp", "fwd_nosave", "_explicit_nosave")
 
@@ -266,35 +269,3 @@ class Chain:
             data.get("fwd_nosave"),
             name=data.get("name", "chain"),
         )
-
-    def to_json(self, *, indent: int | None = 1) -> str:
-        """The chain as a JSON string."""
-        return json.dumps(self.to_dict(), indent=indent)
-
-    @classmethod
-    def from_json(cls, text: str) -> "Chain":
-        """Parse a chain from a JSON string."""
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ChainError(f"chain: malformed JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
-        return cls.from_dict(data)
-
-    def save(self, path: str | os.PathLike[str]) -> None:
-        """Write the chain as JSON to ``path``."""
-        with open(path, "w", encoding="utf-8") as fh:
-            fh.write(self.to_json())
-            fh.write("\n")
-
-    @classmethod
-    def load(cls, path: str | os.PathLike[str]) -> "Chain":
-        """Read a chain from a JSON file."""
-        try:
-            with open(path, encoding="utf-8") as fh:
-                text = fh.read()
-        except OSError as exc:
-            raise ChainError(f"chain: cannot read {os.fspath(path)!r}: {exc.strerror}") from None
-        try:
-            return cls.from_json(text)
-        except ChainError as exc:
-            raise ChainError(f"{os.fspath(path)}: {exc}") from None

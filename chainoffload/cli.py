@@ -84,6 +84,13 @@ def _platform_line(p: Platform) -> str:
     return f"{format_bytes(p.memory)}, {bw}, latency {format_seconds(p.latency)}, {duplex}"
 
 
+def _instance_rows(chain: Chain, platform: Platform) -> list[tuple[str, str]]:
+    return [
+        ("chain", f"{chain.name} ({chain.length} stages, compute {format_seconds(chain.compute_time)})"),
+        ("platform", _platform_line(platform)),
+    ]
+
+
 def _print_table(rows: Sequence[tuple[str, str]]) -> None:
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
@@ -115,9 +122,7 @@ def _cmd_solve(args: argparse.Namespace) -> int:
         print(json.dumps(result.to_dict()))
         return 0
     base = chain.compute_time
-    rows = [
-        ("chain", f"{chain.name} ({chain.length} stages, compute {format_seconds(base)})"),
-        ("platform", _platform_line(platform)),
+    rows = _instance_rows(chain, platform) + [
         ("method", result.method + ("" if args.method else f" (default: {DEFAULT_METHOD})")),
         ("status", str(result.status)),
     ]
@@ -155,9 +160,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         print(json.dumps(timeline.summary()))
         return 0
     v = timeline.violation
-    rows = [
-        ("chain", f"{chain.name} ({chain.length} stages, compute {format_seconds(chain.compute_time)})"),
-        ("platform", _platform_line(platform)),
+    rows = _instance_rows(chain, platform) + [
         ("feasible", "yes" if v is None else f"no: {v.rule} rule broken by {v.op}"),
         ("makespan", f"{format_seconds(timeline.makespan)}  (+{100 * timeline.overhead:.2f}% over compute)"),
         ("peak memory", f"{format_bytes(timeline.peak_memory)} of {format_bytes(platform.memory)}"),

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
-import os
 from typing import Any, Mapping
 
+from ._jsonio import JsonIO
 from .units import parse_bandwidth, parse_bytes, parse_seconds
 
 __all__ = ["Platform", "PlatformError"]
@@ -18,7 +17,7 @@ class PlatformError(ValueError):
 
 
 @dataclasses.dataclass(frozen=True)
-class Platform:
+class Platform(JsonIO):
     """GPU memory limit and the GPU-host link.
 
     Parameters
@@ -39,6 +38,9 @@ class Platform:
     -----
     Transfer time of x bytes is ``latency + x / bandwidth``.
     """
+
+    _json_label = "platform"
+    _json_error = PlatformError
 
     memory: int
     bandwidth_d2h: float
@@ -126,38 +128,6 @@ class Platform:
         except ValueError as exc:
             raise PlatformError(str(exc)) from None
         return cls(memory=memory, bandwidth_d2h=d2h, bandwidth_h2d=h2d, latency=latency, duplex=data.get("duplex", True))
-
-    def to_json(self, *, indent: int | None = 1) -> str:
-        """The platform as a JSON string."""
-        return json.dumps(self.to_dict(), indent=indent)
-
-    @classmethod
-    def from_json(cls, text: str) -> "Platform":
-        """Parse a platform from a JSON string."""
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise PlatformError(f"platform: malformed JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
-        return cls.from_dict(data)
-
-    def save(self, path: str | os.PathLike[str]) -> None:
-        """Write the platform as JSON to ``path``."""
-        with open(path, "w", encoding="utf-8") as fh:
-            fh.write(self.to_json())
-            fh.write("\n")
-
-    @classmethod
-    def load(cls, path: str | os.PathLike[str]) -> "Platform":
-        """Read a platform from a JSON file."""
-        try:
-            with open(path, encoding="utf-8") as fh:
-                text = fh.read()
-        except OSError as exc:
-            raise PlatformError(f"platform: cannot read {os.fspath(path)!r}: {exc.strerror}") from None
-        try:
-            return cls.from_json(text)
-        except PlatformError as exc:
-            raise PlatformError(f"{os.fspath(path)}: {exc}") from None
 
 
 def _transfer_time(nbytes: int, bandwidth: float, latency: float) -> float:

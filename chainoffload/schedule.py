@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
-import os
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 import numpy as np
+
+from ._jsonio import JsonIO
 
 if TYPE_CHECKING:
     from .chain import Chain
@@ -110,7 +110,7 @@ def fixed_order(length: int) -> tuple[tuple[str, int], ...]:
 
 
 @dataclasses.dataclass(frozen=True)
-class Schedule:
+class Schedule(JsonIO):
     """A compute sequence plus triggered transfers.
 
     Parameters
@@ -121,6 +121,9 @@ class Schedule:
         The :class:`Transfer` list. Order matters only for ties: transfers with the same trigger
         are queued in list order.
     """
+
+    _json_label = "schedule"
+    _json_error = ScheduleError
 
     compute: tuple[tuple[str, int], ...]
     transfers: tuple[Transfer, ...] = ()
@@ -302,38 +305,6 @@ class Schedule:
             raise ScheduleError(f"schedule.transfers: expected a list, got {type(transfers_raw).__name__}")
         transfers = [Transfer.from_dict(t, index=i) for i, t in enumerate(transfers_raw)]
         return cls(tuple(compute), tuple(transfers))
-
-    def to_json(self, *, indent: int | None = 1) -> str:
-        """The schedule as a JSON string."""
-        return json.dumps(self.to_dict(), indent=indent)
-
-    @classmethod
-    def from_json(cls, text: str) -> "Schedule":
-        """Parse a schedule from a JSON string."""
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ScheduleError(f"schedule: malformed JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
-        return cls.from_dict(data)
-
-    def save(self, path: str | os.PathLike[str]) -> None:
-        """Write the schedule as JSON to ``path``."""
-        with open(path, "w", encoding="utf-8") as fh:
-            fh.write(self.to_json())
-            fh.write("\n")
-
-    @classmethod
-    def load(cls, path: str | os.PathLike[str]) -> "Schedule":
-        """Read a schedule from a JSON file."""
-        try:
-            with open(path, encoding="utf-8") as fh:
-                text = fh.read()
-        except OSError as exc:
-            raise ScheduleError(f"schedule: cannot read {os.fspath(path)!r}: {exc.strerror}") from None
-        try:
-            return cls.from_json(text)
-        except ScheduleError as exc:
-            raise ScheduleError(f"{os.fspath(path)}: {exc}") from None
 
     @classmethod
     def from_units(

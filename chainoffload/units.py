@@ -46,6 +46,21 @@ def _number(text: str) -> float:
     return math.inf if text.lower() in ("inf", "infinity") else float(text)
 
 
+def _split(value: str | int | float, field: str, what: str, regex: re.Pattern, units: dict, examples: str) -> tuple[float, float]:
+    """(number, unit factor) of ``value``; bare numbers have factor 1."""
+    if isinstance(value, bool):
+        raise ValueError(f"{field}: {value!r} is not a {what}")
+    if isinstance(value, (int, float)):
+        return float(value), 1
+    match = regex.match(str(value))
+    if not match:
+        raise ValueError(f"{field}: {value!r} is not a {what} (examples: {examples})")
+    unit = match.group(2).lower()
+    if unit not in units:
+        raise ValueError(f"{field}: unknown {what} unit {match.group(2)!r} in {value!r}")
+    return _number(match.group(1)), units[unit]
+
+
 def parse_bytes(value: str | int | float, *, field: str = "memory") -> int:
     """Parse a size such as ``"6GiB"``, ``"900MB"``, ``"512 KiB"`` or ``123456`` into bytes.
 
@@ -61,21 +76,10 @@ def parse_bytes(value: str | int | float, *, field: str = "memory") -> int:
     ValueError
         If the text is not a size, is negative, or is not finite.
     """
-    if isinstance(value, bool):
-        raise ValueError(f"{field}: {value!r} is not a size")
-    if isinstance(value, (int, float)):
-        number, unit = float(value), ""
-    else:
-        match = _SIZE_RE.match(str(value))
-        if not match:
-            raise ValueError(f"{field}: {value!r} is not a size (examples: 6GiB, 900MB, 1048576)")
-        number, unit = _number(match.group(1)), match.group(2).lower()
-        if unit not in _SIZE_FACTORS:
-            raise ValueError(f"{field}: unknown size unit {match.group(2)!r} in {value!r}")
+    number, factor = _split(value, field, "size", _SIZE_RE, _SIZE_FACTORS, "6GiB, 900MB, 1048576")
     if not math.isfinite(number) or number < 0:
         raise ValueError(f"{field}: {value!r} must be a finite size >= 0")
-    total = number * _SIZE_FACTORS[unit]
-    return int(round(total))
+    return int(round(number * factor))
 
 
 def parse_bandwidth(value: str | int | float, *, field: str = "bandwidth") -> float:
@@ -88,20 +92,10 @@ def parse_bandwidth(value: str | int | float, *, field: str = "bandwidth") -> fl
     ValueError
         If the text is not a bandwidth or is negative.
     """
-    if isinstance(value, bool):
-        raise ValueError(f"{field}: {value!r} is not a bandwidth")
-    if isinstance(value, (int, float)):
-        number, unit = float(value), ""
-    else:
-        match = _BW_RE.match(str(value))
-        if not match:
-            raise ValueError(f"{field}: {value!r} is not a bandwidth (examples: 12GB/s, 16GiB/s)")
-        number, unit = _number(match.group(1)), match.group(2).lower()
-        if unit not in _SIZE_FACTORS:
-            raise ValueError(f"{field}: unknown unit {match.group(2)!r} in {value!r}")
+    number, factor = _split(value, field, "bandwidth", _BW_RE, _SIZE_FACTORS, "12GB/s, 16GiB/s")
     if math.isnan(number) or number < 0:
         raise ValueError(f"{field}: {value!r} must be a bandwidth >= 0")
-    return number * _SIZE_FACTORS[unit]
+    return number * factor
 
 
 def parse_seconds(value: str | int | float, *, field: str = "latency") -> float:
@@ -112,20 +106,10 @@ def parse_seconds(value: str | int | float, *, field: str = "latency") -> float:
     ValueError
         If the text is not a duration, is negative or not finite.
     """
-    if isinstance(value, bool):
-        raise ValueError(f"{field}: {value!r} is not a duration")
-    if isinstance(value, (int, float)):
-        number, unit = float(value), ""
-    else:
-        match = _TIME_RE.match(str(value))
-        if not match:
-            raise ValueError(f"{field}: {value!r} is not a duration (examples: 5us, 0.2ms, 1e-5)")
-        number, unit = _number(match.group(1)), match.group(2).lower()
-        if unit not in _TIME_DIVISORS:
-            raise ValueError(f"{field}: unknown time unit {match.group(2)!r} in {value!r}")
+    number, divisor = _split(value, field, "duration", _TIME_RE, _TIME_DIVISORS, "5us, 0.2ms, 1e-5")
     if not math.isfinite(number) or number < 0:
         raise ValueError(f"{field}: {value!r} must be a finite duration >= 0")
-    return number / _TIME_DIVISORS[unit]
+    return number / divisor
 
 
 def format_bytes(n: float) -> str:

@@ -29,6 +29,17 @@ def _stable_order(keys, idx):
 
 
 @njit
+def _push(e_time, e_cls, e_seq, e_delta, e_who, cnt, time, cls, seq, delta, who):
+    """Append one memory event; returns the new count."""
+    e_time[cnt] = time
+    e_cls[cnt] = cls
+    e_seq[cnt] = seq
+    e_delta[cnt] = delta
+    e_who[cnt] = who
+    return cnt + 1
+
+
+@njit
 def simulate_kernel(
     fwd,
     bwd,
@@ -178,20 +189,10 @@ def simulate_kernel(
 
     # a_0, resident from time 0 to the end of B_1.
     b1 = b_pos[1]
-    e_time[cnt] = 0.0
-    e_cls[cnt] = 1
-    e_seq[cnt] = -2
-    e_delta[cnt] = act[0]
-    e_who[cnt] = 0
-    cnt += 1
+    cnt = _push(e_time, e_cls, e_seq, e_delta, e_who, cnt, 0.0, 1, -2, act[0], 0)
     if b1 >= 0:
         t_free = op_end[b1]
-        e_time[cnt] = t_free
-        e_cls[cnt] = 0 if t_free > 0.0 else 1
-        e_seq[cnt] = 2 * b1 + 1
-        e_delta[cnt] = -act[0]
-        e_who[cnt] = b1
-        cnt += 1
+        cnt = _push(e_time, e_cls, e_seq, e_delta, e_who, cnt, t_free, 0 if t_free > 0.0 else 1, 2 * b1 + 1, -act[0], b1)
 
     # when each unit's saved[i] was last allocated (for the class of its free)
     for k in range(n):
@@ -200,51 +201,21 @@ def simulate_kernel(
         s = op_start[k]
         e = op_end[k]
         if kind == OP_F:
-            e_time[cnt] = s
-            e_cls[cnt] = 1
-            e_seq[cnt] = 2 * k
-            e_delta[cnt] = saved[i - 1] + fwd_tmp[i - 1]
-            e_who[cnt] = k
-            cnt += 1
-            e_time[cnt] = e
-            e_cls[cnt] = 0 if e > s else 1
-            e_seq[cnt] = 2 * k + 1
-            e_delta[cnt] = -fwd_tmp[i - 1]
-            e_who[cnt] = k
-            cnt += 1
+            cnt = _push(e_time, e_cls, e_seq, e_delta, e_who, cnt, s, 1, 2 * k, saved[i - 1] + fwd_tmp[i - 1], k)
+            cnt = _push(e_time, e_cls, e_seq, e_delta, e_who, cnt, e, 0 if e > s else 1, 2 * k + 1, -fwd_tmp[i - 1], k)
         elif kind == OP_B:
             alloc = act[i - 1] + bwd_tmp[i - 1]
             if i == n_stage:
                 alloc += act[n_stage]
-            e_time[cnt] = s
-            e_cls[cnt] = 1
-            e_seq[cnt] = 2 * k
-            e_delta[cnt] = alloc
-            e_who[cnt] = k
-            cnt += 1
+            cnt = _push(e_time, e_cls, e_seq, e_delta, e_who, cnt, s, 1, 2 * k, alloc, k)
             # bwd_tmp and g_i (allocated by B_{i+1}, or by B_i itself when i = L)
             g_alloc = s if i == n_stage else op_start[b_pos[i + 1]]
-            e_time[cnt] = e
-            e_cls[cnt] = 0 if e > s else 1
-            e_seq[cnt] = 2 * k + 1
-            e_delta[cnt] = -bwd_tmp[i - 1]
-            e_who[cnt] = k
-            cnt += 1
-            e_time[cnt] = e
-            e_cls[cnt] = 0 if e > g_alloc else 1
-            e_seq[cnt] = 2 * k + 1
-            e_delta[cnt] = -act[i]
-            e_who[cnt] = k
-            cnt += 1
+            cnt = _push(e_time, e_cls, e_seq, e_delta, e_who, cnt, e, 0 if e > s else 1, 2 * k + 1, -bwd_tmp[i - 1], k)
+            cnt = _push(e_time, e_cls, e_seq, e_delta, e_who, cnt, e, 0 if e > g_alloc else 1, 2 * k + 1, -act[i], k)
             # saved[i]: allocated by F_i, or by P_i when the unit was offloaded
             p = pre_idx[i]
             s_alloc = tr_start[p] if p >= 0 else op_start[f_pos[i]]
-            e_time[cnt] = e
-            e_cls[cnt] = 0 if e > s_alloc else 1
-            e_seq[cnt] = 2 * k + 1
-            e_delta[cnt] = -saved[i - 1]
-            e_who[cnt] = k
-            cnt += 1
+            cnt = _push(e_time, e_cls, e_seq, e_delta, e_who, cnt, e, 0 if e > s_alloc else 1, 2 * k + 1, -saved[i - 1], k)
     for t in range(m):
         u = tr_unit[t]
         if tr_kind[t] == 0:
@@ -254,19 +225,9 @@ def simulate_kernel(
                 t_free = op_end[f_pos[u + 1]]
             fk = f_pos[u]
             alloc_t = op_start[fk] if fk >= 0 else 0.0
-            e_time[cnt] = t_free
-            e_cls[cnt] = 0 if t_free > alloc_t else 1
-            e_seq[cnt] = 2 * n + 2
-            e_delta[cnt] = -saved[u - 1]
-            e_who[cnt] = -(t + 1)
-            cnt += 1
+            cnt = _push(e_time, e_cls, e_seq, e_delta, e_who, cnt, t_free, 0 if t_free > alloc_t else 1, 2 * n + 2, -saved[u - 1], -(t + 1))
         else:
-            e_time[cnt] = tr_start[t]
-            e_cls[cnt] = 1
-            e_seq[cnt] = -1
-            e_delta[cnt] = saved[u - 1]
-            e_who[cnt] = -(t + 1)
-            cnt += 1
+            cnt = _push(e_time, e_cls, e_seq, e_delta, e_who, cnt, tr_start[t], 1, -1, saved[u - 1], -(t + 1))
 
     idx = np.arange(cnt)
     idx = _stable_order(e_seq, idx)
