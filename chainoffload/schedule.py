@@ -249,6 +249,10 @@ class Schedule(JsonIO):
                     f"schedule.transfers[{idx}]: the prefetch of unit {unit} is triggered before its offload "
                     f"(transfers[{o_idx}])"
                 )
+        if self.has_remat:
+            from .remat import validate_remat
+
+            validate_remat(self, length)
 
     # -- arrays for the kernels ---------------------------------------------------------------
 

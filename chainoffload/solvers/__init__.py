@@ -67,6 +67,10 @@ _REGISTRY: dict[str, SolverSpec] = {
         ),
         SolverSpec("first-k", f"{_B}:first_k", "TransformerEngine: offload the first k units, smallest k that fits"),
         SolverSpec("largest-first", f"{_B}:largest_first", "torchtitan-style: offload the largest units until it fits"),
+        SolverSpec("rotor", "chainoffload.solvers.rotor:rotor", "rotor DP: optimal persistent checkpointing, no offload", remat=True),
+        SolverSpec("sqrt-checkpoint", "chainoffload.solvers.remat_baselines:sqrt_checkpoint", "Chen et al.: keep the input of every sqrt(L)-stage segment, recompute the rest", remat=True),
+        SolverSpec("recompute-all", "chainoffload.solvers.remat_baselines:recompute_all", "keep only a_0; recompute up to each stage before its backward (least memory)", remat=True),
+        SolverSpec("joint", "chainoffload.solvers.joint:joint", "joint DP of rematerialization and offloading (best of it, rotor, pure offload)", remat=True),
     )
 }
 

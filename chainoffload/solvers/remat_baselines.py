@@ -1,0 +1,96 @@
+"""Rematerialization baselines users know: sqrt-checkpoint (Chen et al. 2016) and recompute-all.
+
+Neither looks at the memory limit to choose its sequence: each is a fixed policy, reported
+feasible when the simulator accepts it and infeasible (with its peak as ``min_memory``)
+when not. They show what the rotor and joint dynamic programs gain over rules of thumb.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+from ..chain import Chain
+from ..platform import Platform
+from ..result import Result, Status
+from ..schedule import Schedule
+from ..simulate import simulate
+
+__all__ = ["sqrt_checkpoint", "recompute_all", "sqrt_checkpoint_schedule", "recompute_all_schedule"]
+
+
+def sqrt_checkpoint_schedule(length: int, segment: int | None = None) -> Schedule:
+    """Chen et al.'s sequence: keep only the input of every segment of ``segment`` stages.
+
+    The forward runs each segment but the last with Fck (keeping the segment's input) then Fn
+    (dropping each intermediate a_i); the last segment runs with F_all. The backward
+    re-runs each earlier segment with F_all from its kept input before its backward ops.
+    ``segment`` defaults to ceil(sqrt(L)).
+    """
+    if segment is None:
+        segment = max(1, math.ceil(math.sqrt(length)))
+    if isinstance(segment, bool) or not isinstance(segment, int) or segment < 1:
+        raise ValueError(f"segment: {segment!r} must be an integer >= 1")
+    starts = list(range(1, length + 1, segment))
+    bounds = [(s, min(s + segment - 1, length)) for s in starts]
+    ops: list[tuple[str, int]] = []
+    for s, e in bounds[:-1]:
+        ops.append(("Fck", s))
+        ops.extend(("Fn", k) for k in range(s + 1, e + 1))
+    s_last, e_last = bounds[-1]
+    ops.extend(("F", k) for k in range(s_last, e_last + 1))
+    ops.extend(("B", k) for k in range(e_last, s_last - 1, -1))
+    for s, e in reversed(bounds[:-1]):
+        ops.extend(("F", k) for k in range(s, e + 1))
+        ops.extend(("B", k) for k in range(e, s - 1, -1))
+    return Schedule(tuple(ops), ())
+
+
+def recompute_all_schedule(length: int) -> Schedule:
+    """The most memory-frugal persistent sequence: keep only a_0, recompute up to each stage.
+
+    Before B_i it runs Fn_1..Fn_{i-1} (each dropping its input) and F_i, so at any time it
+    holds a_0, at most two lone activations or one unit, and the gradients in flight. Its
+    forward work is quadratic in L.
+    """
+    ops: list[tuple[str, int]] = []
+    for i in range(length, 0, -1):
+        ops.extend(("Fn", k) for k in range(1, i))
+        ops.append(("F", i))
+        ops.append(("B", i))
+    return Schedule(tuple(ops), ())
+
+
+def _fixed_policy(method: str, chain: Chain, platform: Platform, schedule: Schedule, t0: float, info: dict) -> Result:
+    timeline = simulate(chain, platform, schedule)
+    if timeline.feasible:
+        return Result(method, Status.FEASIBLE, schedule, makespan=timeline.makespan, runtime=time.perf_counter() - t0, info=info)
+    return Result(
+        method,
+        Status.INFEASIBLE,
+        None,
+        runtime=time.perf_counter() - t0,
+        min_memory=timeline.peak_memory,
+        info=info,
+        message=f"{method}: its sequence needs {timeline.peak_memory} B, above {platform.memory} B",
+    )
+
+
+def sqrt_checkpoint(chain: Chain, platform: Platform, *, segment: int | None = None) -> Result:
+    """Checkpoint every ceil(sqrt(L)) stages (Chen et al., "Training deep nets with sublinear memory cost").
+
+    Parameters
+    ----------
+    segment
+        Stages per segment; default ceil(sqrt(L)).
+    """
+    t0 = time.perf_counter()
+    schedule = sqrt_checkpoint_schedule(chain.length, segment)
+    seg = segment or max(1, math.ceil(math.sqrt(chain.length)))
+    return _fixed_policy("sqrt-checkpoint", chain, platform, schedule, t0, {"segment": seg})
+
+
+def recompute_all(chain: Chain, platform: Platform) -> Result:
+    """Keep only the chain's input; recompute the forward up to each stage before its backward."""
+    t0 = time.perf_counter()
+    return _fixed_policy("recompute-all", chain, platform, recompute_all_schedule(chain.length), t0, {})
