@@ -1,0 +1,178 @@
+"""The rotor DP against a brute-force enumeration, and the remat baselines."""
+
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from chainoffload import simulate
+from chainoffload.chain import Chain
+from chainoffload.platform import Platform
+from chainoffload.result import Status
+from chainoffload.schedule import Schedule
+from chainoffload.simulate import keep_all_peak
+from chainoffload.solvers import solve
+from chainoffload.solvers.rotor import _table, rotor, rotor_schedule, slots_for
+
+UNLIMITED = 2**62
+
+
+def random_chain(rng, length, grain=1000):
+    act = rng.integers(1, 100, length + 1) * grain
+    saved = act[1:] + rng.integers(0, 300, length) * grain
+    fwd = rng.uniform(0.5, 2.0, length)
+    return Chain(fwd, fwd * rng.uniform(1, 3, length), act, saved, rng.integers(0, 50, length) * grain,
+                 rng.integers(0, 50, length) * grain, fwd_nosave=fwd * rng.uniform(0.5, 1.0, length))
+
+
+def persistent_sequences(s, t):
+    """Every persistent checkpointing sequence of segment (s, t): F_all on s, or checkpoint a_{j-1}."""
+    if s == t:
+        yield [("F", s), ("B", s)]
+        return
+    for sub in persistent_sequences(s + 1, t):
+        yield [("F", s)] + sub + [("B", s)]
+    for j in range(s + 1, t + 1):
+        fwd = [("Fck", s)] + [("Fn", k) for k in range(s + 1, j)]
+        lefts = list(persistent_sequences(s, j - 1))
+        for right in persistent_sequences(j, t):
+            for left in lefts:
+                yield fwd + right + left
+
+
+def brute_force(chain):
+    """(peak, makespan) of every persistent sequence, simulated exactly (no slots)."""
+    free = Platform(memory=UNLIMITED, bandwidth_d2h=0.0, bandwidth_h2d=0.0)
+    out = []
+    for ops in persistent_sequences(1, chain.length):
+        tl = simulate(chain, free, Schedule(tuple(ops), ()))
+        out.append((tl.peak_memory, tl.makespan))
+    return out
+
+
+def best_within(table, memory):
+    return min((ms for peak, ms in table if peak <= memory), default=math.inf)
+
+
+def test_enumeration_size():
+    # 1, 2, 6, 22, 90 sequences for L = 1..5 (T(n) = T(n-1) + sum_k T(k) T(n-k)).
+    assert [sum(1 for _ in persistent_sequences(1, n)) for n in range(1, 6)] == [1, 2, 6, 22, 90]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_rotor_matches_brute_force_within_slot_rounding(seed):
+    rng = np.random.default_rng(seed)
+    chain = random_chain(rng, 6 + seed % 2)
+    table = brute_force(chain)
+    floor, top = min(p for p, _ in table), keep_all_peak(chain)
+    slots = 400
+    for memory in np.linspace(floor, top, 9).astype(int):
+        platform = Platform(memory=int(memory), bandwidth_d2h=0.0, bandwidth_h2d=0.0)
+        res = rotor(chain, platform, slots=slots)
+        exact = best_within(table, memory)
+        quantum = slots_for(chain, int(memory), slots).quantum
+        # Each DP check sums at most L + 6 rounded sizes, each rounded up by under one slot.
+        slack = (chain.length + 6) * quantum
+        relaxed = best_within(table, memory - slack)
+        if res.status.has_schedule:
+            assert res.makespan >= exact * (1 - 1e-12)
+            assert res.makespan <= relaxed * (1 + 1e-12)
+        else:
+            assert relaxed == math.inf
+
+
+def test_rotor_exact_when_sizes_are_whole_slots():
+    # With every size a multiple of the quantum, rounding loses nothing: rotor is the optimum.
+    rng = np.random.default_rng(7)
+    chain = random_chain(rng, 6, grain=1000)
+    table = brute_force(chain)
+    for peak, _ in sorted(set(table))[::7]:
+        budget = peak - int(chain.act[0])
+        slots = budget // 1000
+        res = rotor(chain, Platform(memory=peak, bandwidth_d2h=0.0, bandwidth_h2d=0.0), slots=slots)
+        assert slots_for(chain, peak, slots).quantum == 1000
+        assert res.status.has_schedule
+        assert math.isclose(res.makespan, best_within(table, peak), rel_tol=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_keep_all_memory_recomputes_nothing(seed):
+    chain = random_chain(np.random.default_rng(10 + seed), 12)
+    peak = keep_all_peak(chain)
+    res = solve(chain, Platform(memory=peak, bandwidth_d2h=0.0, bandwidth_h2d=0.0), method="rotor")
+    assert res.status == Status.OPTIMAL and res.makespan == chain.compute_time
+    assert not any(k in ("Fck", "Fn") for k, _ in res.schedule.compute)
+    # The table itself (no keep-all shortcut) with room for the rounding: ties go to F_all.
+    sl = slots_for(chain, peak + (chain.length + 6) * slots_for(chain, peak, 500).quantum, 500)
+    _, choice = _table(chain, sl)
+    ops = rotor_schedule(choice, sl, chain.length).compute
+    assert ops == Schedule.keep_all(chain.length).compute
+
+
+@pytest.mark.parametrize("method", ["rotor", "sqrt-checkpoint", "recompute-all"])
+def test_every_remat_schedule_is_feasible_in_the_simulator(method):
+    rng = np.random.default_rng(42)
+    for _ in range(8):
+        chain = random_chain(rng, int(rng.integers(2, 20)))
+        floor, top = chain.stage_memory_floor(), keep_all_peak(chain)
+        memory = int(floor + rng.uniform(0, 1.1) * (top - floor))
+        res = solve(chain, Platform(memory=memory, bandwidth_d2h=1e6, bandwidth_h2d=1e6), method=method)
+        assert res.status in (Status.FEASIBLE, Status.OPTIMAL, Status.INFEASIBLE), res.message
+        if res.status.has_schedule:
+            assert res.timeline.feasible and res.peak_memory <= memory
+        else:
+            assert res.min_memory is None or res.min_memory > memory or method == "rotor"
+
+
+def test_rotor_never_worse_than_the_baselines():
+    rng = np.random.default_rng(5)
+    for _ in range(6):
+        chain = random_chain(rng, 16)
+        floor, top = chain.stage_memory_floor(), keep_all_peak(chain)
+        platform = Platform(memory=int((floor + top) / 2), bandwidth_d2h=0.0, bandwidth_h2d=0.0)
+        r = solve(chain, platform, method="rotor")
+        for base in ("sqrt-checkpoint", "recompute-all"):
+            b = solve(chain, platform, method=base)
+            if b.status.has_schedule:
+                # Both baselines are persistent sequences; rotor may lose only slot rounding.
+                assert r.status.has_schedule and r.makespan <= b.makespan * 1.02
+
+
+def test_recompute_all_needs_least_memory():
+    rng = np.random.default_rng(9)
+    chain = random_chain(rng, 6)
+    table = brute_force(chain)
+    frugal = simulate(chain, Platform(memory=UNLIMITED, bandwidth_d2h=0.0, bandwidth_h2d=0.0),
+                      solve(chain, Platform(memory=UNLIMITED, bandwidth_d2h=0.0, bandwidth_h2d=0.0),
+                            method="recompute-all").schedule)
+    assert frugal.peak_memory == min(p for p, _ in table)
+
+
+def test_slots_must_be_positive(chain3):
+    with pytest.raises(ValueError, match="slots"):
+        rotor(chain3, Platform(memory=200, bandwidth_d2h=0.0, bandwidth_h2d=0.0), slots=0)
+
+
+def test_rotor_kernel_runs_as_python():
+    # NUMBA_DISABLE_JIT=1 runs the kernel as plain Python: same table, same schedule.
+    code = (
+        "import numpy as np, json;"
+        "from chainoffload.examples import tiny;"
+        "from chainoffload.platform import Platform;"
+        "from chainoffload.solvers.rotor import rotor;"
+        "r = rotor(tiny(), Platform(memory=175, bandwidth_d2h=0.0, bandwidth_h2d=0.0), slots=50);"
+        "print(json.dumps([r.makespan, [list(op) for op in r.schedule.compute]]))"
+    )
+    env = {**os.environ, "NUMBA_DISABLE_JIT": "1"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    import json
+
+    from chainoffload.examples import tiny
+
+    makespan, ops = json.loads(out.stdout)
+    jitted = rotor(tiny(), Platform(memory=175, bandwidth_d2h=0.0, bandwidth_h2d=0.0), slots=50)
+    assert makespan == jitted.makespan
+    assert [tuple(op) for op in ops] == list(jitted.schedule.compute)
