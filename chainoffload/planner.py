@@ -21,7 +21,8 @@ timing rules as it goes:
   upper bound of when the copy really allocates). A unit that fits nowhere earlier is issued
   at the last boundary before B_{u+1}, which reads it. GPU copies whose offload may still be
   in flight when the backward begins are counted present in each B_j that could start before
-  they are freed (start times are bounded below by running the backward with no waits).
+  they are freed (start times are bounded below by running the backward with no waits); the
+  first B_j that cannot run beside such a copy waits (``before``) for its offload.
 * Memory checks use the same accounting as the simulator, so the plan is feasible whenever
   every check passes; the caller still simulates it (the simulator is the only judge).
 

@@ -115,3 +115,21 @@ def test_rejects_moving_data_over_a_dead_link(chain3):
     platform = Platform(memory=10**6, bandwidth_d2h=0.0, bandwidth_h2d=1.0)
     with pytest.raises(ValueError, match="bandwidth 0.0 B/s"):
         plan_transfers(chain3, platform, [1])
+
+
+def test_backward_waits_for_an_offload_still_in_flight():
+    # Unit 2 (80 B) is still on its way out when the forward ends; B_4 needs its room
+    # (keep-all peak 140 B at B_4, the limit is 130 B), so B_4 waits for O_2 to end.
+    chain = Chain(
+        fwd=[1.0] * 4, bwd=[1.0] * 4, act=[10] * 5, saved=[10, 80, 10, 10], fwd_tmp=[0] * 4, bwd_tmp=[0] * 4, name="late"
+    )
+    platform = Platform(memory=130, bandwidth_d2h=20.0, bandwidth_h2d=20.0)
+    schedule = plan_transfers(chain, platform, [2])
+    (off,) = [t for t in schedule.transfers if t.kind == "offload"]
+    (pre,) = [t for t in schedule.transfers if t.kind == "prefetch"]
+    assert (off.op, off.before) == (1, schedule.index("B", 4))
+    assert pre.op == schedule.index("B", 4) and pre.at == "end"
+    timeline = simulate(chain, platform, schedule)
+    assert timeline.feasible and timeline.peak_memory == 130
+    # O_2 2-6; F_3, F_4 run 2-4; B_4 waits, 6-7; P_2 7-11; B_3 11-12, B_2, B_1: 14.
+    assert timeline.makespan == pytest.approx(14.0)

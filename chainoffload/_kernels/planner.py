@@ -95,6 +95,7 @@ def plan_kernel(fwd, bwd, act, saved, fwd_tmp, bwd_tmp, memory, d_time, h_time, 
             need_b += act[n]
         slack[j] = memory - need_b
     lb_start = np.zeros(n + 2)
+    bwait = np.zeros(n + 2)
     acc = t_fwd
     for j in range(n, 0, -1):
         lb_start[j] = acc
@@ -107,10 +108,16 @@ def plan_kernel(fwd, bwd, act, saved, fwd_tmp, bwd_tmp, memory, d_time, h_time, 
         if free_v <= t_fwd:
             continue
         for j in range(n, v - 1, -1):
-            if lb_start[j] < free_v:
-                slack[j] -= saved[v - 1]
-            else:
+            if lb_start[j] >= free_v:
                 break
+            if slack[j] < saved[v - 1]:
+                # B_j cannot run beside this copy: it waits for the offload, after which the
+                # copy is gone (F_{v+1} ended in the forward) for B_j and every later phase.
+                off_before[v] = 2 * n - j
+                if oend[v] > bwait[j]:
+                    bwait[j] = oend[v]
+                break
+            slack[j] -= saved[v - 1]
 
     # ---- backward: prefetches in decreasing stage order on the H2D channel, each triggered at
     # the earliest boundary (end of F_L, then end of B_{j+1}) where its memory fits up to B_u;
@@ -153,6 +160,8 @@ def plan_kernel(fwd, bwd, act, saved, fwd_tmp, bwd_tmp, memory, d_time, h_time, 
             chan_h = pend[u]
             nxt -= 1
         s = t
+        if bwait[j] > s:
+            s = bwait[j]
         if offload[j] != 0 and pend[j] > s:
             s = pend[j]
         if j >= 2 and offload[j - 1] != 0 and pend[j - 1] > s:
