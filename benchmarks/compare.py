@@ -38,10 +38,10 @@ SLOW = {"cpsat": 30}  # methods run only up to this many stages (exact, exponent
 def chains(names: list[str] | None, quick: bool) -> list[co.Chain]:
     """Shipped network chains if the package has them, else the shipped examples."""
     try:
-        from chainoffload.networks import load_network, network_names
+        from chainoffload.networks import network, network_names
 
         available = list(network_names())
-        loader = load_network
+        loader = network
     except ImportError:
         from chainoffload.examples import example
 
