@@ -1,0 +1,148 @@
+"""The profiler: sizes by hand on small models, timing and link fields, model state left alone."""
+
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch import nn  # noqa: E402
+
+import chainoffload as co  # noqa: E402
+import chainoffload_torch as ct  # noqa: E402
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """The models here are tiny: one intra-op thread is several times faster than two on a
+    shared 2-core machine, and changes no result (every comparison is within one process)."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+F32 = 4
+
+
+class Scale(nn.Module):
+    """x * w * b with a parameter w and a buffer b: the products save x, w and b, and
+    neither the parameter nor the buffer is ever part of a unit."""
+
+    def __init__(self, d):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(d))
+        self.register_buffer("b", torch.randn(d))
+
+    def forward(self, x):
+        return x * self.w * self.b
+
+
+class TwoViews(nn.Module):
+    """Saves two views of one new tensor: that storage counts once."""
+
+    def forward(self, x):
+        h = x * 2.0  # new storage, n x d
+        a, b = h[:, :4], h[:, 4:]
+        return a * b  # saves a and b (views of h); output n x 4
+
+
+class Exp(nn.Module):
+    """exp saves its output: unit = the output only."""
+
+    def forward(self, x):
+        return x.exp()
+
+
+def test_sizes_of_an_mlp_by_hand():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8), nn.Tanh())
+    x = torch.randn(5, 16)
+    sizes = ct.measure_sizes(model, x)
+    assert sizes.act == (5 * 16 * F32, 5 * 32 * F32, 5 * 32 * F32, 5 * 8 * F32, 5 * 8 * F32)
+    # Linear saves its input (an earlier unit's) and its weight (a parameter): only its output
+    # is its own. ReLU and Tanh save their output, which is their unit anyway.
+    assert sizes.saved == sizes.act[1:]
+    assert sizes.owned == sizes.saved
+    assert sizes.aliased == frozenset()
+
+
+def test_parameters_buffers_and_views_are_counted_right():
+    torch.manual_seed(0)
+    model = nn.Sequential(Scale(8), TwoViews(), Exp())
+    x = torch.randn(3, 8, requires_grad=True)
+    sizes = ct.measure_sizes(model, x)
+    n = 3
+    # Scale: x * w saves x (unit 0) and w (parameter); (x*w) * b saves b (buffer) only, since
+    # b needs no gradient: its unit is its output alone.
+    # TwoViews: h (n x 8, saved through two views, counted once) + output (n x 4).
+    # Exp: its output.
+    assert sizes.act == (n * 8 * F32, n * 8 * F32, n * 4 * F32, n * 4 * F32)
+    assert sizes.saved == (n * 8 * F32, n * 8 * F32 + n * 4 * F32, n * 4 * F32)
+
+
+def test_inplace_and_view_stages_are_marked_aliased():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(inplace=True), nn.Linear(8, 8), nn.Flatten(0), nn.Linear(24, 2))
+    sizes = ct.measure_sizes(model, torch.randn(3, 8))
+    # ReLU(inplace) writes a_1: units 1 and 2 share it. Flatten returns a view of a_3.
+    assert sizes.aliased == frozenset({1, 2, 3, 4})
+    assert all(s >= a for s, a in zip(sizes.saved, sizes.act[1:]))
+
+
+def test_profile_returns_a_valid_chain_and_platform_and_leaves_the_model_alone(tmp_path):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 36, 3))
+    x = torch.randn(2, 3, 6, 6)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    rng = torch.get_rng_state()
+    chain, platform = ct.profile(model, x, repeats=2, warmup=1)
+    after = model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)  # running stats untouched
+    assert all(p.grad is None for p in model.parameters())
+    assert torch.equal(rng, torch.get_rng_state())
+    assert chain.length == 5 and chain.name == "Sequential"
+    assert list(chain.act) == list(ct.measure_sizes(model, x).act)
+    assert all(t > 0 for t in chain.fwd) and all(t >= 0 for t in chain.bwd) and chain.bwd[0] > 0
+    assert list(chain.fwd_tmp) == [0] * 5 and list(chain.bwd_tmp) == [0] * 5  # CPU: no allocator peak
+    assert platform.bandwidth_d2h > 0 and platform.bandwidth_h2d > 0 and math.isfinite(platform.bandwidth_d2h)
+    assert platform.duplex is True
+    assert platform.memory == co.keep_all_peak(chain)
+    chain.save(tmp_path / "c.json")
+    platform.save(tmp_path / "p.json")
+    assert co.Chain.load(tmp_path / "c.json") == chain
+    assert co.Platform.load(tmp_path / "p.json") == platform
+
+
+def test_profile_of_a_list_of_blocks_and_explicit_memory():
+    torch.manual_seed(0)
+    blocks = [nn.Linear(4, 4), nn.GELU(), nn.Linear(4, 2)]
+    chain, platform = ct.profile(blocks, torch.randn(3, 4), repeats=1, memory=12345, name="blocks")
+    assert chain.name == "blocks" and chain.length == 3 and platform.memory == 12345
+
+
+def test_measure_link_on_cpu():
+    link = ct.measure_link("cpu", nbytes=1 << 20, small=1024, repeats=3)
+    assert set(link) == {"bandwidth_d2h", "bandwidth_h2d", "latency", "duplex"}
+    assert link["bandwidth_d2h"] > 1e6 and link["bandwidth_h2d"] > 1e6 and link["latency"] >= 0
+    co.Platform(memory=1, **link)  # a valid platform
+    with pytest.raises(ValueError, match="small"):
+        ct.measure_link("cpu", nbytes=1024, small=1024)
+
+
+def test_profile_errors_name_what_is_wrong():
+    with pytest.raises(TypeError, match="model"):
+        ct.measure_sizes(nn.Linear(2, 2), torch.randn(1, 2))
+    with pytest.raises(ValueError, match="same module"):
+        lin = nn.Linear(2, 2)
+        ct.measure_sizes([lin, lin], torch.randn(1, 2))
+    with pytest.raises(TypeError, match="sample"):
+        ct.measure_sizes(nn.Sequential(nn.Linear(2, 2)), [1.0, 2.0])
+
+    class Pair(nn.Module):
+        def forward(self, x):
+            return x, x
+
+    with pytest.raises(TypeError, match="stage 2 returned a tuple"):
+        ct.measure_sizes(nn.Sequential(nn.Linear(2, 2), Pair()), torch.randn(1, 2))
+    with pytest.raises(ValueError, match="repeats"):
+        ct.profile(nn.Sequential(nn.Linear(2, 2)), torch.randn(1, 2), repeats=0)
