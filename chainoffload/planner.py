@@ -40,9 +40,9 @@ from ._kernels.planner import plan_kernel
 from .chain import Chain
 from .platform import Platform
 from .schedule import Schedule, Transfer, fixed_order
-from .simulate import simulate
+from .simulate import Timeline, simulate
 
-__all__ = ["plan_transfers", "eager_plan"]
+__all__ = ["plan_transfers", "plan_and_simulate", "eager_plan"]
 
 
 def eager_plan(chain: Chain, units: Iterable[int]) -> Schedule:
@@ -91,13 +91,23 @@ def plan_transfers(chain: Chain, platform: Platform, units: Iterable[int]) -> Sc
     ValueError
         A unit outside 1..L, or units to move over a link of bandwidth 0.
     """
+    return plan_and_simulate(chain, platform, units)[0]
+
+
+def plan_and_simulate(chain: Chain, platform: Platform, units: Iterable[int]) -> tuple[Schedule, Timeline]:
+    """:func:`plan_transfers` together with the simulator's timeline of the plan it returns.
+
+    The planner simulates its candidates anyway; searches that score many unit sets use this
+    to avoid replaying the chosen plan a second time.
+    """
     length = chain.length
     chosen = sorted({int(u) for u in units})
     for u in chosen:
         if not 1 <= u <= length:
             raise ValueError(f"units: {u} is not a stage in 1..{length}")
     if not chosen:
-        return Schedule.keep_all(length)
+        schedule = Schedule.keep_all(length)
+        return schedule, simulate(chain, platform, schedule)
     if not platform.can_transfer:
         raise ValueError(
             f"units: cannot offload {chosen} over a link of bandwidth "
@@ -108,7 +118,7 @@ def plan_transfers(chain: Chain, platform: Platform, units: Iterable[int]) -> Sc
     saved = chain.saved
     d_time = np.array([platform.d2h_time(int(x)) for x in saved], dtype=np.float64)
     h_time = np.array([platform.h2d_time(int(x)) for x in saved], dtype=np.float64)
-    best: tuple[tuple[int, float, int], Schedule] | None = None
+    best: tuple[tuple[int, float, int], Schedule, Timeline] | None = None
     candidates = [_kernel_plan(chain, platform, chosen, offload, d_time, h_time, opt) for opt in (False, True)]
     candidates.append(eager_plan(chain, chosen))
     for schedule in candidates:
@@ -116,8 +126,8 @@ def plan_transfers(chain: Chain, platform: Platform, units: Iterable[int]) -> Sc
         # Feasible first, then the shorter makespan, then the lower peak (a hint for repairs).
         key = (0 if timeline.feasible else 1, timeline.makespan if timeline.feasible else 0.0, timeline.peak_memory)
         if best is None or key < best[0]:
-            best = (key, schedule)
-    return best[1]
+            best = (key, schedule, timeline)
+    return best[1], best[2]
 
 
 def _kernel_plan(

@@ -133,3 +133,13 @@ def test_backward_waits_for_an_offload_still_in_flight():
     assert timeline.feasible and timeline.peak_memory == 130
     # O_2 2-6; F_3, F_4 run 2-4; B_4 waits, 6-7; P_2 7-11; B_3 11-12, B_2, B_1: 14.
     assert timeline.makespan == pytest.approx(14.0)
+
+
+def test_plan_and_simulate_returns_the_plan_and_its_own_timeline():
+    from chainoffload.planner import plan_and_simulate
+
+    for chain, platform, units in _instances(5, seed=9):
+        schedule, timeline = plan_and_simulate(chain, platform, units)
+        assert schedule == plan_transfers(chain, platform, units)
+        again = simulate(chain, platform, schedule)
+        assert (timeline.feasible, timeline.makespan, timeline.peak_memory) == (again.feasible, again.makespan, again.peak_memory)
