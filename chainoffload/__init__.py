@@ -11,7 +11,7 @@ from .platform import Platform, PlatformError
 from .schedule import Schedule, ScheduleError, Transfer, fixed_order
 from .simulate import Timeline, Violation, simulate, keep_all_peak
 from .result import Result, Status
-from .solvers import solve, methods, register
+from .solvers import solve, methods, register, minimum_memory
 
 __version__ = "0.1.0"
 
@@ -33,4 +33,5 @@ __all__ = [
     "solve",
     "methods",
     "register",
+    "minimum_memory",
 ]

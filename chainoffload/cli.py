@@ -114,12 +114,22 @@ def _cmd_solve(args: argparse.Namespace) -> int:
     if args.time_limit is not None:
         options["time_limit"] = args.time_limit
     result = solve(chain, platform, args.method, **options)
+    least = floor = None
+    if args.min_memory:
+        from .bounds import offload_memory_floor
+        from .solvers import minimum_memory
+
+        least = minimum_memory(chain, platform, args.method, **options)
+        floor = offload_memory_floor(chain)
     if args.out:
         if result.schedule is None:
             raise CliError(f"--out: method {result.method!r} found no schedule ({result.status}); nothing written")
         result.schedule.save(args.out)
     if args.json:
-        print(json.dumps(result.to_dict()))
+        out = result.to_dict()
+        if args.min_memory:
+            out.update(min_memory=least, memory_floor=floor)
+        print(json.dumps(out))
         return 0
     base = chain.compute_time
     rows = _instance_rows(chain, platform) + [
@@ -142,6 +152,11 @@ def _cmd_solve(args: argparse.Namespace) -> int:
             rows.append(("min memory", f"{format_bytes(result.min_memory)} ({result.min_memory} B) for this method"))
         if result.message:
             rows.append(("message", result.message))
+    if args.min_memory:
+        rows += [
+            ("least memory", "none up to keep-all" if least is None else f"{format_bytes(least)} ({least} B) for this method, by bisection"),
+            ("memory floor", f"{format_bytes(floor)} ({floor} B): no offloading schedule fits below (proven)"),
+        ]
     rows.append(("runtime", format_seconds(result.runtime)))
     if args.out:
         rows.append(("schedule", f"written to {args.out}"))
@@ -191,8 +206,10 @@ def _cmd_example(args: argparse.Namespace) -> int:
     from .examples import example, example_names
 
     if args.name is None or args.list:
-        for name, desc in example_names().items():
-            print(f"{name:<10}  {desc}")
+        names = example_names()
+        width = max(len(n) for n in names)
+        for name, desc in names.items():
+            print(f"{name:<{width}}  {desc}")
         return 0
     chain = example(args.name)
     if args.out:
@@ -215,6 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--method", default=None, help="a method of `chainoffload methods` (default: the starred one)")
     p.add_argument("--time-limit", type=float, default=None, help="seconds, for methods that take a time limit")
     p.add_argument("--option", action="append", metavar="KEY=VALUE", help="a method option (repeatable)")
+    p.add_argument("--min-memory", action="store_true", help="also find the least memory this method needs (bisection) and the proven floor")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--out", metavar="SCHEDULE.json", help="write the schedule here")
     p.set_defaults(func=_cmd_solve)
@@ -230,7 +248,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=_cmd_methods)
 
-    p = sub.add_parser("example", help="write a shipped example chain as JSON (no NAME: list them)")
+    p = sub.add_parser("example", help="write a shipped example or network chain as JSON (no NAME: list them)")
     p.add_argument("name", nargs="?", metavar="NAME")
     p.add_argument("--list", action="store_true", help="list the examples")
     p.add_argument("-o", "--out", metavar="CHAIN.json", help="write to this file instead of stdout")

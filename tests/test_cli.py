@@ -103,3 +103,20 @@ def test_console_script_subprocess(tmp_path):
         text=True,
     )
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+
+
+def test_solve_min_memory_reports_the_bisection_and_the_floor(capsys, files):
+    _, chain = files
+    code, out, _ = run(capsys, "solve", str(chain), "--memory", "300B", "--bandwidth", "25B/s", "--method", "largest-first", "--min-memory", "--json")
+    assert code == 0
+    res = json.loads(out)
+    from chainoffload import Chain, Platform, solve
+    from chainoffload.bounds import offload_memory_floor
+
+    c = Chain.load(str(chain))
+    assert res["memory_floor"] == offload_memory_floor(c)
+    assert res["memory_floor"] <= res["min_memory"] <= 192
+    platform = Platform(memory=res["min_memory"], bandwidth_d2h=25.0, bandwidth_h2d=25.0)
+    assert solve(c, platform, "largest-first").feasible
+    code, out, _ = run(capsys, "solve", str(chain), "--memory", "300B", "--bandwidth", "25B/s", "--method", "largest-first", "--min-memory")
+    assert code == 0 and "least memory" in out and "memory floor" in out

@@ -143,14 +143,21 @@ _EXAMPLES: dict[str, tuple[Callable[[], Chain], str]] = {
 
 
 def example_names() -> dict[str, str]:
-    """Names of the shipped examples with one-line descriptions."""
-    return {name: desc for name, (_, desc) in _EXAMPLES.items()}
+    """Names of the shipped examples and network chains, with one-line descriptions."""
+    from ..networks import network_names
+
+    names = {name: desc for name, (_, desc) in _EXAMPLES.items()}
+    for name, desc in network_names().items():
+        names.setdefault(name, desc)
+    return names
 
 
 def example(name: str) -> Chain:
-    """The example chain ``name`` (see :func:`example_names`)."""
-    try:
-        factory = _EXAMPLES[name][0]
-    except KeyError:
-        raise ValueError(f"example: unknown example {name!r}; known: {', '.join(_EXAMPLES)}") from None
-    return factory()
+    """The example chain ``name``, or the shipped network chain of that name (see :func:`example_names`)."""
+    from ..networks import network, network_names
+
+    if name in _EXAMPLES:
+        return _EXAMPLES[name][0]()
+    if name in network_names():
+        return network(name)
+    raise ValueError(f"example: unknown example {name!r}; known: {', '.join(example_names())}")

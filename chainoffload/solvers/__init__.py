@@ -20,7 +20,7 @@ from ..platform import Platform, PlatformError
 from ..result import Result, Status
 from ..simulate import simulate
 
-__all__ = ["solve", "methods", "register", "SolverSpec", "DEFAULT_METHOD", "check_memory_floor"]
+__all__ = ["solve", "methods", "register", "SolverSpec", "DEFAULT_METHOD", "check_memory_floor", "minimum_memory"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,6 +67,10 @@ _REGISTRY: dict[str, SolverSpec] = {
         ),
         SolverSpec("first-k", f"{_B}:first_k", "TransformerEngine: offload the first k units, smallest k that fits"),
         SolverSpec("largest-first", f"{_B}:largest_first", "torchtitan-style: offload the largest units until it fits"),
+        SolverSpec("lp", "chainoffload.solvers.lp:lp", "fluid LP relaxation (proven lower bound), rounded into whole units and planned"),
+        SolverSpec("dp", "chainoffload.solvers.dp:dp", "fluid DP over stages with memory in slots, planned and repaired by bisection"),
+        SolverSpec("best", "chainoffload.solvers.best:best", "local search from the better of lp and dp; never worse than a baseline"),
+        SolverSpec("cpsat", "chainoffload.solvers.cpsat:cpsat", "exact CP-SAT model of the rules (small chains); proven optimum or bound"),
         SolverSpec("rotor", "chainoffload.solvers.rotor:rotor", "rotor DP: optimal persistent checkpointing, no offload", remat=True),
         SolverSpec("sqrt-checkpoint", "chainoffload.solvers.remat_baselines:sqrt_checkpoint", "Chen et al.: keep the input of every sqrt(L)-stage segment, recompute the rest", remat=True),
         SolverSpec("recompute-all", "chainoffload.solvers.remat_baselines:recompute_all", "keep only a_0; recompute up to each stage before its backward (least memory)", remat=True),
@@ -75,7 +79,7 @@ _REGISTRY: dict[str, SolverSpec] = {
 }
 
 #: The method :func:`solve` uses when none is named.
-DEFAULT_METHOD = "largest-first"
+DEFAULT_METHOD = "best"
 
 
 def methods() -> dict[str, str]:
@@ -167,7 +171,35 @@ def solve(chain: Chain, platform: Platform, method: str | None = None, **options
     elapsed = time.perf_counter() - t0
     if not isinstance(result, Result):
         raise TypeError(f"method {entry.name!r} returned {type(result).__name__}, not a Result")
-    return judge(chain, platform, result.replace(method=entry.name, runtime=result.runtime or elapsed))
+    result = result.replace(method=entry.name, runtime=result.runtime or elapsed)
+    if not entry.remat and (result.schedule is None or not result.schedule.has_remat):
+        # Every pure-offloading result carries the problem's bound, whatever the method knew
+        # (a schedule that recomputes solves another problem, which this bound does not bind).
+        bound = problem_lower_bound(chain, platform)
+        own = result.lower_bound
+        result = result.replace(lower_bound=bound if not math.isfinite(own) else max(own, bound))
+    return judge(chain, platform, result)
+
+
+_BOUNDS: dict[tuple[int, Platform], tuple[Chain, float]] = {}
+
+
+def problem_lower_bound(chain: Chain, platform: Platform) -> float:
+    """:func:`chainoffload.bounds.lower_bound`, remembered for the last few instances.
+
+    Sweeps and bisections solve one chain many times; the LP is solved once per platform.
+    """
+    key = (id(chain), platform)
+    hit = _BOUNDS.get(key)
+    if hit is not None and hit[0] is chain:
+        return hit[1]
+    from ..bounds import lower_bound
+
+    value = lower_bound(chain, platform)
+    if len(_BOUNDS) >= 64:
+        _BOUNDS.pop(next(iter(_BOUNDS)))
+    _BOUNDS[key] = (chain, value)
+    return value
 
 
 def _check_options(name: str, func: Callable[..., Result], options: dict[str, Any]) -> None:
@@ -229,3 +261,62 @@ def judge(chain: Chain, platform: Platform, result: Result) -> Result:
     else:
         changes.update(makespan=math.inf)
     return result.replace(**changes)
+
+
+def minimum_memory(
+    chain: Chain,
+    platform: Platform,
+    method: str | None = None,
+    *,
+    rel_tol: float = 1e-3,
+    **options: Any,
+) -> int | None:
+    """The smallest memory limit at which ``method`` finds a feasible schedule, by bisection.
+
+    The search runs between a proven floor (no schedule of the method's kind fits below it:
+    :func:`chainoffload.bounds.offload_memory_floor` for pure offloading,
+    :meth:`Chain.stage_memory_floor` for methods that recompute) and the keep-all peak, at
+    which every method fits. Bisection assumes feasibility is monotone in memory, which holds
+    for the baselines and which the search methods aim for; the answer is a limit at which
+    the method was seen to succeed, within ``rel_tol`` of the smallest such limit.
+
+    Parameters
+    ----------
+    chain, platform
+        The instance; ``platform.memory`` is ignored.
+    method
+        A registry name; ``None`` means :data:`DEFAULT_METHOD`.
+    rel_tol
+        Relative width of the final bracket (0 < rel_tol < 1); the bracket is at least 1 B.
+    **options
+        Passed to the method.
+
+    Returns
+    -------
+    int or None
+        Bytes; ``None`` when the method fails even at the keep-all peak.
+    """
+    from ..bounds import offload_memory_floor
+    from ..simulate import keep_all_peak
+
+    if not (isinstance(rel_tol, (int, float)) and 0 < rel_tol < 1):
+        raise ValueError(f"rel_tol: expected a number in (0, 1), got {rel_tol!r}")
+    entry = spec(method or DEFAULT_METHOD)
+    lo = chain.stage_memory_floor() if entry.remat else offload_memory_floor(chain)
+    hi = max(keep_all_peak(chain), lo)
+
+    def fits(memory: int) -> bool:
+        return solve(chain, platform.with_memory(memory), entry.name, **options).feasible
+
+    if not fits(hi):
+        return None
+    if fits(lo):
+        return lo
+    # Invariant: fails at lo, fits at hi.
+    while hi - lo > max(1, int(rel_tol * hi)):
+        mid = (lo + hi) // 2
+        if fits(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi

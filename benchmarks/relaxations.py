@@ -1,0 +1,198 @@
+"""The relaxation heuristics against the lower bound and the baselines, on random chains.
+
+    python benchmarks/relaxations.py           # 200 chains x 3 memories x 2 bandwidths, runtimes at L=100/1000
+    python benchmarks/relaxations.py --quick   # 20 chains, L <= 30, runtimes at L = 100 only
+
+Instances: chains from :func:`chainoffload.generators.random_chain` (L uniform in 5..60, seeds
+0..N-1), each at three memory limits 25 %, 50 % and 75 % of the way from the least memory any
+pure-offloading schedule needs (:func:`chainoffload.bounds.offload_memory_floor`, "fits nothing
+extra") to the keep-all peak, and at two bandwidths, 0.5x and 2x the chain's "balance" rate
+(total saved bytes / compute time: the rate at which offloading everything would just keep up).
+Latency 10 us, duplex. The lower bound is :func:`chainoffload.bounds.lower_bound`
+(max(sum(fwd)+sum(bwd), fluid LP)). Writes a Markdown report to benchmarks/results/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+import chainoffload as co
+from chainoffload.bounds import lower_bound, offload_memory_floor
+from chainoffload.generators import random_chain
+
+RESULTS = Path(__file__).resolve().parent / "results"
+BASELINES = ["keep-all", "offload-all", "first-k", "largest-first"]
+HEURISTICS = ["lp", "dp", "best"]
+LEVELS = (0.25, 0.5, 0.75)
+RATES = (0.5, 2.0)
+LATENCY = 10e-6
+
+
+def instances(count: int, max_length: int):
+    """(label, chain, platform) for every chain x memory level x bandwidth."""
+    for seed in range(count):
+        length = int(np.random.default_rng(seed).integers(5, max_length + 1))
+        chain = random_chain(seed, length)
+        floor, peak = offload_memory_floor(chain), co.keep_all_peak(chain)
+        balance = float(chain.saved.sum()) / chain.compute_time
+        for level in LEVELS:
+            for rate in RATES:
+                memory = int(floor + level * (peak - floor))
+                bw = rate * balance
+                yield (seed, level, rate), chain, co.Platform(memory=memory, bandwidth_d2h=bw, bandwidth_h2d=bw, latency=LATENCY)
+
+
+def quality(count: int, max_length: int) -> dict:
+    methods = BASELINES + HEURISTICS
+    records = []
+    for label, chain, platform in instances(count, max_length):
+        bound = lower_bound(chain, platform)
+        rec = {"label": label, "L": chain.length, "bound": bound, "trivial": chain.compute_time}
+        for m in methods:
+            r = co.solve(chain, platform, m)
+            rec[m] = r.makespan if r.feasible else math.inf
+            rec[m + "_t"] = r.runtime
+        records.append(rec)
+    return {"records": records, "methods": methods}
+
+
+def _stats(xs: list[float]) -> tuple[float, float]:
+    return (float(np.mean(xs)), float(np.max(xs))) if xs else (math.nan, math.nan)
+
+
+def quality_tables(data: dict) -> list[str]:
+    recs, methods = data["records"], data["methods"]
+    n = len(recs)
+    lines = [
+        f"### Makespan / lower bound ({n} instances)",
+        "",
+        "| method | feasible | mean | max | mean runtime (ms) |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for m in methods:
+        ratios = [r[m] / r["bound"] for r in recs if math.isfinite(r[m])]
+        mean, mx = _stats(ratios)
+        rt = 1e3 * float(np.mean([r[m + "_t"] for r in recs]))
+        lines.append(f"| {m} | {len(ratios)} | {mean:.4f} | {mx:.4f} | {rt:.1f} |")
+    lb_gain = [r["bound"] / r["trivial"] for r in recs]
+    lines += [
+        "",
+        f"The LP bound is above the trivial bound sum(fwd)+sum(bwd) on {sum(g > 1 + 1e-9 for g in lb_gain)} of {n} "
+        f"instances (mean bound / trivial {np.mean(lb_gain):.4f}, max {np.max(lb_gain):.4f}).",
+        "",
+        "### Heuristics against each baseline (where both are feasible)",
+        "",
+        "| heuristic | baseline | both feasible | mean ratio | max ratio | worse than the baseline | feasible only for the baseline |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for h in HEURISTICS:
+        for b in BASELINES:
+            both = [r for r in recs if math.isfinite(r[h]) and math.isfinite(r[b])]
+            ratios = [r[h] / r[b] for r in both]
+            mean, mx = _stats(ratios)
+            worse = sum(x > 1 + 1e-9 for x in ratios)
+            only_b = sum(1 for r in recs if math.isfinite(r[b]) and not math.isfinite(r[h]))
+            lines.append(f"| {h} | {b} | {len(both)} | {mean:.4f} | {mx:.4f} | {worse} | {only_b} |")
+    return lines
+
+
+_TIMING = r"""
+import json, sys, time
+sys.path.insert(0, {bench!r})
+import chainoffload as co
+from chainoffload.generators import random_chain
+from chainoffload.bounds import offload_memory_floor
+out = {{}}
+for length in {lengths!r}:
+    chain = random_chain(1000 + length, length)
+    floor, peak = offload_memory_floor(chain), co.keep_all_peak(chain)
+    bw = 0.5 * float(chain.saved.sum()) / chain.compute_time
+    platform = co.Platform(memory=int(floor + 0.5 * (peak - floor)), bandwidth_d2h=bw, bandwidth_h2d=bw, latency=1e-5)
+    for m in {methods!r}:
+        times = []
+        for _ in range({repeat}):
+            t0 = time.perf_counter(); co.solve(chain, platform, m); times.append(time.perf_counter() - t0)
+        out[f"{{m}}-{{length}}"] = times
+print(json.dumps(out))
+"""
+
+
+def timing(lengths, methods, repeat: int, env_extra: dict) -> dict:
+    """Run the timing loop in a fresh process (so cold JIT is measured for real)."""
+    code = _TIMING.format(bench=str(Path(__file__).resolve().parent), lengths=list(lengths), methods=list(methods), repeat=repeat)
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, **env_extra}, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SystemExit(f"timing child failed:\n{out.stderr[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def runtime_tables(quick: bool) -> list[str]:
+    lengths = (100,) if quick else (100, 1000)
+    with tempfile.TemporaryDirectory() as cache:
+        cold = timing(lengths[:1], ["lp", "dp"], 1, {"NUMBA_CACHE_DIR": cache})
+        warm = timing(lengths, ["lp", "dp", "best"], 3, {"NUMBA_CACHE_DIR": cache})
+    lines = [
+        "### Runtime (seconds; a random chain, memory halfway, bandwidth 0.5x balance; includes planning and simulation)",
+        "",
+        "| method | L | warm (best of 3) | first call in a fresh process, empty Numba cache |",
+        "|---|---:|---:|---:|",
+    ]
+    for key, times in warm.items():
+        m, length = key.rsplit("-", 1)
+        c = cold.get(key)
+        lines.append(f"| {m} | {length} | {min(times[1:] or times):.3f} | {'' if c is None else f'{c[0]:.2f}'} |")
+    small = (30,)
+    jit = timing(small, ["dp"], 3, {})
+    nojit = timing(small, ["dp"], 2, {"NUMBA_DISABLE_JIT": "1"})
+    tj, tn = min(jit["dp-30"][1:]), min(nojit["dp-30"])
+    lines += [
+        "",
+        f"Numba speed-up, method dp at L = 30 (kernels jitted vs NUMBA_DISABLE_JIT=1, whole solve): "
+        f"{tj:.4f} s vs {tn:.3f} s, {tn / tj:.0f}x.",
+    ]
+    return lines
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="20 chains of L <= 30; runtime at L = 100 only")
+    parser.add_argument("--chains", type=int, default=None, help="number of random chains (default 200, quick 20)")
+    parser.add_argument("--out", type=Path, default=None, help="Markdown report path")
+    args = parser.parse_args(argv)
+    count = args.chains or (20 if args.quick else 200)
+    max_length = 30 if args.quick else 60
+    t0 = time.perf_counter()
+    data = quality(count, max_length)
+    lines = [
+        "# Relaxation heuristics, lower bound and baselines",
+        "",
+        f"`python benchmarks/relaxations.py{' --quick' if args.quick else ''}`, {time.strftime('%Y-%m-%d')}, "
+        f"{os.cpu_count()} CPU cores (shared). {count} random chains, L in 5..{max_length}, memory at "
+        f"{', '.join(f'{int(100 * x)} %' for x in LEVELS)} from the offload floor to keep-all, bandwidth "
+        f"{' and '.join(f'{x}x' for x in RATES)} the balance rate; see the script's docstring.",
+        "",
+    ]
+    lines += quality_tables(data)
+    lines += [""] + runtime_tables(args.quick)
+    lines += ["", f"Total benchmark time {time.perf_counter() - t0:.0f} s."]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    out = args.out or RESULTS / ("relaxations-quick.md" if args.quick else "relaxations.md")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    print(f"wrote {out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

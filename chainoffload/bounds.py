@@ -1,0 +1,528 @@
+"""Proven lower bounds: on the makespan (the fluid LP relaxation) and on the memory of offloading.
+
+* :func:`fluid_lower_bound` solves the fluid LP of DESIGN.md's "Relaxation 1" (transfers
+  divisible and preemptive, units offloaded by a fraction, memory moved in proportion to bytes,
+  compute ops that may wait) and returns its optimum, a lower bound on the makespan of every
+  schedule the simulator accepts (``NOTE [ fluid LP lower bound ]``).
+* :func:`lower_bound` is ``max(chain.compute_time, fluid_lower_bound)``.
+* :func:`offload_memory_floor` is the least memory any pure-offloading schedule needs.
+* :func:`fluid_lp` returns the whole LP solution (the fractions ``x`` that method ``lp``
+  rounds, the op start times, solve time).
+
+OR-Tools is imported inside the functions that solve, so importing this module needs nothing
+beyond numpy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+
+import numpy as np
+
+from .chain import Chain
+from .platform import Platform
+
+__all__ = [
+    "FluidLP",
+    "LP_SOLVERS",
+    "fluid_lp",
+    "fluid_lower_bound",
+    "keep_all_start_memory",
+    "lower_bound",
+    "offload_memory_floor",
+]
+
+#: LP back ends :func:`fluid_lp` accepts: GLOP (simplex, exact vertex; the default) and PDLP
+#: (first-order, approximate; for models too large for a simplex basis in memory: on this
+#: model it is much slower than GLOP at the sizes measured, 1.9 s against 0.05 s at L = 100).
+LP_SOLVERS = ("glop", "pdlp")
+
+# Relative safety margin taken off the solver's objective before it is reported as a bound:
+# GLOP's answer is a simplex vertex accurate to its feasibility tolerance (~1e-9 on the scaled
+# model); PDLP stops at a relative gap of ~1e-9 but its primal point is only approximately
+# feasible, hence the wider margin. The margin keeps a bound that should equal a
+# makespan exactly from landing an ulp above it; it costs nothing measurable.
+_MARGIN = {"glop": 1e-8, "pdlp": 1e-6}
+
+
+def _check_pair(chain: Chain, platform: Platform, who: str) -> None:
+    if not isinstance(chain, Chain):
+        raise TypeError(f"{who}: chain must be a Chain, got {type(chain).__name__}")
+    if not isinstance(platform, Platform):
+        raise TypeError(f"{who}: platform must be a Platform, got {type(platform).__name__}")
+
+
+def _check_solver(solver: object) -> str:
+    if not isinstance(solver, str) or solver.lower() not in LP_SOLVERS:
+        raise ValueError(f"solver: unknown LP solver {solver!r}; known: {', '.join(LP_SOLVERS)}")
+    return solver.lower()
+
+
+# -- keep-all memory and the memory floor -------------------------------------------------------
+
+
+def keep_all_start_memory(chain: Chain) -> np.ndarray:
+    """Memory in use at the start of each compute op of the schedule that offloads nothing.
+
+    Op k of the fixed order F_1..F_L, B_L..B_1, just after its own allocation, by DESIGN.md's
+    rules (every earlier op's frees have happened; no later op has started):
+
+    * F_i: ``a_0 + saved_1 + ... + saved_i + fwd_tmp_i``;
+    * B_i: ``a_0 + saved_1 + ... + saved_i + g_i + g_{i-1} + bwd_tmp_i`` where g_i (act[i]) was
+      allocated by B_{i+1} (by B_i itself for i = L) and g_{i-1} is B_i's own allocation.
+
+    The simulator's memory curve of :meth:`Schedule.keep_all` takes exactly these values at the
+    op starts (tests check it) when every op has a positive duration; its peak is their maximum.
+
+    Returns
+    -------
+    numpy.ndarray
+        int64, length 2L, indexed like the compute sequence.
+    """
+    length = chain.length
+    act = chain.act.astype(np.int64)
+    cum = np.cumsum(chain.saved.astype(np.int64))  # cum[i-1] = saved_1 + ... + saved_i
+    fwd_part = int(act[0]) + cum + chain.fwd_tmp.astype(np.int64)
+    stages = np.arange(length, 0, -1)  # B_L .. B_1
+    bwd_part = int(act[0]) + cum[stages - 1] + act[stages] + act[stages - 1] + chain.bwd_tmp.astype(np.int64)[stages - 1]
+    return np.concatenate([fwd_part, bwd_part]).astype(np.int64)
+
+
+def offload_memory_floor(chain: Chain) -> int:
+    """A proven lower bound on the peak memory of every pure-offloading schedule of ``chain``.
+
+    Whatever is offloaded and whenever, at the start of each op (just after its allocation)
+    these bytes are on the GPU:
+
+    * F_i (when fwd[i] > 0): a_0, the whole unit i-1 (F_i reads a_{i-1}, so the GPU copy of
+      unit i-1 is freed only at the end of F_i or later), saved[i] and fwd_tmp[i];
+    * B_i (when bwd[i] > 0): a_0, saved[i] (back on the GPU: P_i ends before B_{i+1} starts),
+      the whole unit i-1 (P_{i-1} must end before B_i starts), g_i (allocated by B_{i+1}, or by
+      B_L itself), g_{i-1} and bwd_tmp[i].
+
+    "Unit 0" is a_0, counted once. An op of duration zero ends at the instant it starts, and the
+    simulator frees memory allocated earlier before allocations at one instant, so for such an
+    op only what it allocates itself is certain: F_i keeps a_0 + saved[i] + fwd_tmp[i]; B_i is
+    left to :meth:`Chain.stage_memory_floor`. The floor is the largest of these and of
+    :meth:`Chain.stage_memory_floor` (below which :func:`chainoffload.solve` refuses the
+    instance anyway).
+
+    When every op takes some time, infinite bandwidth and no latency reach this floor:
+    offloading every unit as soon as it is made and prefetching it just before its backward
+    runs at it with no wait, and the fluid LP is feasible at exactly this memory (tests check
+    both).
+
+    Returns
+    -------
+    int
+        Bytes.
+    """
+    if not isinstance(chain, Chain):
+        raise TypeError(f"offload_memory_floor: chain must be a Chain, got {type(chain).__name__}")
+    act = [int(a) for a in chain.act]
+    saved = [int(s) for s in chain.saved]
+    a0 = act[0]
+    best = chain.stage_memory_floor()
+    for i in range(1, chain.length + 1):
+        prev_unit = saved[i - 2] if i >= 2 else 0  # unit 0 is a_0, already counted
+        f_need = a0 + saved[i - 1] + int(chain.fwd_tmp[i - 1])
+        if chain.fwd[i - 1] > 0:
+            f_need += prev_unit
+        best = max(best, f_need)
+        if chain.bwd[i - 1] > 0:
+            b_need = a0 + saved[i - 1] + prev_unit + act[i] + act[i - 1] + int(chain.bwd_tmp[i - 1])
+            best = max(best, b_need)
+    return int(best)
+
+
+# -- the fluid LP ------------------------------------------------------------------------------
+
+# NOTE [ fluid LP lower bound ]
+# ------------------------------
+# Ops k = 0..n-1 (n = 2L) in the fixed order; F_i is op f(i) = i-1, B_i is op b(i) = 2L-i;
+# dur_k its time. nz(k) = the least k' >= k with dur_k' > 0 (n if none): only ops k..nz(k)-1,
+# all of duration zero, can end at or before the instant op k starts without coming before it.
+# Units 1..L-1 are the offloadable ones (a_0 never; unit L, see (5) below). Bytes and times
+# are scaled in ``fluid_lp``; the constraints below are in bytes and seconds.
+#
+# LP variables: s_0 = 0, s_1, ..., s_n (start of op k; s_n the makespan, minimised);
+# x_i in [0, 1] (fraction of unit i offloaded; 0 if a bandwidth is 0); X_m = sum_{i<=m} x_i
+# saved_i (X_0 = 0; "X_{>=i}" is X_{L-1} - X_{i-1}); O_k, P_k >= 0 for k = 0..n (bytes
+# offloaded / prefetched by time s_k); f_k >= 0 for each op k with dur_k > 0 (bytes of first
+# GPU copies freed by the start of op k). Constraints:
+#  (1) s_{k+1} - s_k >= dur_k.
+#  (2) channel: duplex: O_{k+1} - O_k <= bw_d2h (s_{k+1} - s_k), same for P with bw_h2d;
+#      half duplex: (O_{k+1} - O_k)/bw_d2h + (P_{k+1} - P_k)/bw_h2d <= s_{k+1} - s_k
+#      (an infinite bandwidth drops its term); O and P non-decreasing.
+#  (3) availability: O_k <= X_{min(nz(k), L-1)} (only units whose F has ended by s_k).
+#  (4) P_k <= O_k; P_{b(i+1)} >= X_{>=i} for i = 1..L-1; O_n = P_n = X_{L-1}.
+#  (5) for dur_k > 0: f_k <= O_k, f_k <= X_{min(k-1, L-1)} (units i with F_{i+1} before op k),
+#      and keepall_k - f_k + P_k <= memory (keepall_k: ``keep_all_start_memory``).
+#  (6) latency windows: for i = 1..L-1, with D_j = latency + saved_j / bw_d2h and H_j the same
+#      with bw_h2d: s_{b(i+1)} - s_{f(i)} - dur_{f(i)} >= sum_{j>=i} x_j D_j and >= sum_{j>=i}
+#      x_j H_j (duplex), or >= sum_{j>=i} x_j (D_j + H_j) (half duplex).
+#
+# Claim: every schedule the simulator accepts at this memory maps to a feasible LP point whose
+# objective is its makespan; so the LP optimum is <= the optimum (and an infeasible LP proves
+# that no schedule fits). Take the simulated timeline: op k runs [S_k, E_k], E_k = S_k + dur_k;
+# transfer t runs [a_t, c_t], c_t - a_t = latency + saved/bw. Its bytes moved by time u are
+# B_t(u) = saved * clip((u - a_t)/(c_t - a_t), 0, 1) (for c_t = a_t: saved if u >= a_t else 0).
+# Set s_k = S_k (s_n = E_{n-1}, the makespan), x_i = 1 for offloaded units i <= L-1 else 0,
+# O_k = sum over offloads of units <= L-1 of B_t(S_k), P_k likewise over prefetches, f_k = sum
+# of saved_i over offloaded i <= L-1 whose first-copy free comes before op k's allocation in
+# the simulator's order of events.
+#  (1) S_{k+1} >= E_k: compute is one op at a time.
+#  (2) A transfer moves bytes only within [a_t, c_t], at rate saved/(latency + saved/bw) <= bw;
+#      a channel serves one transfer at a time (FIFO, non-preemptive), so in [S_k, S_{k+1}] it
+#      moves at most bw (S_{k+1} - S_k) bytes, and on a shared channel the offload and prefetch
+#      bytes need at least O/bw_d2h + P/bw_h2d seconds of it. B_t is non-decreasing.
+#  (3) O_i starts at or after its trigger, which is at or after E_{f(i)} (else the simulator
+#      reports a read violation). B_t(S_k) > 0 needs a_t <= S_k, so E_{f(i)} <= S_k: either
+#      f(i) < k, or f(i) >= k and ops k..f(i) all have duration 0 (E_f(i) >= S_k with equality
+#      only then), i.e. f(i) < nz(k), i.e. i <= nz(k).
+#  (4) P_i starts after O_i ends, so B_P(u) > 0 implies B_O(u) = saved_i: P_k <= O_k. P_j ends
+#      before B_{j+1} starts (B waits for it; one triggered later is a read violation), and
+#      S_{b(j+1)} <= S_{b(i+1)} for j >= i, so every unit j >= i is fully back by S_{b(i+1)}.
+#      All transfers end before B_1 ends.
+#  (5) Let dur_k > 0. Every event of ops before k comes before op k's allocation (they happen
+#      at times <= S_k, and at S_k only frees or zero-length ops of lower index, which the
+#      simulator orders first); no event of a later op does (they happen at times >= E_k >
+#      S_k). So the compute-made part of memory just after op k's allocation is keepall_k
+#      exactly, and the memory there is keepall_k - (first copies freed) + (prefetch
+#      allocations made) + (unit L's adjustment). The free of unit i happens at max(c_{O_i},
+#      E_{f(i+1)}) (frees before allocations at one instant), so a freed unit has c_{O_i} <=
+#      S_k — its bytes count in O_k, f_k <= O_k — and E_{f(i+1)} <= S_k, which with dur_k > 0
+#      means f(i+1) < k, i.e. i <= k-1. A prefetch allocates its whole unit when it starts, at
+#      or before any of its bytes move: P_k <= the prefetch allocations made by S_k. Unit L:
+#      O_L, P_L both lie in [E_{f(L)}, S_{b(L)}]; its GPU copy is missing only between the end
+#      of O_L and the start of P_L, an interval in which no op with dur > 0 starts (op L-1 = F_L
+#      starts before it, or at its start if dur_{L-1} = 0; op L = B_L at or after P_L's start,
+#      whose allocation the simulator puts first at one instant), so its adjustment is >= 0.
+#      Hence keepall_k - f_k + P_k <= simulated memory <= memory.
+#  (6) O_j for j >= i starts at or after E_{f(j)} >= E_{f(i)} and ends before P_j, which ends
+#      by S_{b(j+1)} <= S_{b(i+1)}; so does P_j. On one channel, these transfers are disjoint,
+#      each lasting D_j (or H_j).
+# With a bandwidth 0 no schedule transfers anything (the simulator refuses it): x = 0 is exact.
+# The LP drops a_0 and unit L and pools transfers, so it is a relaxation, not a model; waits
+# are free in it, so its optimum is at least sum(dur) (s_n >= sum of (1)).
+#
+# The model ``fluid_lp`` builds is this LP rewritten, with the same optimum or a looser one
+# (either keeps the bound valid: dropping a row only relaxes): tau_k = s_{k+1} - s_k are the
+# variables, so (1) is a bound; f_k is eliminated ((5) becomes P_k - O_k <= memory - keepall_k
+# and P_k - X_j <= memory - keepall_k), and each of those rows is left out where P_k <= O_k or
+# P_k <= P_n = X_{L-1} or P_k <= O_k <= X_avail (rows that are kept) already implies it; x_i
+# is (X_i - X_{i-1}) / saved_i; (3) is left out where its right side is X_{L-1}, and on a
+# duplex link O is not required non-decreasing (both only relax; on 640 random instances the
+# optimum equals that of the unreduced LP to 2e-15); in (6) the window lengths are a chain of
+# sums of tau, the bytes are X_{L-1} - X_{i-1}, and the latency count is a prefix sum N of x,
+# where a unit of size 0 (whose x is not determined by X) counts as 0.
+
+
+@dataclasses.dataclass(frozen=True)
+class FluidLP:
+    """The solution of the fluid LP relaxation (see ``NOTE [ fluid LP lower bound ]``).
+
+    Attributes
+    ----------
+    bound
+        The LP optimum less a relative 1e-8 (GLOP) or 1e-6 (PDLP) margin for solver tolerance:
+        a lower bound on the makespan of every feasible schedule. ``inf`` when the LP is
+        infeasible, which proves that no pure-offloading schedule fits in the memory.
+    objective
+        The solver's objective value (the LP makespan), ``inf`` when infeasible.
+    x
+        Fraction of each unit 1..L offloaded (index i-1 is stage i; unit L is always 0).
+    starts
+        LP start time of each compute op, length 2L + 1 (the last is the LP makespan); empty
+        when infeasible.
+    status
+        ``"optimal"``, ``"infeasible"`` or the solver's own word for anything else.
+    solver
+        ``"glop"`` or ``"pdlp"``.
+    solve_time
+        Seconds spent building and solving the model.
+    variables, constraints
+        Size of the model.
+    """
+
+    bound: float
+    objective: float
+    x: np.ndarray
+    starts: np.ndarray
+    status: str
+    solver: str
+    solve_time: float
+    variables: int
+    constraints: int
+
+    @property
+    def feasible(self) -> bool:
+        """Whether the LP has a solution (otherwise no schedule fits)."""
+        return math.isfinite(self.bound)
+
+
+class _LPBuilder:
+    """Rows and columns of a sparse LP, gathered in lists and shipped as one MPModelProto."""
+
+    def __init__(self) -> None:
+        self.lb: list[float] = []
+        self.ub: list[float] = []
+        self.obj: list[float] = []
+        self.rows: list[tuple[float, float, list[int], list[float]]] = []
+
+    def var(self, lb: float = 0.0, ub: float = math.inf, obj: float = 0.0) -> int:
+        self.lb.append(lb)
+        self.ub.append(ub)
+        self.obj.append(obj)
+        return len(self.lb) - 1
+
+    def vars(self, count: int, lb: float = 0.0, ub: float = math.inf) -> list[int]:
+        return [self.var(lb, ub) for _ in range(count)]
+
+    def row(self, lb: float, ub: float, idx: list[int], coef: list[float]) -> None:
+        self.rows.append((lb, ub, idx, coef))
+
+    def solve(self, solver: str) -> tuple[str, float, float, np.ndarray]:
+        from ortools.linear_solver import linear_solver_pb2 as pb
+        from ortools.linear_solver import pywraplp
+
+        request = pb.MPModelRequest()
+        model = request.model
+        for lb, ub, c in zip(self.lb, self.ub, self.obj):
+            v = model.variable.add()
+            v.lower_bound = lb
+            v.upper_bound = ub
+            if c:
+                v.objective_coefficient = c
+        for lb, ub, idx, coef in self.rows:
+            ct = model.constraint.add()
+            ct.lower_bound = lb
+            ct.upper_bound = ub
+            ct.var_index.extend(idx)
+            ct.coefficient.extend(coef)
+        if solver == "glop":
+            request.solver_type = pb.MPModelRequest.GLOP_LINEAR_PROGRAMMING
+        else:
+            request.solver_type = pb.MPModelRequest.PDLP_LINEAR_PROGRAMMING
+            # Tight tolerances: the answer is used as a bound, not only as a plan.
+            request.solver_specific_parameters = (
+                "termination_criteria { simple_optimality_criteria "
+                "{ eps_optimal_absolute: 1e-9 eps_optimal_relative: 1e-9 } }"
+            )
+        response = pb.MPSolutionResponse()
+        pywraplp.Solver.SolveWithProto(request, response)
+        status = pb.MPSolverResponseStatus.Name(response.status)
+        values = np.array(response.variable_value, dtype=np.float64)
+        if response.status == pb.MPSOLVER_OPTIMAL:
+            lower = response.objective_value
+            if response.HasField("best_objective_bound") and math.isfinite(response.best_objective_bound):
+                # The dual side of the answer, where the solver reports one.
+                lower = min(lower, response.best_objective_bound)
+            return "optimal", response.objective_value, lower, values
+        if response.status == pb.MPSOLVER_INFEASIBLE:
+            return "infeasible", math.inf, math.inf, values
+        return status.removeprefix("MPSOLVER_").lower(), math.nan, math.nan, values
+
+
+def fluid_lp(chain: Chain, platform: Platform, *, solver: str = "glop") -> FluidLP:
+    """Solve the fluid LP relaxation of ``chain`` on ``platform``.
+
+    Parameters
+    ----------
+    chain, platform
+        The instance.
+    solver
+        ``"glop"`` (default; simplex, exact) or ``"pdlp"`` (first-order, approximate; see
+        :data:`LP_SOLVERS`). Case-insensitive.
+
+    Returns
+    -------
+    FluidLP
+        Its ``bound`` is a proven lower bound on the makespan of every schedule the simulator
+        accepts (``NOTE [ fluid LP lower bound ]`` in this module), ``inf`` when none can fit.
+
+    Raises
+    ------
+    ValueError
+        If ``solver`` is not one of :data:`LP_SOLVERS`.
+    RuntimeError
+        If the LP solver ends in an unexpected state (neither optimal nor infeasible).
+    """
+    _check_pair(chain, platform, "fluid_lp")
+    solver = _check_solver(solver)
+    t0 = time.perf_counter()
+    length = chain.length
+    n = 2 * length
+    dur = np.concatenate([chain.fwd, chain.bwd[::-1]]).astype(np.float64)
+    keep = keep_all_start_memory(chain)
+    saved = chain.saved.astype(np.float64)
+
+    # Scale bytes and seconds to order one, so that GLOP's absolute tolerances mean the same on
+    # a 1 KiB toy and a 100 GiB network.
+    byte_unit = float(max(int(chain.saved.max()), 1))
+    total = float(dur.sum())
+    time_unit = total / n if total > 0 else 1.0
+    d_dur = dur / time_unit
+    mem_rhs = (float(platform.memory) - keep.astype(np.float64)) / byte_unit
+    can = platform.can_transfer and length >= 2
+    bw_d = platform.bandwidth_d2h * time_unit / byte_unit  # scaled bytes per scaled second
+    bw_h = platform.bandwidth_h2d * time_unit / byte_unit
+    sv = saved / byte_unit
+
+    # nz[k]: least k' >= k with dur_k' > 0 (n if none).
+    nz = np.empty(n + 1, dtype=np.int64)
+    nz[n] = n
+    for k in range(n - 1, -1, -1):
+        nz[k] = k if dur[k] > 0 else nz[k + 1]
+
+    checked = dur > 0
+    if not can and np.any(mem_rhs[checked] < 0):
+        # Nothing can move: keep-all is the only schedule, and its memory check (5) fails.
+        return FluidLP(math.inf, math.inf, np.zeros(length), np.zeros(0), "infeasible", solver,
+                       time.perf_counter() - t0, 0, 0)
+
+    m = _LPBuilder()
+    # tau_k = s_{k+1} - s_k (period k: op k and the wait after it); (1) becomes its lower bound.
+    tau = [m.var(float(d_dur[k]), math.inf, 1.0) for k in range(n)]
+    # X[i] = sum_{j <= i} x_j saved_j (scaled), i = 0..L-1; x_i = (X_i - X_{i-1}) / saved_i.
+    X = [m.var(0.0, 0.0)]
+    for i in range(1, length):
+        X.append(m.var(0.0, math.inf))
+        m.row(0.0, float(sv[i - 1]) if can else 0.0, [X[i], X[i - 1]], [1.0, -1.0])
+    last = length - 1  # X[last]: all offloadable units
+
+    if can:
+        O = m.vars(n + 1)
+        P = m.vars(n + 1)
+        for k in range(n):
+            # P never decreases (a prefetch is not undone). O needs no such row on duplex
+            # links: replacing O by its running maximum keeps every other row satisfied.
+            m.row(0.0, math.inf, [P[k + 1], P[k]], [1.0, -1.0])
+            if platform.duplex:
+                if math.isfinite(bw_d):
+                    m.row(-math.inf, 0.0, [O[k + 1], O[k], tau[k]], [1.0, -1.0, -bw_d])
+                if math.isfinite(bw_h):
+                    m.row(-math.inf, 0.0, [P[k + 1], P[k], tau[k]], [1.0, -1.0, -bw_h])
+            else:
+                m.row(0.0, math.inf, [O[k + 1], O[k]], [1.0, -1.0])
+                idx, coef = [tau[k]], [-1.0]
+                if math.isfinite(bw_d):
+                    idx += [O[k + 1], O[k]]
+                    coef += [1.0 / bw_d, -1.0 / bw_d]
+                if math.isfinite(bw_h):
+                    idx += [P[k + 1], P[k]]
+                    coef += [1.0 / bw_h, -1.0 / bw_h]
+                if len(idx) > 1:
+                    m.row(-math.inf, 0.0, idx, coef)
+        for k in range(n + 1):
+            avail = min(int(nz[k]), last)
+            if avail < last:  # (3); for avail = last it follows from O_n = X_last
+                m.row(-math.inf, 0.0, [O[k], X[avail]], [1.0, -1.0])
+            m.row(-math.inf, 0.0, [P[k], O[k]], [1.0, -1.0])  # (4)
+        for i in range(1, length):
+            b = 2 * length - i - 1  # op index of B_{i+1}
+            m.row(0.0, math.inf, [P[b], X[last], X[i - 1]], [1.0, -1.0, 1.0])
+        m.row(0.0, 0.0, [O[n], X[last]], [1.0, -1.0])
+        m.row(0.0, 0.0, [P[n], X[last]], [1.0, -1.0])
+        cum_sv = np.concatenate([[0.0], np.cumsum(sv[:last])])  # cum_sv[i] = sum_{j <= i} sv_j
+        for k in range(n):
+            if dur[k] <= 0:
+                continue  # see (5): no memory check at the start of a zero-length op
+            # (5) with f_k = min(O_k, X_j) eliminated: P_k - O_k <= rhs and P_k - X_j <= rhs.
+            # The first follows from P_k <= O_k unless rhs < 0. The second follows from
+            # P_k <= O_k <= X_avail (forward, (3)) or P_k <= P_n = X_last unless rhs is below
+            # the bytes of units j+1..avail.
+            rhs = float(mem_rhs[k])
+            j = min(k - 1, last) if k >= 1 else 0
+            avail = min(int(nz[k]), last)
+            if rhs < 0:
+                m.row(-math.inf, rhs, [P[k], O[k]], [1.0, -1.0])
+            if rhs < cum_sv[max(avail, j)] - cum_sv[j]:
+                m.row(-math.inf, rhs, [P[k], X[j]], [1.0, -1.0])
+
+        # (6) windows: W[i] = tau over ops f(i) .. b(i+1) - 1 = i-1 .. 2L-i-2, nested in i.
+        # sum_{j >= i} x_j saved_j is X_last - X_{i-1}; the count sum_{j >= i} x_j (for the
+        # latency) is N_last - N_{i-1}, N a prefix sum of the increments of X over saved.
+        lat = platform.latency / time_unit
+        inv_d = 1.0 / bw_d if math.isfinite(bw_d) else 0.0
+        inv_h = 1.0 / bw_h if math.isfinite(bw_h) else 0.0
+        per_byte = [inv_d, inv_h] if platform.duplex else [inv_d + inv_h]
+        per_unit = [lat, lat] if platform.duplex else [2.0 * lat]
+        sides = [(b, u) for b, u in zip(per_byte, per_unit) if b > 0 or u > 0]
+        if sides and last >= 1:
+            W = [None] * (length + 1)
+            for i in range(last, 0, -1):
+                W[i] = m.var(0.0, math.inf)
+                if i == last:
+                    m.row(0.0, 0.0, [W[i], tau[i - 1], tau[i]], [1.0, -1.0, -1.0])
+                else:
+                    m.row(0.0, 0.0, [W[i], W[i + 1], tau[i - 1], tau[2 * length - i - 2]], [1.0, -1.0, -1.0, -1.0])
+            N = None
+            if lat > 0:
+                N = [m.var(0.0, 0.0)]
+                for i in range(1, length):
+                    N.append(m.var(0.0, math.inf))
+                    # a unit of size 0 adds no bytes; leaving its count out only loosens (6)
+                    c_x = 1.0 / float(sv[i - 1]) if sv[i - 1] > 0 else 0.0
+                    m.row(0.0, 0.0, [N[i], N[i - 1], X[i], X[i - 1]], [1.0, -1.0, -c_x, c_x])
+            for b_coef, u_coef in sides:
+                for i in range(1, length):
+                    idx = [W[i], X[last], X[i - 1]]
+                    coef = [1.0, -b_coef, b_coef]
+                    if N is not None and u_coef > 0:
+                        idx += [N[last], N[i - 1]]
+                        coef += [-u_coef, u_coef]
+                    m.row(float(d_dur[i - 1]), math.inf, idx, coef)
+
+    status, objective, lower, values = m.solve(solver)
+    elapsed = time.perf_counter() - t0
+    if status == "infeasible":
+        return FluidLP(math.inf, math.inf, np.zeros(length), np.zeros(0), status, solver, elapsed, len(m.lb), len(m.rows))
+    if status != "optimal":
+        raise RuntimeError(f"fluid_lp: the {solver} LP solver ended with status {status!r} on chain {chain.name!r}")
+    objective *= time_unit
+    bound = lower * time_unit * (1.0 - _MARGIN[solver])
+    xs = np.zeros(length)
+    if can:
+        cum = values[X]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            frac = np.where(sv[:last] > 0, np.diff(cum) / np.where(sv[:last] > 0, sv[:last], 1.0), 0.0)
+        xs[:last] = np.clip(frac, 0.0, 1.0)
+    starts = np.concatenate([[0.0], np.cumsum(values[tau])]) * time_unit
+    return FluidLP(bound, objective, xs, starts, status, solver, elapsed, len(m.lb), len(m.rows))
+
+
+def fluid_lower_bound(chain: Chain, platform: Platform, *, solver: str = "glop") -> float:
+    """The fluid LP optimum: a proven lower bound on the makespan of every feasible schedule.
+
+    Parameters
+    ----------
+    chain, platform
+        The instance.
+    solver
+        ``"glop"`` or ``"pdlp"`` (see :func:`fluid_lp`).
+
+    Returns
+    -------
+    float
+        Seconds; ``inf`` when the LP is infeasible, which proves that no pure-offloading
+        schedule fits in ``platform.memory``. The argument is ``NOTE [ fluid LP lower bound ]``
+        in this module.
+    """
+    return fluid_lp(chain, platform, solver=solver).bound
+
+
+def lower_bound(chain: Chain, platform: Platform, *, solver: str = "glop") -> float:
+    """``max(chain.compute_time, fluid_lower_bound(chain, platform))``.
+
+    The maximum only matters by float rounding (the LP already charges every op its time); it
+    makes the bound of an instance that needs no wait exactly the wait-free makespan.
+
+    Returns
+    -------
+    float
+        Seconds; ``inf`` when no pure-offloading schedule fits.
+    """
+    return max(chain.compute_time, fluid_lower_bound(chain, platform, solver=solver))

@@ -1,0 +1,129 @@
+"""Method ``best``: local search that never loses to a baseline, and the memory bisection."""
+
+import math
+
+import numpy as np
+import pytest
+
+from chainoffload import Platform, keep_all_peak, minimum_memory, simulate, solve
+from chainoffload.bounds import lower_bound, offload_memory_floor
+from chainoffload.generators import random_chain
+from chainoffload.solvers import DEFAULT_METHOD
+
+BASELINES = ["keep-all", "offload-all", "first-k", "largest-first"]
+
+
+def _instances(count, seed=0, max_length=25):
+    rng = np.random.default_rng(seed)
+    for _ in range(count):
+        length = int(rng.integers(4, max_length))
+        chain = random_chain(int(rng.integers(1 << 30)), length)
+        lo, hi = offload_memory_floor(chain), keep_all_peak(chain)
+        memory = int(lo + (hi - lo) * rng.uniform(0.1, 0.9))
+        bw = float(chain.saved.sum() / chain.compute_time * rng.uniform(0.3, 2.0))
+        yield chain, Platform(memory=memory, bandwidth_d2h=bw, bandwidth_h2d=bw, latency=1e-6, duplex=bool(rng.integers(2)))
+
+
+def test_best_is_the_default():
+    assert DEFAULT_METHOD == "best"
+
+
+def test_feasible_and_never_worse_than_any_baseline():
+    for chain, platform in _instances(12):
+        result = solve(chain, platform, "best")
+        for name in BASELINES:
+            other = solve(chain, platform, name)
+            if other.feasible:
+                assert result.feasible, (name, chain.name)
+                assert result.makespan <= other.makespan * (1 + 1e-12), (name, chain.name)
+        if result.feasible:
+            timeline = simulate(chain, platform, result.schedule)
+            assert timeline.feasible and timeline.peak_memory <= platform.memory
+            assert timeline.makespan == result.makespan
+            assert result.makespan >= result.lower_bound >= chain.compute_time
+            assert result.lower_bound == pytest.approx(lower_bound(chain, platform), rel=1e-9)
+
+
+def test_search_improves_on_its_start_somewhere():
+    # The local search must do something beyond picking the best start.
+    gains = 0
+    for chain, platform in _instances(12, seed=5):
+        result = solve(chain, platform, "best")
+        start = result.info["start"]
+        if result.feasible and result.makespan < result.info[f"{start}_makespan"] * (1 - 1e-9):
+            gains += 1
+    assert gains > 0
+
+
+def test_keep_all_memory_gives_the_compute_time():
+    chain = random_chain(4, 15)
+    platform = Platform(memory=keep_all_peak(chain), bandwidth_d2h=1e9, bandwidth_h2d=1e9)
+    result = solve(chain, platform)
+    assert result.status.value == "optimal"
+    assert result.makespan == pytest.approx(chain.compute_time)
+    assert result.schedule.transfers == ()
+
+
+def test_infinite_bandwidth_gives_no_overhead_down_to_the_offload_floor():
+    chain = random_chain(9, 12)
+    platform = Platform(memory=offload_memory_floor(chain), bandwidth_d2h=math.inf, bandwidth_h2d=math.inf)
+    result = solve(chain, platform, "best")
+    assert result.feasible
+    assert result.makespan == pytest.approx(chain.compute_time)
+
+
+def test_more_memory_never_worse():
+    for seed in range(4):
+        chain = random_chain(100 + seed, 14)
+        lo, hi = offload_memory_floor(chain), keep_all_peak(chain)
+        bw = 0.7 * float(chain.saved.sum()) / chain.compute_time
+        previous = math.inf
+        for memory in np.linspace(lo, hi, 8).astype(int):
+            platform = Platform(memory=int(memory), bandwidth_d2h=bw, bandwidth_h2d=bw, latency=1e-6)
+            result = solve(chain, platform, "best")
+            assert result.makespan <= previous * (1 + 1e-12), (seed, int(memory))
+            previous = result.makespan
+
+
+def test_deterministic():
+    chain, platform = next(_instances(1, seed=2))
+    a, b = solve(chain, platform, "best"), solve(chain, platform, "best")
+    assert a.schedule == b.schedule and a.makespan == b.makespan
+
+
+@pytest.mark.parametrize(("option", "value"), [("time_limit", 0), ("time_limit", -1.0), ("max_evals", 0), ("max_evals", 2.5)])
+def test_rejects_bad_limits(chain3, option, value):
+    platform = Platform(memory=keep_all_peak(chain3), bandwidth_d2h=1.0, bandwidth_h2d=1.0)
+    with pytest.raises(ValueError, match=f"{option}: expected"):
+        solve(chain3, platform, "best", **{option: value})
+
+
+def test_remat_option_is_never_worse_than_joint():
+    chain = random_chain(21, 10)
+    lo, hi = chain.stage_memory_floor(), keep_all_peak(chain)
+    platform = Platform(memory=int(lo + 0.3 * (hi - lo)), bandwidth_d2h=1e8, bandwidth_h2d=1e8, latency=1e-6)
+    result = solve(chain, platform, "best", remat=True)
+    joint = solve(chain, platform, "joint")
+    assert result.feasible
+    if joint.feasible:
+        assert result.makespan <= joint.makespan * (1 + 1e-12)
+
+
+def test_minimum_memory_brackets_feasibility():
+    chain = random_chain(8, 10)
+    platform = Platform(memory=1, bandwidth_d2h=2e8, bandwidth_h2d=2e8, latency=1e-6)
+    for method in ("largest-first", "best"):
+        least = minimum_memory(chain, platform, method, rel_tol=1e-3)
+        assert least is not None
+        assert offload_memory_floor(chain) <= least <= keep_all_peak(chain)
+        assert solve(chain, platform.with_memory(least), method).feasible
+        below = int(least * (1 - 2e-3))
+        if below >= offload_memory_floor(chain):
+            assert not solve(chain, platform.with_memory(below), method).feasible
+    assert minimum_memory(chain, platform, "keep-all") == keep_all_peak(chain)
+
+
+def test_minimum_memory_rejects_bad_tolerance(chain3):
+    platform = Platform(memory=1000, bandwidth_d2h=1.0, bandwidth_h2d=1.0)
+    with pytest.raises(ValueError, match="rel_tol"):
+        minimum_memory(chain3, platform, "best", rel_tol=0)
