@@ -3,7 +3,8 @@
 For two network chains (ResNet-18 from ``chainoffload.examples`` and a GPT-2-medium-like
 transformer built below by formula) and a set of random chains, at memory limits from the
 least any method fits in to the keep-all peak: the overhead (makespan / (sum fwd + sum bwd)
-- 1) of each method, and the share of rotor's overhead that joint removes. Then the DP
+- 1) of each method, and the share of rotor's overhead that joint removes; that share
+against the link's bandwidth at one memory per chain. Then the DP
 runtimes at L = 50 and 100 with S = 500 slots (warm, and cold in a fresh process with an
 empty Numba cache) and the Numba speed-up over NUMBA_DISABLE_JIT=1 (subprocess).
 
@@ -21,12 +22,16 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 
 RESULTS = Path(__file__).resolve().parent / "results"
+
+# The pure-offloading method compared with (set by main: "best" where it runs).
+PURE = "largest-first"
+# Load average of the machine when the timings start (set by main).
+LOAD = math.nan
 
 # PCIe 4.0 x16 as measured by pinned cudaMemcpy (about 25 GB/s each way), 10 us per copy.
 BANDWIDTH = 25e9
@@ -67,10 +72,19 @@ def random_chain(rng, length: int):
 
 
 def offload_method() -> str:
-    from chainoffload.solvers import _REGISTRY
+    """The pure-offloading method joint compares with: ``best`` when it runs here, else ``largest-first``."""
+    from chainoffload import Platform
+    from chainoffload.examples import tiny
+    from chainoffload.solvers import _REGISTRY, solve
 
     spec = _REGISTRY.get("best")
-    return "best" if spec is not None and not spec.remat else "largest-first"
+    if spec is None or spec.remat:
+        return "largest-first"
+    try:
+        solve(tiny(), Platform(memory=190, bandwidth_d2h=10.0, bandwidth_h2d=10.0), method="best")
+    except ImportError:  # registered, but a module it needs is missing from this checkout
+        return "largest-first"
+    return "best"
 
 
 def sweep(chain, points: int) -> list[dict]:
@@ -83,7 +97,7 @@ def sweep(chain, points: int) -> list[dict]:
     free = Platform(memory=2**62, bandwidth_d2h=BANDWIDTH, bandwidth_h2d=BANDWIDTH, latency=LATENCY)
     least = max(chain.stage_memory_floor(), simulate(chain, free, recompute_all_schedule(chain.length)).peak_memory)
     top = keep_all_peak(chain)
-    pure = offload_method()
+    pure = PURE
     rows = []
     for memory in np.linspace(least, top, points).astype(np.int64):
         platform = free.with_memory(int(memory))
@@ -94,23 +108,27 @@ def sweep(chain, points: int) -> list[dict]:
             if method == "joint":
                 row["joint_source"] = res.info.get("source")
                 row["joint_offloaded"] = int(res.offloaded_bytes)
+                dp = res.info.get("joint-dp_makespan", math.inf)
+                row["joint-dp"] = dp / chain.compute_time - 1 if math.isfinite(dp) else math.inf
         rows.append(row)
     return rows
 
 
-def share_removed(rows: list[dict]) -> float | None:
-    shares = [(r["rotor"] - r["joint"]) / r["rotor"] for r in rows if math.isfinite(r["rotor"]) and r["rotor"] > 1e-9]
+def share_removed(rows: list[dict], key: str = "joint") -> float | None:
+    """Mean over the points where rotor recomputes of (rotor - key) / rotor overhead (key no worse than rotor there)."""
+    shares = [(r["rotor"] - min(r[key], r["rotor"])) / r["rotor"] for r in rows if math.isfinite(r["rotor"]) and r["rotor"] > 1e-9]
     return float(np.mean(shares)) if shares else None
 
 
 def random_set(count: int, length: int, points: int) -> dict:
     rng = np.random.default_rng(2021)
-    shares, rotor_oh, joint_oh = [], [], []
+    shares, dp_shares, rotor_oh, joint_oh = [], [], [], []
     for _ in range(count):
         rows = sweep(random_chain(rng, length), points)
         s = share_removed(rows)
         if s is not None:
             shares.append(s)
+            dp_shares.append(share_removed(rows, "joint-dp"))
         rotor_oh += [r["rotor"] for r in rows if math.isfinite(r["rotor"])]
         joint_oh += [r["joint"] for r in rows if math.isfinite(r["joint"])]
     return {
@@ -120,9 +138,35 @@ def random_set(count: int, length: int, points: int) -> dict:
         "share_mean": float(np.mean(shares)) if shares else None,
         "share_min": float(np.min(shares)) if shares else None,
         "share_max": float(np.max(shares)) if shares else None,
+        "dp_share_mean": float(np.mean(dp_shares)) if dp_shares else None,
         "rotor_overhead_mean": float(np.mean(rotor_oh)),
         "joint_overhead_mean": float(np.mean(joint_oh)),
     }
+
+
+def bandwidth_sweep(chain, bandwidths, fraction: float = 0.5) -> list[dict]:
+    """Share of rotor's overhead the joint DP alone removes, per link bandwidth, at one memory.
+
+    The memory is ``fraction`` of the way from the least rotor fits in to the keep-all peak.
+    """
+    from chainoffload import Platform
+    from chainoffload.simulate import keep_all_peak, simulate
+    from chainoffload.solvers.joint import joint_dp
+    from chainoffload.solvers.remat_baselines import recompute_all_schedule
+    from chainoffload.solvers.rotor import rotor
+
+    free = Platform(memory=2**62, bandwidth_d2h=BANDWIDTH, bandwidth_h2d=BANDWIDTH, latency=LATENCY)
+    least = max(chain.stage_memory_floor(), simulate(chain, free, recompute_all_schedule(chain.length)).peak_memory)
+    memory = int(least + fraction * (keep_all_peak(chain) - least))
+    out = []
+    for bw in bandwidths:
+        platform = Platform(memory=memory, bandwidth_d2h=bw, bandwidth_h2d=bw, latency=LATENCY)
+        r, j = rotor(chain, platform), joint_dp(chain, platform)
+        ro = r.makespan / chain.compute_time - 1
+        jo = j.makespan / chain.compute_time - 1 if j.status.has_schedule else math.inf
+        out.append({"bandwidth": bw, "rotor": ro, "joint-dp": jo, "share": (ro - min(jo, ro)) / ro if ro > 1e-9 else None,
+                    "offloads": len(j.info.get("offloaded_units", []))})
+    return out
 
 
 _TIMING = r"""
@@ -139,10 +183,13 @@ for length, slots in {sizes!r}:
     floor, top = chain.stage_memory_floor(), keep_all_peak(chain)
     platform = Platform(memory=int(floor + 0.3 * (top - floor)), bandwidth_d2h=25e9, bandwidth_h2d=25e9, latency=1e-5)
     for name, func in (("rotor", rotor), ("joint", joint_dp)):
-        times = []
+        times, cpu = [], []
         for _ in range({repeat}):
-            t0 = time.perf_counter(); func(chain, platform, slots=slots); times.append(time.perf_counter() - t0)
+            t0, c0 = time.perf_counter(), time.process_time()
+            func(chain, platform, slots=slots)
+            times.append(time.perf_counter() - t0); cpu.append(time.process_time() - c0)
         out[f"{{name}}-{{length}}-{{slots}}"] = times
+        out[f"{{name}}-{{length}}-{{slots}}-cpu"] = cpu
 print(json.dumps(out))
 """
 
@@ -154,22 +201,37 @@ def timing(sizes, repeat: int, env_extra: dict) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def plot(curves: dict, path: Path) -> None:
+def plot(curves: dict, path: Path, bw_rows: dict | None = None) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(curves), figsize=(6 * len(curves), 4.2))
-    for ax, (name, rows) in zip(np.atleast_1d(axes), curves.items()):
+    panels = len(curves) + (1 if bw_rows else 0)
+    fig, axes = plt.subplots(1, panels, figsize=(6 * panels, 4.2))
+    axes = np.atleast_1d(axes)
+    if bw_rows:
+        ax = axes[-1]
+        for name, rows in bw_rows.items():
+            ax.semilogx([r["bandwidth"] / 1e9 for r in rows], [100 * (r["share"] or 0.0) for r in rows], "o-", label=name, markersize=4)
+        ax.set_xlabel("link bandwidth each way (GB/s)")
+        ax.set_ylabel("share of rotor's overhead removed by the joint DP (%)")
+        ax.set_title("memory halfway from rotor's least to keep-all", fontsize=9)
+        ax.set_ylim(-2, 102)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    for ax, (name, rows) in zip(axes, curves.items()):
         x = [r["fraction"] for r in rows]
-        for method, style in (("rotor", "o-"), ("joint", "s-"), (offload_method(), "^-"), ("keep-all", "x"), ("sqrt-checkpoint", "d:")):
+        for method, style in (("rotor", "o-"), ("joint", "s-"), (PURE, "^-"), ("keep-all", "x"), ("sqrt-checkpoint", "d:")):
             y = [100 * r[method] if math.isfinite(r[method]) else np.nan for r in rows]
             ax.plot(x, y, style, label=method, markersize=4)
         ax.set_xlabel("memory limit / keep-all peak")
         ax.set_ylabel("overhead over sum(fwd)+sum(bwd) (%)")
-        ax.set_title(name, fontsize=9)
-        ax.set_ylim(bottom=-1)
+        # Pure offloading and rotor's least-memory point run into the hundreds of %; clip
+        # to where rotor and joint differ (beyond the second point, rotor's worst x 1.5).
+        top = max([100 * r["rotor"] for r in rows[1:] if math.isfinite(r["rotor"])] or [1.0])
+        ax.set_title(f"{name} (y clipped at {1.5 * top:.0f} %)", fontsize=9)
+        ax.set_ylim(-0.5, 1.5 * top)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.suptitle(f"rematerialization + offloading, {BANDWIDTH / 1e9:.0f} GB/s each way, {LATENCY * 1e6:.0f} us latency", fontsize=10)
@@ -189,12 +251,18 @@ def main(argv=None) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from chainoffload.examples import resnet18
 
-    pure = offload_method()
+    global PURE
+    pure = PURE = offload_method()
     chains = {c.name: c for c in (gpt_like(), resnet18())}
     curves = {name: sweep(chain, points) for name, chain in chains.items()}
     rnd = random_set(4 if args.quick else 12, 30, 6 if args.quick else 8)
+    bandwidths = [12.5e9, 25e9, 50e9, 100e9, 250e9, 1e12]
+    bw_chains = {"gpt-like": gpt_like(), "resnet18": resnet18(), "random-30": random_chain(np.random.default_rng(7), 30)}
+    bw_rows = {name: bandwidth_sweep(chain, bandwidths) for name, chain in bw_chains.items()}
 
     sizes = [(50, 500), (100, 500)]
+    global LOAD
+    LOAD = os.getloadavg()[0]
     warm = timing(sizes, 3, {})
     with tempfile.TemporaryDirectory() as cache:
         cold = timing(sizes[:1], 1, {"NUMBA_CACHE_DIR": cache})
@@ -213,12 +281,12 @@ def main(argv=None) -> None:
         "",
     ]
     for name, rows in curves.items():
-        lines += [f"## {name}", "", f"| memory (MiB) | / keep-all | keep-all | rotor | joint | {pure} | sqrt-checkpoint | joint's pick | joint offloads (MiB) |",
-                  "|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
+        lines += [f"## {name}", "", f"| memory (MiB) | / keep-all | keep-all | rotor | joint | joint DP alone | {pure} | sqrt-checkpoint | joint's pick | joint offloads (MiB) |",
+                  "|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
         for r in rows:
             lines.append(
                 f"| {r['memory'] / 2**20:,.0f} | {r['fraction']:.2f} | {fmt(r['keep-all'])} | {fmt(r['rotor'])} | {fmt(r['joint'])} | "
-                f"{fmt(r[pure])} | {fmt(r['sqrt-checkpoint'])} | {r['joint_source']} | {r['joint_offloaded'] / 2**20:,.0f} |"
+                f"{fmt(r['joint-dp'])} | {fmt(r[pure])} | {fmt(r['sqrt-checkpoint'])} | {r['joint_source']} | {r['joint_offloaded'] / 2**20:,.0f} |"
             )
         s = share_removed(rows)
         lines += ["", f"Share of rotor's overhead that joint removes (mean over the points where rotor recomputes): "
@@ -228,18 +296,36 @@ def main(argv=None) -> None:
         "",
         f"Share of rotor's overhead that joint removes: mean {100 * rnd['share_mean']:.0f} % "
         f"(per chain from {100 * rnd['share_min']:.0f} % to {100 * rnd['share_max']:.0f} %); mean overhead "
-        f"rotor {100 * rnd['rotor_overhead_mean']:.1f} %, joint {100 * rnd['joint_overhead_mean']:.1f} %.",
+        f"rotor {100 * rnd['rotor_overhead_mean']:.1f} %, joint {100 * rnd['joint_overhead_mean']:.1f} %; "
+        f"the joint DP alone removes {100 * rnd['dp_share_mean']:.0f} % on average.",
+        "",
+        "## Link bandwidth (memory halfway from the least rotor fits in to keep-all; joint DP alone vs rotor)",
+        "",
+        "Share of rotor's overhead the joint DP removes; in brackets, the units it offloads. Moving a unit takes "
+        "10-40x its forward at 25 GB/s on these chains, so the gain grows with the link.",
+        "",
+        "| chain | " + " | ".join(f"{bw / 1e9:g} GB/s" for bw in bandwidths) + " |",
+        "|---|" + "---:|" * len(bandwidths),
+    ]
+    for name, rows in bw_rows.items():
+        cells = ["n/a" if r["share"] is None else f"{100 * r['share']:.0f} % ({r['offloads']})" for r in rows]
+        lines.append(f"| {name} (rotor {fmt(rows[0]['rotor'])}) | " + " | ".join(cells) + " |")
+    lines += [
         "",
         "## DP runtime (random chain, memory 30 % of the way from the floor to keep-all; includes rebuild and simulation)",
         "",
-        "| method | L | S | warm (s, best of 3) | cold: fresh process, empty Numba cache (s) |",
-        "|---|---:|---:|---:|---:|",
+        f"The 2 cores are shared with other jobs (1-minute load average {LOAD:.1f} when the warm timings ran): wall "
+        "times vary with the load, the CPU time is the process's own.",
+        "",
+        "| method | L | S | warm (s, best of 3) | warm CPU time (s, best of 3) | cold: fresh process, empty Numba cache (s) |",
+        "|---|---:|---:|---:|---:|---:|",
     ]
     for name in ("rotor", "joint"):
         for length, slots in sizes:
             key = f"{name}-{length}-{slots}"
             c = cold.get(key, [math.nan])[0]
-            lines.append(f"| {name} | {length} | {slots} | {min(warm[key]):.3f} | {'' if math.isnan(c) else f'{c:.2f}'} |")
+            lines.append(f"| {name} | {length} | {slots} | {min(warm[key]):.3f} | {min(warm[key + '-cpu']):.3f} | "
+                         f"{'' if math.isnan(c) else f'{c:.2f}'} |")
     lines += ["", "Numba speed-up (L = 20, S = 100; the pure-Python kernels are too slow at L = 100):", "",
               "| method | jitted (s) | NUMBA_DISABLE_JIT=1 (s) | speed-up |", "|---|---:|---:|---:|"]
     for name in ("rotor", "joint"):
@@ -248,7 +334,7 @@ def main(argv=None) -> None:
         lines.append(f"| {name} | {j:.4f} | {p:.2f} | {p / j:,.0f}x |")
     text = "\n".join(lines) + "\n"
     (RESULTS / "remat.md").write_text(text)
-    plot(curves, RESULTS / "remat.png")
+    plot(curves, RESULTS / "remat.png", bw_rows)
     print(text)
 
 
