@@ -352,6 +352,23 @@ def fluid_lp(chain: Chain, platform: Platform, *, solver: str = "glop") -> Fluid
     """
     _check_pair(chain, platform, "fluid_lp")
     solver = _check_solver(solver)
+    # Sweeps, bisections and `best` (which runs `lp`) ask for one instance's LP many times;
+    # chains and platforms are immutable, so the answer for the same objects is reused.
+    key = (id(chain), platform, solver)
+    hit = _LP_CACHE.get(key)
+    if hit is not None and hit[0] is chain:
+        return hit[1]
+    value = _solve_fluid_lp(chain, platform, solver)
+    if len(_LP_CACHE) >= 64:
+        _LP_CACHE.pop(next(iter(_LP_CACHE)))
+    _LP_CACHE[key] = (chain, value)
+    return value
+
+
+_LP_CACHE: dict[tuple[int, Platform, str], tuple[Chain, FluidLP]] = {}
+
+
+def _solve_fluid_lp(chain: Chain, platform: Platform, solver: str) -> FluidLP:
     t0 = time.perf_counter()
     length = chain.length
     n = 2 * length

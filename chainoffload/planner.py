@@ -116,8 +116,9 @@ def plan_and_simulate(chain: Chain, platform: Platform, units: Iterable[int]) ->
     offload = np.zeros(length + 1, dtype=np.int64)
     offload[chosen] = 1
     saved = chain.saved
-    d_time = np.array([platform.d2h_time(int(x)) for x in saved], dtype=np.float64)
-    h_time = np.array([platform.h2d_time(int(x)) for x in saved], dtype=np.float64)
+    # Platform.d2h_time / h2d_time, element-wise (the same float operations).
+    d_time = platform.latency + saved / platform.bandwidth_d2h
+    h_time = platform.latency + saved / platform.bandwidth_h2d
     best: tuple[tuple[int, float, int], Schedule, Timeline] | None = None
     candidates = [_kernel_plan(chain, platform, chosen, offload, d_time, h_time, opt) for opt in (False, True)]
     candidates.append(eager_plan(chain, chosen))

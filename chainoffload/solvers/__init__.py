@@ -175,31 +175,12 @@ def solve(chain: Chain, platform: Platform, method: str | None = None, **options
     if not entry.remat and (result.schedule is None or not result.schedule.has_remat):
         # Every pure-offloading result carries the problem's bound, whatever the method knew
         # (a schedule that recomputes solves another problem, which this bound does not bind).
-        bound = problem_lower_bound(chain, platform)
+        from ..bounds import lower_bound
+
+        bound = lower_bound(chain, platform)
         own = result.lower_bound
         result = result.replace(lower_bound=bound if not math.isfinite(own) else max(own, bound))
     return judge(chain, platform, result)
-
-
-_BOUNDS: dict[tuple[int, Platform], tuple[Chain, float]] = {}
-
-
-def problem_lower_bound(chain: Chain, platform: Platform) -> float:
-    """:func:`chainoffload.bounds.lower_bound`, remembered for the last few instances.
-
-    Sweeps and bisections solve one chain many times; the LP is solved once per platform.
-    """
-    key = (id(chain), platform)
-    hit = _BOUNDS.get(key)
-    if hit is not None and hit[0] is chain:
-        return hit[1]
-    from ..bounds import lower_bound
-
-    value = lower_bound(chain, platform)
-    if len(_BOUNDS) >= 64:
-        _BOUNDS.pop(next(iter(_BOUNDS)))
-    _BOUNDS[key] = (chain, value)
-    return value
 
 
 def _check_options(name: str, func: Callable[..., Result], options: dict[str, Any]) -> None:
