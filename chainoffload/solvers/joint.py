@@ -108,7 +108,7 @@ from ..platform import Platform
 from ..result import Result, Status
 from ..schedule import Schedule, Transfer
 from ..simulate import simulate
-from .rotor import DEFAULT_SLOTS, Slots, slots_for
+from .rotor import DEFAULT_SLOTS, Slots, emit_segment, slots_for
 
 __all__ = ["joint", "joint_dp", "joint_table", "joint_schedule", "JointTable"]
 
@@ -199,33 +199,6 @@ def joint_table(chain: Chain, platform: Platform, sl: Slots) -> JointTable:
     return JointTable(sl, spine, choice, row_of, rot, rot_choice, x, u, v)
 
 
-def _emit_rotor(ops: list[tuple[str, int]], choice: np.ndarray, sl: Slots, s: int, t: int, m: int) -> None:
-    """Append the ops of segment (s, t) at budget m from rotor's ``choice`` (no transfers)."""
-    stack: list[tuple] = [("seg", s, t, m)]
-    while stack:
-        item = stack.pop()
-        if item[0] == "op":
-            ops.append((item[1], item[2]))
-            continue
-        _, s, t, m = item
-        if s == t:
-            ops.append(("F", s))
-            ops.append(("B", s))
-            continue
-        j = int(choice[s, t, m])
-        if j < 0:
-            raise AssertionError(f"rotor table has no choice for segment ({s}, {t}) at budget {m}")
-        if j == 0:
-            ops.append(("F", s))
-            stack.append(("op", "B", s))
-            stack.append(("seg", s + 1, t, m - int(sl.saved[s - 1])))
-        else:
-            ops.append(("Fck", s))
-            ops.extend(("Fn", k) for k in range(s + 1, j))
-            stack.append(("seg", s, j - 1, m))
-            stack.append(("seg", j, t, m - int(sl.act[j - 1])))
-
-
 def joint_schedule(table: JointTable, length: int) -> Schedule:
     """Rebuild the schedule of the top segment at the full budget, transfers included.
 
@@ -295,7 +268,7 @@ def joint_schedule(table: JointTable, length: int) -> Schedule:
         if j == 0:
             ops.append(("B", s))
         else:
-            _emit_rotor(ops, table.rotor_choice, sl, s, j - 1, m)
+            emit_segment(ops, table.rotor_choice, sl, s, j - 1, m)
     return Schedule(tuple(ops), tuple(transfers))
 
 

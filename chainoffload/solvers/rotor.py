@@ -109,11 +109,10 @@ def _table(chain: Chain, sl: Slots) -> tuple[np.ndarray, np.ndarray]:
     )
 
 
-def rotor_schedule(choice: np.ndarray, sl: Slots, length: int) -> Schedule:
-    """Rebuild the compute sequence of the top segment (1, L) at budget ``sl.budget`` from ``choice``."""
-    ops: list[tuple[str, int]] = []
+def emit_segment(ops: list[tuple[str, int]], choice: np.ndarray, sl: Slots, s: int, t: int, m: int) -> None:
+    """Append to ``ops`` the compute ops of segment (s, t) at budget ``m`` from rotor's ``choice``."""
     # Explicit stack: ("seg", s, t, m) expands a segment, ("op", kind, stage) emits an op.
-    stack: list[tuple] = [("seg", 1, length, sl.budget)]
+    stack: list[tuple] = [("seg", s, t, m)]
     while stack:
         item = stack.pop()
         if item[0] == "op":
@@ -136,6 +135,12 @@ def rotor_schedule(choice: np.ndarray, sl: Slots, length: int) -> Schedule:
             ops.extend(("Fn", k) for k in range(s + 1, j))
             stack.append(("seg", s, j - 1, m))
             stack.append(("seg", j, t, m - int(sl.act[j - 1])))
+
+
+def rotor_schedule(choice: np.ndarray, sl: Slots, length: int) -> Schedule:
+    """Rebuild the compute sequence of the top segment (1, L) at budget ``sl.budget`` from ``choice``."""
+    ops: list[tuple[str, int]] = []
+    emit_segment(ops, choice, sl, 1, length, sl.budget)
     return Schedule(tuple(ops), ())
 
 
