@@ -158,7 +158,9 @@ def simulate(chain: Chain, platform: Platform, schedule: Schedule) -> Timeline:
       ``read`` violation.
     * **One instant.** Frees of memory allocated strictly earlier come before allocations at
       the same instant. A zero-length op's transient (fwd_tmp, bwd_tmp) is still counted: it is
-      allocated and freed at that instant, in causal order. A prefetch's allocation at an
+      allocated and freed at that instant, in causal order; so are the frees at the end of a
+      zero-length op (a zero-length B_i still holds its unit and g_i while it allocates, and
+      a zero-length F_{i+1} still reads a_i). A prefetch's allocation at an
       instant counts before such a zero-length free (the conservative side).
     * **g_0.** B_1 allocates g_0 and nothing frees it (it is the chain's input gradient); a_0 is
       freed at the end of B_1.

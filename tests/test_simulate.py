@@ -11,7 +11,7 @@ import math
 import numpy as np
 import pytest
 
-from chainoffload import Platform, Schedule, ScheduleError, Transfer, simulate
+from chainoffload import Platform, Schedule, ScheduleError, Transfer, keep_all_peak, simulate
 from chainoffload.platform import PlatformError
 
 F1, F2, F3, B3, B2, B1 = range(6)
@@ -275,3 +275,12 @@ def test_kernel_runs_as_python(chain3, monkeypatch):
     np.testing.assert_array_equal(plain.op_start, jitted.op_start)
     np.testing.assert_array_equal(plain.memory_bytes, jitted.memory_bytes)
     assert plain.peak_memory == jitted.peak_memory and plain.makespan == jitted.makespan
+
+
+def test_zero_length_backward_still_holds_its_inputs_while_it_allocates():
+    # B_2 takes no time: its free of unit 2 must come after its own allocation of bwd_tmp[2],
+    # so keep-all peaks at saved[1] + saved[2] + bwd_tmp[2] = 4 B (not 2 B).
+    from chainoffload import Chain
+
+    chain = Chain(fwd=[0.0, 0.125], bwd=[0.0, 0.0], act=[0, 0, 0], saved=[1, 1], fwd_tmp=[0, 0], bwd_tmp=[0, 2])
+    assert keep_all_peak(chain) == 4 >= chain.stage_memory_floor()

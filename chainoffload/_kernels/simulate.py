@@ -192,7 +192,9 @@ def simulate_kernel(
     cnt = _push(e_time, e_cls, e_seq, e_delta, e_who, cnt, 0.0, 1, -2, act[0], 0)
     if b1 >= 0:
         t_free = op_end[b1]
-        cnt = _push(e_time, e_cls, e_seq, e_delta, e_who, cnt, t_free, 0 if t_free > 0.0 else 1, 2 * b1 + 1, -act[0], b1)
+        # B_1's end frees go first at an instant only if B_1 took time (else after its own start).
+        c0 = 0 if (t_free > 0.0 and t_free > op_start[b1]) else 1
+        cnt = _push(e_time, e_cls, e_seq, e_delta, e_who, cnt, t_free, c0, 2 * b1 + 1, -act[0], b1)
 
     # when each unit's saved[i] was last allocated (for the class of its free)
     for k in range(n):
@@ -211,11 +213,13 @@ def simulate_kernel(
             # bwd_tmp and g_i (allocated by B_{i+1}, or by B_i itself when i = L)
             g_alloc = s if i == n_stage else op_start[b_pos[i + 1]]
             cnt = _push(e_time, e_cls, e_seq, e_delta, e_who, cnt, e, 0 if e > s else 1, 2 * k + 1, -bwd_tmp[i - 1], k)
-            cnt = _push(e_time, e_cls, e_seq, e_delta, e_who, cnt, e, 0 if e > g_alloc else 1, 2 * k + 1, -act[i], k)
+            # A zero-length B_i frees only after its own start allocation (causal order), even
+            # memory allocated earlier: it still holds its inputs while it runs.
+            cnt = _push(e_time, e_cls, e_seq, e_delta, e_who, cnt, e, 0 if (e > g_alloc and e > s) else 1, 2 * k + 1, -act[i], k)
             # saved[i]: allocated by F_i, or by P_i when the unit was offloaded
             p = pre_idx[i]
             s_alloc = tr_start[p] if p >= 0 else op_start[f_pos[i]]
-            cnt = _push(e_time, e_cls, e_seq, e_delta, e_who, cnt, e, 0 if e > s_alloc else 1, 2 * k + 1, -saved[i - 1], k)
+            cnt = _push(e_time, e_cls, e_seq, e_delta, e_who, cnt, e, 0 if (e > s_alloc and e > s) else 1, 2 * k + 1, -saved[i - 1], k)
     for t in range(m):
         u = tr_unit[t]
         if tr_kind[t] == 0:
@@ -225,7 +229,15 @@ def simulate_kernel(
                 t_free = op_end[f_pos[u + 1]]
             fk = f_pos[u]
             alloc_t = op_start[fk] if fk >= 0 else 0.0
-            cnt = _push(e_time, e_cls, e_seq, e_delta, e_who, cnt, t_free, 0 if t_free > alloc_t else 1, 2 * n + 2, -saved[u - 1], -(t + 1))
+            f_cls = 0 if t_free > alloc_t else 1
+            f_seq = 2 * n + 2
+            if u < n_stage and f_pos[u + 1] >= 0:
+                f1 = f_pos[u + 1]
+                if op_end[f1] == t_free and op_end[f1] <= op_start[f1]:
+                    # Freed when a zero-length F_{u+1} ends: after that op's own allocation.
+                    f_cls = 1
+                    f_seq = 2 * f1 + 1
+            cnt = _push(e_time, e_cls, e_seq, e_delta, e_who, cnt, t_free, f_cls, f_seq, -saved[u - 1], -(t + 1))
         else:
             cnt = _push(e_time, e_cls, e_seq, e_delta, e_who, cnt, tr_start[t], 1, -1, saved[u - 1], -(t + 1))
 
