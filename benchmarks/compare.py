@@ -122,9 +122,12 @@ def plot(chain: co.Chain, label: str, data: dict, path: Path) -> None:
         [max((r.lower_bound for r in (data["rows"][m][j] for m in pure) if r is not None and r.feasible), default=math.nan) for j in range(len(mem))]
     )
     ax.fill_between(mem, 0, 100 * (lbs / base - 1), color="#999999", alpha=0.25, label="below the lower bound (pure offload)")
-    for m, results in data["rows"].items():
+    markers = "os^vD<>pPX*h"
+    for i, (m, results) in enumerate(data["rows"].items()):
         y = 100 * (np.array([overhead(r, base) for r in results]) - 1)
-        ax.plot(mem, y, marker="o", markersize=3, linewidth=1.2, linestyle="--" if spec(m).remat else "-", label=m)
+        # tab20 and a marker per method: a dozen lines stay distinguishable in print.
+        ax.plot(mem, y, marker=markers[i % len(markers)], markersize=3.5, linewidth=1.2, color=plt.cm.tab20(i % 20),
+                linestyle="--" if spec(m).remat else "-", label=m)
     ax.set_xlabel("GPU memory for activations (GiB)")
     ax.set_ylabel("overhead over compute (%)")
     ax.set_title(f"{chain.name}, {label}", fontsize=10)

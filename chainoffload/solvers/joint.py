@@ -342,13 +342,6 @@ def joint_dp(chain: Chain, platform: Platform, *, slots: int = DEFAULT_SLOTS) ->
     )
 
 
-def _pure_offload_method() -> str:
-    from . import _REGISTRY
-
-    spec = _REGISTRY.get("best")
-    return "best" if spec is not None and not spec.remat else "largest-first"
-
-
 def joint(chain: Chain, platform: Platform, *, slots: int = DEFAULT_SLOTS, offload_method: str | None = None) -> Result:
     """Rematerialization plus offloading: the best of the joint DP, rotor and pure offloading.
 
@@ -363,24 +356,15 @@ def joint(chain: Chain, platform: Platform, *, slots: int = DEFAULT_SLOTS, offlo
     slots
         Memory slots of the dynamic programs.
     offload_method
-        The pure-offloading method to compare with; default ``best`` when it is registered
-        as a pure-offloading method (and importable), else ``largest-first``.
+        The pure-offloading method to compare with (a registry name); default ``best``.
     """
     from . import solve
     from .rotor import rotor
 
     t0 = time.perf_counter()
     candidates = {"joint-dp": joint_dp(chain, platform, slots=slots), "rotor": rotor(chain, platform, slots=slots)}
-    name = offload_method or _pure_offload_method()
-    try:
-        candidates[name] = solve(chain, platform, method=name)
-    except ImportError:
-        if offload_method is not None:
-            raise
-        # "best" is registered but a module it builds on is missing from this checkout: the
-        # default falls back to the baseline rather than failing the whole method.
-        name = "largest-first"
-        candidates[name] = solve(chain, platform, method=name)
+    name = offload_method or "best"
+    candidates[name] = solve(chain, platform, method=name)
     best_name, best = None, None
     for key, res in candidates.items():
         if res.status.has_schedule and (best is None or res.makespan < best.makespan):
