@@ -177,17 +177,17 @@ def test_slot_rounding_is_conservative(chain3):
 
 
 def test_cpsat_cannot_beat_joint_by_more_than_rounding():
-    # CP-SAT solves pure offloading exactly; joint's own DP searches a smaller family of offload
-    # timings (one offload in flight, credited at a bound), so joint may trail it, but it
-    # includes the pure-offload method of the registry: only where CP-SAT is better than that
-    # method can the gap show. We assert joint is never beaten by more than 5%.
-    if "cpsat" not in methods():
-        pytest.skip("method 'cpsat' is not registered in this checkout")
+    # CP-SAT solves pure offloading exactly. joint may recompute as well, and it includes the
+    # registry's pure-offload method (best), so on these small chains CP-SAT never beats it:
+    # measured 0.95-1.00 x CP-SAT's makespan. Slot rounding (S = 500: each size rounded up by
+    # at most memory / 500) costs joint's own DP memory, not time, and best does not round; the
+    # only slack left is CP-SAT's integer time grid (info["tolerance"]).
     for chain, platform in instances(4, 6, lengths=(2, 5)):
         c = solve(chain, platform, method="cpsat", time_limit=10)
         j = solve(chain, platform, method="joint")
         if c.status.has_schedule:
-            assert j.status.has_schedule and j.makespan <= c.makespan * 1.05
+            assert j.status.has_schedule
+            assert j.makespan <= c.makespan + c.info["tolerance"] + 1e-12 * c.makespan
 
 
 def test_credit_stage_against_a_direct_computation():
