@@ -7,3 +7,14 @@ from chainoffload.examples import tiny
 def chain3():
     """The tests' three-stage chain (see chainoffload.examples.tiny): keep-all peak 192 B at t=4, makespan 12 s."""
     return tiny()
+
+
+@pytest.fixture(scope="module")
+def torch_one_thread():
+    """One intra-op thread for the torch tests' tiny models: several times faster than two on a
+    shared 2-core machine, and it changes no result (every comparison is within one process)."""
+    torch = pytest.importorskip("torch")
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)

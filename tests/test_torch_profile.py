@@ -11,14 +11,7 @@ import chainoffload as co  # noqa: E402
 import chainoffload_torch as ct  # noqa: E402
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """The models here are tiny: one intra-op thread is several times faster than two on a
-    shared 2-core machine, and changes no result (every comparison is within one process)."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
 
 F32 = 4
