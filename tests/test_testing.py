@@ -231,7 +231,7 @@ def test_valid_schedules_shrink_to_the_eager_plan(chain3):
     s = find(schedules(chain3, waits=False), lambda s: s.offloaded_units == (1,))
     assert s.transfers == (Transfer("offload", 1, F1, "end"), Transfer("prefetch", 1, B3, "end"))
     # unit 3 can only go out and back at the end of F_3 (B_3 reads it right after)
-    s = find(schedules(chain3, waits=False), lambda s: 3 in s.offloaded_units)
+    s = find(schedules(chain3, waits=False), lambda s: s.offloaded_units == (3,))
     assert [(t.kind, t.op, t.at) for t in s.transfers] == [("offload", F3, "end"), ("prefetch", F3, "end")]
 
 
