@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Iterable, Sequence
+from typing import Sequence
 
 from ..chain import Chain
-from ..planner import plan_transfers
+from ..planner import plan_and_simulate
 from ..platform import Platform
 from ..result import Result, Status
 from ..schedule import Schedule
-from ..simulate import simulate
+from ..simulate import Timeline
 
 __all__ = ["keep_all", "offload_all", "first_k", "largest_first"]
 
@@ -27,13 +27,6 @@ def _offloadable(chain: Chain, platform: Platform) -> list[int]:
     return list(range(1, chain.length))
 
 
-def _plan(chain: Chain, platform: Platform, units: Iterable[int]) -> Schedule:
-    units = list(units)
-    if not units:
-        return Schedule.keep_all(chain.length)
-    return plan_transfers(chain, platform, units)
-
-
 def _first_fit(method: str, chain: Chain, platform: Platform, candidates: Sequence[Sequence[int]], t0: float) -> Result:
     """The first offload set in ``candidates`` that the simulator accepts, by bisection.
 
@@ -42,13 +35,12 @@ def _first_fit(method: str, chain: Chain, platform: Platform, candidates: Sequen
     predecessor does not, in O(log n) plans instead of n (L = 1000 has a thousand sets).
     """
     least = math.inf
-    seen: dict[int, tuple[Schedule, object]] = {}
+    seen: dict[int, tuple[Schedule, Timeline]] = {}
 
     def fits(k: int) -> bool:
         nonlocal least
         if k not in seen:
-            schedule = _plan(chain, platform, candidates[k])
-            seen[k] = (schedule, simulate(chain, platform, schedule))
+            seen[k] = plan_and_simulate(chain, platform, candidates[k])
         timeline = seen[k][1]
         if not timeline.feasible and timeline.violation.rule == "memory":
             least = min(least, timeline.peak_memory)

@@ -83,7 +83,7 @@ import numpy as np
 from .._kernels.dp import fluid_dp
 from ..bounds import offload_memory_floor
 from ..chain import Chain
-from ..planner import plan_transfers
+from ..planner import plan_and_simulate
 from ..platform import Platform
 from ..result import Result, Status
 from ..schedule import Schedule
@@ -218,11 +218,7 @@ class _Search:
             return False
         key = tuple(units)
         if key not in self.by_units:
-            if units:
-                schedule = plan_transfers(self.chain, self.platform, units)
-            else:
-                schedule = Schedule.keep_all(self.chain.length)
-            timeline = simulate(self.chain, self.platform, schedule)
+            _, timeline = plan_and_simulate(self.chain, self.platform, units)
             self.by_units[key] = timeline if timeline.feasible else None
         timeline = self.by_units[key]
         if timeline is None:

@@ -16,11 +16,10 @@ import numpy as np
 
 from ..bounds import fluid_lp
 from ..chain import Chain
-from ..planner import plan_transfers
+from ..planner import plan_and_simulate
 from ..platform import Platform
 from ..result import Result, Status
-from ..schedule import Schedule
-from ..simulate import Timeline, simulate
+from ..simulate import Timeline
 
 __all__ = ["lp", "DEFAULT_ROUNDINGS"]
 
@@ -189,11 +188,7 @@ class _Search:
         return self.best is not None and self.best[0].makespan <= self.bound * (1 + 1e-12)
 
     def _run(self, units: tuple[int, ...]) -> Timeline:
-        if units:
-            schedule = plan_transfers(self.chain, self.platform, units)
-        else:
-            schedule = Schedule.keep_all(self.chain.length)
-        return simulate(self.chain, self.platform, schedule)
+        return plan_and_simulate(self.chain, self.platform, units)[1]
 
     def consider(self, units: Iterable[int], source: str) -> bool | None:
         """Plan and judge one set; ``None`` when the budget is spent, else whether it fits."""
@@ -262,5 +257,4 @@ class _Search:
             return None
         peak, key = min(over)
         wider = self.platform.with_memory(peak)
-        schedule = plan_transfers(self.chain, wider, key) if key else Schedule.keep_all(self.chain.length)
-        return int(peak) if simulate(self.chain, wider, schedule).feasible else None
+        return int(peak) if plan_and_simulate(self.chain, wider, key)[1].feasible else None
