@@ -101,6 +101,22 @@ def test_forward_flops_match_published_macs(name):
     assert 2 * fwd - info["fwd_flops"][0] <= bwd < 2 * fwd
 
 
+@pytest.mark.parametrize("name", NAMES)
+def test_v100_twin_has_the_same_sizes_and_slower_compute(name):
+    a100, v100 = network(name), network(name, gpu="V100")
+    assert v100.name == f"{name}-v100" and v100.length == a100.length
+    for field in ("act", "saved", "fwd_tmp", "bwd_tmp"):
+        assert getattr(v100, field).tolist() == getattr(a100, field).tolist(), field
+    # Every op is slower on the V100 roofline (lower peaks and bandwidth), so every stage is.
+    assert (v100.fwd > a100.fwd).all() and (v100.bwd > a100.bwd).all()
+    assert "V100" in network_info(name)["times_v100"] and "no TF32" in network_info(name)["times_v100"]
+
+
+def test_unknown_gpu_names_the_known_ones():
+    with pytest.raises(ValueError, match=r"gpu 'H100' is not one of A100, V100"):
+        network("resnet18", gpu="H100")
+
+
 def test_unknown_network_names_the_known_ones():
     with pytest.raises(ValueError, match=r"unknown network 'resnet34'.*resnet18"):
         network("resnet34")
@@ -219,6 +235,7 @@ def rebuilt(builder, tmp_path_factory):
 def test_build_regenerates_resnet18_identically(rebuilt):
     shipped = resources.files("chainoffload.networks")
     assert (rebuilt / "resnet18.json").read_text() == shipped.joinpath("resnet18.json").read_text()
+    assert (rebuilt / "resnet18-v100.json").read_text() == shipped.joinpath("resnet18-v100.json").read_text()
     catalog = json.loads((rebuilt / "catalog.json").read_text())
     assert catalog["resnet18"] == network_info("resnet18")
 
@@ -354,3 +371,9 @@ def test_roofline_picks_the_peak_by_dtype_and_op(builder):
     assert r.op_time(aten.convolution.default, torch.float32, flops, 0) == pytest.approx(flops / (156e12 * 0.6))
     assert r.op_time(aten.mm.default, torch.float32, flops, 0) == pytest.approx(flops / (19.5e12 * 0.6))
     assert r.op_time(aten.add.Tensor, torch.float32, 0, 1e9) == pytest.approx(1e9 / (1.555e12 * 0.8))
+    # The V100 has no TF32: a float32 convolution runs at the fp32 peak; half precision on the
+    # fp16 tensor cores.
+    v = trace.V100_SXM2_16GB
+    assert v.op_time(aten.convolution.default, torch.float32, flops, 0) == pytest.approx(flops / (15.7e12 * 0.6))
+    assert v.op_time(aten.mm.default, torch.bfloat16, flops, 0) == pytest.approx(flops / (125e12 * 0.6))
+    assert v.op_time(aten.add.Tensor, torch.float32, 0, 1e9) == pytest.approx(1e9 / (0.9e12 * 0.8))

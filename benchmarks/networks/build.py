@@ -8,8 +8,10 @@
 Sizes come from :mod:`network_trace` (exact, by tracing one training iteration with PyTorch on
 ``device="meta"``); times from its A100 roofline unless ``--times`` gives measured ones. The
 networks are defined in :mod:`network_models`. Writes one ``<name>.json`` per network (DESIGN.md's chain
-format, loadable with ``Chain.load``), ``catalog.json`` (description, stage labels, FLOPs and
-where the times come from), and the summary table of ``README.md`` between its markers.
+format, loadable with ``Chain.load``), its V100-era twin ``<name>-v100.json`` (the same sizes, times
+from the V100 roofline: the GPU of the NeurIPS 2021 paper, fp32 without TF32), ``catalog.json``
+(description, stage labels, FLOPs and where the times come from), and the summary table of
+``README.md`` between its markers.
 
 ``--times`` takes a JSON object mapping network names to ``{"fwd": [L seconds], "bwd": [L
 seconds], "fwd_nosave": [L] (optional), "source": "what measured them" (optional)}`` — e.g.
@@ -74,8 +76,8 @@ def load_times(path: str | Path) -> dict[str, dict[str, Any]]:
     return data
 
 
-def build(name: str, times: dict[str, Any] | None = None) -> tuple[Chain, dict[str, Any]]:
-    """Trace network ``name`` and return its chain and its catalog entry.
+def build(name: str, times: dict[str, Any] | None = None) -> tuple[Chain, dict[str, Any], Chain]:
+    """Trace network ``name`` and return its chain, its catalog entry and its V100-era twin.
 
     Parameters
     ----------
@@ -83,7 +85,7 @@ def build(name: str, times: dict[str, Any] | None = None) -> tuple[Chain, dict[s
         A key of :data:`models.BUILDERS`.
     times
         Optional measured ``{"fwd": [...], "bwd": [...], "fwd_nosave": [...], "source": str}``
-        replacing the roofline times.
+        replacing the roofline times (of the main chain; the twin keeps the V100 roofline).
     """
     if name not in models.BUILDERS:
         raise BuildError(f"build: unknown network {name!r}; known: {', '.join(models.BUILDERS)}")
@@ -91,7 +93,7 @@ def build(name: str, times: dict[str, Any] | None = None) -> tuple[Chain, dict[s
     with torch.device("meta"):
         staged = models.BUILDERS[name]()
     staged.stages = [(label, module.to(dtype=staged.dtype).train()) for label, module in staged.stages]
-    act0, figures = measure.measure(staged)
+    act0, figures = measure.measure(staged, measure.A100_SXM4_40GB, also=(measure.V100_SXM2_16GB,))
     for i, f in enumerate(figures, start=1):
         if f.retained != f.saved:
             # the model's unit i is everything F_i leaves alive; a mismatch means the pack hook
@@ -112,43 +114,43 @@ def build(name: str, times: dict[str, Any] | None = None) -> tuple[Chain, dict[s
         fwd, bwd = [float(t) for t in times["fwd"]], [float(t) for t in times["bwd"]]
         nosave = [float(t) for t in times["fwd_nosave"]] if "fwd_nosave" in times else None
         source = "measured: " + str(times.get("source", "per-stage times given to build.py --times"))
-    chain = Chain(
-        fwd=fwd,
-        bwd=bwd,
+    sizes = dict(
         act=[act0] + [f.act for f in figures],
         saved=[f.saved for f in figures],
         fwd_tmp=[f.fwd_tmp for f in figures],
         bwd_tmp=[f.bwd_tmp for f in figures],
-        fwd_nosave=nosave,
-        name=name,
     )
+    chain = Chain(fwd=fwd, bwd=bwd, fwd_nosave=nosave, name=name, **sizes)
+    v100 = Chain(fwd=[f.also[0][0] for f in figures], bwd=[f.also[0][1] for f in figures], name=f"{name}-v100", **sizes)
     entry = {
         "description": staged.description,
         "input": {"shape": list(staged.input_shape), "dtype": str(staged.input_dtype).removeprefix("torch.")},
         "parameters": models.param_count(staged),
         "times": source,
+        "times_v100": measure.V100_SXM2_16GB.describe(),
         "stages": [f.label for f in figures],
         "fwd_flops": [int(f.fwd_flops) for f in figures],
         "bwd_flops": [int(f.bwd_flops) for f in figures],
     }
-    return chain, entry
+    return chain, entry, v100
 
 
-def summary_row(name: str, chain: Chain) -> str:
-    """One Markdown row: name, L, compute time, keep-all peak, floor."""
+def summary_row(name: str, chain: Chain, v100: Chain | None) -> str:
+    """One Markdown row: name, L, compute time (and the V100 twin's), keep-all peak, floor."""
+    twin = "" if v100 is None else f"{v100.compute_time * 1e3:.2f}"
     return (
-        f"| {name} | {chain.length} | {chain.compute_time * 1e3:.2f} | {format_bytes(keep_all_peak(chain))} "
+        f"| {name} | {chain.length} | {chain.compute_time * 1e3:.2f} | {twin} | {format_bytes(keep_all_peak(chain))} "
         f"| {format_bytes(chain.stage_memory_floor())} |"
     )
 
 
-def summary_table(chains: dict[str, Chain]) -> str:
-    """The README table over ``chains`` (in catalog order)."""
+def summary_table(chains: dict[str, Chain], v100: dict[str, Chain]) -> str:
+    """The README table over ``chains`` (in catalog order) and their V100-era twins."""
     head = [
-        "| network | L | sum(fwd)+sum(bwd) (ms) | keep-all peak | floor (`stage_memory_floor`) |",
-        "|---|---:|---:|---:|---:|",
+        "| network | L | sum(fwd)+sum(bwd) (ms) | V100 twin (ms) | keep-all peak | floor (`stage_memory_floor`) |",
+        "|---|---:|---:|---:|---:|---:|",
     ]
-    return "\n".join(head + [summary_row(n, c) for n, c in chains.items()])
+    return "\n".join(head + [summary_row(n, c, v100.get(n)) for n, c in chains.items()])
 
 
 def write_readme_table(readme: Path, table: str) -> None:
@@ -179,17 +181,19 @@ def main(argv: list[str] | None = None) -> int:
         catalog_path = out / "catalog.json"
         catalog: dict[str, Any] = json.loads(catalog_path.read_text(encoding="utf-8")) if catalog_path.exists() else {}
         for name in names:
-            chain, entry = build(name, times.get(name))
+            chain, entry, v100 = build(name, times.get(name))
             chain.save(out / f"{name}.json")
+            v100.save(out / f"{name}-v100.json")
             catalog[name] = entry
-            print(summary_row(name, chain), flush=True)
+            print(summary_row(name, chain, v100), flush=True)
         # catalog order is BUILDERS order whatever subset was rebuilt, so files diff cleanly
         ordered = {n: catalog[n] for n in models.BUILDERS if n in catalog}
         catalog_path.write_text(json.dumps(ordered, indent=1) + "\n", encoding="utf-8")
         readme = out / "README.md"
         if readme.exists():
             chains = {n: Chain.load(out / f"{n}.json") for n in ordered if (out / f"{n}.json").exists()}
-            write_readme_table(readme, summary_table(chains))
+            twins = {n: Chain.load(out / f"{n}-v100.json") for n in chains if (out / f"{n}-v100.json").exists()}
+            write_readme_table(readme, summary_table(chains, twins))
     except BuildError as exc:
         print(f"build: {exc}", file=sys.stderr)
         return 2

@@ -52,7 +52,7 @@ from torch.utils.flop_counter import flop_registry
 
 from network_models import Staged
 
-__all__ = ["Roofline", "A100_SXM4_40GB", "StageFigures", "measure"]
+__all__ = ["Roofline", "A100_SXM4_40GB", "V100_SXM2_16GB", "StageFigures", "measure"]
 
 _aten = torch.ops.aten
 _CONV_OPS = {_aten.convolution, _aten._convolution, _aten.convolution_backward}
@@ -98,10 +98,19 @@ class Roofline:
 
     def describe(self) -> str:
         """One line for the catalog and the README."""
-        return (
+        head = (
             f"roofline of one {self.name}: per aten op max(FLOPs / (peak x {self.compute_efficiency}), "
-            f"bytes / ({self.bandwidth / 1e12:g} TB/s x {self.memory_efficiency})), peak {self.peak_bf16 / 1e12:g} TFLOP/s "
-            f"bf16, {self.peak_tf32 / 1e12:g} TF32 (fp32 convolutions), {self.peak_fp32 / 1e12:g} fp32 (fp32 matmuls)"
+            f"bytes / ({self.bandwidth / 1e12:g} TB/s x {self.memory_efficiency})), peak "
+        )
+        if self.peak_tf32 == self.peak_fp32:
+            # No TF32 on this GPU: float32 convolutions run on the CUDA cores like matmuls.
+            return head + (
+                f"{self.peak_fp32 / 1e12:g} TFLOP/s fp32 (convolutions and matmuls, no TF32), "
+                f"{self.peak_bf16 / 1e12:g} fp16 tensor cores (for the bf16 chains, as fp16: no bf16 on this GPU)"
+            )
+        return head + (
+            f"{self.peak_bf16 / 1e12:g} TFLOP/s bf16, {self.peak_tf32 / 1e12:g} TF32 (fp32 convolutions), "
+            f"{self.peak_fp32 / 1e12:g} fp32 (fp32 matmuls)"
         )
 
 
@@ -112,6 +121,20 @@ A100_SXM4_40GB = Roofline(
     peak_tf32=156e12,
     peak_fp32=19.5e12,
     bandwidth=1.555e12,
+    compute_efficiency=0.6,
+    memory_efficiency=0.8,
+)
+
+#: NVIDIA Tesla V100-SXM2-16GB datasheet figures, the GPU of the NeurIPS 2021 paper's experiments:
+#: no TF32 (Volta), so float32 convolutions run at the 15.7 TFLOP/s fp32 peak; half precision
+#: on tensor cores (fp16: Volta has no bf16, so a bf16 chain stands for its fp16 twin, same
+#: sizes). Efficiencies as for the A100.
+V100_SXM2_16GB = Roofline(
+    name="NVIDIA Tesla V100-SXM2-16GB",
+    peak_bf16=125e12,
+    peak_tf32=15.7e12,
+    peak_fp32=15.7e12,
+    bandwidth=0.9e12,
     compute_efficiency=0.6,
     memory_efficiency=0.8,
 )
@@ -131,22 +154,26 @@ class StageFigures:
     fwd_flops: float
     bwd_flops: float
     retained: int  # bytes F_i allocated that were still live at its end (must equal saved)
+    # (fwd, bwd) of the stage under each extra roofline given to measure(), in that order
+    also: list[tuple[float, float]] = dataclasses.field(default_factory=list)
 
 
 class _Window:
     """Per-stage accumulator of op costs."""
 
-    def __init__(self) -> None:
+    def __init__(self, extra: int) -> None:
         self.time = 0.0
         self.flops = 0.0
+        self.also = [0.0] * extra
 
 
 class _Tracker(TorchDispatchMode):
     """Allocation log and op costs of everything dispatched while active (see module doc)."""
 
-    def __init__(self, roofline: Roofline, preexisting: set[int]) -> None:
+    def __init__(self, roofline: Roofline, preexisting: set[int], also: tuple[Roofline, ...] = ()) -> None:
         super().__init__()
         self.roofline = roofline
+        self.also = also
         # id() of storages made before the trace (parameters, buffers, a_0): alive throughout,
         # so their ids are never reused; an op whose output aliases one of them allocates nothing
         self.preexisting = preexisting
@@ -190,6 +217,8 @@ class _Tracker(TorchDispatchMode):
             flops = float(formula(*args, **kwargs, out_val=out)) if formula is not None else 0.0
             dtype = (ins or outs)[0].dtype if (ins or outs) else torch.float32
             self.window.time += self.roofline.op_time(func, dtype, flops, nbytes)
+            for k, other in enumerate(self.also):
+                self.window.also[k] += other.op_time(func, dtype, flops, nbytes)
             self.window.flops += flops
         return out
 
@@ -205,7 +234,9 @@ def _peak(events: list[tuple[int, int]], exclude: set[int]) -> int:
     return peak
 
 
-def measure(staged: Staged, roofline: Roofline = A100_SXM4_40GB) -> tuple[int, list[StageFigures]]:
+def measure(
+    staged: Staged, roofline: Roofline = A100_SXM4_40GB, also: tuple[Roofline, ...] = ()
+) -> tuple[int, list[StageFigures]]:
     """Trace one training iteration of ``staged`` (built on the meta device) stage by stage.
 
     Parameters
@@ -216,6 +247,9 @@ def measure(staged: Staged, roofline: Roofline = A100_SXM4_40GB) -> tuple[int, l
         data: the tests compare the two on small cases.
     roofline
         The GPU model for the times.
+    also
+        Further GPU models: each stage's times under them land in ``StageFigures.also``
+        (the same ops, FLOPs and bytes, priced by another roofline).
 
     Returns
     -------
@@ -237,7 +271,7 @@ def measure(staged: Staged, roofline: Roofline = A100_SXM4_40GB) -> tuple[int, l
     figures: list[StageFigures] = []
     x0 = torch.zeros(staged.input_shape, dtype=staged.input_dtype, device=device)
     act0 = x0.untyped_storage().nbytes()
-    tracker = _Tracker(roofline, excluded | {id(x0.untyped_storage())})
+    tracker = _Tracker(roofline, excluded | {id(x0.untyped_storage())}, tuple(also))
     inputs: list[torch.Tensor | None] = []
     outputs: list[torch.Tensor | None] = []
 
@@ -265,7 +299,7 @@ def measure(staged: Staged, roofline: Roofline = A100_SXM4_40GB) -> tuple[int, l
                     return t.detach()
 
                 start = len(tracker.events)
-                tracker.window = window = _Window()
+                tracker.window = window = _Window(len(also))
                 with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
                     y = module(x)
                 tracker.window = None
@@ -288,6 +322,7 @@ def measure(staged: Staged, roofline: Roofline = A100_SXM4_40GB) -> tuple[int, l
                         fwd_flops=window.flops,
                         bwd_flops=0.0,
                         retained=retained,
+                        also=[(t, 0.0) for t in window.also],
                     )
                 )
                 inputs.append(x)
@@ -303,7 +338,7 @@ def measure(staged: Staged, roofline: Roofline = A100_SXM4_40GB) -> tuple[int, l
                     grad = torch.ones_like(y)  # g_L, the loss gradient (allocated before B_L)
                 gc.collect()
                 start = len(tracker.events)
-                tracker.window = window = _Window()
+                tracker.window = window = _Window(len(also))
                 torch.autograd.backward(y, grad)
                 tracker.window = None
                 param_grads = set()
@@ -316,6 +351,7 @@ def measure(staged: Staged, roofline: Roofline = A100_SXM4_40GB) -> tuple[int, l
                 fig = figures[i]
                 fig.bwd_tmp = max(0, peak - act_in[i])
                 fig.bwd = window.time
+                fig.also = [(f, b) for (f, _), b in zip(fig.also, window.also)]
                 fig.bwd_flops = window.flops
                 x = inputs[i]
                 assert x is not None
