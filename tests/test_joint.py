@@ -1,4 +1,4 @@
-"""The joint rematerialization + offloading DP against its two special cases and the simulator."""
+"""The paper's joint DP (fluid queues, any number of transfers in flight) and the method ``joint``."""
 
 import math
 
@@ -7,13 +7,15 @@ import pytest
 
 from chainoffload.chain import Chain
 from chainoffload.platform import Platform
-from chainoffload.result import Status
+from chainoffload.result import Result, Status
 from chainoffload.simulate import keep_all_peak, simulate
-from chainoffload.solvers import methods, solve
-from chainoffload._kernels.joint import STRIDE, VARIANTS, item_credit_stage, spine_table
-from chainoffload._kernels.rotor import rotor_table
-from chainoffload.solvers.joint import joint_dp, joint_table
+from chainoffload.solvers import solve
+from chainoffload._kernels.joint import spine_table
+from chainoffload.solvers.joint import joint, joint_dp, joint_schedule, joint_table, walk
+from chainoffload.solvers.joint_exact import joint_exact
 from chainoffload.solvers.rotor import rotor, slots_for
+
+from naive_joint import best_plan, plan_cost, plan_of_nodes
 
 
 def random_chain(rng, length):
@@ -35,104 +37,37 @@ def instances(seed, count, lengths=(2, 14)):
                               latency=float(rng.choice([0.0, 0.01])), duplex=bool(rng.integers(0, 2)))
 
 
-def test_dp_value_bounds_the_simulated_makespan():
-    # NOTE [ joint recurrence ]: the table's value is an upper bound of the simulated
-    # makespan (exact without transfers); the plan passes at the first try, no repair.
-    checked = with_transfers = 0
-    for chain, platform in instances(0, 40):
-        res = joint_dp(chain, platform, slots=200)
-        if not res.status.has_schedule:
+def test_table_is_the_optimum_of_its_model_over_every_plan():
+    # The brute-force oracle (tests/naive_joint.py, written from NOTE [ joint recurrence ])
+    # walks every spine plan through the model: the DP's value is their least time, and the
+    # plan the walk rebuilds costs exactly that.
+    checked = offloading = 0
+    for chain, platform in instances(21, 40, lengths=(2, 7)):
+        sl = slots_for(chain, platform.memory, 60)
+        table = joint_table(chain, platform, sl, max_span=chain.length)
+        want, _ = best_plan(chain, table, chain.length)
+        got = table.value
+        if not math.isfinite(want):
+            assert not math.isfinite(got)
             continue
+        assert got == pytest.approx(want, rel=1e-12)
+        nodes = walk(table, chain)
+        assert plan_cost(chain, table, plan_of_nodes(nodes), sl.budget) == pytest.approx(got, rel=1e-12)
         checked += 1
-        assert res.info["shrink"] == 1.0
-        assert res.timeline is None or res.timeline.feasible
-        assert res.makespan <= res.info["dp_makespan"] * (1 + 1e-9)
-        if res.schedule.transfers:
-            with_transfers += 1
-        else:
-            assert math.isclose(res.info["dp_makespan"], res.makespan, rel_tol=1e-9)
-    assert checked >= 30 and with_transfers >= 10
+        offloading += any(n.offload for n in nodes)
+    assert checked >= 30 and offloading >= 5
 
 
-def test_transfers_start_on_an_idle_channel_at_their_trigger():
-    # The model's claim: no transfer ever queues behind another one, so each starts exactly
-    # when its trigger fires (an offload at its maker's end, a prefetch at the end of B_c).
-    seen = half_duplex = 0
-    for chain, platform in instances(5, 40):
-        res = joint_dp(chain, platform, slots=200)
-        if not res.status.has_schedule or not res.schedule.transfers:
-            continue
-        tl = simulate(chain, platform, res.schedule)
-        assert tl.feasible and tl.peak_memory <= platform.memory
-        for t, tr in enumerate(res.schedule.transfers):
-            fired = tl.op_end[tr.op] if tr.at == "end" else tl.op_start[tr.op]
-            assert tl.transfer_start[t] == pytest.approx(fired, abs=1e-12)
-        offloads = [t.unit for t in res.schedule.transfers if t.kind == "offload"]
-        prefetches = [t.unit for t in res.schedule.transfers if t.kind == "prefetch"]
-        assert sorted(offloads) == sorted(prefetches) and len(set(offloads)) == len(offloads)
-        seen += 1
-        half_duplex += not platform.duplex
-    assert seen >= 10 and half_duplex >= 3
-
-
-def test_overlap_pays_on_a_slow_link():
-    # Transfers overlap compute: on a link too slow for the old "wait for every copy"
-    # recurrence to gain anything, offloading still removes part of rotor's overhead.
-    rng = np.random.default_rng(7)
-    length = 30
-    act = rng.integers(1 << 20, 1 << 26, size=length + 1)
-    saved = act[1:] * rng.integers(1, 6, size=length)
-    fwd = saved * 2e-12 * rng.uniform(0.5, 2.0, size=length)
-    chain = Chain(fwd, 2 * fwd, act, saved, act[1:] // 2, act[1:])
-    floor, top = chain.stage_memory_floor(), keep_all_peak(chain)
-    platform = Platform(memory=int(floor + 0.6 * (top - floor)), bandwidth_d2h=25e9, bandwidth_h2d=25e9, latency=1e-5)
-    j, r = joint_dp(chain, platform), rotor(chain, platform)
-    # Moving a unit takes 10 to 40 times its forward: no copy of a unit hides behind one op.
-    assert np.all(saved / 25e9 > 5 * fwd)
-    assert j.schedule.transfers
-    removed = (r.makespan - j.makespan) / (r.makespan - chain.compute_time)
-    assert removed > 0.05, removed
-
-
-def test_fast_link_credits_late_enough_to_hide_the_prefetch():
-    # A copy (0.51 s) shorter than a forward (1 s): the earliest credit stage u0 = i + 2
-    # would leave the prefetch no backward op to hide behind; the late variant (u0 + 1)
-    # hides it behind B_{i+2}, so every other unit moves and nothing waits.
-    length = 12
-    chain = Chain([1.0] * length, [2.0] * length, [100] * (length + 1), [1000] * length, [0] * length, [0] * length)
-    floor, top = chain.stage_memory_floor(), keep_all_peak(chain)
-    platform = Platform(memory=int(floor + 0.6 * (top - floor)), bandwidth_d2h=2000.0, bandwidth_h2d=2000.0,
-                        latency=0.01)
-    table = joint_table(chain, platform, slots_for(chain, platform.memory, 500))
-    unit1 = STRIDE * 1 + VARIANTS  # unit 1 whole, variant 0; variant 1 is the late credit
-    assert table.item_u[unit1] == 3 and table.item_u[unit1 + 1] == 4
-    j, r = joint_dp(chain, platform), rotor(chain, platform)
-    assert r.makespan > chain.compute_time + 1
-    assert j.makespan == pytest.approx(chain.compute_time, rel=1e-12)
-    assert j.info["dp_makespan"] == pytest.approx(j.makespan, rel=1e-12)
-
-
-def test_joint_dp_never_worse_than_rotor_at_the_same_slots():
-    for chain, platform in instances(1, 40):
-        j, r = joint_dp(chain, platform, slots=200), rotor(chain, platform, slots=200)
-        if r.status.has_schedule and r.info.get("source") == "dp":
-            assert j.status.has_schedule and j.makespan <= r.makespan * (1 + 1e-9)
-
-
-def test_joint_never_worse_than_rotor_nor_pure_offload():
-    for chain, platform in instances(2, 25):
-        j = solve(chain, platform, method="joint")
-        # The pure-offloading method joint compared with ("best", or "largest-first" where
-        # "best" cannot run in this checkout) is named in its info.
-        own = ("joint-dp_makespan", "rotor_makespan", "dp_makespan")
-        offload = [k[: -len("_makespan")] for k in j.info if k.endswith("_makespan") and k not in own]
-        assert len(offload) == 1
-        for other in ("rotor", *offload):
-            o = solve(chain, platform, method=other)
-            if o.status.has_schedule:
-                assert j.status.has_schedule and j.makespan <= o.makespan * (1 + 1e-12), (other, j.info)
-        if j.status.has_schedule:
-            assert j.timeline.feasible and j.peak_memory <= platform.memory
+def test_smaller_roots_are_the_optimum_of_their_budget():
+    # joint_dp rebuilds the plans of smaller budgets from the same table: each is the model's
+    # optimum for that budget too.
+    for chain, platform in instances(22, 12, lengths=(3, 6)):
+        sl = slots_for(chain, platform.memory, 40)
+        table = joint_table(chain, platform, sl, max_span=2)
+        for budget in (sl.budget, int(0.9 * sl.budget), int(0.7 * sl.budget)):
+            want, _ = best_plan(chain, table, 2, budget)
+            got = float(table.opt[1, 0, budget])
+            assert (got == pytest.approx(want, rel=1e-12)) if math.isfinite(want) else not math.isfinite(got)
 
 
 def test_bandwidth_zero_is_rotor():
@@ -147,41 +82,109 @@ def test_bandwidth_zero_is_rotor():
     assert compared >= 15
 
 
-@pytest.mark.parametrize("seed", range(4))
+def test_every_result_is_the_simulators_and_fits():
+    seen = with_transfers = 0
+    for chain, platform in instances(5, 40):
+        res = joint_dp(chain, platform, slots=120)
+        if not res.status.has_schedule:
+            continue
+        tl = simulate(chain, platform, res.schedule)
+        assert tl.feasible and tl.peak_memory <= platform.memory
+        assert res.makespan == tl.makespan
+        seen += 1
+        with_transfers += bool(res.schedule.transfers)
+    assert seen >= 30 and with_transfers >= 10
+
+
+def test_several_transfers_in_flight_and_both_kinds_of_item():
+    # The paper's DP queues copies: on a slow link several offloads overlap on the D2H channel,
+    # and it moves lone checkpoints (offload "as a") as well as whole units ("as a-bar").
+    rng = np.random.default_rng(7)
+    length = 30
+    act = rng.integers(1 << 20, 1 << 26, size=length + 1)
+    saved = act[1:] * rng.integers(1, 6, size=length)
+    fwd = saved * 2e-12 * rng.uniform(0.5, 2.0, size=length)
+    chain = Chain(fwd, 2 * fwd, act, saved, act[1:] // 2, act[1:])
+    floor, top = chain.stage_memory_floor(), keep_all_peak(chain)
+    overlapping = kinds = 0
+    for frac in (0.2, 0.4, 0.6):
+        platform = Platform(memory=int(floor + frac * (top - floor)), bandwidth_d2h=25e9, bandwidth_h2d=25e9,
+                            latency=1e-5)
+        res = joint_dp(chain, platform)
+        tl = simulate(chain, platform, res.schedule)
+        off = [k for k, t in enumerate(res.schedule.transfers) if t.kind == "offload"]
+        # Two copies queued at once: one triggered before the previous one ended.
+        overlapping += any(res.schedule.transfers[b].op < res.schedule.transfers[a].op or
+                           tl.op_end[res.schedule.transfers[b].op] < tl.transfer_end[a]
+                           for a, b in zip(off, off[1:]))
+        makers = {res.schedule.compute[res.schedule.transfers[k].op][0] for k in off}
+        kinds += ("F" in makers) and bool(makers & {"Fck", "Fn"})
+        assert res.makespan < rotor(chain, platform).makespan
+    assert overlapping >= 1 and kinds >= 1
+
+
+def test_kernel_as_python_matches_the_jitted_one():
+    # Kernels also run under NUMBA_DISABLE_JIT=1; run the spine as Python on small chains.
+    for chain, platform in instances(6, 4, lengths=(3, 6)):
+        sl = slots_for(chain, platform.memory, 30)
+        t = joint_table(chain, platform, sl)
+        args = (chain.fwd, chain.bwd, chain.fwd_nosave, sl.act, sl.saved, sl.fwd_tmp, sl.bwd_tmp, t.rot, sl.budget,
+                t.in_slots, t.d_in, t.h_in, t.fclk, t.bclk, t.rate_f, t.rate_b, t.delta_f, t.n_f, t.delta_b, t.n_b,
+                chain.length)
+        opt, choice = spine_table.py_func(*args)
+        jit_opt, jit_choice = spine_table(*args)
+        assert np.array_equal(opt, jit_opt) and np.array_equal(choice, jit_choice)
+
+
+def test_rebuilt_schedule_follows_the_walk():
+    chain, platform = next((c, p) for c, p in instances(8, 40, lengths=(6, 12))
+                           if any(n.offload for n in walk(joint_table(c, p, slots_for(c, p.memory, 100)), c)))
+    table = joint_table(chain, platform, slots_for(chain, platform.memory, 100))
+    nodes = walk(table, chain)
+    schedule = joint_schedule(table, chain, platform)
+    forward = [op for op in schedule.compute[: sum(1 + (n.j - n.s - 1) * (not n.f_all) for n in nodes)]]
+    assert [s for _, s in forward] == list(range(1, chain.length + 1))
+    offloaded = sorted(n.s - 1 for n in nodes if n.offload)
+    assert sorted(t.unit for t in schedule.transfers if t.kind == "offload") == offloaded
+    assert sorted(t.unit for t in schedule.transfers if t.kind == "prefetch") == offloaded
+    # Prefetches are queued deepest first.
+    pre = [t.unit for t in schedule.transfers if t.kind == "prefetch"]
+    assert pre == sorted(pre, reverse=True)
+
+
+def test_joint_never_worse_than_rotor_exact_nor_pure_offload():
+    for chain, platform in instances(2, 20):
+        j = solve(chain, platform, method="joint")
+        for other in (rotor(chain, platform), joint_exact(chain, platform), solve(chain, platform, method="best")):
+            if other.status.has_schedule:
+                assert j.status.has_schedule and j.makespan <= other.makespan * (1 + 1e-12), (other.method, j.info)
+        if j.status.has_schedule:
+            assert j.timeline.feasible and j.peak_memory <= platform.memory
+
+
+def test_joint_takes_the_offload_result_it_compares_with():
+    chain, platform = next(instances(9, 1, lengths=(8, 9)))
+    given = solve(chain, platform, method="largest-first")
+    res = joint(chain, platform, offload=given)
+    assert res.info["largest-first_makespan"] == given.makespan and "best_makespan" not in res.info
+    with pytest.raises(TypeError, match="offload: expected a Result"):
+        joint(chain, platform, offload="best")
+
+
+@pytest.mark.parametrize("seed", range(3))
 def test_unlimited_bandwidth_reaches_compute_time_where_rotor_cannot(seed):
     rng = np.random.default_rng(100 + seed)
     chain = random_chain(rng, 10)
     floor, top = chain.stage_memory_floor(), keep_all_peak(chain)
     platform = Platform(memory=int(floor + 0.5 * (top - floor)), bandwidth_d2h=math.inf, bandwidth_h2d=math.inf)
-    r = rotor(chain, platform)
-    j = joint_dp(chain, platform)
-    assert r.makespan > chain.compute_time * 1.001  # rotor must recompute here
-    assert j.makespan == pytest.approx(chain.compute_time, rel=1e-12)
+    assert rotor(chain, platform).makespan > chain.compute_time * 1.001  # rotor must recompute here
+    assert joint_dp(chain, platform).makespan == pytest.approx(chain.compute_time, rel=1e-12)
     assert solve(chain, platform, method="joint").status == Status.OPTIMAL
 
 
-def test_joint_offloads_checkpoints_when_it_pays():
-    # Slow recomputation and a fast link: the DP must move data rather than recompute it all.
-    rng = np.random.default_rng(11)
-    chain = random_chain(rng, 12)
-    floor, top = chain.stage_memory_floor(), keep_all_peak(chain)
-    platform = Platform(memory=int(floor + 0.3 * (top - floor)), bandwidth_d2h=1e8, bandwidth_h2d=1e8)
-    j = joint_dp(chain, platform)
-    assert j.schedule.transfers and j.makespan < rotor(chain, platform).makespan
-
-
-def test_slot_rounding_is_conservative(chain3):
-    sl = slots_for(chain3, 175, 7)
-    assert sl.quantum == 24 and sl.budget == 6  # (175 - 10) B in 7 slots of 24 B: 6 whole slots
-    assert list(sl.act) == [1, 1, 2, 2] and list(sl.act_down) == [0, 0, 1, 1]
-
-
 def test_cpsat_cannot_beat_joint_by_more_than_rounding():
-    # CP-SAT solves pure offloading exactly. joint may recompute as well, and it includes the
-    # registry's pure-offload method (best), so on these small chains CP-SAT never beats it:
-    # measured 0.95-1.00 x CP-SAT's makespan. Slot rounding (S = 500: each size rounded up by
-    # at most memory / 500) costs joint's own DP memory, not time, and best does not round; the
-    # only slack left is CP-SAT's integer time grid (info["tolerance"]).
+    # CP-SAT solves pure offloading exactly; joint includes the pure-offloading result and may
+    # recompute as well, so on these small chains CP-SAT never beats it beyond its time grid.
     for chain, platform in instances(4, 6, lengths=(2, 5)):
         c = solve(chain, platform, method="cpsat", time_limit=10)
         j = solve(chain, platform, method="joint")
@@ -190,113 +193,17 @@ def test_cpsat_cannot_beat_joint_by_more_than_rounding():
             assert j.makespan <= c.makespan + c.info["tolerance"] + 1e-12 * c.makespan
 
 
-def test_credit_stage_against_a_direct_computation():
-    rng = np.random.default_rng(3)
-    for _ in range(40):
-        length = int(rng.integers(1, 12))
-        none_ = length + 1
-        fwd_min = rng.uniform(0.1, 1.0, length)
-        bwd = rng.uniform(0.1, 2.0, length)
-        d = np.repeat(rng.choice([0.0, 0.3, 1.5, 4.0, np.inf], 2 * length + 2), VARIANTS)
-        h = np.repeat(rng.choice([0.0, 0.3, 1.5, 4.0, 9.0, np.inf], 2 * length + 2), VARIANTS)
-        got_u, got_v = item_credit_stage.py_func(fwd_min, bwd, d, h, length)
-        jit_u, jit_v = item_credit_stage(fwd_min, bwd, d, h, length)
-        assert np.array_equal(got_u, jit_u) and np.array_equal(got_v, jit_v)
-        for p in range(STRIDE, STRIDE * (length + 1), VARIANTS):
-            i = p // STRIDE
-            want = [(none_, none_)] * VARIANTS
-            if i < length and np.isfinite(d[p]) and np.isfinite(h[p]):
-                early = next((u for u in range(i + 2, length + 1) if fwd_min[i:u - 1].sum() >= d[p]), none_)
-                hide = next((v for v in range(i + 2, length + 1) if bwd[i + 1:v - 1].sum() >= h[p]), none_)
-                if early <= length:
-                    want[0] = (early, early)
-                    if hide <= length and hide != early:
-                        want[1] = (max(early, hide), hide)
-                    if min(early, hide) - 1 >= i + 2:
-                        want[2] = (early, min(early, hide) - 1)
-            got = [(got_u[p + k], got_v[p + k]) for k in range(VARIANTS)]
-            assert got == want, (p, got, want)
-
-
-def test_spine_kernel_as_python_matches_the_jitted_one():
-    # Kernels also run under NUMBA_DISABLE_JIT=1; run the spine as Python on small chains.
-    for chain, platform in instances(6, 4, lengths=(2, 6)):
-        sl = slots_for(chain, platform.memory, 30)
-        table = joint_table(chain, platform, sl)
-        from chainoffload.solvers.joint import _item_arrays
-
-        x, _, h = _item_arrays(chain, platform, sl)
-        rot, _ = rotor_table(chain.fwd, chain.bwd, chain.fwd_nosave, sl.act, sl.saved, sl.fwd_tmp, sl.bwd_tmp,
-                             sl.budget)
-        opt, choice, row_of = spine_table.py_func(chain.fwd, chain.bwd, chain.fwd_nosave, sl.act, sl.saved,
-                                                  sl.fwd_tmp, sl.bwd_tmp, x, table.item_u, table.item_v, h, rot,
-                                                  sl.budget)
-        assert np.array_equal(opt, table.spine) and np.array_equal(choice, table.spine_choice)
-        assert np.array_equal(row_of, table.row_of) and row_of[1, 0] >= 0
-        # The kernel skips budgets below where a child becomes finite: that needs every
-        # row to be finite on an upward-closed range of budgets.
-        finite = np.isfinite(opt)
-        assert np.all(finite[:, :-1] <= finite[:, 1:])
-
-
-def test_joint_dp_bad_slots_is_a_clear_error(chain3):
+def test_bad_options_are_clear_errors(chain3):
+    platform = Platform(memory=200, bandwidth_d2h=1.0, bandwidth_h2d=1.0)
     with pytest.raises(ValueError, match="slots"):
-        joint_dp(chain3, Platform(memory=200, bandwidth_d2h=1.0, bandwidth_h2d=1.0), slots=0)
+        joint_dp(chain3, platform, slots=0)
+    with pytest.raises(ValueError, match="rows: 0 must be an integer >= 1"):
+        joint_dp(chain3, platform, rows=0)
+    with pytest.raises(ValueError, match="max_span: 1.5 must be an integer >= 1"):
+        joint_dp(chain3, platform, max_span=1.5)
 
 
-def test_rejected_plan_is_repaired_or_reported_infeasible(monkeypatch):
-    import chainoffload.solvers.joint as joint_module
-
-    chain, platform = next(c for c in instances(8, 20) if joint_dp(c[0], c[1]).status.has_schedule)
-    calls = []
-
-    def reject_first(chain_, platform_, schedule):
-        calls.append(schedule)
-        if len(calls) == 1:  # as if the model were wrong once: over memory at 1 byte
-            return simulate(chain_, platform_.with_memory(1), schedule)
-        return simulate(chain_, platform_, schedule)
-
-    monkeypatch.setattr(joint_module, "simulate", reject_first)
-    res = joint_dp(chain, platform)
-    assert res.status.has_schedule and res.info["shrink"] < 1.0 and len(calls) == 2
-    assert simulate(chain, platform, res.schedule).feasible
-
-    monkeypatch.setattr(joint_module, "simulate", lambda c, p, s: simulate(c, p.with_memory(1), s))
-    res = joint_dp(chain, platform)
-    assert res.status == Status.INFEASIBLE and res.schedule is None and "joint: no plan fits" in res.message
-
-
-def test_backward_credit_lets_left_segments_use_an_offloaded_unit(monkeypatch):
-    # Variant 1 with v < u: the bytes of a slow offload serve the backward parts of the nodes
-    # in [v, c) too (their left segments re-run with more memory). Taking that away (keeping
-    # only credits at the forward) must never help, and must hurt somewhere.
-    import chainoffload.solvers.joint as joint_module
-
-    full = joint_module.item_credit_stage
-
-    def forward_credit_only(fwd_min, bwd, d, h, length):
-        u, v = full(fwd_min, bwd, d, h, length)
-        u, v = u.copy(), v.copy()
-        drop = v < u
-        u[drop] = v[drop] = length + 1
-        return u, v
-
-    rng = np.random.default_rng(5)
-    strictly = 0
-    for _ in range(3):
-        length = 30
-        act = rng.integers(1 << 20, 1 << 26, size=length + 1)
-        saved = act[1:] * rng.integers(1, 6, size=length)
-        fwd = saved * 2e-12 * rng.uniform(0.5, 2.0, size=length)
-        chain = Chain(fwd, 2 * fwd, act, saved, act[1:] // 2, act[1:])
-        floor, top = chain.stage_memory_floor(), keep_all_peak(chain)
-        for frac in (0.2, 0.4, 0.6):
-            platform = Platform(memory=int(floor + frac * (top - floor)), bandwidth_d2h=25e9, bandwidth_h2d=25e9,
-                                latency=1e-5)
-            with_back = joint_dp(chain, platform, slots=200)
-            monkeypatch.setattr(joint_module, "item_credit_stage", forward_credit_only)
-            without = joint_dp(chain, platform, slots=200)
-            monkeypatch.setattr(joint_module, "item_credit_stage", full)
-            assert with_back.makespan <= without.makespan * (1 + 1e-9)
-            strictly += with_back.makespan < without.makespan * (1 - 1e-6)
-    assert strictly >= 1
+def test_slot_rounding_is_conservative(chain3):
+    sl = slots_for(chain3, 175, 7)
+    assert sl.quantum == 24 and sl.budget == 6  # (175 - 10) B in 7 slots of 24 B: 6 whole slots
+    assert list(sl.act) == [1, 1, 2, 2] and list(sl.act_down) == [0, 0, 1, 1]

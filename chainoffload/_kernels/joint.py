@@ -1,328 +1,328 @@
-"""The joint rematerialization + offloading dynamic program, in slots.
+"""The joint rematerialization + offloading dynamic program (the spine table), in slots.
 
-Private; :mod:`chainoffload.solvers.joint` rounds sizes to slots, fills the rotor table
-(:func:`chainoffload._kernels.rotor.rotor_table`) for the segments that do not offload,
-calls :func:`spine_table` for the top segment's spine and rebuilds the schedule with its
-transfers. The recurrence is written in ``NOTE [ joint recurrence ]`` in that module.
+Private; :mod:`chainoffload.solvers.joint` rounds sizes to slots, fills rotor's table for the
+backward parts of checkpointed nodes, calls :func:`spine_table` and rebuilds the schedule. The
+model is written in ``NOTE [ joint recurrence ]`` in that module; the names here follow it.
 
-Items (what a spine node keeps for its backward part) are indexed
-``p = STRIDE * i + VARIANTS * kind + variant`` for stage i in 1..L-1: kind 0 a lone a_i
-(made by a checkpoint node ending at stage i), kind 1 the whole unit i (made by F_all on
-i); the variant says where its bytes are given back (:func:`item_credit_stage`). ``p = 0``
-means "no offload pending".
+A *state* is (s, row, m): the spine node that starts at stage s, the row (what kind of input
+the node reads, where the D2H queue ends, where the H2D pipeline ends) and the budget m of
+segment (s, L) in slots. Rows are ``(flag * (n_f + 1) + i_f) * (n_b + 1) + i_b``:
+
+* ``flag``: 0 the node's input is a lone a_{s-1} (made by a checkpointed node), 1 the whole
+  unit s-1 (made by F_all on s-1);
+* ``i_f``: 0 the D2H channel is idle when the node starts, else it is busy up to the grid
+  point ``(kf0(s) + i_f - 1) * delta_f`` of the forward clock (``kf0(s)`` the first grid point
+  after the node's start);
+* ``i_b``: 0 the H2D pipeline is empty, else it ends at the grid point ``(kb0(s) + i_b - 1) *
+  delta_b`` of the backward clock.
+
+Both grids are absolute (a point of the clock, not a distance from the node), so rounding a
+queue end up to the grid never creeps as the DP moves along the chain.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
 from .config import njit
 
-#: Credit variants per item (see :func:`item_credit_stage`).
-VARIANTS = 3
-#: Item indices per stage: two kinds times the variants.
-STRIDE = 2 * VARIANTS
+#: Codes of ``spine_table``'s choice array: ``2 * j + off`` with j = 0 for F_all, j > s for
+#: "checkpoint, next node at j"; off = 1 when the node's input is offloaded. -1: no choice.
+NO_CHOICE = -1
 
 
 @njit
-def item_credit_stage(fwd_min, bwd, d_item, h_item, length):
-    """Where each item variant gives its bytes back: forward credit stage u, backward one v.
+def grid_index(x, delta):
+    """The least grid index k with ``k * delta >= x`` (x >= 0, delta > 0), up to float rounding.
 
-    ``fwd_min[i - 1]`` is the least time of a forward op of stage i (F, Fck or Fn);
-    ``d_item[p]`` / ``h_item[p]`` the offload / prefetch time of item p (``inf`` when the
-    link cannot carry it). The offload of item p (stage i = p // STRIDE) starts when its
-    maker (the forward op of stage i) ends, on an idle channel; the spine then runs one
-    forward op per stage, so it has ended by the start of the op of the least stage
-    u0 >= i + 2 with sum(fwd_min[i+1 .. u0-1]) >= d_item[p]. Let v* be the least stage
-    >= i + 2 with sum(bwd[i+2 .. v*-1]) >= h_item[p] (the prefetch hides behind those
-    backward ops). Variants (p % VARIANTS):
-
-    0. u = v = u0;
-    1. v = v*, u = max(u0, v*): a later credit on a fast link, an earlier backward credit
-       on a slow one; only where v* differs from u0;
-    2. v = min(u0, v*) - 1, u = u0: one node more with the backward credit, for a wait;
-       only where v >= i + 2.
-
-    Returns ``(u, v)`` per item, ``length + 1`` where the variant does not exist (and for
-    the unused p < STRIDE).
+    The table and the walk that rebuilds its plan call the same function, so they agree.
     """
-    n_items = STRIDE * (length + 1)
-    out_u = np.full(n_items, length + 1, dtype=np.int64)
-    out_v = np.full(n_items, length + 1, dtype=np.int64)
-    for p in range(STRIDE, n_items, VARIANTS):
-        i = p // STRIDE
-        if i >= length:
-            continue
-        d = d_item[p]
-        h = h_item[p]
-        if not (d < np.inf and h < np.inf):
-            continue
-        # u = i + 2 at least: the forward op of stage i + 1 reads a_i, so the GPU copy
-        # lives until it ends even when the copy itself is instantaneous.
-        acc = fwd_min[i]  # the op of stage i + 1
-        u = i + 2
-        while u <= length and acc < d:
-            acc += fwd_min[u - 1]
-            u += 1
-        if u > length:
-            continue
-        out_u[p] = u
-        out_v[p] = u
-        back = 0.0
-        v = i + 2
-        while v <= length and back < h:
-            back += bwd[v - 1]
-            v += 1
-        if v != u and v <= length:
-            out_u[p + 1] = max(u, v)
-            out_v[p + 1] = v
-        early = min(u, v) - 1
-        if early >= i + 2:
-            out_u[p + 2] = u
-            out_v[p + 2] = early
-    return out_u, out_v
+    return int(math.ceil(x / delta))
 
 
 @njit
-def spine_rows(item_u, length):
-    """Row of each spine state (s, p) in the table, -1 where the state cannot occur.
-
-    State (s, p) occurs for p = 0 and for the items of stages i <= s - 1 whose credit stage
-    u satisfies s < u <= L; only those get a row, so the table's size follows the number
-    of stages an offload spans, not L times the items. Returns ``(row_of, rows)``.
-    """
-    n_items = STRIDE * (length + 1)
-    row_of = np.full((length + 2, n_items), -1, dtype=np.int64)
-    rows = 0
-    for s in range(1, length + 1):
-        row_of[s, 0] = rows
-        rows += 1
-        for p in range(STRIDE, STRIDE * s):
-            if item_u[p] <= length and item_u[p] > s:
-                row_of[s, p] = rows
-                rows += 1
-    return row_of, rows
+def first_after(clock, delta):
+    """The least grid index whose point lies after ``clock`` (up to float rounding)."""
+    return int(math.floor(clock / delta)) + 1
 
 
 @njit
-def _best_children(opt, row_of, lo_opt, item_u, item_h, c, first, n, slots, best, best_code, lo_best):
-    """Row c of the best child among "no offload" and the variants of item ``first + var``.
+def slots_of(seconds, rate):
+    """Slots moved by a link of ``rate`` slots/s in ``seconds`` (rounded up; 0 for no time)."""
+    if seconds <= 0.0:
+        return 0
+    v = seconds * rate
+    if v >= 1e15:
+        return 1 << 40
+    return math.ceil(v - 1e-9)
 
-    A parent that starts segment (c, L) with no offload pending (or one just credited) may
-    offload its own item; its value then only depends on this minimum (ties: no offload).
+
+@njit
+def d2h_row(k_new, clock_j, delta_f, kf0_j):
+    """Row of the D2H queue ending at grid point ``k_new`` (-1: idle) at the node starting at ``clock_j``."""
+    if k_new < 0 or k_new * delta_f <= clock_j:
+        return 0
+    return k_new - kf0_j + 1
+
+
+@njit
+def h2d_row(i_b, r_old, tau, bclk_s, bclk_j, h_add, delta_b, kb0_j):
+    """Row of the pipeline at the next node (clock ``bclk_j``) once node s's backward part
+    (``tau``) has absorbed what it can and ``h_add`` (the offloaded input's time) has joined."""
+    r = bclk_j
+    if i_b > 0:
+        r = r_old - (tau - (bclk_j - bclk_s))
+        if r < bclk_j:
+            r = bclk_j
+    r += h_add
+    if r <= bclk_j:
+        return 0
+    return grid_index(r, delta_b) - kb0_j + 1
+
+
+@njit
+def child_rows(s, j, off, i_f, i_b, tau, d_in, h_in, fclk, bclk, delta_f, n_f, delta_b, n_b):
+    """The queue rows of the child (j, .) of node s, and whether they fit the table.
+
+    ``d_in`` / ``h_in`` are the D2H / H2D times of node s's input (used when ``off``), ``tau``
+    the duration of node s's backward part. Returns ``(i_f', i_b', ok)``. The table fills its
+    rows with the same two functions (:func:`d2h_row`, :func:`h2d_row`).
     """
-    r0 = row_of[c, 0]
-    for m in range(slots + 1):
-        best[c, m] = opt[r0, m]
-        best_code[c, m] = 0
-    lo = lo_opt[c, 0]
-    if first >= 0:
-        for var in range(VARIANTS):
-            q = first + var
-            if item_u[q] > n or not item_h[q] < np.inf or row_of[c, q] < 0:
+    if n_f == 0 and n_b == 0:
+        return 0, 0, True
+    k_new = -1 if i_f == 0 else first_after(fclk[s], delta_f) + i_f - 1
+    end_old = fclk[s] if i_f == 0 else k_new * delta_f
+    h_add = 0.0
+    if off:
+        k_new = grid_index(end_old + d_in, delta_f)
+        h_add = h_in
+    nf = d2h_row(k_new, fclk[j], delta_f, first_after(fclk[j], delta_f)) if n_f > 0 else 0
+    r_old = bclk[s] if i_b == 0 else (first_after(bclk[s], delta_b) + i_b - 1) * delta_b
+    nb = h2d_row(i_b, r_old, tau, bclk[s], bclk[j], h_add, delta_b, first_after(bclk[j], delta_b))
+    return nf, nb, nf <= n_f and nb <= n_b
+
+
+@njit
+def pipe_slots(s, i_b, bclk, delta_b, rate_b):
+    """Slots the H2D pipeline holds on the GPU during node s's backward part (row i_b)."""
+    if i_b == 0:
+        return 0
+    end = (first_after(bclk[s], delta_b) + i_b - 1) * delta_b
+    return slots_of(end - bclk[s], rate_b)
+
+
+@njit
+def reachable_rows(n, budget, bwd, rot, in_slots, d_in, h_in, fclk, bclk, delta_f, n_f, delta_b, n_b):
+    """Which rows of each node the walk from node 1 can reach, for any budget.
+
+    A node's backward part lasts between the bwd of its stages and rotor's time at the least
+    budget it runs with; the pipeline row it leaves to its child moves monotonically with that
+    duration, so every row between the two extremes is marked. Returns ``reach[s, row]``.
+    """
+    nf1 = n_f + 1
+    nb1 = n_b + 1
+    rows = 2 * nf1 * nb1
+    reach = np.zeros((n + 2, rows), dtype=np.bool_)
+    reach[1, 0] = True
+    cum = np.zeros(n + 2)
+    for k in range(1, n + 1):
+        cum[k + 1] = cum[k] + bwd[k - 1]
+    for s in range(1, n):
+        for row in range(rows):
+            if not reach[s, row]:
                 continue
-            if lo_opt[c, q] < lo:
-                lo = lo_opt[c, q]
-            rq = row_of[c, q]
-            for m in range(slots + 1):
-                if opt[rq, m] < best[c, m]:
-                    best[c, m] = opt[rq, m]
-                    best_code[c, m] = 1 + var
-    lo_best[c] = lo
+            i_b = row % nb1
+            i_f = (row // nb1) % nf1
+            flag = row // (nf1 * nb1)
+            for off in range(2):
+                if off == 1 and not (s >= 2 and n_b > 0 and d_in[s, flag] < np.inf and h_in[s, flag] < np.inf):
+                    break
+                for j in range(s + 1, n + 1):
+                    f_all = j == s + 1
+                    for kind in range(2):
+                        if kind == 1 and not f_all:
+                            break
+                        # kind 1: F_all on s (child s + 1, flag 1); kind 0: checkpoint to j (flag 0).
+                        if kind == 1:
+                            lo_tau = bwd[s - 1]
+                            hi_tau = bwd[s - 1]
+                        else:
+                            lo_tau = cum[j] - cum[s]
+                            hi_tau = lo_tau
+                            for m in range(budget + 1):
+                                if rot[s, j - 1, m] < np.inf:
+                                    hi_tau = rot[s, j - 1, m]
+                                    break
+                            if not hi_tau < np.inf or rot[s, j - 1, budget] == np.inf:
+                                continue
+                        nf_a, nb_a, ok_a = child_rows(s, j, off, i_f, i_b, lo_tau, d_in[s, flag], h_in[s, flag],
+                                                      fclk, bclk, delta_f, n_f, delta_b, n_b)
+                        nf_b, nb_b, ok_b = child_rows(s, j, off, i_f, i_b, hi_tau, d_in[s, flag], h_in[s, flag],
+                                                      fclk, bclk, delta_f, n_f, delta_b, n_b)
+                        if nf_a > n_f:
+                            continue
+                        top = min(nb_a, n_b)
+                        for nb in range(nb_b, top + 1):
+                            reach[j, (kind * nf1 + nf_a) * nb1 + nb] = True
+    return reach
 
 
 @njit
 def spine_table(
-    fwd, bwd, fwd_nosave, act, saved, fwd_tmp, bwd_tmp, item_x, item_u, item_v, item_h, rot, slots
+    fwd, bwd, fwd_nosave, act, saved, fwd_tmp, bwd_tmp, rot, budget,
+    in_slots, d_in, h_in, fclk, bclk, rate_f, rate_b, delta_f, n_f, delta_b, n_b, max_span,
 ):
-    """Fill the table of the top segment's spine: segments (s, L), pending offload, budget.
+    """Fill the joint DP over the spine (``NOTE [ joint recurrence ]``).
 
-    Sizes in slots (rounded up; ``item_x`` is the item's size rounded down, what its
-    offload gives back). ``item_u`` / ``item_v`` from :func:`item_credit_stage`,
-    ``item_h`` the item's prefetch time (``inf`` when the link cannot carry it), ``rot``
-    the rotor table of shape (L + 2, L + 2, slots + 1) for the segments off the spine.
+    Sizes in slots (``act`` length L + 1, the others L; stage i at index i - 1 except in
+    ``act``). ``rot`` is rotor's table, shape (L + 2, L + 2, budget + 1), for the backward
+    parts of checkpointed nodes. ``in_slots[s, flag]``, ``d_in[s, flag]``, ``h_in[s, flag]``:
+    size of node s's input and its D2H / H2D times (``inf``: it cannot move). ``fclk[s]`` /
+    ``bclk[s]`` (s = 1..L+1): the forward clock at stage s (sum of the least forward times
+    before it) and the backward one (sum of bwd before it). ``rate_f`` / ``rate_b``: link
+    rates in slots per second; grids ``delta_f`` (s) with ``n_f`` rows, ``delta_b`` (s) with
+    ``n_b`` rows (``n_f = n_b = 0``: no transfer, the recurrence is rotor's); a checkpointed
+    node spans at most ``max_span`` stages.
 
-    Returns ``(opt, choice, row_of)``: ``opt[row_of[s, p], m]`` is the least time (an upper
-    bound of the simulated one) of segment (s, L) with budget m while item p's offload is
-    pending (p = 0: none), ``inf`` where it cannot run (rows: :func:`spine_rows`).
-    ``choice`` is ``(VARIANTS + 1) * j + off``: j = 0 "F_all on s", j > s "checkpoint
-    a_{j-1}"; off = 0 no offload, 1 + v the node's own item is offloaded as variant v; -1
-    where the segment cannot run.
+    Returns ``(opt, choice)`` of shape (L + 2, rows, budget + 1): ``opt[s, row, m]`` is the
+    model's time of segment (s, L) from that state (``inf``: it cannot run), ``choice`` the
+    code of the best node (see :data:`NO_CHOICE`).
     """
     n = fwd.shape[0]
-    n_items = STRIDE * (n + 1)
-    row_of, rows = spine_rows(item_u, n)
-    opt = np.full((rows, slots + 1), np.inf)
-    choice = np.full((rows, slots + 1), -1, dtype=np.int32)
-    cum_b = np.zeros(n + 1)
-    for q in range(1, n + 1):
-        cum_b[q] = cum_b[q - 1] + bwd[q - 1]
-    pend = np.empty(n_items, dtype=np.int64)
-    # Every table here is finite on an upward-closed range of budgets (each condition is a
-    # lower bound on m); lo_* is where that range starts (slots + 1: nowhere), so the loops
-    # over m skip the budgets where a child cannot run.
-    lo_opt = np.full((n + 2, n_items), slots + 1, dtype=np.int64)
-    lo_rot = np.full((n + 2, n + 2), slots + 1, dtype=np.int64)
+    nf1 = n_f + 1
+    nb1 = n_b + 1
+    rows = 2 * nf1 * nb1
+    opt = np.full((n + 2, rows, budget + 1), np.inf)
+    choice = np.full((n + 2, rows, budget + 1), NO_CHOICE, dtype=np.int32)
+    # lo_rot[s, t]: the least budget at which rotor's segment (s, t) runs.
+    lo_rot = np.full((n + 2, n + 2), budget + 1, dtype=np.int64)
     for s in range(1, n + 1):
         for t in range(s, n + 1):
-            for m in range(slots + 1):
+            for m in range(budget + 1):
                 if rot[s, t, m] < np.inf:
                     lo_rot[s, t] = m
                     break
-
-    # The last node: F_L then B_L; no offload can be pending (its credit stage is > L).
-    usage_b = saved[n - 1] + act[n] + act[n - 1] + bwd_tmp[n - 1]
-    need_a = max(saved[n - 1] + fwd_tmp[n - 1], usage_b)
-    for m in range(max(need_a, 0), slots + 1):
-        opt[row_of[n, 0], m] = fwd[n - 1] + bwd[n - 1]
-        choice[row_of[n, 0], m] = 0
-    lo_opt[n, 0] = max(need_a, 0)
-    # best_ckpt[c] / best_fall[c]: the best child (c, L) of a checkpoint node ending at c-1
-    # (own item the lone a_{c-1}) / of F_all on c-1 (own item unit c-1), for a parent with
-    # no offload pending after this transition; *_code is 0 or 1 + the variant offloaded.
-    best_ckpt = np.full((n + 2, slots + 1), np.inf)
-    best_fall = np.full((n + 2, slots + 1), np.inf)
-    code_ckpt = np.zeros((n + 2, slots + 1), dtype=np.int32)
-    code_fall = np.zeros((n + 2, slots + 1), dtype=np.int32)
-    lo_ckpt = np.full(n + 2, slots + 1, dtype=np.int64)
-    lo_fall = np.full(n + 2, slots + 1, dtype=np.int64)
-    first = STRIDE * (n - 1) if n > 1 else -1  # no item at stage 0
-    _best_children(opt, row_of, lo_opt, item_u, item_h, n, first, n, slots, best_ckpt, code_ckpt, lo_ckpt)
-    if n > 1:
-        first += VARIANTS
-    _best_children(opt, row_of, lo_opt, item_u, item_h, n, first, n, slots, best_fall, code_fall, lo_fall)
-
-    for s in range(n - 1, 0, -1):
-        # The pending states that can reach segment (s, L): none, or an item of an earlier
-        # stage whose offload is not yet known to be over at s.
-        n_pend = 0
-        for p in range(STRIDE * s):
-            if row_of[s, p] >= 0:
-                pend[n_pend] = p
-                n_pend += 1
+    # First grid points after each stage's clocks.
+    kf0 = np.zeros(n + 2, dtype=np.int64)
+    kb0 = np.zeros(n + 2, dtype=np.int64)
+    for s in range(1, n + 2):
+        if n_f > 0:
+            kf0[s] = first_after(fclk[s], delta_f)
+        if n_b > 0:
+            kb0[s] = first_after(bclk[s], delta_b)
+    reach = reachable_rows(n, budget, bwd, rot, in_slots, d_in, h_in, fclk, bclk, delta_f, n_f, delta_b, n_b)
+    for s in range(n, 0, -1):
         usage_b = saved[s - 1] + act[s] + act[s - 1] + bwd_tmp[s - 1]
-
-        # -- F_all on s: F_s keeps unit s (items STRIDE s + VARIANTS + variant) for B_s;
-        # child (s + 1, L).
-        y = saved[s - 1]
-        for k in range(n_pend):
-            p = pend[k]
-            row = opt[row_of[s, p]]
-            crow = choice[row_of[s, p]]
-            credit = p != 0 and item_u[p] <= s + 1
-            x = item_x[p] if credit else 0
-            # Backward credit: p's copy is over and its prefetch not yet started while B_s runs.
-            xb = item_x[p] if p != 0 and s >= item_v[p] else 0
-            w = 0.0
-            if p != 0 and p // STRIDE == s - 1:
-                # p is the input a_{s-1} (or unit s-1): B_s reads it, its prefetch starts when
-                # segment (r, L) ends, r >= v, so at least B_{s+1..v-1} run in between.
-                w = item_h[p] - (cum_b[item_v[p] - 1] - cum_b[s])
-                if w < 0.0:
-                    w = 0.0
-            free = p == 0 or credit
-            need = max(saved[s - 1] + fwd_tmp[s - 1], usage_b - xb)
-            lo_child = lo_fall[s + 1] if free else lo_opt[s + 1, p]
-            if lo_child > slots:
+        for flag in range(2):
+            if s == 1 and flag == 1:
                 continue
-            need = max(need, lo_child + y - x)
-            if free:
-                for m in range(need, slots + 1):
-                    mc = m - y + x
-                    if mc > slots:
-                        mc = slots
-                    sub = best_fall[s + 1, mc]
-                    if sub < np.inf:
-                        v = fwd[s - 1] + sub + w + bwd[s - 1]
-                        if v < row[m]:
-                            row[m] = v
-                            crow[m] = code_fall[s + 1, mc]
-            else:
-                child = opt[row_of[s + 1, p]]
-                for m in range(need, slots + 1):
-                    sub = child[m - y]
-                    if sub < np.inf:
-                        v = fwd[s - 1] + sub + w + bwd[s - 1]
-                        if v < row[m]:
-                            row[m] = v
-                            crow[m] = 0
-
-        # -- checkpoint a_{j-1}: Fck_s, Fn_{s+1}..Fn_{j-1}; child (j, L); then (s, j-1) by rotor.
-        need_f = act[s] + fwd_tmp[s - 1]
-        ftime = 0.0
-        for j in range(s + 1, n + 1):
-            if j == s + 1:
-                ftime = fwd_nosave[s - 1]
-            else:
-                ftime += fwd_nosave[j - 2]
-                step = act[j - 2] + act[j - 1] + fwd_tmp[j - 2]
-                if step > need_f:
-                    need_f = step
-            if need_f > slots:
-                break
-            a_j = act[j - 1]
-            need = max(need_f, a_j)
-            if lo_rot[s, j - 1] > slots:
-                continue
-            left_row = rot[s, j - 1]
-            for k in range(n_pend):
-                p = pend[k]
-                row = opt[row_of[s, p]]
-                crow = choice[row_of[s, p]]
-                credit = p != 0 and item_u[p] <= j
-                x = item_x[p] if credit else 0
-                xb = item_x[p] if p != 0 and s >= item_v[p] else 0
-                w = 0.0
-                if p != 0 and p // STRIDE == s - 1:
-                    # The left segment (s, j-1) re-runs from a_{s-1}; B_{j..v-1} run before it.
-                    w = item_h[p] - (cum_b[item_v[p] - 1] - cum_b[j - 1])
-                    if w < 0.0:
-                        w = 0.0
-                free = p == 0 or credit
-                lo_child = lo_ckpt[j] if free else lo_opt[j, p]
-                if lo_child > slots:
-                    continue
-                start = max(need, lo_child + a_j - x, lo_rot[s, j - 1] - xb)
-                if not free:
-                    # The hot path (an offload pending, not credited here): no branch on inf,
-                    # which propagates through the sum and never compares below a value.
-                    right_row = opt[row_of[j, p]]
-                    code = (VARIANTS + 1) * j
-                    for m in range(start, slots + 1):
-                        mb = m + xb
-                        if mb > slots:
-                            mb = slots
-                        v = ftime + right_row[m - a_j] + w + left_row[mb]
-                        if v < row[m]:
-                            row[m] = v
-                            crow[m] = code
-                    continue
-                for m in range(start, slots + 1):
-                    mb = m + xb
-                    if mb > slots:
-                        mb = slots
-                    left = left_row[mb]
-                    if left == np.inf:
-                        continue
-                    mc = m - a_j + x
-                    if mc > slots:
-                        mc = slots
-                    right = best_ckpt[j, mc]
-                    if right < np.inf:
-                        v = ftime + right + w + left
-                        if v < row[m]:
-                            row[m] = v
-                            crow[m] = (VARIANTS + 1) * j + code_ckpt[j, mc]
-        for k in range(n_pend):
-            p = pend[k]
-            row = opt[row_of[s, p]]
-            for m in range(slots + 1):
-                if row[m] < np.inf:
-                    lo_opt[s, p] = m
+            y = in_slots[s, flag]
+            can_off = s >= 2 and s < n and n_b > 0 and d_in[s, flag] < np.inf and h_in[s, flag] < np.inf
+            for i_f in range(nf1):
+                if s == 1 and i_f > 0:
                     break
-        if s >= 2:
-            first = STRIDE * (s - 1)
-            _best_children(opt, row_of, lo_opt, item_u, item_h, s, first, n, slots, best_ckpt, code_ckpt, lo_ckpt)
-            first += VARIANTS
-            _best_children(opt, row_of, lo_opt, item_u, item_h, s, first, n, slots, best_fall, code_fall, lo_fall)
-    return opt, choice, row_of
+                # The D2H queue's end (grid index, -1: idle), before and after this node's offload.
+                k_old = -1 if i_f == 0 else kf0[s] + i_f - 1
+                end_old = fclk[s] if i_f == 0 else k_old * delta_f
+                debt_s = slots_of(end_old - fclk[s], rate_f) if i_f > 0 else 0
+                for i_b in range(nb1):
+                    if s == 1 and i_b > 0:
+                        break
+                    row = (flag * nf1 + i_f) * nb1 + i_b
+                    if not reach[s, row]:
+                        continue
+                    cur = opt[s, row]
+                    cho = choice[s, row]
+                    r_old = bclk[s] if i_b == 0 else (kb0[s] + i_b - 1) * delta_b
+                    charge = slots_of(r_old - bclk[s], rate_b) if i_b > 0 else 0
+                    if s == n:
+                        # The deepest node: F_L then B_L; the queues' leftovers wait before B_L.
+                        need = max(saved[n - 1] + fwd_tmp[n - 1] + debt_s, usage_b + charge)
+                        idle = 0.0
+                        if n_f > 0 and end_old > fclk[n + 1]:
+                            idle += end_old - fclk[n + 1]
+                        if r_old > bclk[n + 1]:
+                            idle += r_old - bclk[n + 1]
+                        for m in range(max(need, 0), budget + 1):
+                            cur[m] = fwd[n - 1] + idle + bwd[n - 1]
+                            cho[m] = 0
+                        continue
+                    for off in range(2):
+                        if off == 1 and not can_off:
+                            break
+                        back = y if off == 1 else 0
+                        k_new = k_old
+                        h_add = 0.0
+                        if off == 1:
+                            k_new = grid_index(end_old + d_in[s, flag], delta_f)
+                            h_add = h_in[s, flag]
+                        # -- F_all on s: child (s + 1, L) with unit s as its input.
+                        nf = d2h_row(k_new, fclk[s + 1], delta_f, kf0[s + 1]) if n_f > 0 else 0
+                        nb = h2d_row(i_b, r_old, bwd[s - 1], bclk[s], bclk[s + 1], h_add, delta_b, kb0[s + 1]) if n_b > 0 else 0
+                        if nf <= n_f and nb <= n_b:
+                            child = opt[s + 1, (nf1 + nf) * nb1 + nb]
+                            ysub = saved[s - 1]
+                            need = max(saved[s - 1] + fwd_tmp[s - 1] + debt_s, usage_b + charge, ysub - back, 0)
+                            for m in range(need, budget + 1):
+                                mc = m - ysub + back
+                                if mc > budget:
+                                    mc = budget
+                                sub = child[mc]
+                                if sub < np.inf:
+                                    v = fwd[s - 1] + sub + bwd[s - 1]
+                                    if v < cur[m]:
+                                        cur[m] = v
+                                        cho[m] = off
+                        # -- checkpoint: Fck_s, Fn_{s+1}..Fn_{j-1}; child (j, L) with the lone a_{j-1}.
+                        need_first = act[s] + fwd_tmp[s - 1] + debt_s
+                        need_rest = 0  # max over the Fn ops, on the budget m + back
+                        ftime = 0.0
+                        for j in range(s + 1, min(n, s + max_span) + 1):
+                            if j == s + 1:
+                                ftime = fwd_nosave[s - 1]
+                            else:
+                                t = j - 1
+                                ftime += fwd_nosave[t - 1]
+                                d_t = 0
+                                if k_new >= 0 and n_f > 0:
+                                    d_t = slots_of(k_new * delta_f - fclk[t], rate_f)
+                                step = act[t - 1] + act[t] + fwd_tmp[t - 1] + d_t
+                                if step > need_rest:
+                                    need_rest = step
+                            if need_first > budget or need_rest - back > budget:
+                                break
+                            lo = max(need_first, need_rest - back, act[j - 1] - back, lo_rot[s, j - 1] + charge)
+                            if lo > budget:
+                                continue
+                            nf = d2h_row(k_new, fclk[j], delta_f, kf0[j]) if n_f > 0 else 0
+                            if nf > n_f:
+                                continue
+                            left_row = rot[s, j - 1]
+                            aj = act[j - 1]
+                            code = 2 * j + off
+                            base = nf * nb1  # the child's input is a lone activation: flag 0
+                            last_tau = -1.0
+                            nb = 0
+                            child = opt[j, base]
+                            for m in range(lo, budget + 1):
+                                tau = left_row[m - charge]
+                                if n_b > 0 and tau != last_tau:
+                                    # rotor's time changes at a few budgets only
+                                    last_tau = tau
+                                    nb = h2d_row(i_b, r_old, tau, bclk[s], bclk[j], h_add, delta_b, kb0[j])
+                                    if nb <= n_b:
+                                        child = opt[j, base + nb]
+                                if nb > n_b:
+                                    continue
+                                mc = m - aj + back
+                                if mc > budget:
+                                    mc = budget
+                                sub = child[mc]
+                                if sub < np.inf:
+                                    v = ftime + sub + tau
+                                    if v < cur[m]:
+                                        cur[m] = v
+                                        cho[m] = code
+    return opt, choice

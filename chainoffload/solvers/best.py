@@ -308,7 +308,8 @@ def best(
     if remat:
         from .joint import joint
 
-        other = joint(chain, platform)
+        # joint compares with a pure-offloading result: this one, not a second search.
+        other = joint(chain, platform, offload=result)
         if other.status.has_schedule and (not result.status.has_schedule or other.makespan < result.makespan):
             # The pure-offloading bound does not bind a schedule that recomputes.
             result = other.replace(method="best", runtime=time.perf_counter() - t0, info={**info, "remat": other.info})

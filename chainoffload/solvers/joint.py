@@ -1,96 +1,90 @@
 """Method ``joint``: rematerialization and offloading together, by dynamic programming.
 
-In the spirit of Beaumont, Eyraud-Dubois, Shilova, "Efficient Combination of
-Rematerialization and Offloading for Training DNNs" (NeurIPS 2021): the rotor recurrence
-(``NOTE [ rotor recurrence ]`` in :mod:`chainoffload.solvers.rotor`) gains states in which
-what the top segment keeps for its backward is copied to the host while the forward goes
-on, and copied back while later backward ops run. The paper's full text is not at hand;
-this recurrence is ours, held to rotor, to pure offloading and to the simulator by the
-tests.
+The dynamic program of Beaumont, Eyraud-Dubois, Shilova, "Efficient Combination of
+Rematerialization and Offloading for Training DNNs" (NeurIPS 2021), as its public
+reimplementation (Colossal-AI's ``PofoSolver``) and the paper's abstract describe it, in this
+project's byte rules: a walk along the chain whose state is the stage, the memory kept, the
+bytes the D2H queue still has to copy and the bytes the H2D pipeline still has to bring back,
+plus whether the stage's input is kept as a lone activation or as a whole unit; one step covers
+a stage's forward ops and its mirrored backward part. The recurrence below is ours.
 
 NOTE [ joint recurrence ]
 -------------------------
-*The spine.* Rotor's top segment (1, L) is a chain of *nodes*: node s is either "F_all
-on s" (forward part F_s; item: unit s, saved[s] bytes; child (s+1, L); backward part
-B_s) or "checkpoint a_{j-1}" (forward part Fck_s, Fn_{s+1}..Fn_{j-1}; item: the lone
-a_{j-1}; child (j, L); backward part the segment (s, j-1), solved by rotor's table). The
-run is: the forward parts of all nodes, one forward op per stage 1..L, back to back;
-then the backward parts in reverse node order. The item of a node is read by the first
-op of the next node (n1) and then not before n1's backward part (B_{n1} reads a_{n1-1},
-or the left segment (n1, ..) re-runs from it). Only the spine offloads; the segments off
-it are rotor's, without transfers.
+*The spine.* A persistent schedule's top segment (1, L) is a chain of *nodes*: node s is
+"F_all on s" (forward part F_s; it keeps unit s whole, which is the next node's input; the next
+node is s + 1; backward part B_s) or "checkpoint to j" (forward part Fck_s, Fn_{s+1}..Fn_{j-1};
+it keeps the lone a_{j-1}, the next node is j; backward part rotor's segment (s, j - 1), which
+re-runs from node s's input). The run is the forward parts of all nodes, back to back, then the
+backward parts in reverse node order. The deepest node is F_all on L.
 
-*An offload.* A node may offload its item X (x bytes) when the offload channel is idle:
-the copy is triggered at the end of X's maker (the node's last forward op) and runs
-while the spine's forward goes on, for D(x) = latency + x / bandwidth_d2h. The forward
-ops of stages i+1, i+2, ... (i = X's stage) follow without any wait, each lasting at
-least fwd_min[k] = min(fwd[k], fwd_nosave[k]); so the copy has surely ended, and the GPU
-copy is freed (the op of stage i+1, its last reader before the prefetch, has ended too),
-by the start of the op of stage u0(X), the least u >= i+2 with fwd_min[i+1..u-1] summing
-to >= D(x) (``item_credit_stage``). The DP picks, per offload, a variant of the
-item: variant 0 is credited at u = u0(X); variant 1 at u = max(u0, v*) with v* the
-least stage >= i+2 with bwd[i+2..v*-1] summing to >= H(x), so that the prefetch below
-can hide behind those backward ops (on a fast link u0 = i+2 would leave it no time at
-all). Until the credit X counts on the GPU: the budgets of the nodes in between exclude
-it, exactly as rotor charges a kept item. The first spine segment (c, L) with c >= u
-gets the x bytes back (*credit*; rounded down to slots, as rotor gives back) and no
-other offload starts before c, so at most one offload is pending and every offload
-starts on an idle channel (state p of the table: the pending item and its variant, 0 for
-none).
+*The choice at a node* (as in the paper): its kind (F_all, or checkpoint to any j), and whether
+to offload its *input*, the item the previous node kept: a lone a_{s-1} ("offload as a") or the
+whole unit s-1 ("as ā"), which the previous node's kind decides. The offload is triggered at the
+end of the input's maker, on the D2H channel, behind whatever that channel still copies (FIFO);
+the input is read by node s's first forward op, then not before node s's backward part, so it
+can stay on the host in between; its prefetch must end before node s's backward part starts.
+Any number of copies may be in flight on each channel.
 
-*Backward credit.* Each offloaded item also has a stage v <= u (v = u for variant 0; for
-variant 1, v = v* above; a third variant takes v = min(u0, v*) - 1 with u = u0, one node
-more with the credit below, for a wait): the backward part of every node b with v <= b < c runs after
-the copy has ended and before X's prefetch starts (below), so it gets the x bytes too
-(the left segment (b, j-1) is solved by rotor at budget m + x; B_b of an F_all node
-needs usage_B(b) <= m + x). On a slow link this is where the copied bytes serve: the
-left segments of the nodes made while the copy ran, re-run during the backward.
+*State* (s, flag, D2H queue, H2D pipeline, m); ``m`` is the budget of segment (s, L) as in
+rotor (``NOTE [ rotor recurrence ]``): the memory left once a_0, every kept item and node s's
+input are counted. Offloaded items are counted where the two queues say they are on the GPU:
 
-*Its prefetch* is triggered at the end of the backward part of the first node r >= v,
-the end of segment (r, L), r <= c. By then (r, L) has freed all it used but g_{r-1},
-which the enclosing budgets count, and those budgets were cut by x when X was made:
-allocating x there is what rotor's accounting of the enclosing nodes already assumes.
-Prefetches run deepest item first (an item made deeper is credited to a deeper segment),
-and each one is needed, and waited for, by an op that comes before the next prefetch's
-trigger: the prefetch channel is idle at every trigger too, and in half duplex every
-offload has ended before the first prefetch (the last one is credited within the
-forward). X is next needed at the start of node n1's backward part; between the trigger
-and that op run at least the B ops of stages n2..r-1 (n2 = the node after n1), so that
-op waits at most w = max(0, H(x) - sum(bwd[n2..v-1])), H(x) = latency + x /
-bandwidth_h2d, charged at node n1, which knows n2.
+* the **D2H queue** holds the bytes not yet copied. It is kept as the instant its last copy ends,
+  on the forward clock (the sum of the least forward times of the stages before, so that a copy
+  the clock sees ended has ended), rounded *up* to a grid; the bytes it still holds when the op of
+  stage t starts are (end - clock(t)) x bandwidth (fluid: the paper's df). Forward ops count them.
+* the **H2D pipeline** holds the bytes that the backward parts of node s and deeper nodes must
+  still bring back for shallower nodes. Prefetches run as late as the channel allows (the paper's
+  db): node s's backward part, lasting tau, absorbs tau x bandwidth of it, the rest moves to the
+  deeper nodes, and an offloaded input joins it for the nodes after s. It is kept as its end on
+  the backward clock (the sum of bwd of the stages before: each backward part lasts at least the
+  bwd of its stages), rounded up to a grid. Backward parts count all of it as on the GPU.
 
-*Why the table bounds the simulator from above.* Every memory term is rotor's, exact at
-the op (frees at an instant before allocations), with X counted present from its maker
-to the credit point, absent from there (and during the backward parts of nodes v..c-1)
-until its prefetch starts, present again from then on; the simulator frees X no later
-(end of its copy, which has ended, and of its reader F/Fck_{i+1}). Op times are the
-chain's; the only waits in the simulated run are those of prefetches, each at most its
-charged w. So the simulated makespan is at most the table's value; it is equal when no
-wait is charged, or when each charged wait is met exactly (r = v and only B_{n2..v-1}
-between the prefetch's trigger and its reader). ``joint_dp`` checks the bound on every
-rebuilt schedule and repairs (a smaller memory for the DP) if the simulator ever
-disagrees. With the bandwidth at 0 nothing can be offloaded, p = 0 everywhere and the
-recurrence is rotor's, evaluated in the same order with strict improvement, so the two
-give the same schedule. With unlimited bandwidth and no latency, a node can offload its
-unit as soon as its successor has read it: two units on the GPU at a time, no wait.
+Both grids are absolute points of their clock, so rounding never creeps; a queue longer than
+the grid's rows is not allowed. A step: check the forward ops (each need + queue bytes <= m; the
+input, outside m, is counted whole during the first op), the backward part (B_s needs usage_B(s)
++ pipeline <= m; a checkpoint's segment runs in rotor's table at budget m - pipeline), and move
+to the next node with budget m - (its input) + (node s's input if offloaded). The deepest node
+adds, before B_L, the D2H queue's tail past the forward's end and the pipeline's leftover (the
+bytes no backward part absorbs). With no bandwidth the queues stay empty and the recurrence is
+rotor's top segment, evaluated in the same order with the same ties: the same schedule.
 
+*Grids and cost.* The D2H grid spans the time to copy the budget, at most the forward, at
+most twice the longest copy of one input; the pipeline's the time to bring the budget back, at
+most twice the longest prefetch; each gets as many rows as keep the table near ``_WORK`` cells
+(2 to 16; ``rows``). A checkpointed node spans at most ``max_span`` stages when the link can
+move data (all, as rotor, when it cannot). The table has 2 (rows + 1)^2 rows per stage, filled
+only where a walk from node 1 can arrive (``reachable_rows``); the fill is O(L max_span S
+rows^2) on top of rotor's O(S L^3) table for the backward parts.
 
+*From the table to a schedule* (:func:`joint_schedule`): offloads at the end of each input's
+maker, in spine order; prefetches in the deepest-first order the pipeline serves them, each
+triggered at the end of the backward part in which it must start to end, behind the ones
+before it, just before its reader's backward part (as late as possible, on the model's
+durations), or one backward part earlier.
 
-*Limits.* One offload in flight, credits at bounds computed from the least forward
-times, three credit variants per item. What limits the gain on today's links is the copy
-time itself: on the GPT-like chain of ``benchmarks/remat.py`` at 25 GB/s a block's unit
-(912 MiB) takes 38 ms to copy and the whole forward 46 ms, so about one unit can leave
-the GPU before the backward starts, and joint removes about one block's recomputation
-(1.3-1.4 points of overhead) wherever rotor recomputes; with a faster link the same DP
-removes most of rotor's overhead (the bandwidth table there). Offloads inside the left
-segments (which run with both channels idle: every spine prefetch is triggered after
-them or waited for before them) would need a spine table per segment end t, L times
-the work; they are not modelled. The pure-offloading method, which ``joint`` also runs,
-is better on some instances (e.g. ResNet-18 at 0.94 of its keep-all peak: the plan that
-offloads unit 2 fits with 4 MB to spare, which slot rounding at S = 500 hides; the DP
-finds it at S = 2000). Cost: O(S L^3) for rotor's table plus O(S L^2 P) for
-the spine, P the pending states per stage (about 6 D(unit) / fwd, at most 6L + 1); only
-the states that can occur get a row (``spine_rows``).
+*Why the value is not reported, and how the schedule is repaired.* The paper's queues are
+fluids: an item is freed byte by byte as its copy goes, and a prefetch holds only what has
+arrived. The simulator frees an offloaded item when its whole copy has ended and charges a
+prefetch's whole size from its start, so the table's value is an estimate of its schedule's
+makespan, neither bound. :func:`joint_dp` therefore reports the simulator's makespan, keeping the
+table's value in ``info["dp_makespan"]``, and repairs what the fluid hid: where memory goes over
+the limit, the op waits for the offload in flight that ends first, or the prefetch that holds
+memory too early is triggered later (:func:`_with_waits`: the paper's "memory that does not fit
+becomes idle time", on whole items). And since the table holds the model's best plan for every
+budget up to the platform's, the plans for budgets a few percent smaller, which leave the whole
+items room, cost one walk each: ``joint_dp`` rebuilds, repairs and simulates the plans at
+``_ROOTS`` fractions of the budget and keeps the fastest feasible one. Measured on the V100
+twins of ResNet-50/101, Inception-v3 and DenseNet-121 at 12 GB/s, the D2H queue's bytes never
+bound a forward op (dropping that term changed no plan), but its timing did: how much the
+forward can move, and when the last copies end (dropping the queue altogether let the DP plan
+copies that end after the backward has started, 10-50 points of overhead worse once simulated).
+The pipeline's bytes bind the backward parts.
+
+*The method.* :func:`joint` returns the fastest of this plan, the exact DP's
+(:mod:`chainoffload.solvers.joint_exact`: one transfer in flight per channel, whole items, a
+bound the simulator confirms), rotor's and the pure-offloading result, so it is never worse
+than any of them; at bandwidth 0 it is rotor's schedule.
 """
 
 from __future__ import annotations
@@ -101,78 +95,101 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._kernels.joint import STRIDE, VARIANTS, item_credit_stage, spine_table
+from .._kernels.joint import NO_CHOICE, child_rows, pipe_slots, spine_table
 from .._kernels.rotor import rotor_table
 from ..chain import Chain
 from ..platform import Platform
 from ..result import Result, Status
 from ..schedule import Schedule, Transfer
-from ..simulate import simulate
+from ..simulate import Timeline, simulate
 from .rotor import DEFAULT_SLOTS, Slots, emit_segment, slots_for
 
-__all__ = ["joint", "joint_dp", "joint_table", "joint_schedule", "JointTable"]
+__all__ = ["joint", "joint_dp", "joint_table", "joint_schedule", "walk", "JointTable", "Node"]
 
-# Relative slack when comparing the table's value with the simulated makespan (float sums
-# in another order).
-_REL_TOL = 1e-9
+# Fractions of the budget whose plans joint_dp rebuilds and simulates (one table serves all).
+_ROOTS = (1.0, 0.99, 0.98, 0.97, 0.96, 0.95, 0.93, 0.91, 0.89, 0.87, 0.85, 0.8, 0.75, 0.7, 0.6, 0.5)
 
-# Fractions of the platform's memory the DP is rerun with when the simulator rejects a plan.
-_SHRINKS = (1.0, 0.995, 0.98, 0.95, 0.9, 0.8, 0.65, 0.5)
-
-
-def _times(platform: Platform, sizes: np.ndarray, bandwidth: float) -> np.ndarray:
-    """Transfer time of each size (``inf`` when the link carries nothing)."""
-    if not bandwidth > 0:
-        return np.full(sizes.shape[0], np.inf)
-    return platform.latency + sizes.astype(np.float64) / bandwidth
+# Cells the spine table may visit (about 2 L * max_span * rows * (S + 1)): the queue grids get
+# as many rows as fit, 2 to 16 each (NOTE [ joint recurrence ]). About 2 s on one core.
+_WORK = 2.5e8
+_MAX_ROWS = 16
+#: Default longest checkpointed node on the spine when the link can move data.
+DEFAULT_SPAN = 16
+#: Longest chain the exact DP runs on inside :func:`joint` (its spine is O(S L^2 P) over
+#: rotor's full O(S L^2) table).
+EXACT_MAX_LENGTH = 200
+# A queue's grid spans this many times the longest transfer of one input.
+_SPAN_ITEMS = 2.0
 
 
 @dataclass(frozen=True)
 class JointTable:
-    """The filled tables of the joint DP on one slot rounding.
+    """The filled joint DP on one slot rounding.
 
-    ``spine[row_of[s, p], m]`` / ``spine_choice`` / ``row_of`` as returned by
-    :func:`chainoffload._kernels.joint.spine_table`; ``rotor`` / ``rotor_choice`` rotor's
-    table for the segments off the spine; ``item_x`` / ``item_u`` / ``item_v`` per item
-    p = STRIDE i + VARIANTS kind + variant (kind 0: the lone a_i, 1: unit i whole): size
-    given back in slots, forward and backward credit stages.
+    ``opt`` / ``choice`` from :func:`chainoffload._kernels.joint.spine_table`; ``rot`` /
+    ``rot_choice`` rotor's table; the grids and per-node input arrays it was filled with.
     """
 
     slots: Slots
-    spine: np.ndarray
-    spine_choice: np.ndarray
-    row_of: np.ndarray
-    rotor: np.ndarray
-    rotor_choice: np.ndarray
-    item_x: np.ndarray
-    item_u: np.ndarray
-    item_v: np.ndarray
+    opt: np.ndarray
+    choice: np.ndarray
+    rot: np.ndarray
+    rot_choice: np.ndarray
+    in_slots: np.ndarray
+    d_in: np.ndarray
+    h_in: np.ndarray
+    fclk: np.ndarray
+    bclk: np.ndarray
+    rate_f: float
+    rate_b: float
+    delta_f: float
+    n_f: int
+    delta_b: float
+    n_b: int
 
     @property
     def value(self) -> float:
-        """The table's makespan of the whole chain at the full budget."""
-        return float(self.spine[self.row_of[1, 0], self.slots.budget])
+        """The table's makespan of the whole chain at the full budget (``inf``: nothing fits)."""
+        return float(self.opt[1, 0, self.slots.budget]) if self.slots.budget >= 0 else math.inf
 
 
-def _item_arrays(chain: Chain, platform: Platform, sl: Slots) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per item p (``chainoffload._kernels.joint``): bytes given back (slots, down), offload and prefetch times."""
-    n = chain.length
-    x = np.zeros(STRIDE * (n + 1), dtype=np.int64)
-    size = np.zeros(STRIDE * (n + 1), dtype=np.int64)
-    base = STRIDE * np.arange(1, n + 1)
-    for variant in range(VARIANTS):
-        x[base + variant] = sl.act_down[1:]
-        x[base + VARIANTS + variant] = sl.saved_down
-        size[base + variant] = chain.act[1:]
-        size[base + VARIANTS + variant] = chain.saved
-    d = _times(platform, size, platform.bandwidth_d2h)
-    h = _times(platform, size, platform.bandwidth_h2d)
-    d[:STRIDE] = np.inf
-    h[:STRIDE] = np.inf
-    return x, d, h
+@dataclass(frozen=True)
+class Node:
+    """One spine node of a rebuilt plan: stage ``s``, next node ``j`` (``s + 1`` for F_all),
+    whether it is F_all, whether its input is offloaded, the budget ``window`` its backward
+    part runs with (slots) and that part's duration ``tau`` in the model."""
+
+    s: int
+    j: int
+    f_all: bool
+    offload: bool
+    flag: int
+    window: int
+    tau: float
 
 
-def joint_table(chain: Chain, platform: Platform, sl: Slots) -> JointTable:
+def _grid_rows(length: int, span: int, budget: int, rows: int | None) -> int:
+    if rows is not None:
+        return int(rows)
+    per_row = max(1.0, 2.0 * length * span * (budget + 1))
+    n = int(math.isqrt(int(_WORK / per_row / 2))) - 1
+    return max(2, min(_MAX_ROWS, n))
+
+
+def _check_int(name: str, value, least: int) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < least):
+        raise ValueError(f"{name}: {value!r} must be an integer >= {least}")
+
+
+def joint_table(
+    chain: Chain,
+    platform: Platform,
+    sl: Slots,
+    *,
+    rows: int | None = None,
+    max_span: int | None = None,
+    rot: tuple[np.ndarray, np.ndarray] | None = None,
+) -> JointTable:
     """Fill rotor's table and the spine table of ``NOTE [ joint recurrence ]``.
 
     Parameters
@@ -181,106 +198,298 @@ def joint_table(chain: Chain, platform: Platform, sl: Slots) -> JointTable:
         The instance (the platform's memory is not read: ``sl`` holds the budget).
     sl
         The chain's sizes in slots and the budget, from :func:`~chainoffload.solvers.rotor.slots_for`.
+    rows
+        Grid rows of each queue (default: as many as the work budget allows, 2 to 16).
+    max_span
+        Most stages a checkpointed spine node spans when the link can move data (default
+        :data:`DEFAULT_SPAN`; with no link every span is allowed, as in rotor).
+    rot
+        Rotor's ``(opt, choice)`` tables for ``sl``, when the caller has them already.
 
     Returns
     -------
     JointTable
-        Its :attr:`JointTable.value` is the table's makespan (``inf``: no plan fits).
+        Its :attr:`JointTable.value` is the model's makespan (``inf``: no plan fits).
     """
-    rot, rot_choice = rotor_table(
-        chain.fwd, chain.bwd, chain.fwd_nosave, sl.act, sl.saved, sl.fwd_tmp, sl.bwd_tmp, sl.budget
+    _check_int("rows", rows, 1)
+    _check_int("max_span", max_span, 1)
+    n = chain.length
+    moving = platform.can_transfer and n >= 3
+    span = n if not moving else min(n, DEFAULT_SPAN if max_span is None else int(max_span))
+    if rot is None:
+        rot = rotor_table(chain.fwd, chain.bwd, chain.fwd_nosave, sl.act, sl.saved, sl.fwd_tmp, sl.bwd_tmp, sl.budget)
+    rot, rot_choice = rot
+    # Node s's input: the lone a_{s-1} (flag 0) or unit s-1 whole (flag 1); a_0 never moves.
+    in_slots = np.zeros((n + 2, 2), dtype=np.int64)
+    in_bytes = np.zeros((n + 2, 2), dtype=np.float64)
+    in_slots[2 : n + 1, 0] = sl.act[1:n]
+    in_slots[2 : n + 1, 1] = sl.saved[: n - 1]
+    in_bytes[2 : n + 1, 0] = chain.act[1:n]
+    in_bytes[2 : n + 1, 1] = chain.saved[: n - 1]
+    fwd_min = np.minimum(chain.fwd, chain.fwd_nosave)
+    fclk = np.zeros(n + 2)
+    fclk[1:] = np.concatenate(([0.0], np.cumsum(fwd_min)))
+    bclk = np.zeros(n + 2)
+    bclk[1:] = np.concatenate(([0.0], np.cumsum(chain.bwd)))
+    budget_bytes = max(1, sl.budget * sl.quantum)
+    if moving:
+        d_in = platform.latency + in_bytes / platform.bandwidth_d2h
+        h_in = platform.latency + in_bytes / platform.bandwidth_h2d
+        d_in[:2] = np.inf
+        h_in[:2] = np.inf
+        n_q = _grid_rows(n, span, sl.budget, rows)
+        # The queues never usefully hold more than the budget; the D2H one not past the forward.
+        span_f = min(budget_bytes / platform.bandwidth_d2h, float(fclk[n + 1]))
+        span_b = budget_bytes / platform.bandwidth_h2d
+        finite = np.isfinite(d_in[2:n])
+        big_d = float(d_in[2:n][finite].max()) if finite.any() else 0.0
+        finite = np.isfinite(h_in[2:n])
+        big_h = float(h_in[2:n][finite].max()) if finite.any() else 0.0
+        span_f = max(min(span_f, _SPAN_ITEMS * big_d), big_d)
+        span_b = max(min(span_b, _SPAN_ITEMS * big_h), big_h)
+        if span_f > 0 and span_b > 0 and math.isfinite(span_f) and math.isfinite(span_b):
+            n_f = n_b = n_q
+            delta_f, delta_b = span_f / n_f, span_b / n_b
+        else:
+            # Unlimited bandwidth and no latency: copies take no time, the queues stay empty.
+            n_f = n_b = 1
+            delta_f = delta_b = 1.0
+    else:
+        d_in = np.full((n + 2, 2), np.inf)
+        h_in = np.full((n + 2, 2), np.inf)
+        n_f = n_b = 0
+        delta_f = delta_b = 1.0
+    rate_f = platform.bandwidth_d2h / sl.quantum
+    rate_b = platform.bandwidth_h2d / sl.quantum
+    opt, choice = spine_table(
+        chain.fwd, chain.bwd, chain.fwd_nosave, sl.act, sl.saved, sl.fwd_tmp, sl.bwd_tmp, rot, sl.budget,
+        in_slots, d_in, h_in, fclk, bclk, rate_f, rate_b, delta_f, n_f, delta_b, n_b,
+        span,
     )
-    x, d, h = _item_arrays(chain, platform, sl)
-    fwd_min = np.ascontiguousarray(np.minimum(chain.fwd, chain.fwd_nosave))
-    u, v = item_credit_stage(fwd_min, chain.bwd, d, h, chain.length)
-    spine, choice, row_of = spine_table(
-        chain.fwd, chain.bwd, chain.fwd_nosave, sl.act, sl.saved, sl.fwd_tmp, sl.bwd_tmp, x, u, v, h, rot, sl.budget
-    )
-    return JointTable(sl, spine, choice, row_of, rot, rot_choice, x, u, v)
+    return JointTable(sl, opt, choice, rot, rot_choice, in_slots, d_in, h_in, fclk, bclk, rate_f, rate_b,
+                      delta_f, n_f, delta_b, n_b)
 
 
-def joint_schedule(table: JointTable, length: int) -> Schedule:
-    """Rebuild the schedule of the top segment at the full budget, transfers included.
+def walk(table: JointTable, chain: Chain, budget: int | None = None) -> list[Node]:
+    """The spine nodes of the table's plan, outermost first.
 
-    The spine is walked forward to collect its nodes (their forward parts come first, back
-    to back), then the backward parts are emitted deepest first. An offload is triggered at
-    the end of its maker; the prefetch of item p at the end of the backward part of the
-    first node r >= v(p), i.e. when segment (r, L) ends (r is at most the node credited).
+    Parameters
+    ----------
+    table
+        A filled table.
+    chain
+        The chain it was filled for.
+    budget
+        The root budget in slots (default: the table's full budget); must be one where
+        ``table.opt[1, 0, budget]`` is finite.
+
+    Returns
+    -------
+    list of Node
+        Each node with its backward part's budget and duration in the model.
+    """
+    t = table
+    sl = t.slots
+    length = chain.length
+    nf1, nb1 = t.n_f + 1, t.n_b + 1
+    nodes: list[Node] = []
+    s, flag, i_f, i_b, m = 1, 0, 0, 0, sl.budget if budget is None else int(budget)
+    while True:
+        row = (flag * nf1 + i_f) * nb1 + i_b
+        code = int(t.choice[s, row, m])
+        if code == NO_CHOICE:
+            raise AssertionError(f"joint table has no choice for node {s} (row {row}) at budget {m}")
+        j, off = divmod(code, 2)
+        charge = pipe_slots(s, i_b, t.bclk, t.delta_b, t.rate_b) if t.n_b > 0 else 0
+        window = m - charge
+        f_all = j == 0
+        nxt = s + 1 if f_all else j
+        # The backward part's duration in the model (it moves the pipeline).
+        tau = float(chain.bwd[s - 1]) if f_all else float(t.rot[s, j - 1, window])
+        nodes.append(Node(s, nxt, f_all, bool(off), flag, window, tau))
+        if s == length:
+            return nodes
+        if t.n_f > 0 or t.n_b > 0:
+            i_f, i_b, ok = child_rows(s, nxt, off, i_f, i_b, tau, t.d_in[s, flag], t.h_in[s, flag], t.fclk, t.bclk,
+                                      t.delta_f, t.n_f, t.delta_b, t.n_b)
+            if not ok:
+                raise AssertionError(f"joint table leaves the queue grid after node {s}")
+        back = int(t.in_slots[s, flag]) if off else 0
+        item = int(sl.saved[s - 1]) if f_all else int(sl.act[nxt - 1])
+        m = min(sl.budget, m - item + back)
+        flag = 1 if f_all else 0
+        s = nxt
+
+
+def joint_schedule(
+    table: JointTable, chain: Chain, platform: Platform, *, early: int = 0, budget: int | None = None
+) -> Schedule:
+    """Rebuild the schedule of the table's plan, transfers included.
+
+    Offloads are triggered at the end of each offloaded input's maker (the last forward op of
+    the node before). Prefetches run deepest first; each is triggered at the end of the
+    backward part in which it must start so that, behind the prefetches before it, it ends
+    just before its reader's backward part (as late as possible, from the model's durations),
+    or ``early`` backward parts before that.
 
     Parameters
     ----------
     table
         A table whose :attr:`JointTable.value` is finite.
-    length
-        The chain's length L.
+    chain, platform
+        The instance it was filled for.
+    early
+        How many backward parts earlier than the latest possible to trigger each prefetch.
+    budget
+        Walk the table from this budget (slots) instead of the full one: the plan the model
+        finds for a smaller memory.
 
     Returns
     -------
     Schedule
         The compute sequence with its triggered transfers.
     """
+    nodes = walk(table, chain, budget)
     sl = table.slots
     ops: list[tuple[str, int]] = []
-    transfers: list[Transfer] = []
-    # The spine, outermost node first: ("node", s, j, m), and ("prefetch", unit) just before
-    # the node r whose segment's end triggers that prefetch.
-    spine: list[tuple] = []
-    unplaced: list[int] = []  # offloaded items whose prefetch has no node yet
-    s, p, m = 1, 0, sl.budget
-    while True:
-        row = int(table.row_of[s, p])
-        code = int(table.spine_choice[row, m]) if row >= 0 else -1
-        if code < 0:
-            raise AssertionError(f"joint table has no choice for segment ({s}, {length}) pending {p} at budget {m}")
-        for q in list(unplaced):
-            if s >= int(table.item_v[q]):
-                spine.append(("prefetch", q // STRIDE))
-                unplaced.remove(q)
-        j, off = divmod(code, VARIANTS + 1)
-        ops.append(("F" if j == 0 else "Fck", s))
-        # The node's backward part may use p's bytes once p's prefetch waits for a shallower node.
-        back = int(table.item_x[p]) if p != 0 and s >= int(table.item_v[p]) else 0
-        spine.append(("node", s, j, min(sl.budget, m + back)))
-        if s == length:
-            break
-        if j == 0:
-            n1, y, own = s + 1, int(sl.saved[s - 1]), STRIDE * s + VARIANTS + max(off - 1, 0)
+    offloads: list[Transfer] = []
+    last_forward = -1
+    for node in nodes:
+        if node.offload:
+            offloads.append(Transfer("offload", node.s - 1, last_forward, "end"))
+        if node.f_all:
+            ops.append(("F", node.s))
         else:
-            ops.extend(("Fn", k) for k in range(s + 1, j))
-            n1, y, own = j, int(sl.act[j - 1]), STRIDE * (j - 1) + max(off - 1, 0)
-        credit = p != 0 and int(table.item_u[p]) <= n1
-        if off and p != 0 and not credit:
-            raise AssertionError("joint table offloads while another offload is pending")
-        if off:
-            transfers.append(Transfer("offload", own // STRIDE, len(ops) - 1, "end"))
-            unplaced.append(own)
-        m = min(sl.budget, m - y + (int(table.item_x[p]) if credit else 0))
-        p = own if off else (0 if credit else p)
-        s = n1
-    if unplaced:
-        raise AssertionError(f"joint table leaves the prefetch of items {unplaced} without a node")
-    for entry in reversed(spine):
-        if entry[0] == "prefetch":
-            # The segment of the node after this mark has just ended: its last op is B_r.
-            transfers.append(Transfer("prefetch", entry[1], len(ops) - 1, "end"))
+            ops.append(("Fck", node.s))
+            ops.extend(("Fn", k) for k in range(node.s + 1, node.j))
+        last_forward = len(ops) - 1
+    # Backward parts, deepest first; end_op[k] is the op that ends the k-th backward part.
+    end_op: list[int] = []
+    for node in reversed(nodes):
+        if node.f_all:
+            ops.append(("B", node.s))
+        else:
+            emit_segment(ops, table.rot_choice, sl, node.s, node.j - 1, node.window)
+        end_op.append(len(ops) - 1)
+    # Start of each backward part on the backward's own clock (0: the forward's end).
+    order = list(reversed(nodes))
+    start = np.concatenate(([0.0], np.cumsum([n.tau for n in order])))
+    index_of = {n.s: k for k, n in enumerate(order)}
+    prefetches: list[tuple[int, int, Transfer]] = []
+    later = math.inf  # the latest start of the prefetch after this one (shallower)
+    for node in nodes:  # shallow first: the one needed last is placed first
+        if not node.offload:
             continue
-        _, s, j, m = entry
-        if j == 0:
-            ops.append(("B", s))
-        else:
-            emit_segment(ops, table.rotor_choice, sl, s, j - 1, m)
-    return Schedule(tuple(ops), tuple(transfers))
+        k = index_of[node.s]
+        finish = min(start[k], later)
+        begin = finish - platform.h2d_time(_item_bytes(chain, node))
+        later = begin
+        # The backward part in which the prefetch must start: the last one starting at or before it.
+        part = int(np.searchsorted(start[: k + 1], begin, side="right")) - 1 - early
+        trigger = last_forward if part < 0 else end_op[part - 1] if part >= 1 else last_forward
+        prefetches.append((trigger, -node.s, Transfer("prefetch", node.s - 1, trigger, "end")))
+    prefetches.sort(key=lambda p: (p[0], p[1]))
+    return Schedule(tuple(ops), tuple(offloads) + tuple(p[2] for p in prefetches))
 
 
-def joint_dp(chain: Chain, platform: Platform, *, slots: int = DEFAULT_SLOTS) -> Result:
-    """The joint dynamic program alone: its rebuilt schedule, simulated; repaired if rejected.
+def _with_waits(chain: Chain, platform: Platform, schedule: Schedule) -> tuple[Schedule, Timeline]:
+    """Simulate ``schedule``; where memory goes over the limit, turn the excess into waits.
 
-    The table's value bounds the simulated makespan from above (``NOTE [ joint
-    recurrence ]``); both are kept in ``info`` (``dp_makespan``, and the result's
-    ``makespan`` is the simulator's). Repair: when the simulator rejects the plan, or
-    finds it slower than the table claims (neither should happen), the DP is rerun on a
-    smaller memory (fractions :data:`_SHRINKS` of the platform's, down to half) until a
-    plan passes; ``info["shrink"]`` is the fraction used.
+    The model frees an offloaded item byte by byte, the simulator when its whole copy has
+    ended (``NOTE [ joint recurrence ]``), so a forward op may start while the item it counted
+    as gone is still on the GPU: that op then waits for the offload in flight that ends first
+    (a ``before`` wait, the paper's idle time), and the schedule is simulated again. A
+    prefetch whose allocation goes over is triggered one op later (still before its reader).
+    Stops when feasible, when no such fix applies, or after a bounded number of fixes.
+    """
+    timeline = simulate(chain, platform, schedule)
+    for _ in range(2 * len(schedule.transfers) + 4):
+        v = timeline.violation
+        if v is None or v.rule != "memory":
+            break
+        fixed = _fix_memory(schedule, timeline, v)
+        if fixed is None:
+            break
+        schedule = fixed
+        timeline = simulate(chain, platform, schedule)
+    return schedule, timeline
+
+
+def _fix_memory(schedule: Schedule, timeline: Timeline, v) -> Schedule | None:
+    transfers = list(schedule.transfers)
+    at = v.time
+    if v.op.startswith("P_"):
+        unit = int(v.op[2:])
+        idx = next(k for k, t in enumerate(transfers) if t.kind == "prefetch" and t.unit == unit)
+        t = transfers[idx]
+        reader = _first_reader(schedule, t)
+        if t.op + 1 >= reader:
+            return None
+        transfers[idx] = Transfer("prefetch", t.unit, t.op + 1, "end")
+        return Schedule(schedule.compute, tuple(transfers))
+    # A compute op: the one of that name starting at the violation's instant.
+    ks = [k for k in range(len(schedule.compute)) if schedule.op_name(k) == v.op]
+    k = min(ks, key=lambda q: abs(timeline.op_start[q] - at))
+    # Wait for the offload in flight that ends first, if its GPU copy is then free.
+    flying = [
+        (timeline.transfer_end[q], q)
+        for q, t in enumerate(transfers)
+        if t.kind == "offload" and t.op < k and timeline.transfer_start[q] <= at < timeline.transfer_end[q]
+        and (t.before is None or t.before > k)
+    ]
+    if flying:
+        q = min(flying)[1]
+        t = transfers[q]
+        transfers[q] = Transfer("offload", t.unit, t.op, t.at, k)
+        return Schedule(schedule.compute, tuple(transfers))
+    # Else a prefetch that holds its bytes already but is read only after this op: start it
+    # after this op instead (the last one started, which the backward needs last).
+    held = [
+        (timeline.transfer_start[q], q)
+        for q, t in enumerate(transfers)
+        if t.kind == "prefetch" and timeline.transfer_start[q] <= at and t.op < k and _first_reader(schedule, t) > k
+    ]
+    if held:
+        q = max(held)[1]
+        t = transfers[q]
+        transfers[q] = Transfer("prefetch", t.unit, k, "end")
+        return Schedule(schedule.compute, tuple(transfers))
+    return None
+
+
+def _first_reader(schedule: Schedule, prefetch: Transfer) -> int:
+    """Index of the first op after the prefetch's trigger that reads its unit (B or forward of the next stage)."""
+    unit = prefetch.unit
+    for k in range(prefetch.op + 1, len(schedule.compute)):
+        kind, stage = schedule.compute[k]
+        if (kind == "B" and stage in (unit, unit + 1)) or (kind != "B" and stage == unit + 1):
+            return k
+    return len(schedule.compute)
+
+
+def _item_bytes(chain: Chain, node: Node) -> int:
+    """Bytes of node's input: the lone a_{s-1} or unit s-1 whole."""
+    return int(chain.saved[node.s - 2]) if node.flag else int(chain.act[node.s - 1])
+
+
+def joint_dp(
+    chain: Chain,
+    platform: Platform,
+    *,
+    slots: int = DEFAULT_SLOTS,
+    rows: int | None = None,
+    max_span: int | None = None,
+    rot: tuple[np.ndarray, np.ndarray] | None = None,
+) -> Result:
+    """The joint dynamic program alone: its rebuilt schedule, simulated and repaired.
+
+    The reported makespan is the simulator's (``NOTE [ joint recurrence ]``); the table's
+    value is kept in ``info["dp_makespan"]``. The table holds the model's best plan for every
+    budget up to the platform's, so the plans for slightly smaller budgets cost a walk each:
+    the plans at :data:`_ROOTS` fractions of the budget are rebuilt (prefetches as late as
+    possible, and one backward part earlier), their memory excess turned into waits
+    (:func:`_with_waits`), simulated, and the fastest feasible one is kept
+    (``info["root"]``: the fraction it came from).
 
     Parameters
     ----------
@@ -288,6 +497,8 @@ def joint_dp(chain: Chain, platform: Platform, *, slots: int = DEFAULT_SLOTS) ->
         The instance.
     slots
         Memory slots S of the dynamic programs (as for rotor).
+    rows, max_span, rot
+        As for :func:`joint_table` (``rot`` for the platform's memory and ``slots``).
 
     Returns
     -------
@@ -296,36 +507,35 @@ def joint_dp(chain: Chain, platform: Platform, *, slots: int = DEFAULT_SLOTS) ->
     """
     t0 = time.perf_counter()
     info: dict = {"slots": int(slots)}
+    sl = slots_for(chain, platform.memory, slots)
+    table = joint_table(chain, platform, sl, rows=rows, max_span=max_span, rot=rot)
+    value = table.value
+    info.update(quantum=sl.quantum, budget_slots=sl.budget, dp_makespan=value, rows=table.n_b)
+    found: tuple[Schedule, Timeline, float] | None = None
     last_message = ""
-
-    def attempt(shrink: float):
-        sl = slots_for(chain, int(platform.memory * shrink), slots)
-        table = joint_table(chain, platform, sl)
-        value = table.value
-        if not math.isfinite(value):
-            return None, value, None, sl
-        schedule = joint_schedule(table, chain.length)
-        return schedule, value, simulate(chain, platform, schedule), sl
-
-    def accept(value: float, timeline) -> bool:
-        return timeline.feasible and timeline.makespan <= value * (1 + _REL_TOL) + 1e-15
-
-    found = None
-    for shrink in _SHRINKS:
-        schedule, value, timeline, sl = attempt(shrink)
-        if schedule is None:
-            break
-        info.update(quantum=sl.quantum, budget_slots=sl.budget, dp_makespan=value, shrink=shrink)
-        if accept(value, timeline):
-            found = (schedule, timeline)
-            break
-        last_message = (
-            timeline.violation.message
-            if not timeline.feasible
-            else f"simulated makespan {timeline.makespan!r} above the table's {value!r}"
-        )
+    tried: set[tuple] = set()
+    if math.isfinite(value):
+        for fraction in _ROOTS:
+            budget = int(sl.budget * fraction)
+            if not math.isfinite(float(table.opt[1, 0, budget])):
+                break
+            plan = tuple(walk(table, chain, budget))
+            if plan in tried:
+                continue
+            tried.add(plan)
+            for early in (0, 1):
+                schedule, timeline = _with_waits(
+                    chain, platform, joint_schedule(table, chain, platform, early=early, budget=budget)
+                )
+                if timeline.feasible and (found is None or timeline.makespan < found[1].makespan):
+                    found = (schedule, timeline, fraction)
+                elif not timeline.feasible:
+                    last_message = timeline.violation.message
+                if not schedule.transfers:
+                    break
     if found is not None:
-        schedule, timeline = found
+        schedule, timeline, fraction = found
+        info["root"] = fraction
         info["offloaded_units"] = list(schedule.offloaded_units)
         info["recomputed"] = sum(1 for k, _ in schedule.compute if k in ("Fck", "Fn"))
         return Result(
@@ -342,12 +552,23 @@ def joint_dp(chain: Chain, platform: Platform, *, slots: int = DEFAULT_SLOTS) ->
     )
 
 
-def joint(chain: Chain, platform: Platform, *, slots: int = DEFAULT_SLOTS, offload_method: str | None = None) -> Result:
-    """Rematerialization plus offloading: the best of the joint DP, rotor and pure offloading.
+def joint(
+    chain: Chain,
+    platform: Platform,
+    *,
+    slots: int = DEFAULT_SLOTS,
+    rows: int | None = None,
+    max_span: int | None = None,
+    offload: Result | None = None,
+) -> Result:
+    """Rematerialization plus offloading: the best of the joint DPs, rotor and pure offloading.
 
-    Both rotor (no transfer) and pure offloading (no recomputation) are special cases of the
-    combined problem, so the method returns whichever of the three simulates fastest; ``info``
-    says which (``"source"``) and keeps each one's makespan.
+    The candidates are the paper's DP (:func:`joint_dp`, any number of transfers in flight,
+    fluid queues), the exact DP (:func:`~chainoffload.solvers.joint_exact.joint_exact`, one
+    transfer in flight per channel, chains up to :data:`EXACT_MAX_LENGTH` stages), rotor (no
+    transfer) and pure offloading (no recomputation); the last two are special cases of the
+    combined problem. The method returns whichever simulates fastest; ``info`` says which
+    (``"source"``) and keeps each one's makespan.
 
     Parameters
     ----------
@@ -355,24 +576,39 @@ def joint(chain: Chain, platform: Platform, *, slots: int = DEFAULT_SLOTS, offlo
         The instance.
     slots
         Memory slots of the dynamic programs.
-    offload_method
-        The pure-offloading method to compare with (a registry name); default ``best``.
+    rows, max_span
+        As for :func:`joint_table`.
+    offload
+        The pure-offloading result to compare with (e.g. a ``best`` result the caller already
+        has); by default :func:`chainoffload.solvers.best.best` is run here.
     """
-    from . import solve
+    from .best import best
+    from .joint_exact import joint_exact
     from .rotor import rotor
 
+    if offload is not None and not isinstance(offload, Result):
+        raise TypeError(f"offload: expected a Result, got {type(offload).__name__}")
     t0 = time.perf_counter()
-    candidates = {"joint-dp": joint_dp(chain, platform, slots=slots), "rotor": rotor(chain, platform, slots=slots)}
-    name = offload_method or "best"
-    candidates[name] = solve(chain, platform, method=name)
-    best_name, best = None, None
+    sl = slots_for(chain, platform.memory, slots)
+    rot = rotor_table(chain.fwd, chain.bwd, chain.fwd_nosave, sl.act, sl.saved, sl.fwd_tmp, sl.bwd_tmp, sl.budget)
+    candidates = {
+        "joint-dp": joint_dp(chain, platform, slots=slots, rows=rows, max_span=max_span, rot=rot),
+        "rotor": rotor(chain, platform, slots=slots),
+    }
+    if platform.can_transfer and chain.length <= EXACT_MAX_LENGTH:
+        candidates["joint-exact"] = joint_exact(chain, platform, slots=slots, rot=rot)
+    if offload is None:
+        offload = best(chain, platform)
+    name = offload.method or "offload"
+    candidates[name] = offload
+    best_name, chosen = None, None
     for key, res in candidates.items():
-        if res.status.has_schedule and (best is None or res.makespan < best.makespan):
-            best_name, best = key, res
+        if res.status.has_schedule and (chosen is None or res.makespan < chosen.makespan):
+            best_name, chosen = key, res
     info = {f"{key}_makespan": res.makespan for key, res in candidates.items()}
     info.update(candidates["joint-dp"].info)
     runtime = time.perf_counter() - t0
-    if best is None:
+    if chosen is None:
         least = [r.min_memory for r in candidates.values() if r.min_memory is not None]
         return Result(
             "joint",
@@ -384,4 +620,4 @@ def joint(chain: Chain, platform: Platform, *, slots: int = DEFAULT_SLOTS, offlo
             message=f"joint: neither the joint DP, rotor nor {name} fits in {platform.memory} B",
         )
     info["source"] = best_name
-    return Result("joint", Status.FEASIBLE, best.schedule, makespan=best.makespan, runtime=runtime, info=info)
+    return Result("joint", Status.FEASIBLE, chosen.schedule, makespan=chosen.makespan, runtime=runtime, info=info)
