@@ -85,9 +85,9 @@ def plan_cost(chain, table, plan, budget: int) -> float:
             tau = chain.bwd[s - 1]
         else:
             w = m - charge
-            if w < 0 or not math.isfinite(t.rot[s, j - 1, w]):
+            if w < 0 or not math.isfinite(t.win[s, j - 1 - s, w]):
                 return math.inf
-            tau = float(t.rot[s, j - 1, w])
+            tau = float(t.win[s, j - 1 - s, w])
         if last:
             idle = 0.0
             if t.n_f > 0 and e_point is not None and e_point > t.fclk[n + 1]:

@@ -11,7 +11,8 @@ from chainoffload.result import Result, Status
 from chainoffload.simulate import keep_all_peak, simulate
 from chainoffload.solvers import solve
 from chainoffload._kernels.joint import spine_table
-from chainoffload.solvers.joint import joint, joint_dp, joint_schedule, joint_table, walk
+from chainoffload._kernels.rotor import rotor_table
+from chainoffload.solvers.joint import joint, joint_dp, joint_schedule, joint_table, walk, window_tables
 from chainoffload.solvers.joint_exact import joint_exact
 from chainoffload.solvers.rotor import rotor, slots_for
 
@@ -68,6 +69,18 @@ def test_smaller_roots_are_the_optimum_of_their_budget():
             want, _ = best_plan(chain, table, 2, budget)
             got = float(table.opt[1, 0, budget])
             assert (got == pytest.approx(want, rel=1e-12)) if math.isfinite(want) else not math.isfinite(got)
+
+
+def test_window_tables_from_pieces_equal_rotors_full_table():
+    # A long chain's windows come from rotor's kernel on overlapping pieces; they must be the
+    # full table's band exactly (times and choices).
+    for chain, platform in instances(23, 6, lengths=(9, 16)):
+        sl = slots_for(chain, platform.memory, 80)
+        full = rotor_table(chain.fwd, chain.bwd, chain.fwd_nosave, sl.act, sl.saved, sl.fwd_tmp, sl.bwd_tmp, sl.budget)
+        for span in (1, 2, 3, 4):
+            win, choice = window_tables(chain, sl, span)
+            ref_win, ref_choice = window_tables(chain, sl, span, full)
+            assert np.array_equal(win, ref_win) and np.array_equal(choice, ref_choice)
 
 
 def test_bandwidth_zero_is_rotor():
@@ -128,9 +141,8 @@ def test_kernel_as_python_matches_the_jitted_one():
     for chain, platform in instances(6, 4, lengths=(3, 6)):
         sl = slots_for(chain, platform.memory, 30)
         t = joint_table(chain, platform, sl)
-        args = (chain.fwd, chain.bwd, chain.fwd_nosave, sl.act, sl.saved, sl.fwd_tmp, sl.bwd_tmp, t.rot, sl.budget,
-                t.in_slots, t.d_in, t.h_in, t.fclk, t.bclk, t.rate_f, t.rate_b, t.delta_f, t.n_f, t.delta_b, t.n_b,
-                chain.length)
+        args = (chain.fwd, chain.bwd, chain.fwd_nosave, sl.act, sl.saved, sl.fwd_tmp, sl.bwd_tmp, t.win, sl.budget,
+                t.in_slots, t.d_in, t.h_in, t.fclk, t.bclk, t.rate_f, t.rate_b, t.delta_f, t.n_f, t.delta_b, t.n_b)
         opt, choice = spine_table.py_func(*args)
         jit_opt, jit_choice = spine_table(*args)
         assert np.array_equal(opt, jit_opt) and np.array_equal(choice, jit_choice)

@@ -114,7 +114,7 @@ def pipe_slots(s, i_b, bclk, delta_b, rate_b):
 
 
 @njit
-def reachable_rows(n, budget, bwd, rot, in_slots, d_in, h_in, fclk, bclk, delta_f, n_f, delta_b, n_b):
+def reachable_rows(n, budget, bwd, win, in_slots, d_in, h_in, fclk, bclk, delta_f, n_f, delta_b, n_b):
     """Which rows of each node the walk from node 1 can reach, for any budget.
 
     A node's backward part lasts between the bwd of its stages and rotor's time at the least
@@ -139,7 +139,7 @@ def reachable_rows(n, budget, bwd, rot, in_slots, d_in, h_in, fclk, bclk, delta_
             for off in range(2):
                 if off == 1 and not (s >= 2 and n_b > 0 and d_in[s, flag] < np.inf and h_in[s, flag] < np.inf):
                     break
-                for j in range(s + 1, n + 1):
+                for j in range(s + 1, min(n, s + win.shape[1]) + 1):
                     f_all = j == s + 1
                     for kind in range(2):
                         if kind == 1 and not f_all:
@@ -151,11 +151,12 @@ def reachable_rows(n, budget, bwd, rot, in_slots, d_in, h_in, fclk, bclk, delta_
                         else:
                             lo_tau = cum[j] - cum[s]
                             hi_tau = lo_tau
+                            d = j - 1 - s
                             for m in range(budget + 1):
-                                if rot[s, j - 1, m] < np.inf:
-                                    hi_tau = rot[s, j - 1, m]
+                                if win[s, d, m] < np.inf:
+                                    hi_tau = win[s, d, m]
                                     break
-                            if not hi_tau < np.inf or rot[s, j - 1, budget] == np.inf:
+                            if not hi_tau < np.inf or win[s, d, budget] == np.inf:
                                 continue
                         nf_a, nb_a, ok_a = child_rows(s, j, off, i_f, i_b, lo_tau, d_in[s, flag], h_in[s, flag],
                                                       fclk, bclk, delta_f, n_f, delta_b, n_b)
@@ -171,20 +172,21 @@ def reachable_rows(n, budget, bwd, rot, in_slots, d_in, h_in, fclk, bclk, delta_
 
 @njit
 def spine_table(
-    fwd, bwd, fwd_nosave, act, saved, fwd_tmp, bwd_tmp, rot, budget,
-    in_slots, d_in, h_in, fclk, bclk, rate_f, rate_b, delta_f, n_f, delta_b, n_b, max_span,
+    fwd, bwd, fwd_nosave, act, saved, fwd_tmp, bwd_tmp, win, budget,
+    in_slots, d_in, h_in, fclk, bclk, rate_f, rate_b, delta_f, n_f, delta_b, n_b,
 ):
     """Fill the joint DP over the spine (``NOTE [ joint recurrence ]``).
 
     Sizes in slots (``act`` length L + 1, the others L; stage i at index i - 1 except in
-    ``act``). ``rot`` is rotor's table, shape (L + 2, L + 2, budget + 1), for the backward
-    parts of checkpointed nodes. ``in_slots[s, flag]``, ``d_in[s, flag]``, ``h_in[s, flag]``:
+    ``act``). ``win[s, d, m]`` is rotor's time of segment (s, s + d) at budget m, for d below
+    ``win.shape[1]`` (the backward parts of checkpointed nodes; see
+    :func:`chainoffload.solvers.joint.window_tables`). ``in_slots[s, flag]``, ``d_in[s, flag]``, ``h_in[s, flag]``:
     size of node s's input and its D2H / H2D times (``inf``: it cannot move). ``fclk[s]`` /
     ``bclk[s]`` (s = 1..L+1): the forward clock at stage s (sum of the least forward times
     before it) and the backward one (sum of bwd before it). ``rate_f`` / ``rate_b``: link
     rates in slots per second; grids ``delta_f`` (s) with ``n_f`` rows, ``delta_b`` (s) with
     ``n_b`` rows (``n_f = n_b = 0``: no transfer, the recurrence is rotor's); a checkpointed
-    node spans at most ``max_span`` stages.
+    node spans at most ``win.shape[1]`` stages.
 
     Returns ``(opt, choice)`` of shape (L + 2, rows, budget + 1): ``opt[s, row, m]`` is the
     model's time of segment (s, L) from that state (``inf``: it cannot run), ``choice`` the
@@ -196,13 +198,14 @@ def spine_table(
     rows = 2 * nf1 * nb1
     opt = np.full((n + 2, rows, budget + 1), np.inf)
     choice = np.full((n + 2, rows, budget + 1), NO_CHOICE, dtype=np.int32)
-    # lo_rot[s, t]: the least budget at which rotor's segment (s, t) runs.
-    lo_rot = np.full((n + 2, n + 2), budget + 1, dtype=np.int64)
+    band = win.shape[1]
+    # lo_win[s, d]: the least budget at which rotor's segment (s, s + d) runs.
+    lo_win = np.full((n + 2, band), budget + 1, dtype=np.int64)
     for s in range(1, n + 1):
-        for t in range(s, n + 1):
+        for d in range(min(band, n - s + 1)):
             for m in range(budget + 1):
-                if rot[s, t, m] < np.inf:
-                    lo_rot[s, t] = m
+                if win[s, d, m] < np.inf:
+                    lo_win[s, d] = m
                     break
     # First grid points after each stage's clocks.
     kf0 = np.zeros(n + 2, dtype=np.int64)
@@ -212,7 +215,7 @@ def spine_table(
             kf0[s] = first_after(fclk[s], delta_f)
         if n_b > 0:
             kb0[s] = first_after(bclk[s], delta_b)
-    reach = reachable_rows(n, budget, bwd, rot, in_slots, d_in, h_in, fclk, bclk, delta_f, n_f, delta_b, n_b)
+    reach = reachable_rows(n, budget, bwd, win, in_slots, d_in, h_in, fclk, bclk, delta_f, n_f, delta_b, n_b)
     for s in range(n, 0, -1):
         usage_b = saved[s - 1] + act[s] + act[s - 1] + bwd_tmp[s - 1]
         for flag in range(2):
@@ -279,7 +282,7 @@ def spine_table(
                         need_first = act[s] + fwd_tmp[s - 1] + debt_s
                         need_rest = 0  # max over the Fn ops, on the budget m + back
                         ftime = 0.0
-                        for j in range(s + 1, min(n, s + max_span) + 1):
+                        for j in range(s + 1, min(n, s + band) + 1):
                             if j == s + 1:
                                 ftime = fwd_nosave[s - 1]
                             else:
@@ -293,13 +296,13 @@ def spine_table(
                                     need_rest = step
                             if need_first > budget or need_rest - back > budget:
                                 break
-                            lo = max(need_first, need_rest - back, act[j - 1] - back, lo_rot[s, j - 1] + charge)
+                            lo = max(need_first, need_rest - back, act[j - 1] - back, lo_win[s, j - 1 - s] + charge)
                             if lo > budget:
                                 continue
                             nf = d2h_row(k_new, fclk[j], delta_f, kf0[j]) if n_f > 0 else 0
                             if nf > n_f:
                                 continue
-                            left_row = rot[s, j - 1]
+                            left_row = win[s, j - 1 - s]
                             aj = act[j - 1]
                             code = 2 * j + off
                             base = nf * nb1  # the child's input is a lone activation: flag 0

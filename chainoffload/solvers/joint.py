@@ -104,14 +104,14 @@ from ..schedule import Schedule, Transfer
 from ..simulate import Timeline, simulate
 from .rotor import DEFAULT_SLOTS, Slots, emit_segment, slots_for
 
-__all__ = ["joint", "joint_dp", "joint_table", "joint_schedule", "walk", "JointTable", "Node"]
+__all__ = ["joint", "joint_dp", "joint_table", "joint_schedule", "walk", "window_tables", "JointTable", "Node"]
 
 # Fractions of the budget whose plans joint_dp rebuilds and simulates (one table serves all).
 _ROOTS = (1.0, 0.99, 0.98, 0.97, 0.96, 0.95, 0.93, 0.91, 0.89, 0.87, 0.85, 0.8, 0.75, 0.7, 0.6, 0.5)
 
 # Cells the spine table may visit (about 2 L * max_span * rows * (S + 1)): the queue grids get
 # as many rows as fit, 2 to 16 each (NOTE [ joint recurrence ]). About 2 s on one core.
-_WORK = 2.5e8
+_WORK = 3e8
 _MAX_ROWS = 16
 #: Default longest checkpointed node on the spine when the link can move data.
 DEFAULT_SPAN = 16
@@ -126,15 +126,16 @@ _SPAN_ITEMS = 2.0
 class JointTable:
     """The filled joint DP on one slot rounding.
 
-    ``opt`` / ``choice`` from :func:`chainoffload._kernels.joint.spine_table`; ``rot`` /
-    ``rot_choice`` rotor's table; the grids and per-node input arrays it was filled with.
+    ``opt`` / ``choice`` from :func:`chainoffload._kernels.joint.spine_table`; ``win`` /
+    ``win_choice`` rotor's tables for the backward parts (:func:`window_tables`); the grids and
+    per-node input arrays it was filled with.
     """
 
     slots: Slots
     opt: np.ndarray
     choice: np.ndarray
-    rot: np.ndarray
-    rot_choice: np.ndarray
+    win: np.ndarray
+    win_choice: np.ndarray
     in_slots: np.ndarray
     d_in: np.ndarray
     h_in: np.ndarray
@@ -181,6 +182,80 @@ def _check_int(name: str, value, least: int) -> None:
         raise ValueError(f"{name}: {value!r} must be an integer >= {least}")
 
 
+def window_tables(
+    chain: Chain, sl: Slots, span: int, rot: tuple[np.ndarray, np.ndarray] | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Rotor's tables for the segments of at most ``span`` stages: ``win[s, d, m]`` is the time
+    of segment (s, s + d) at budget m, ``choice[s, d, m]`` rotor's choice there.
+
+    Sliced from rotor's full tables when given; else, for a long chain, computed by rotor's own
+    kernel on overlapping pieces of 2 ``span`` stages (a segment of at most ``span`` stages lies
+    whole in one piece, and it sees the gradient a_t of its end exactly when t < L, as in the
+    whole chain), so memory stays O(L span S) instead of O(L^2 S).
+
+    Parameters
+    ----------
+    chain
+        The chain.
+    sl
+        Its sizes in slots and the budget.
+    span
+        Longest segment needed (1..L).
+    rot
+        Rotor's full ``(opt, choice)`` for ``sl``, if at hand.
+
+    Returns
+    -------
+    tuple of numpy.ndarray
+        ``(win, choice)``, shapes (L + 2, span, budget + 1); stages in ``choice`` are the chain's.
+    """
+    n = chain.length
+    span = max(1, min(int(span), n))
+    win = np.full((n + 2, span, sl.budget + 1), np.inf)
+    choice = np.full((n + 2, span, sl.budget + 1), -1, dtype=np.int32)
+    if rot is None and 2 * span >= n:
+        rot = rotor_table(chain.fwd, chain.bwd, chain.fwd_nosave, sl.act, sl.saved, sl.fwd_tmp, sl.bwd_tmp, sl.budget)
+    if rot is not None:
+        opt, full_choice = rot
+        for d in range(span):
+            idx = np.arange(1, n - d + 1)
+            win[idx, d] = opt[idx, idx + d]
+            choice[idx, d] = full_choice[idx, idx + d]
+        return win, choice
+    start = 1
+    while start <= n:
+        end = min(n, start + 2 * span - 1)
+        piece = slice(start - 1, end)
+        opt, sub = rotor_table(
+            chain.fwd[piece], chain.bwd[piece], chain.fwd_nosave[piece], sl.act[start - 1 : end + 1],
+            sl.saved[piece], sl.fwd_tmp[piece], sl.bwd_tmp[piece], sl.budget,
+        )
+        # Segments starting in [start, start + span) and ending before the piece's end (or at L).
+        for s_loc in range(1, min(span, end - start + 1) + 1):
+            s = start + s_loc - 1
+            for d in range(span):
+                t = s + d
+                if t > n or (t == end and end < n):
+                    break
+                win[s, d] = opt[s_loc, s_loc + d]
+                c = sub[s_loc, s_loc + d]
+                choice[s, d] = np.where(c > 0, c + start - 1, c)
+        start += span
+    return win, choice
+
+
+class _Band:
+    """Rotor's ``choice[s, t, m]`` read from a band table ``choice[s, t - s, m]`` (for
+    :func:`~chainoffload.solvers.rotor.emit_segment`)."""
+
+    def __init__(self, band: np.ndarray) -> None:
+        self.band = band
+
+    def __getitem__(self, key: tuple[int, int, int]):
+        s, t, m = key
+        return self.band[s, t - s, m]
+
+
 def joint_table(
     chain: Chain,
     platform: Platform,
@@ -204,7 +279,8 @@ def joint_table(
         Most stages a checkpointed spine node spans when the link can move data (default
         :data:`DEFAULT_SPAN`; with no link every span is allowed, as in rotor).
     rot
-        Rotor's ``(opt, choice)`` tables for ``sl``, when the caller has them already.
+        Rotor's full ``(opt, choice)`` tables for ``sl``, when the caller has them already
+        (:func:`window_tables` then slices them instead of computing its own).
 
     Returns
     -------
@@ -216,9 +292,7 @@ def joint_table(
     n = chain.length
     moving = platform.can_transfer and n >= 3
     span = n if not moving else min(n, DEFAULT_SPAN if max_span is None else int(max_span))
-    if rot is None:
-        rot = rotor_table(chain.fwd, chain.bwd, chain.fwd_nosave, sl.act, sl.saved, sl.fwd_tmp, sl.bwd_tmp, sl.budget)
-    rot, rot_choice = rot
+    win, win_choice = window_tables(chain, sl, span, rot)
     # Node s's input: the lone a_{s-1} (flag 0) or unit s-1 whole (flag 1); a_0 never moves.
     in_slots = np.zeros((n + 2, 2), dtype=np.int64)
     in_bytes = np.zeros((n + 2, 2), dtype=np.float64)
@@ -262,11 +336,10 @@ def joint_table(
     rate_f = platform.bandwidth_d2h / sl.quantum
     rate_b = platform.bandwidth_h2d / sl.quantum
     opt, choice = spine_table(
-        chain.fwd, chain.bwd, chain.fwd_nosave, sl.act, sl.saved, sl.fwd_tmp, sl.bwd_tmp, rot, sl.budget,
+        chain.fwd, chain.bwd, chain.fwd_nosave, sl.act, sl.saved, sl.fwd_tmp, sl.bwd_tmp, win, sl.budget,
         in_slots, d_in, h_in, fclk, bclk, rate_f, rate_b, delta_f, n_f, delta_b, n_b,
-        span,
     )
-    return JointTable(sl, opt, choice, rot, rot_choice, in_slots, d_in, h_in, fclk, bclk, rate_f, rate_b,
+    return JointTable(sl, opt, choice, win, win_choice, in_slots, d_in, h_in, fclk, bclk, rate_f, rate_b,
                       delta_f, n_f, delta_b, n_b)
 
 
@@ -305,7 +378,7 @@ def walk(table: JointTable, chain: Chain, budget: int | None = None) -> list[Nod
         f_all = j == 0
         nxt = s + 1 if f_all else j
         # The backward part's duration in the model (it moves the pipeline).
-        tau = float(chain.bwd[s - 1]) if f_all else float(t.rot[s, j - 1, window])
+        tau = float(chain.bwd[s - 1]) if f_all else float(t.win[s, j - 1 - s, window])
         nodes.append(Node(s, nxt, f_all, bool(off), flag, window, tau))
         if s == length:
             return nodes
@@ -369,7 +442,7 @@ def joint_schedule(
         if node.f_all:
             ops.append(("B", node.s))
         else:
-            emit_segment(ops, table.rot_choice, sl, node.s, node.j - 1, node.window)
+            emit_segment(ops, _Band(table.win_choice), sl, node.s, node.j - 1, node.window)
         end_op.append(len(ops) - 1)
     # Start of each backward part on the backward's own clock (0: the forward's end).
     order = list(reversed(nodes))
@@ -589,13 +662,17 @@ def joint(
     if offload is not None and not isinstance(offload, Result):
         raise TypeError(f"offload: expected a Result, got {type(offload).__name__}")
     t0 = time.perf_counter()
-    sl = slots_for(chain, platform.memory, slots)
-    rot = rotor_table(chain.fwd, chain.bwd, chain.fwd_nosave, sl.act, sl.saved, sl.fwd_tmp, sl.bwd_tmp, sl.budget)
+    exact = platform.can_transfer and chain.length <= EXACT_MAX_LENGTH
+    rot = None
+    if exact:
+        # Both DPs read rotor's table: fill it once.
+        sl = slots_for(chain, platform.memory, slots)
+        rot = rotor_table(chain.fwd, chain.bwd, chain.fwd_nosave, sl.act, sl.saved, sl.fwd_tmp, sl.bwd_tmp, sl.budget)
     candidates = {
         "joint-dp": joint_dp(chain, platform, slots=slots, rows=rows, max_span=max_span, rot=rot),
         "rotor": rotor(chain, platform, slots=slots),
     }
-    if platform.can_transfer and chain.length <= EXACT_MAX_LENGTH:
+    if exact:
         candidates["joint-exact"] = joint_exact(chain, platform, slots=slots, rot=rot)
     if offload is None:
         offload = best(chain, platform)
