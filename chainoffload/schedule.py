@@ -82,13 +82,19 @@ class Transfer:
             raise ScheduleError(f"{where}: expected an object, got {data!r:.60}")
         unknown = sorted(set(data) - {"kind", "unit", "trigger", "before"})
         if unknown:
-            raise ScheduleError(f"{where}: unknown field(s) {', '.join(unknown)}")
+            raise ScheduleError(f"{where}: unknown field(s) {', '.join(map(str, unknown))}")
         for key in ("kind", "unit", "trigger"):
             if key not in data:
                 raise ScheduleError(f"{where}: missing field {key!r}")
         trig = data["trigger"]
         if not isinstance(trig, Mapping) or "op" not in trig or "at" not in trig:
             raise ScheduleError(f"{where}.trigger: expected {{\"op\": int, \"at\": \"start\"|\"end\"}}, got {trig!r:.60}")
+        unknown = sorted(set(trig) - {"op", "at"})
+        if unknown:
+            raise ScheduleError(f"{where}.trigger: unknown field(s) {', '.join(map(str, unknown))}")
+        for key, value in (("kind", data["kind"]), ("trigger.at", trig["at"])):
+            if not isinstance(value, str):
+                raise ScheduleError(f"{where}.{key}: expected a string, got {value!r:.40}")
         return cls(
             kind=data["kind"],
             unit=_int(data["unit"], f"{where}.unit"),

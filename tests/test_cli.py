@@ -60,7 +60,7 @@ def test_solve_table(capsys, files):
 def test_platform_file_and_overrides(capsys, files, tmp_path):
     _, chain = files
     plat = tmp_path / "p.json"
-    plat.write_text(json.dumps({"memory": "1KiB", "bandwidth_d2h": "1GB/s", "bandwidth_h2d": 1e9, "latency": "1us", "duplex": True}))
+    plat.write_text(json.dumps({"memory": 1024, "bandwidth_d2h": 1e9, "bandwidth_h2d": 1e9, "latency": 1e-6, "duplex": True}))
     code, out, _ = run(capsys, "solve", str(chain), "--platform", str(plat), "--half-duplex", "--method", "keep-all", "--json")
     assert code == 0 and json.loads(out)["status"] == "optimal"
 
