@@ -8,6 +8,13 @@ import os
 import tempfile
 from typing import Any, Callable, ClassVar
 
+import numpy as np
+
+
+def is_number(v: Any) -> bool:
+    """A JSON number or its numpy equivalent; a bool is not one (``true`` is not ``1``)."""
+    return not isinstance(v, (bool, np.bool_)) and isinstance(v, (int, float, np.integer, np.floating))
+
 
 def atomic_write(path: str | os.PathLike[str], write: Callable[[str], None]) -> None:
     """Write a file so that ``path`` holds either its old content or the whole new one.
@@ -36,7 +43,7 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[str], None]) -> 
         except OSError:
             pass
         if isinstance(exc, OSError):
-            raise OSError(exc.errno, f"cannot write {target}: {exc.strerror or exc}") from None
+            raise OSError(exc.errno, f"cannot write {target}: {exc.strerror or exc}") from None  # names the file, not the temporary
         raise
     try:  # make the rename itself durable; not every file system lets a folder be opened
         dir_fd = os.open(folder, os.O_RDONLY)

@@ -7,12 +7,13 @@ construction; its arrays are contiguous and read-only, so kernels can trust them
 
 from __future__ import annotations
 
+import hashlib
 import math
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ._jsonio import JsonIO
+from ._jsonio import JsonIO, is_number
 
 __all__ = ["Chain", "ChainError", "MAX_TOTAL_BYTES"]
 
@@ -51,11 +52,6 @@ class ChainError(ValueError):
     """A chain's data is malformed; the message names the field and the stage."""
 
 
-def _is_number(v: Any) -> bool:
-    """A JSON number or its numpy equivalent; a bool is not (``true`` is not ``1``)."""
-    return not isinstance(v, (bool, np.bool_)) and isinstance(v, (int, float, np.integer, np.floating))
-
-
 def _as_times(name: str, values: Any, length: int | None) -> np.ndarray:
     if isinstance(values, (str, bytes, Mapping)) or not hasattr(values, "__len__"):
         raise ChainError(f"chain.{name}: expected a list of numbers (seconds), got {values!r:.80}")
@@ -64,7 +60,7 @@ def _as_times(name: str, values: Any, length: int | None) -> np.ndarray:
         raise ChainError(f"chain.{name}: expected {length} values (one per stage), got {len(raw)}")
     arr = np.empty(len(raw), dtype=np.float64)
     for idx, v in enumerate(raw):
-        if not _is_number(v):
+        if not is_number(v):
             raise ChainError(f"chain.{name}: stage {idx + 1} has {name}={v!r:.40}; times must be numbers (seconds)")
         fv = float(v)
         if not math.isfinite(fv) or fv < 0:
@@ -83,7 +79,7 @@ def _as_sizes(name: str, values: Any, length: int, *, first_stage: int = 1) -> n
     out = np.empty(length, dtype=np.int64)
     for idx, v in enumerate(raw):
         stage = idx + first_stage
-        if not _is_number(v):
+        if not is_number(v):
             raise ChainError(f"chain.{name}: stage {stage} has {name}={v!r:.40}; sizes must be integers (bytes)")
         fv = float(v)
         if not math.isfinite(fv) or fv < 0:
@@ -94,6 +90,15 @@ def _as_sizes(name: str, values: Any, length: int, *, first_stage: int = 1) -> n
             raise ChainError(f"chain.{name}: stage {stage} has {name}={v!r}; sizes must stay below 2^60 B (1 EiB)")
         out[idx] = int(v)
     return out
+
+
+# NOTE [ chain fingerprint ]
+# A schedule file records the fingerprint of the chain it was solved for, so that replaying it
+# on another chain is refused rather than silently wrong. The hash covers the numbers only, in
+# a fixed byte order, so it is stable across processes, machines and numpy versions; a float
+# is hashed by its bits (JSON's shortest round-trip repr reads back to the same bits, and -0.0
+# is stored as 0.0 on construction), so a chain saved and loaded again keeps its fingerprint.
+_FINGERPRINT_FIELDS = ("fwd", "bwd", "fwd_nosave", "act", "saved", "fwd_tmp", "bwd_tmp")
 
 
 def _check_sums(fwd: np.ndarray, bwd: np.ndarray, nosave: np.ndarray, sizes: dict[str, np.ndarray]) -> None:
@@ -107,9 +112,9 @@ def _check_sums(fwd: np.ndarray, bwd: np.ndarray, nosave: np.ndarray, sizes: dic
             f"chain.{field}: the sizes add up to {total} B ({parts}); they must stay below 2^60 B (1 EiB) "
             "so that every memory sum fits int64"
         )
-    sum_bwd = float(np.sum(bwd))
+    sum_bwd = sum(bwd.tolist())  # plain floats: inf without numpy's overflow warning
     for name, arr in (("fwd", fwd), ("fwd_nosave", nosave)):
-        own = float(np.sum(arr))
+        own = sum(arr.tolist())
         if not math.isfinite(own) or not math.isfinite(own + sum_bwd):
             who = name if not math.isfinite(own) else f"{name} + chain.bwd"
             raise ChainError(f"chain.{who}: the times sum to {own + sum_bwd!r}; sum({name}) + sum(bwd) must be finite")
@@ -256,6 +261,24 @@ class Chain(JsonIO):
             )
             best = max(best, f_need, b_need)
         return best
+
+    def fingerprint(self) -> str:
+        """A hash of the chain's numbers, to tell which chain a schedule file was made for.
+
+        ``"sha256:"`` and the hex SHA-256 digest of this encoding, the same on every machine
+        and in every process (``NOTE [ chain fingerprint ]``): the ASCII line
+        ``chainoffload.chain.v1\\n``, then for each field in the order ``fwd``, ``bwd``,
+        ``fwd_nosave``, ``act``, ``saved``, ``fwd_tmp``, ``bwd_tmp`` the ASCII line
+        ``NAME LENGTH\\n`` followed by its values as little-endian IEEE-754 binary64 (times) or
+        two's-complement int64 (sizes). The name is left out (renaming a chain does not change
+        its schedules); ``fwd_nosave`` is its value, explicit or defaulted to ``fwd``.
+        """
+        digest = hashlib.sha256(b"chainoffload.chain.v1\n")
+        for name in _FINGERPRINT_FIELDS:
+            arr = getattr(self, name)
+            digest.update(f"{name} {arr.shape[0]}\n".encode("ascii"))
+            digest.update(arr.astype("<i8" if arr.dtype.kind == "i" else "<f8").tobytes())
+        return "sha256:" + digest.hexdigest()
 
     # -- equality, repr --------------------------------------------------------------------
 

@@ -8,7 +8,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from ._jsonio import JsonIO
+from ._jsonio import JsonIO, is_number
 from .units import parse_bandwidth, parse_bytes, parse_seconds
 
 __all__ = ["Platform", "PlatformError", "MAX_MEMORY"]
@@ -55,7 +55,7 @@ class Platform(JsonIO):
 
     def __post_init__(self) -> None:
         mem = self.memory
-        if not _is_number(mem) or not math.isfinite(mem) or mem < 0:
+        if not is_number(mem) or not math.isfinite(mem) or mem < 0:
             raise PlatformError(f"platform.memory: {mem!r:.40} must be a finite number of bytes >= 0")
         if float(mem) != math.floor(float(mem)):
             raise PlatformError(f"platform.memory: {mem!r} must be a whole number of bytes")
@@ -67,11 +67,11 @@ class Platform(JsonIO):
         object.__setattr__(self, "memory", int(mem))
         for name in ("bandwidth_d2h", "bandwidth_h2d"):
             v = getattr(self, name)
-            if not _is_number(v) or math.isnan(v) or v < 0:
+            if not is_number(v) or math.isnan(v) or v < 0:
                 raise PlatformError(f"platform.{name}: {v!r:.40} must be a bandwidth >= 0 (bytes/s; inf allowed)")
             object.__setattr__(self, name, float(v))
         lat = self.latency
-        if not _is_number(lat) or not math.isfinite(lat) or lat < 0:
+        if not is_number(lat) or not math.isfinite(lat) or lat < 0:
             raise PlatformError(f"platform.latency: {lat!r:.40} must be a finite time >= 0 (seconds)")
         object.__setattr__(self, "latency", float(lat))
         if not isinstance(self.duplex, (bool, np.bool_)):
@@ -140,10 +140,6 @@ class Platform(JsonIO):
             latency=data.get("latency", 0.0),
             duplex=data.get("duplex", True),
         )
-
-
-def _is_number(v: Any) -> bool:
-    return not isinstance(v, (bool, np.bool_)) and isinstance(v, (int, float, np.integer, np.floating))
 
 
 def _transfer_time(nbytes: int, bandwidth: float, latency: float) -> float:

@@ -294,10 +294,16 @@ class Schedule(JsonIO):
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "Schedule":
-        """Parse a schedule from its JSON object (structure only; see :meth:`validate`)."""
+        """Parse a schedule from its JSON object (structure only; see :meth:`validate`).
+
+        A schedule file's metadata keys (``chain``, ``platform``, ``solver``) are accepted and
+        not read: :class:`~chainoffload.ScheduleFile` reads and checks them.
+        """
         if not isinstance(data, Mapping):
             raise ScheduleError(f"schedule: expected a JSON object, got {type(data).__name__}")
-        unknown = sorted(set(data) - {"compute", "transfers"})
+        # A schedule file may also say what it was made for (chain, platform, solver): those
+        # keys are ScheduleFile's, which checks them; a bare Schedule does not read them.
+        unknown = sorted(set(map(str, data)) - {"compute", "transfers", "chain", "platform", "solver"})
         if unknown:
             raise ScheduleError(f"schedule: unknown field(s) {', '.join(unknown)}")
         if "compute" not in data:
