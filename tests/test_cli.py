@@ -45,7 +45,7 @@ def test_solve_json_and_simulate_agree(capsys, files):
     assert res["status"] == "optimal" and res["makespan"] == 12.0 and res["peak_memory"] == 192
     code, out, _ = run(capsys, "simulate", str(chain), str(sched), "--memory", "191", "--bandwidth", "25", "--json")
     sim = json.loads(out)
-    assert code == 0 and sim["feasible"] is False and sim["violation"]["rule"] == "memory"
+    assert code == 1 and sim["feasible"] is False and sim["violation"]["rule"] == "memory"
     assert sim["makespan"] == 12.0 and sim["peak_memory"] == 192
     code, out, _ = run(capsys, "simulate", str(chain), str(sched), "--memory", "192")
     assert code == 0 and "feasible     yes" in out
@@ -54,7 +54,7 @@ def test_solve_json_and_simulate_agree(capsys, files):
 def test_solve_table(capsys, files):
     _, chain = files
     code, out, _ = run(capsys, "solve", str(chain), "--memory", "191", "--method", "keep-all")
-    assert code == 0 and "infeasible" in out and "min memory" in out
+    assert code == 1 and "infeasible" in out and "min memory" in out
 
 
 def test_platform_file_and_overrides(capsys, files, tmp_path):
