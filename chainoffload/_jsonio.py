@@ -113,6 +113,8 @@ class JsonIO:
                 text = fh.read()
         except OSError as exc:
             raise cls._json_error(f"{cls._json_label}: cannot read {os.fspath(path)!r}: {exc.strerror}") from None
+        except UnicodeDecodeError as exc:
+            raise cls._json_error(f"{cls._json_label}: cannot read {os.fspath(path)!r}: not UTF-8 text (byte {exc.start})") from None
         try:
             return cls.from_json(text)
         except cls._json_error as exc:

@@ -108,6 +108,19 @@ def test_platform_memory_beyond_int64_is_refused(memory):
         Platform(memory=memory, bandwidth_d2h=1.0, bandwidth_h2d=1.0)
 
 
+def test_the_largest_memory_limit_is_exact(capsys, tmp_path):
+    chain = write(tmp_path / "c.json", chain_dict())
+    code, out, err = run(capsys, "solve", chain, "--memory", str(2**63 - 1), "--method", "keep-all", "--json")
+    assert code == 0 and json.loads(out)["status"] == "optimal", err
+    one_line_exit_2(*run(capsys, "solve", chain, "--memory", str(2**63), "--method", "keep-all"), "--memory: 9223372036854775808 B is above")
+
+
+def test_a_file_that_is_not_utf8_is_one_line(capsys, tmp_path):
+    path = tmp_path / "bin.json"
+    path.write_bytes(b"\xff\xfe{}")
+    one_line_exit_2(*run(capsys, "solve", path, "--memory", "1KiB"), f"chain: cannot read '{path}': not UTF-8 text (byte 0)")
+
+
 def test_cli_platform_memory_beyond_int64_is_one_line(capsys, tmp_path):
     chain = write(tmp_path / "c.json", chain_dict())
     plat = write(tmp_path / "p.json", f'{{"memory": {2**70}, "bandwidth_d2h": 1e9, "bandwidth_h2d": 1e9}}')

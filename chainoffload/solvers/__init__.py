@@ -200,6 +200,8 @@ def solve(chain: Chain, platform: Platform, method: str | None = None, **options
         raise  # misuse, or a missing optional dependency: the caller's to fix
     except Exception as exc:  # the method failed: an outcome, reported as a status
         message = " ".join(f"{type(exc).__name__}: {exc}".split())
+        if len(message) > 300:
+            message = message[:297] + "..."
         result = Result(entry.name, Status.ERROR, message=f"{entry.name}: the method raised {message}")
     elapsed = time.perf_counter() - t0
     if not isinstance(result, Result):
