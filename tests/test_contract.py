@@ -434,3 +434,31 @@ def test_sigint_during_a_numba_call_exits_130_within_a_second(tmp_path):
     assert err.strip() == "chainoffload: interrupted"
     assert elapsed < 1.0 + 2.0  # the target is one second; the slack is for a loaded CI machine
     assert not out_path.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["c.json"]
+
+
+def test_red_team_inputs_through_the_real_entry_point(tmp_path):
+    """The same cases in a real process: no traceback and no warning reaches the terminal
+    (in-process, pytest would keep a warning to itself)."""
+    files = {
+        "deep.json": "[" * 100_000 + "]" * 100_000,
+        "overflow.json": json.dumps(chain_dict(6, act=10**17, saved=10**18)),
+        "zero.json": json.dumps(chain_dict(3, fwd=0.0, bwd=0.0)),
+        "c.json": json.dumps(chain_dict(3)),
+        "p70.json": f'{{"memory": {2**70}, "bandwidth_d2h": 1e9, "bandwidth_h2d": 1e9}}',
+    }
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    cases = [
+        (["solve", "deep.json", "--memory", "1KiB"], 2, "nested too deeply"),
+        (["solve", "overflow.json", "--memory", "9e18", "--method", "keep-all"], 2, "chain.saved"),
+        (["solve", "c.json", "--platform", "p70.json", "--method", "keep-all"], 2, "platform.memory"),
+        (["solve", "zero.json", "--memory", "1KiB", "--method", "keep-all", "--out", "s.json"], 0, ""),
+        (["solve", "c.json", "--memory", "1KiB", "--bandwidth", "1e300", "--method", "keep-all"], 0, ""),
+    ]
+    for argv, code, pattern in cases:
+        proc = subprocess.run([sys.executable, "-m", "chainoffload", *argv], cwd=tmp_path, capture_output=True, text=True)
+        assert proc.returncode == code, (argv, proc.stderr)
+        assert "Traceback" not in proc.stderr and proc.stderr.count("\n") == (1 if code == 2 else 0), (argv, proc.stderr)
+        assert pattern in proc.stderr, (argv, proc.stderr)
+        if code == 0:
+            assert "makespan" in proc.stdout
