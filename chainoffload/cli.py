@@ -401,20 +401,10 @@ def _cmd_plot(args: argparse.Namespace, out: Output) -> int:
     chain = Chain.load(args.chain)
     record, platform = _load_schedule(args, chain)
     timeline = simulate(chain, platform, record.schedule)
-    # Drawn now, so that a drawing error writes nothing; saved by Output.commit.
-    figure = plot_timeline(timeline, None, width=args.width, height=args.height, dpi=args.dpi)
-    out.file(args.out, lambda tmp: _save_figure(figure, tmp, args.dpi))
+    # Drawn at the temporary path when the output is written (the extension picks the format).
+    out.file(args.out, lambda tmp: plot_timeline(timeline, tmp, width=args.width, height=args.height, dpi=args.dpi))
     out.print(f"wrote {args.out}")
     return 0
-
-
-def _save_figure(figure: Any, path: str, dpi: int) -> None:
-    import matplotlib.pyplot as plt
-
-    try:
-        figure.savefig(path, dpi=dpi)
-    finally:
-        plt.close(figure)
 
 
 def _cmd_methods(args: argparse.Namespace, out: Output) -> int:
