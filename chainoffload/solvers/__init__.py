@@ -15,6 +15,8 @@ import math
 import time
 from typing import Any, Callable
 
+import numpy as np
+
 from ..chain import Chain, ChainError
 from ..platform import Platform, PlatformError
 from ..result import Result, Status
@@ -29,6 +31,7 @@ __all__ = [
     "DEFAULT_METHOD",
     "OptionError",
     "check_memory_floor",
+    "check_keep",
     "minimum_memory",
 ]
 
@@ -158,6 +161,40 @@ def check_memory_floor(chain: Chain, platform: Platform) -> None:
         )
 
 
+def check_keep(chain: Chain, keep: Any) -> frozenset[int]:
+    """Validate a ``keep`` option: the units (stages 1..L) that must stay resident.
+
+    Every pure-offloading method takes ``keep=``; none of its schedules offloads a unit in it.
+
+    Parameters
+    ----------
+    chain
+        The instance.
+    keep
+        An iterable of stages (integers in 1..L); empty means no constraint.
+
+    Returns
+    -------
+    frozenset of int
+
+    Raises
+    ------
+    ValueError
+        ``keep`` is not an iterable of integers, or one of them is not a stage of ``chain``
+        (the message names it).
+    """
+    if isinstance(keep, (str, bytes)) or not hasattr(keep, "__iter__"):
+        raise OptionError(f"keep: expected a list of stages (integers in 1..{chain.length}), got {keep!r}")
+    units = []
+    for u in keep:
+        if isinstance(u, bool) or not isinstance(u, (int, np.integer)):
+            raise OptionError(f"keep: unit {u!r} is not an integer stage in 1..{chain.length}")
+        if not 1 <= int(u) <= chain.length:
+            raise OptionError(f"keep: unit {int(u)} is not a stage in 1..{chain.length} of chain {chain.name!r}")
+        units.append(int(u))
+    return frozenset(units)
+
+
 def solve(chain: Chain, platform: Platform, method: str | None = None, **options: Any) -> Result:
     """Solve the offloading problem of ``chain`` on ``platform`` with ``method``.
 
@@ -168,22 +205,24 @@ def solve(chain: Chain, platform: Platform, method: str | None = None, **options
     method
         A registry name (see :func:`methods`); ``None`` means :data:`DEFAULT_METHOD`.
     **options
-        Passed to the method (e.g. ``time_limit``, ``slots``).
+        Passed to the method (e.g. ``time_limit``, ``slots``). Every pure-offloading method
+        takes ``keep``: units (stages 1..L) that must stay resident (see :func:`check_keep`).
 
     Returns
     -------
     Result
         Its makespan, peak memory and offloaded bytes are the simulator's. A method that
         raises, returns something other than a :class:`Result`, returns a schedule that is
-        malformed or that the simulator rejects, or (registered without ``remat=True``) a
-        schedule that recomputes, gets status ``error`` with the reason in ``message`` (never
-        ``feasible``).
+        malformed or that the simulator rejects, offloads a unit of ``keep``, or (registered
+        without ``remat=True``) returns a schedule that recomputes, gets status ``error`` with
+        the reason in ``message`` (never ``feasible``).
 
     Raises
     ------
     ValueError
-        Misuse: an unknown method, an unknown or bad option (:class:`OptionError`), or memory
-        below :meth:`Chain.stage_memory_floor` (:class:`~chainoffload.PlatformError`).
+        Misuse: an unknown method, an unknown or bad option (:class:`OptionError`; a bad
+        ``keep`` too), or memory below :meth:`Chain.stage_memory_floor`
+        (:class:`~chainoffload.PlatformError`).
     """
     if not isinstance(chain, Chain):
         raise TypeError(f"solve: chain must be a Chain, got {type(chain).__name__}")
@@ -193,6 +232,7 @@ def solve(chain: Chain, platform: Platform, method: str | None = None, **options
     check_memory_floor(chain, platform)
     func = entry.load()
     _check_options(entry.name, func, options)
+    keep = check_keep(chain, options["keep"]) if "keep" in options else frozenset()
     t0 = time.perf_counter()
     try:
         result = func(chain, platform, **options)
@@ -225,6 +265,14 @@ def solve(chain: Chain, platform: Platform, method: str | None = None, **options
         result = result.replace(lower_bound=bound if not math.isfinite(own) else max(own, bound))
         if note:
             result = result.replace(info={**result.info, "lower_bound_note": note})
+    moved = sorted(keep & set(result.schedule.offloaded_units)) if result.schedule is not None else []
+    if moved and result.status.has_schedule:
+        # A bound of the unconstrained problem still binds the constrained one; the schedule does not.
+        return judge(chain, platform, result).replace(
+            status=Status.ERROR,
+            makespan=math.inf,
+            message=f"{entry.name}: its schedule offloads unit(s) {moved}, which keep says must stay resident",
+        )
     return judge(chain, platform, result)
 
 
