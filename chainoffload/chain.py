@@ -52,43 +52,58 @@ class ChainError(ValueError):
     """A chain's data is malformed; the message names the field and the stage."""
 
 
-def _as_times(name: str, values: Any, length: int | None) -> np.ndarray:
+def _as_list(name: str, values: Any, what: str) -> list:
     if isinstance(values, (str, bytes, Mapping)) or not hasattr(values, "__len__"):
-        raise ChainError(f"chain.{name}: expected a list of numbers (seconds), got {values!r:.80}")
-    raw = list(values.tolist() if isinstance(values, np.ndarray) else values)
+        raise ChainError(f"chain.{name}: expected a list of {what}, got {values!r:.80}")
+    return list(values.tolist() if isinstance(values, np.ndarray) else values)
+
+
+def _as_times(name: str, values: Any, length: int | None) -> np.ndarray:
+    raw = _as_list(name, values, "numbers (seconds)")
     if length is not None and len(raw) != length:
         raise ChainError(f"chain.{name}: expected {length} values (one per stage), got {len(raw)}")
-    arr = np.empty(len(raw), dtype=np.float64)
-    for idx, v in enumerate(raw):
+    if all(type(v) is float or type(v) is int for v in raw):  # what JSON gives: one vectorised check
+        try:
+            arr = np.array(raw, dtype=np.float64)
+        except OverflowError:
+            arr = None
+        if arr is not None and bool(np.all(np.isfinite(arr) & (arr >= 0))):
+            return arr + 0.0  # -0.0 becomes 0.0: one encoding per value (see Chain.fingerprint)
+    for idx, v in enumerate(raw):  # name the first bad stage
         if not is_number(v):
             raise ChainError(f"chain.{name}: stage {idx + 1} has {name}={v!r:.40}; times must be numbers (seconds)")
-        fv = float(v)
+        try:
+            fv = float(v)
+        except OverflowError:
+            fv = math.inf
         if not math.isfinite(fv) or fv < 0:
-            raise ChainError(f"chain.{name}: stage {idx + 1} has {name}={fv!r}; times must be finite and >= 0")
-        arr[idx] = fv + 0.0  # -0.0 becomes 0.0: one encoding per value (see Chain.fingerprint)
-    return arr
+            raise ChainError(f"chain.{name}: stage {idx + 1} has {name}={v!r:.40}; times must be finite and >= 0")
+    return np.array(raw, dtype=np.float64) + 0.0
 
 
 def _as_sizes(name: str, values: Any, length: int, *, first_stage: int = 1) -> np.ndarray:
-    if isinstance(values, (str, bytes, Mapping)) or not hasattr(values, "__len__"):
-        raise ChainError(f"chain.{name}: expected a list of integers (bytes), got {values!r:.80}")
-    raw = list(values.tolist() if isinstance(values, np.ndarray) else values)
+    raw = _as_list(name, values, "integers (bytes)")
     if len(raw) != length:
         what = "one per stage plus the input a_0" if first_stage == 0 else "one per stage"
         raise ChainError(f"chain.{name}: expected {length} values ({what}), got {len(raw)}")
+    if all(type(v) is int for v in raw) and 0 <= min(raw) and max(raw) < MAX_TOTAL_BYTES:
+        return np.array(raw, dtype=np.int64)  # what JSON gives: checked by two builtins
     out = np.empty(length, dtype=np.int64)
-    for idx, v in enumerate(raw):
+    for idx, v in enumerate(raw):  # name the first bad stage
         stage = idx + first_stage
         if not is_number(v):
             raise ChainError(f"chain.{name}: stage {stage} has {name}={v!r:.40}; sizes must be integers (bytes)")
-        fv = float(v)
-        if not math.isfinite(fv) or fv < 0:
-            raise ChainError(f"chain.{name}: stage {stage} has {name}={v!r}; sizes must be finite and >= 0")
-        if fv != math.floor(fv):
-            raise ChainError(f"chain.{name}: stage {stage} has {name}={v!r}; sizes must be whole bytes")
-        if fv >= MAX_TOTAL_BYTES:
+        if not isinstance(v, (int, np.integer)):
+            fv = float(v)
+            if not math.isfinite(fv) or fv != math.floor(fv):
+                raise ChainError(f"chain.{name}: stage {stage} has {name}={v!r}; sizes must be finite, whole bytes")
+            v = int(fv)
+        v = int(v)
+        if v < 0:
+            raise ChainError(f"chain.{name}: stage {stage} has {name}={v!r}; sizes must be >= 0")
+        if v >= MAX_TOTAL_BYTES:
             raise ChainError(f"chain.{name}: stage {stage} has {name}={v!r}; sizes must stay below 2^60 B (1 EiB)")
-        out[idx] = int(v)
+        out[idx] = v
     return out
 
 
@@ -103,7 +118,7 @@ _FINGERPRINT_FIELDS = ("fwd", "bwd", "fwd_nosave", "act", "saved", "fwd_tmp", "b
 
 def _check_sums(fwd: np.ndarray, bwd: np.ndarray, nosave: np.ndarray, sizes: dict[str, np.ndarray]) -> None:
     """Refuse sums that overflow: ``NOTE [ memory sums fit int64 ]``."""
-    totals = {name: sum(int(v) for v in arr.tolist()) for name, arr in sizes.items()}
+    totals = {name: sum(arr.tolist()) for name, arr in sizes.items()}  # Python ints: exact
     total = sum(totals.values())
     if total >= MAX_TOTAL_BYTES:
         field = max(totals, key=totals.get)

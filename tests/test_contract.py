@@ -462,3 +462,17 @@ def test_red_team_inputs_through_the_real_entry_point(tmp_path):
         assert pattern in proc.stderr, (argv, proc.stderr)
         if code == 0:
             assert "makespan" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    "field, values, pattern",
+    [
+        ("fwd", [1.0, 10**400, 1.0], r"chain\.fwd: stage 2 has fwd=1000000.*; times must be finite"),
+        ("act", [1, 2**60 - 1, 2**60, 1], r"chain\.act: stage 2 has act=1152921504606846976; sizes must stay below 2\^60"),
+        ("saved", [1, np.int64(-3), 1], r"chain\.saved: stage 2 has saved=-3; sizes must be >= 0"),
+    ],
+)
+def test_edge_values_name_the_stage(field, values, pattern):
+    # A huge int is no OverflowError traceback; 2^60 - 1 is below the bound, exactly.
+    with pytest.raises(ChainError, match=pattern):
+        Chain.from_dict({**chain_dict(3), field: values})
