@@ -60,6 +60,9 @@ _EPILOG = "exit codes:\n" + "\n".join(f"  {code:<4} {text}" for code, text in EX
 #   exits with os._exit(130): the worker cannot be stopped, and nothing it would still do
 #   matters. If the interrupt comes while the output is being written, that write (short) is
 #   let finish first, so a file is never left half-written or as a stray temporary file.
+#   Before `main` runs, while Python imports numpy and Numba (about a second), Ctrl-C is still
+#   Python's own: a KeyboardInterrupt traceback and death by SIGINT (130 in a shell); nothing
+#   has been read or written by then.
 
 
 class CliError(Exception):
@@ -505,17 +508,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     Exit codes are :data:`EXIT_CODES`. On Ctrl-C (from the main thread) the process ends at
     once with ``os._exit(130)`` (``NOTE [ cli contract ]``).
     """
-    try:
-        args = build_parser().parse_args(argv)
-    except CliError as exc:
-        return _error(exc)
     if threading.current_thread() is not threading.main_thread():
-        return _run(args, threading.Lock())  # signals reach only the main thread: nothing to wait for
+        # Signals reach only the main thread: nothing to wait for interruptibly.
+        try:
+            args = build_parser().parse_args(argv)
+        except CliError as exc:
+            return _error(exc)
+        return _run(args, threading.Lock())
     committing = threading.Lock()
     box: dict[str, int] = {}
-    worker = threading.Thread(target=lambda: box.update(code=_run(args, committing)), name="chainoffload", daemon=True)
-    worker.start()
+    worker = None
     try:
+        try:
+            args = build_parser().parse_args(argv)
+        except CliError as exc:
+            return _error(exc)
+        worker = threading.Thread(target=lambda: box.update(code=_run(args, committing)), name="chainoffload", daemon=True)
+        worker.start()
         while worker.is_alive():
             worker.join(0.05)
     except KeyboardInterrupt:
@@ -539,10 +548,10 @@ def _run(args: argparse.Namespace, committing: threading.Lock) -> int:
         return _error(exc, f"internal error {type(exc).__name__}: ", " (CHAINOFFLOAD_DEBUG=1 shows the traceback)")
 
 
-def _interrupted(worker: threading.Thread, committing: threading.Lock) -> None:
+def _interrupted(worker: threading.Thread | None, committing: threading.Lock) -> None:
     """Ctrl-C: end the process now with exit 130, unless the output is being written."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if not committing.acquire(blocking=False):
+    if worker is not None and not committing.acquire(blocking=False):
         worker.join()  # the command had finished; let its (short) write finish whole
     sys.stderr.write("chainoffload: interrupted\n")
     sys.stderr.flush()
