@@ -476,3 +476,11 @@ def test_edge_values_name_the_stage(field, values, pattern):
     # A huge int is no OverflowError traceback; 2^60 - 1 is below the bound, exactly.
     with pytest.raises(ChainError, match=pattern):
         Chain.from_dict({**chain_dict(3), field: values})
+
+
+def test_the_kernels_release_the_gil():
+    """The CLI's Ctrl-C relies on it: a kernel that held the GIL would keep the main thread from
+    handling SIGINT until the kernel returns (NOTE [ cli contract ])."""
+    from chainoffload._kernels.config import JIT_OPTIONS
+
+    assert JIT_OPTIONS["nogil"] is True
