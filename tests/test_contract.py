@@ -484,3 +484,15 @@ def test_the_kernels_release_the_gil():
     from chainoffload._kernels.config import JIT_OPTIONS
 
     assert JIT_OPTIONS["nogil"] is True
+
+
+def test_a_failing_lp_bound_degrades_to_the_trivial_one(chain3, monkeypatch):
+    import chainoffload.bounds as bounds
+
+    def fails(chain, platform):
+        raise RuntimeError("fluid_lp: the glop LP solver ended with status 'abnormal'")
+
+    monkeypatch.setattr(bounds, "lower_bound", fails)
+    r = solve(chain3, Platform(memory=192, bandwidth_d2h=1.0, bandwidth_h2d=1.0), "keep-all")
+    assert r.status == Status.OPTIMAL and r.lower_bound == chain3.compute_time
+    assert "abnormal" in r.info["lower_bound_note"] and "sum(fwd) + sum(bwd)" in r.info["lower_bound_note"]
