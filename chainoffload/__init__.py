@@ -10,6 +10,7 @@ from .chain import Chain, ChainError
 from .platform import Platform, PlatformError
 from .schedule import Schedule, ScheduleError, Transfer, fixed_order
 from .simulate import Timeline, Violation, simulate, keep_all_peak
+from .stalls import Stall, stalls
 from .result import Result, Status
 from .solvers import solve, methods, register, minimum_memory
 
@@ -28,6 +29,8 @@ __all__ = [
     "Violation",
     "simulate",
     "keep_all_peak",
+    "Stall",
+    "stalls",
     "Result",
     "Status",
     "solve",
