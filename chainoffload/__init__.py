@@ -13,6 +13,7 @@ from .simulate import Timeline, Violation, simulate, keep_all_peak
 from .stalls import Stall, stalls
 from .result import Result, Status
 from .solvers import solve, methods, register, minimum_memory
+from .tradeoff import Tradeoff, tradeoff
 
 __version__ = "0.1.0"
 
@@ -37,4 +38,6 @@ __all__ = [
     "methods",
     "register",
     "minimum_memory",
+    "Tradeoff",
+    "tradeoff",
 ]
