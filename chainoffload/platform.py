@@ -7,7 +7,7 @@ import math
 from typing import Any, Mapping
 
 from ._jsonio import JsonIO
-from .units import parse_bandwidth, parse_bytes, parse_seconds
+from .units import format_bytes, format_seconds, parse_bandwidth, parse_bytes, parse_seconds
 
 __all__ = ["Platform", "PlatformError"]
 
@@ -87,6 +87,25 @@ class Platform(JsonIO):
     def with_memory(self, memory: int) -> "Platform":
         """A copy with another memory limit."""
         return dataclasses.replace(self, memory=int(memory))
+
+    def describe(self, *, memory: bool = True) -> str:
+        """One line for people, e.g. ``4.00 GiB, 25 GB/s, latency 10.0 us, duplex``.
+
+        Parameters
+        ----------
+        memory
+            Whether to start with the memory limit (a sweep over memories leaves it out).
+        """
+        def bw(x: float) -> str:
+            return "inf" if math.isinf(x) else f"{x / 1e9:.3g} GB/s"
+
+        if self.bandwidth_d2h == self.bandwidth_h2d:
+            link = bw(self.bandwidth_d2h)
+        else:
+            link = f"D2H {bw(self.bandwidth_d2h)}, H2D {bw(self.bandwidth_h2d)}"
+        parts = [format_bytes(self.memory)] if memory else []
+        parts += [link, f"latency {format_seconds(self.latency)}", "duplex" if self.duplex else "half duplex"]
+        return ", ".join(parts)
 
     # -- JSON ------------------------------------------------------------------------------
 

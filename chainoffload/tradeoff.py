@@ -23,7 +23,7 @@ from .chain import Chain
 from .platform import Platform
 from .result import Result, Status
 
-__all__ = ["tradeoff", "Tradeoff", "TradeoffPoint", "DEFAULT_TRADEOFF_METHODS"]
+__all__ = ["tradeoff", "Tradeoff", "TradeoffPoint", "DEFAULT_TRADEOFF_METHODS", "sweep_memories"]
 
 #: What :func:`tradeoff` runs when no method is named: the policies users know, the default
 #: search, and the two that recompute (the exact ``cpsat`` is left out: it is for small chains).
@@ -52,7 +52,8 @@ class TradeoffPoint:
     runtime
         Seconds the method took.
     result
-        The full :class:`~chainoffload.Result` (schedule and timeline included).
+        The full :class:`~chainoffload.Result` (schedule and timeline included); ``None`` for
+        a point read back by :meth:`Tradeoff.from_dict`.
     """
 
     memory: int
@@ -62,7 +63,7 @@ class TradeoffPoint:
     lower_bound: float
     peak_memory: int
     runtime: float
-    result: Result
+    result: Result | None = None
 
     @property
     def feasible(self) -> bool:
@@ -182,6 +183,45 @@ class Tradeoff:
             },
         }
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Tradeoff":
+        """Read back what :meth:`to_dict` wrote (the points have no ``result``).
+
+        Raises ``ValueError`` naming the missing key when ``data`` is not such a table.
+        """
+        try:
+            memories = tuple(int(m) for m in data["memories"])
+            curves = {
+                name: tuple(
+                    TradeoffPoint(
+                        memory=int(p["memory"]),
+                        status=Status(p["status"]),
+                        makespan=_number(p["makespan"]),
+                        overhead=_number(p["overhead"]),
+                        lower_bound=_number(p["lower_bound"], missing=math.nan),
+                        peak_memory=int(p["peak_memory"]),
+                        runtime=float(p["runtime"]),
+                    )
+                    for p in entry["points"]
+                )
+                for name, entry in data["methods"].items()
+            }
+            platform = Platform.from_dict({**data["platform"], "memory": int(data["keep_all_peak"])})
+            return cls(
+                chain_name=str(data["chain"]),
+                platform=platform,
+                compute_time=float(data["compute_time"]),
+                keep_all_peak=int(data["keep_all_peak"]),
+                offload_floor=int(data["offload_memory_floor"]),
+                stage_floor=int(data["stage_memory_floor"]),
+                memories=memories,
+                lower_bound=tuple(_number(x) for x in data["lower_bound"]),
+                curves=curves,
+                remat={name: bool(entry["remat"]) for name, entry in data["methods"].items()},
+            )
+        except KeyError as exc:
+            raise ValueError(f"tradeoff: missing key {exc.args[0]!r} in the table") from None
+
     def plot(self, path: str | None = None, **kwargs: Any):
         """Draw the curves (see :func:`chainoffload.plot.plot_tradeoff`; needs matplotlib)."""
         from .plot import plot_tradeoff
@@ -189,19 +229,32 @@ class Tradeoff:
         return plot_tradeoff(self, path, **kwargs)
 
 
+def _number(x: float | None, missing: float = math.inf) -> float:
+    return missing if x is None else float(x)
+
+
 def _finite(x: float) -> float | None:
     x = float(x)
     return x if math.isfinite(x) else None
 
 
-def sweep_memories(chain: Chain, points: int) -> tuple[int, ...]:
-    """``points`` memory limits evenly spaced from the stage floor to the keep-all peak (bytes)."""
+def sweep_memories(chain: Chain, points: int, *, offload_floor: bool = True) -> tuple[int, ...]:
+    """Memory limits from the stage floor to the keep-all peak, in bytes, increasing.
+
+    ``points`` limits evenly spaced from :meth:`Chain.stage_memory_floor` to
+    :func:`chainoffload.keep_all_peak`, and with ``offload_floor`` also
+    :func:`chainoffload.bounds.offload_memory_floor` (where pure offloading may start to fit).
+    """
+    from .bounds import offload_memory_floor
     from .simulate import keep_all_peak
 
     if isinstance(points, bool) or not isinstance(points, (int, np.integer)) or points < 2:
         raise ValueError(f"points: expected an integer >= 2, got {points!r}")
     floor, peak = chain.stage_memory_floor(), keep_all_peak(chain)
-    return tuple(sorted({int(m) for m in np.linspace(floor, max(peak, floor), int(points))}))
+    swept = {int(m) for m in np.linspace(floor, max(peak, floor), int(points))}
+    if offload_floor:
+        swept.add(min(offload_memory_floor(chain), max(peak, floor)))
+    return tuple(sorted(swept))
 
 
 def tradeoff(
@@ -227,7 +280,7 @@ def tradeoff(
     memories
         Memory limits in bytes (any order; duplicates dropped); each must be at least
         :meth:`Chain.stage_memory_floor`. ``None`` sweeps ``points`` limits evenly from that
-        floor to the keep-all peak.
+        floor to the keep-all peak, plus the offload floor (see :func:`sweep_memories`).
     points
         Number of memory limits when ``memories`` is ``None`` (at least 2).
     time_limit
@@ -252,9 +305,9 @@ def tradeoff(
     >>> link = co.Platform(memory=0, bandwidth_d2h=25.0, bandwidth_h2d=25.0)
     >>> t = co.tradeoff(tiny(), link, ["offload-all", "rotor"], points=3)
     >>> t.memories, t.keep_all_peak, t.offload_floor, t.stage_floor
-    ((162, 177, 192), 192, 167, 162)
+    ((162, 167, 177, 192), 192, 167, 162)
     >>> [p.status.value for p in t.curves["offload-all"]]
-    ['infeasible', 'feasible', 'feasible']
+    ['infeasible', 'feasible', 'feasible', 'feasible']
     """
     from .bounds import lower_bound, offload_memory_floor
     from .simulate import keep_all_peak
