@@ -97,7 +97,12 @@ class Platform(JsonIO):
             Whether to start with the memory limit (a sweep over memories leaves it out).
         """
         def bw(x: float) -> str:
-            return "inf" if math.isinf(x) else f"{x / 1e9:.3g} GB/s"
+            if math.isinf(x):
+                return "inf"
+            for factor, unit in ((1e9, "GB/s"), (1e6, "MB/s"), (1e3, "kB/s")):
+                if x >= factor:
+                    return f"{x / factor:.3g} {unit}"
+            return f"{x:.3g} B/s"
 
         if self.bandwidth_d2h == self.bandwidth_h2d:
             link = bw(self.bandwidth_d2h)

@@ -413,8 +413,7 @@ def plot_timeline_html(
         f"start %{{customdata[1]:.4g}} {t_unit}, end %{{customdata[2]:.4g}} {t_unit} "
         f"(%{{customdata[3]:.4g}} {t_unit})<br>"
         "%{customdata[4]}<br>"
-        f"memory in use: %{{customdata[5]:.4g}} {b_unit} at its start, "
-        f"at most %{{customdata[6]:.4g}} {b_unit} during it<extra></extra>"
+        "memory in use: %{customdata[5]} at its start, at most %{customdata[6]} during it<extra></extra>"
     )
     bars: dict[str, dict[str, list]] = {}
 
@@ -424,7 +423,7 @@ def plot_timeline_html(
         b["x"].append((end - start) * t_scale)
         b["base"].append(start * t_scale)
         b["y"].append(row_of[lane])
-        b["customdata"].append([name, start * t_scale, end * t_scale, (end - start) * t_scale, detail, at / b_scale, peak / b_scale])
+        b["customdata"].append([name, start * t_scale, end * t_scale, (end - start) * t_scale, detail, format_bytes(at), format_bytes(peak)])
 
     for k, (kind, stage) in enumerate(schedule.compute):
         key = "Fck" if kind in ("Fck", "Fn") else kind
