@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import math
+import textwrap
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
@@ -642,7 +643,7 @@ def plot_tradeoff(
         ax.set_ylim(0, top * 1.08)
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}%"))
     ax.set_xlabel(f"GPU memory for activations ({b_unit})")
-    ax.set_ylabel("overhead over compute" + (" (log above %g%%)" % linthresh if use_symlog else ""))
+    ax.set_ylabel("overhead over compute")
     span = (max(tr.keep_all_peak, max(tr.memories)) - min(tr.stage_floor, min(tr.memories))) / b_scale
     ax.set_xlim(min(tr.stage_floor, min(tr.memories)) / b_scale - 0.03 * span, max(tr.keep_all_peak, max(tr.memories)) / b_scale + 0.03 * span)
     ax.grid(alpha=0.3, which="major")
@@ -652,10 +653,12 @@ def plot_tradeoff(
         text = (
             "Overhead = simulated makespan / (sum fwd + sum bwd) - 1; a gap in a line: the method finds no schedule at that memory."
             + (f" The y axis is linear up to {linthresh:g}% and logarithmic above." if use_symlog else "")
-            + "\nGrey: below the proven lower bound of pure offloading. Yellow: between the stage floor (nothing fits below) and the"
-            " offload floor (no schedule without\nrecomputation fits below). Where methods coincide, a large hollow marker sits under"
-            " a small filled one."
+            + " Grey: below the proven lower bound of pure offloading. Yellow: between the stage floor (nothing fits below)"
+            " and the offload floor (nothing fits below without recomputation). Where methods coincide, a large hollow"
+            " marker sits under a small filled one."
         )
+        # ~0.5 em per character of 7.5 pt text across the figure's width.
+        text = "\n".join(textwrap.wrap(text, width=int(width * 72 * (1 - left) / (0.5 * 7.5))))
         fig.text(left, 0.015, text, fontsize=7.5, va="bottom", ha="left", color="#333333")
     if path is not None:
         fig.savefig(path, dpi=dpi)

@@ -127,7 +127,7 @@ def test_every_subcommand_is_defined_in_cli():
     from chainoffload.cli import build_parser
 
     sub = next(a for a in build_parser()._actions if a.dest == "command")
-    assert set(sub.choices) == {"solve", "simulate", "verify", "plot", "methods", "example"}
+    assert set(sub.choices) == {"solve", "simulate", "verify", "plot", "tradeoff", "methods", "example"}
 
 
 def test_nothing_below_the_cli_imports_it():

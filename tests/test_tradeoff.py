@@ -136,3 +136,31 @@ def test_plot_reads(tmp_path):
     plt.close(fig)
     with pytest.raises(ValueError, match="yscale: expected 'auto', 'symlog' or 'linear', got 'log2'"):
         t.plot(yscale="log2")
+
+
+def test_cli_tradeoff(tmp_path, capsys, chain3):
+    from chainoffload.cli import main
+
+    path = tmp_path / "c.json"
+    chain3.save(path)
+    # No --memory: the sweep sets it.
+    assert main(["tradeoff", str(path), "--bandwidth", "25", "--methods", "offload-all", "rotor", "--points", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "stage floor    162 B: no schedule fits below (proven)" in out
+    assert "offload floor  167 B: no schedule without recomputation fits below (proven)" in out
+    assert "keep-all peak  192 B: everything fits, no overhead" in out
+    lines = out.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.split()[:1] == ["memory"])
+    assert lines[head].split() == ["memory", "offload-all", "rotor", "lower", "bound"]
+    assert [line.split()[0] for line in lines[head + 1 :]] == ["162", "167", "177", "192"]
+    assert lines[head + 1].split()[2] == "-"  # 162 B: offload-all finds nothing, the bound is infinite
+
+    png = tmp_path / "t.png"
+    assert main(["tradeoff", str(path), "--bandwidth", "25", "--methods", "rotor", "--memories", "170,192", "--json", "-o", str(png)]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["memories"] == [170, 192] and list(data["methods"]) == ["rotor"] and png.stat().st_size > 5000
+
+    assert main(["tradeoff", str(path), "--memories", "100"]) == 2
+    assert "memories[0]: 100 B is below 162 B" in capsys.readouterr().err
+    assert main(["tradeoff", str(path), "--methods", "nope"]) == 2
+    assert "unknown method 'nope'" in capsys.readouterr().err
