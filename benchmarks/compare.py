@@ -53,7 +53,7 @@ def chains(names: list[str] | None, quick: bool) -> list[co.Chain]:
     except ImportError:
         from chainoffload.examples import example
 
-        available, loader = ["resnet18"], example
+        available, loader = ["resnet18-formula"], example
     if names:
         unknown = sorted(set(names) - set(available))
         if unknown:
