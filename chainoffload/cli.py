@@ -82,6 +82,28 @@ def _instance_rows(chain: Chain, platform: Platform) -> list[tuple[str, str]]:
     ]
 
 
+def _idle_text(timeline: Any) -> str:
+    """Where compute waits, by cause (see :func:`chainoffload.stalls`), for the tables."""
+    from .stalls import stalls
+
+    found = stalls(timeline)
+    if not found:
+        return "never (every copy is hidden behind compute)"
+
+    def names(cause: str) -> str:
+        seen = list(dict.fromkeys(s.transfer_name for s in found if s.cause == cause))
+        return ", ".join(seen[:6]) + (", ..." if len(seen) > 6 else "")
+
+    idle = sum(s.duration for s in found)
+    parts = []
+    for cause, what in (("offload", "for offloads to free memory"), ("prefetch", "for prefetches to arrive")):
+        total = sum(s.duration for s in found if s.cause == cause)
+        if total > 0:
+            parts.append(f"{format_seconds(total)} {what} ({names(cause)})")
+    share = f" ({100 * idle / timeline.makespan:.0f}% of the makespan)" if timeline.makespan > 0 else ""
+    return f"{format_seconds(idle)}{share} in {len(found)} stall{'' if len(found) == 1 else 's'}: " + "; ".join(parts)
+
+
 def _print_table(rows: Sequence[tuple[str, str]]) -> None:
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
@@ -131,6 +153,7 @@ def _cmd_solve(args: argparse.Namespace) -> int:
         rows += [
             ("makespan", f"{format_seconds(result.makespan)}  (+{100 * (result.makespan / base - 1):.2f}% over compute)"),
             ("lower bound", f"{format_seconds(result.lower_bound)}  (gap {100 * result.gap:.2f}%)"),
+            ("compute idle", _idle_text(result.timeline)),
             ("peak memory", f"{format_bytes(result.peak_memory)} of {format_bytes(platform.memory)}"),
             (
                 "offloaded",
@@ -169,6 +192,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     rows = _instance_rows(chain, platform) + [
         ("feasible", "yes" if v is None else f"no: {v.rule} rule broken by {v.op}"),
         ("makespan", f"{format_seconds(timeline.makespan)}  (+{100 * timeline.overhead:.2f}% over compute)"),
+        ("compute idle", _idle_text(timeline)),
         ("peak memory", f"{format_bytes(timeline.peak_memory)} of {format_bytes(platform.memory)}"),
         ("offloaded", f"{format_bytes(timeline.offloaded_bytes)} in units {list(schedule.offloaded_units)}"),
     ]
@@ -216,7 +240,6 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 def _cmd_plot(args: argparse.Namespace) -> int:
     from .plot import plot_timeline
     from .simulate import simulate
-    from .stalls import stalls
 
     chain = Chain.load(args.chain)
     schedule = Schedule.load(args.schedule)
@@ -234,12 +257,10 @@ def _cmd_plot(args: argparse.Namespace) -> int:
         timeline, args.out, width=args.width, height=args.height, dpi=args.dpi, lower_bound=bound,
         method=args.method, stalls=not args.no_stalls, title=args.title,
     )
-    found = stalls(timeline)
-    idle = sum(s.duration for s in found)
     print(
         f"wrote {args.out}: makespan {format_seconds(timeline.makespan)}"
         + ("" if bound is None else f", lower bound {format_seconds(bound)}")
-        + f", compute idle {format_seconds(idle)} in {len(found)} stall{'' if len(found) == 1 else 's'}"
+        + f"; compute idle {_idle_text(timeline)}"
     )
     return 0
 

@@ -48,7 +48,7 @@ def test_solve_json_and_simulate_agree(capsys, files):
     assert code == 0 and sim["feasible"] is False and sim["violation"]["rule"] == "memory"
     assert sim["makespan"] == 12.0 and sim["peak_memory"] == 192
     code, out, _ = run(capsys, "simulate", str(chain), str(sched), "--memory", "192")
-    assert code == 0 and "feasible     yes" in out
+    assert code == 0 and "feasible      yes" in out and "compute idle  never (every copy is hidden behind compute)" in out
 
 
 def test_solve_table(capsys, files):

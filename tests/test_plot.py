@@ -60,7 +60,10 @@ def test_cli_plot(tmp_path, capsys, chain3, timeline):
     assert out.stat().st_size > 5000
     # At 25 B/s: P_2 waits for O_2 ([3, 4.4]) and arrives at 5.8, B_3 idles 1.8 s; P_1, triggered at
     # the end of B_3 (7.8), arrives at 8.8, B_2 idles 1 s. The bound is the LP's.
-    assert capsys.readouterr().out == f"wrote {out}: makespan 14.800 s, lower bound 12.000 s, compute idle 2.800 s in 2 stalls\n"
+    assert capsys.readouterr().out == (
+        f"wrote {out}: makespan 14.800 s, lower bound 12.000 s; compute idle 2.800 s (19% of the makespan) in 2 stalls: "
+        "2.800 s for prefetches to arrive (P_2, P_1)\n"
+    )
 
 
 def test_cli_plot_html_and_options(tmp_path, capsys, chain3, timeline):
@@ -72,7 +75,7 @@ def test_cli_plot_html_and_options(tmp_path, capsys, chain3, timeline):
     assert main(argv + ["--method", "by-hand", "--no-bound"]) == 0
     html = out.read_text()
     assert "tiny (by-hand): makespan 14.800 s" in html and "lower bound" not in html.split("tiny (by-hand)")[1][:200]
-    assert capsys.readouterr().out.startswith(f"wrote {out}: makespan 14.800 s, compute idle")
+    assert capsys.readouterr().out.startswith(f"wrote {out}: makespan 14.800 s; compute idle")
     assert main(argv + ["--title", "my own title", "--no-stalls"]) == 0
     assert "my own title" in out.read_text() and "idle: waiting for" not in out.read_text()
 
