@@ -20,7 +20,7 @@ from typing import Any, Sequence
 from .chain import Chain
 from .platform import Platform
 from .schedule import Schedule
-from .units import format_bytes, format_seconds, parse_bandwidth, parse_bytes, parse_seconds
+from .units import format_bytes, format_percent, format_seconds, parse_bandwidth, parse_bytes, parse_seconds
 
 __all__ = ["main", "build_parser", "add_platform_flags", "load_platform", "CliError"]
 
@@ -100,7 +100,7 @@ def _idle_text(timeline: Any) -> str:
         total = sum(s.duration for s in found if s.cause == cause)
         if total > 0:
             parts.append(f"{format_seconds(total)} {what} ({names(cause)})")
-    share = f" ({100 * idle / timeline.makespan:.0f}% of the makespan)" if timeline.makespan > 0 else ""
+    share = f" ({format_percent(idle / timeline.makespan)} of the makespan)" if timeline.makespan > 0 else ""
     return f"{format_seconds(idle)}{share} in {len(found)} stall{'' if len(found) == 1 else 's'}: " + "; ".join(parts)
 
 

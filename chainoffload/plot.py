@@ -100,7 +100,7 @@ def _stall_totals(found: Sequence[Any]) -> dict[str, float]:
 
 def _title_lines(timeline: "Timeline", lower_bound: float | None, found: Sequence[Any], method: str | None = None) -> list[str]:
     """Headline (makespan, overhead, bound, verdict) and the platform and idle-time line."""
-    from .units import format_seconds
+    from .units import format_percent, format_seconds
 
     makespan = timeline.makespan
     who = f"{timeline.chain.name}" + (f" ({method})" if method else "")
@@ -113,8 +113,8 @@ def _title_lines(timeline: "Timeline", lower_bound: float | None, found: Sequenc
     totals = _stall_totals(found)
     idle = sum(totals.values())
     if makespan > 0 and idle > 0:
-        parts = [f"{100 * totals[c] / makespan:.0f}% for {'offloads' if c == 'offload' else 'prefetches'}" for c in totals if totals[c] > 0]
-        line += f"; compute idle {100 * idle / makespan:.0f}% of the time: " + ", ".join(parts)
+        parts = [f"{format_percent(totals[c] / makespan)} for {'offloads' if c == 'offload' else 'prefetches'}" for c in totals if totals[c] > 0]
+        line += f"; compute idle {format_percent(idle / makespan)} of the time: " + ", ".join(parts)
     elif makespan > 0:
         line += "; compute never idles"
     return [head, line]

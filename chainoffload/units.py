@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import re
 
-__all__ = ["parse_bytes", "parse_bandwidth", "parse_seconds", "format_bytes", "format_seconds"]
+__all__ = ["parse_bytes", "parse_bandwidth", "parse_seconds", "format_bytes", "format_seconds", "format_percent"]
 
 _SIZE_FACTORS = {
     "": 1,
@@ -131,3 +131,13 @@ def format_seconds(t: float) -> str:
     if abs(t) >= 1e-3:
         return f"{t * 1e3:.3f} ms"
     return f"{t * 1e6:.1f} us"
+
+
+def format_percent(fraction: float) -> str:
+    """Format a fraction as a percentage that never rounds a nonzero share to 0, e.g. ``57%``, ``0.013%``."""
+    if not math.isfinite(fraction):
+        return str(fraction)
+    pct = 100.0 * fraction
+    if pct == 0 or abs(pct) >= 1:
+        return f"{pct:.0f}%"
+    return f"{pct:.2g}%"

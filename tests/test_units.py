@@ -59,3 +59,9 @@ def test_format():
     assert format_seconds(0.0123) == "12.300 ms"
     assert format_seconds(2.5) == "2.500 s"
     assert format_seconds(5e-6) == "5.0 us"
+
+
+def test_format_percent_never_rounds_a_share_to_zero():
+    from chainoffload.units import format_percent
+
+    assert [format_percent(x) for x in (0.0, 0.5712, 1.0, 0.00012345, 0.0099)] == ["0%", "57%", "100%", "0.012%", "0.99%"]
