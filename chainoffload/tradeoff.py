@@ -107,8 +107,10 @@ class Tradeoff:
         The memory limits swept, increasing, in bytes.
     lower_bound
         Per memory, the proven lower bound on the makespan of every pure-offloading schedule
-        (seconds): the best bound any pure-offloading result reported there, and at least
-        :func:`chainoffload.bounds.lower_bound`; ``inf`` below ``offload_floor``.
+        (seconds): the best bound any pure-offloading result reported there or at a larger
+        memory, and at least :func:`chainoffload.bounds.lower_bound`; ``inf`` below
+        ``offload_floor``. (A schedule that fits in some memory fits in more, so the optimum
+        only falls as memory grows and a bound at a larger memory holds at a smaller one.)
     curves
         Method name to one :class:`TradeoffPoint` per memory, in the order of ``memories``.
     remat
@@ -215,7 +217,7 @@ class Tradeoff:
                 offload_floor=int(data["offload_memory_floor"]),
                 stage_floor=int(data["stage_memory_floor"]),
                 memories=memories,
-                lower_bound=tuple(_number(x) for x in data["lower_bound"]),
+                lower_bound=_monotone([_number(x) for x in data["lower_bound"]]),
                 curves=curves,
                 remat={name: bool(entry["remat"]) for name, entry in data["methods"].items()},
             )
@@ -227,6 +229,14 @@ class Tradeoff:
         from .plot import plot_tradeoff
 
         return plot_tradeoff(self, path, **kwargs)
+
+
+def _monotone(bounds: Sequence[float]) -> tuple[float, ...]:
+    """Each bound raised to the best one at any larger memory (the memories are increasing)."""
+    out = [float(b) for b in bounds]
+    for j in range(len(out) - 2, -1, -1):
+        out[j] = max(out[j], out[j + 1])
+    return tuple(out)
 
 
 def _number(x: float | None, missing: float = math.inf) -> float:
@@ -377,7 +387,7 @@ def tradeoff(
         offload_floor=offload_floor,
         stage_floor=stage_floor,
         memories=swept,
-        lower_bound=tuple(bounds),
+        lower_bound=_monotone(bounds),
         curves={name: tuple(pts) for name, pts in curves.items()},
         remat={name: entry.remat for name, entry in entries.items()},
     )

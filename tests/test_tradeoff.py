@@ -164,3 +164,14 @@ def test_cli_tradeoff(tmp_path, capsys, chain3):
     assert "memories[0]: 100 B is below 162 B" in capsys.readouterr().err
     assert main(["tradeoff", str(path), "--methods", "nope"]) == 2
     assert "unknown method 'nope'" in capsys.readouterr().err
+
+
+def test_the_bound_never_rises_with_memory():
+    # CP-SAT proves a better bound than the LP at some memories; a bound at a larger memory
+    # holds at a smaller one (what fits in less fits in more), so the curve is non-increasing.
+    from chainoffload.tradeoff import _monotone
+
+    assert _monotone([math.inf, 5.0, 3.0, 4.0, 1.0]) == (math.inf, 5.0, 4.0, 4.0, 1.0)
+    t = tradeoff(resnet18(), Platform(memory=0, bandwidth_d2h=50e9, bandwidth_h2d=50e9, latency=1e-5), ["offload-all", "best"], points=5, time_limit=1.0)
+    finite = [b for b in t.lower_bound if math.isfinite(b)]
+    assert finite == sorted(finite, reverse=True)
