@@ -275,6 +275,7 @@ def tradeoff(
     *,
     points: int = 10,
     time_limit: float | None = 5.0,
+    **options: Any,
 ) -> Tradeoff:
     """Run ``methods`` at each memory limit and return overhead against memory per method.
 
@@ -296,6 +297,9 @@ def tradeoff(
     time_limit
         Seconds, passed to the methods that take a ``time_limit``; ``None`` keeps each
         method's own default.
+    **options
+        Passed to every method as given (e.g. ``keep=[3, 5]`` for the pure-offloading ones); a
+        method that does not take one raises, naming the options it takes.
 
     Returns
     -------
@@ -345,11 +349,13 @@ def tradeoff(
     offload_floor = offload_memory_floor(chain)
     peak = keep_all_peak(chain)
 
-    options: dict[str, dict[str, Any]] = {}
+    extra = dict(options)
+    options = {}
     for name, entry in entries.items():
         params = inspect.signature(entry.load()).parameters
         takes = "time_limit" in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
         options[name] = {"time_limit": float(time_limit)} if (takes and time_limit is not None) else {}
+        options[name].update(extra)
 
     curves: dict[str, list[TradeoffPoint]] = {name: [] for name in entries}
     bounds: list[float] = []

@@ -175,3 +175,14 @@ def test_the_bound_never_rises_with_memory():
     t = tradeoff(resnet18(), Platform(memory=0, bandwidth_d2h=50e9, bandwidth_h2d=50e9, latency=1e-5), ["offload-all", "best"], points=5, time_limit=1.0)
     finite = [b for b in t.lower_bound if math.isfinite(b)]
     assert finite == sorted(finite, reverse=True)
+
+
+def test_options_reach_every_method(chain3):
+    # keep=[2]: no schedule of the sweep offloads unit 2; a method that does not take keep= says so.
+    t = tradeoff(chain3, LINK, ["offload-all", "best"], memories=[167, 192], time_limit=1.0, keep=[2])
+    for m in t.methods:
+        for p in t.curves[m]:
+            if p.feasible:
+                assert 2 not in p.result.schedule.offloaded_units
+    with pytest.raises(ValueError, match="method 'rotor' does not take keep"):
+        tradeoff(chain3, LINK, ["rotor"], memories=[192], keep=[2])
