@@ -5,9 +5,8 @@ import math
 import numpy as np
 import pytest
 
-from chainoffload.chain import Chain
 from chainoffload.platform import Platform
-from chainoffload.result import Result, Status
+from chainoffload.result import Status
 from chainoffload.simulate import keep_all_peak, simulate
 from chainoffload.solvers import solve
 from chainoffload._kernels.joint import spine_table
@@ -17,25 +16,7 @@ from chainoffload.solvers.joint_exact import joint_exact
 from chainoffload.solvers.rotor import rotor, slots_for
 
 from naive_joint import best_plan, plan_cost, plan_of_nodes
-
-
-def random_chain(rng, length):
-    act = rng.integers(1, 100, length + 1) * 1000
-    saved = act[1:] + rng.integers(0, 300, length) * 1000
-    fwd = rng.uniform(0.5, 2.0, length)
-    return Chain(fwd, fwd * rng.uniform(1, 3, length), act, saved, rng.integers(0, 50, length) * 1000,
-                 rng.integers(0, 50, length) * 1000, fwd_nosave=fwd * rng.uniform(0.5, 1.0, length))
-
-
-def instances(seed, count, lengths=(2, 14)):
-    rng = np.random.default_rng(seed)
-    for _ in range(count):
-        chain = random_chain(rng, int(rng.integers(*lengths)))
-        floor, top = chain.stage_memory_floor(), keep_all_peak(chain)
-        memory = int(floor + rng.uniform(0.02, 1.0) * (top - floor))
-        bw = float(rng.choice([1e4, 1e5, 3e5, 1e6, 1e8]))
-        yield chain, Platform(memory=memory, bandwidth_d2h=bw, bandwidth_h2d=bw,
-                              latency=float(rng.choice([0.0, 0.01])), duplex=bool(rng.integers(0, 2)))
+from remat_cases import fraction_platform, instances, random_chain, slow_link_chain
 
 
 def test_table_is_the_optimum_of_its_model_over_every_plan():
@@ -83,11 +64,12 @@ def test_window_tables_from_pieces_equal_rotors_full_table():
             assert np.array_equal(win, ref_win) and np.array_equal(choice, ref_choice)
 
 
-def test_bandwidth_zero_is_rotor():
+@pytest.mark.parametrize("dp", [joint_dp, joint_exact])
+def test_bandwidth_zero_is_rotor(dp):
     compared = 0
     for chain, platform in instances(3, 25):
         platform = platform.replace(bandwidth_d2h=0.0, bandwidth_h2d=0.0)
-        j, r = joint_dp(chain, platform, slots=150), rotor(chain, platform, slots=150)
+        j, r = dp(chain, platform, slots=150), rotor(chain, platform, slots=150)
         if r.info.get("source") == "dp":  # not rotor's keep-all / recompute-all fallbacks
             assert j.schedule == r.schedule and j.makespan == r.makespan
             assert not j.schedule.transfers
@@ -112,17 +94,10 @@ def test_every_result_is_the_simulators_and_fits():
 def test_several_transfers_in_flight_and_both_kinds_of_item():
     # The paper's DP queues copies: on a slow link several offloads overlap on the D2H channel,
     # and it moves lone checkpoints (offload "as a") as well as whole units ("as a-bar").
-    rng = np.random.default_rng(7)
-    length = 30
-    act = rng.integers(1 << 20, 1 << 26, size=length + 1)
-    saved = act[1:] * rng.integers(1, 6, size=length)
-    fwd = saved * 2e-12 * rng.uniform(0.5, 2.0, size=length)
-    chain = Chain(fwd, 2 * fwd, act, saved, act[1:] // 2, act[1:])
-    floor, top = chain.stage_memory_floor(), keep_all_peak(chain)
+    chain = slow_link_chain(np.random.default_rng(7))
     overlapping = kinds = 0
     for frac in (0.2, 0.4, 0.6):
-        platform = Platform(memory=int(floor + frac * (top - floor)), bandwidth_d2h=25e9, bandwidth_h2d=25e9,
-                            latency=1e-5)
+        platform = fraction_platform(chain, frac)
         res = joint_dp(chain, platform)
         tl = simulate(chain, platform, res.schedule)
         off = [k for k, t in enumerate(res.schedule.transfers) if t.kind == "offload"]

@@ -9,30 +9,12 @@ from chainoffload.chain import Chain
 from chainoffload.platform import Platform
 from chainoffload.result import Status
 from chainoffload.simulate import keep_all_peak, simulate
-from chainoffload.solvers import methods, solve
 from chainoffload._kernels.joint_exact import STRIDE, VARIANTS, item_credit_stage, spine_table
 from chainoffload._kernels.rotor import rotor_table
 from chainoffload.solvers.joint_exact import exact_table, joint_exact
 from chainoffload.solvers.rotor import rotor, slots_for
 
-
-def random_chain(rng, length):
-    act = rng.integers(1, 100, length + 1) * 1000
-    saved = act[1:] + rng.integers(0, 300, length) * 1000
-    fwd = rng.uniform(0.5, 2.0, length)
-    return Chain(fwd, fwd * rng.uniform(1, 3, length), act, saved, rng.integers(0, 50, length) * 1000,
-                 rng.integers(0, 50, length) * 1000, fwd_nosave=fwd * rng.uniform(0.5, 1.0, length))
-
-
-def instances(seed, count, lengths=(2, 14)):
-    rng = np.random.default_rng(seed)
-    for _ in range(count):
-        chain = random_chain(rng, int(rng.integers(*lengths)))
-        floor, top = chain.stage_memory_floor(), keep_all_peak(chain)
-        memory = int(floor + rng.uniform(0.02, 1.0) * (top - floor))
-        bw = float(rng.choice([1e4, 1e5, 3e5, 1e6, 1e8]))
-        yield chain, Platform(memory=memory, bandwidth_d2h=bw, bandwidth_h2d=bw,
-                              latency=float(rng.choice([0.0, 0.01])), duplex=bool(rng.integers(0, 2)))
+from remat_cases import fraction_platform, instances, random_chain, slow_link_chain
 
 
 def test_dp_value_bounds_the_simulated_makespan():
@@ -78,17 +60,11 @@ def test_transfers_start_on_an_idle_channel_at_their_trigger():
 def test_overlap_pays_on_a_slow_link():
     # Transfers overlap compute: on a link too slow for the old "wait for every copy"
     # recurrence to gain anything, offloading still removes part of rotor's overhead.
-    rng = np.random.default_rng(7)
-    length = 30
-    act = rng.integers(1 << 20, 1 << 26, size=length + 1)
-    saved = act[1:] * rng.integers(1, 6, size=length)
-    fwd = saved * 2e-12 * rng.uniform(0.5, 2.0, size=length)
-    chain = Chain(fwd, 2 * fwd, act, saved, act[1:] // 2, act[1:])
-    floor, top = chain.stage_memory_floor(), keep_all_peak(chain)
-    platform = Platform(memory=int(floor + 0.6 * (top - floor)), bandwidth_d2h=25e9, bandwidth_h2d=25e9, latency=1e-5)
+    chain = slow_link_chain(np.random.default_rng(7))
+    platform = fraction_platform(chain, 0.6)
     j, r = joint_exact(chain, platform), rotor(chain, platform)
     # Moving a unit takes 10 to 40 times its forward: no copy of a unit hides behind one op.
-    assert np.all(saved / 25e9 > 5 * fwd)
+    assert np.all(chain.saved / 25e9 > 5 * chain.fwd)
     assert j.schedule.transfers
     removed = (r.makespan - j.makespan) / (r.makespan - chain.compute_time)
     assert removed > 0.05, removed
@@ -117,18 +93,6 @@ def test_exact_never_worse_than_rotor_at_the_same_slots():
         j, r = joint_exact(chain, platform, slots=200), rotor(chain, platform, slots=200)
         if r.status.has_schedule and r.info.get("source") == "dp":
             assert j.status.has_schedule and j.makespan <= r.makespan * (1 + 1e-9)
-
-
-def test_bandwidth_zero_is_rotor():
-    compared = 0
-    for chain, platform in instances(3, 25):
-        platform = platform.replace(bandwidth_d2h=0.0, bandwidth_h2d=0.0)
-        j, r = joint_exact(chain, platform, slots=150), rotor(chain, platform, slots=150)
-        if r.info.get("source") == "dp":  # not rotor's keep-all / recompute-all fallbacks
-            assert j.schedule == r.schedule and j.makespan == r.makespan
-            assert not j.schedule.transfers
-            compared += 1
-    assert compared >= 15
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -247,15 +211,9 @@ def test_backward_credit_lets_left_segments_use_an_offloaded_unit(monkeypatch):
     rng = np.random.default_rng(5)
     strictly = 0
     for _ in range(3):
-        length = 30
-        act = rng.integers(1 << 20, 1 << 26, size=length + 1)
-        saved = act[1:] * rng.integers(1, 6, size=length)
-        fwd = saved * 2e-12 * rng.uniform(0.5, 2.0, size=length)
-        chain = Chain(fwd, 2 * fwd, act, saved, act[1:] // 2, act[1:])
-        floor, top = chain.stage_memory_floor(), keep_all_peak(chain)
+        chain = slow_link_chain(rng)
         for frac in (0.2, 0.4, 0.6):
-            platform = Platform(memory=int(floor + frac * (top - floor)), bandwidth_d2h=25e9, bandwidth_h2d=25e9,
-                                latency=1e-5)
+            platform = fraction_platform(chain, frac)
             with_back = joint_exact(chain, platform, slots=200)
             monkeypatch.setattr(joint_module, "item_credit_stage", forward_credit_only)
             without = joint_exact(chain, platform, slots=200)

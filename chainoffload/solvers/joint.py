@@ -102,6 +102,7 @@ from ..platform import Platform
 from ..result import Result, Status
 from ..schedule import Schedule, Transfer
 from ..simulate import Timeline, simulate
+from .joint_exact import dp_result, joint_exact
 from .rotor import DEFAULT_SLOTS, Slots, emit_segment, slots_for
 
 __all__ = ["joint", "joint_dp", "joint_table", "joint_schedule", "walk", "window_tables", "JointTable", "Node"]
@@ -607,22 +608,8 @@ def joint_dp(
                 if not schedule.transfers:
                     break
     if found is not None:
-        schedule, timeline, fraction = found
-        info["root"] = fraction
-        info["offloaded_units"] = list(schedule.offloaded_units)
-        info["recomputed"] = sum(1 for k, _ in schedule.compute if k in ("Fck", "Fn"))
-        return Result(
-            "joint", Status.FEASIBLE, schedule, makespan=timeline.makespan, runtime=time.perf_counter() - t0, info=info
-        )
-    return Result(
-        "joint",
-        Status.INFEASIBLE,
-        None,
-        runtime=time.perf_counter() - t0,
-        info=info,
-        message=f"joint: no plan fits in {platform.memory} B at {slots} slots"
-        + (f" ({last_message})" if last_message else ""),
-    )
+        info["root"] = found[2]
+    return dp_result("joint", found, info, t0, platform, slots, last_message)
 
 
 def joint(
@@ -656,7 +643,6 @@ def joint(
         has); by default :func:`chainoffload.solvers.best.best` is run here.
     """
     from .best import best
-    from .joint_exact import joint_exact
     from .rotor import rotor
 
     if offload is not None and not isinstance(offload, Result):

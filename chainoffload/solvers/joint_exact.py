@@ -329,20 +329,25 @@ def joint_exact(
             if not timeline.feasible
             else f"simulated makespan {timeline.makespan!r} above the table's {value!r}"
         )
+    return dp_result("joint-exact", found, info, t0, platform, slots, last_message)
+
+
+def dp_result(method: str, found, info: dict, t0: float, platform: Platform, slots: int, last_message: str) -> Result:
+    """The Result of a remat + offload DP: ``found`` = (schedule, timeline, ...) or None."""
     if found is not None:
-        schedule, timeline = found
+        schedule, timeline = found[0], found[1]
         info["offloaded_units"] = list(schedule.offloaded_units)
         info["recomputed"] = sum(1 for k, _ in schedule.compute if k in ("Fck", "Fn"))
         return Result(
-            "joint-exact", Status.FEASIBLE, schedule, makespan=timeline.makespan, runtime=time.perf_counter() - t0, info=info
+            method, Status.FEASIBLE, schedule, makespan=timeline.makespan, runtime=time.perf_counter() - t0, info=info
         )
     return Result(
-        "joint-exact",
+        method,
         Status.INFEASIBLE,
         None,
         runtime=time.perf_counter() - t0,
         info=info,
-        message=f"joint-exact: no plan fits in {platform.memory} B at {slots} slots"
+        message=f"{method}: no plan fits in {platform.memory} B at {slots} slots"
         + (f" ({last_message})" if last_message else ""),
     )
 
