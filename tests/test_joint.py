@@ -169,6 +169,18 @@ def test_unlimited_bandwidth_reaches_compute_time_where_rotor_cannot(seed):
     assert solve(chain, platform, method="joint").status == Status.OPTIMAL
 
 
+def test_unlimited_bandwidth_on_a_network_keeps_two_units_and_recomputes_nothing():
+    # Millisecond stage times: copies that take no time must leave the queues empty.
+    from chainoffload.networks import network
+
+    chain = network("resnet50")
+    platform = Platform(memory=int(0.5 * keep_all_peak(chain)), bandwidth_d2h=math.inf, bandwidth_h2d=math.inf)
+    res = joint_dp(chain, platform)
+    assert rotor(chain, platform).makespan > chain.compute_time * 1.01
+    assert res.makespan == pytest.approx(chain.compute_time, rel=1e-12)
+    assert not any(kind in ("Fck", "Fn") for kind, _ in res.schedule.compute)
+
+
 def test_cpsat_cannot_beat_joint_by_more_than_rounding():
     # CP-SAT solves pure offloading exactly; joint includes the pure-offloading result and may
     # recompute as well, so on these small chains CP-SAT never beats it beyond its time grid.

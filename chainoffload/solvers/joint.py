@@ -326,9 +326,10 @@ def joint_table(
             n_f = n_b = n_q
             delta_f, delta_b = span_f / n_f, span_b / n_b
         else:
-            # Unlimited bandwidth and no latency: copies take no time, the queues stay empty.
+            # Unlimited bandwidth and no latency: copies take no time and the queues stay empty;
+            # a fine grid keeps an end rounded up to it within the op that triggered it.
             n_f = n_b = 1
-            delta_f = delta_b = 1.0
+            delta_f = delta_b = max(float(fclk[n + 1]), float(bclk[n + 1]), 1e-300) * 1e-9
     else:
         d_in = np.full((n + 2, 2), np.inf)
         h_in = np.full((n + 2, 2), np.inf)
