@@ -34,7 +34,8 @@ def plan_cost(chain, table, plan, budget: int) -> float:
     """Time of ``plan`` in the model from the root budget, ``inf`` if a step breaks a rule.
 
     ``plan`` is a list of ``(s, j, f_all, off)``: the node at stage s, the next node's stage
-    j (s + 1 for F_all), and whether its input is offloaded.
+    j (s + 1 for F_all), and what of its input is offloaded: 0 nothing, 1 all of it, 2 only
+    a_{s-1} out of a whole unit s-1.
     """
     t = table
     sl = t.slots
@@ -49,16 +50,19 @@ def plan_cost(chain, table, plan, budget: int) -> float:
         last = s == n
         if last != (k == len(plan) - 1) or (last and not f_all) or (f_all and j != s + 1):
             return math.inf
-        if off and not (2 <= s < n and t.n_b > 0 and math.isfinite(t.d_in[s, flag])):
+        part = flag if off == 1 else 0  # a_{s-1} alone reads the lone-activation sizes
+        if off and not (2 <= s < n and t.n_b > 0 and math.isfinite(t.d_in[s, part])):
             return math.inf
-        y = 0 if s == 1 else int(t.in_slots[s, flag])
+        if off == 2 and flag == 0:
+            return math.inf
+        y = 0 if s == 1 else int(t.in_slots[s, part])
         e_point = None if end_f is None else end_f * t.delta_f
         r_point = None if end_b is None else end_b * t.delta_b
         # The D2H queue after this node's offload (its input joins at the node's start).
         new_f = end_f
         if off:
             start = t.fclk[s] if e_point is None else e_point
-            new_f = _ceil_index(start + t.d_in[s, flag], t.delta_f)
+            new_f = _ceil_index(start + t.d_in[s, part], t.delta_f)
 
         def debt(op_stage: int, end_index) -> int:
             if end_index is None or t.n_f == 0:
@@ -109,7 +113,7 @@ def plan_cost(chain, table, plan, budget: int) -> float:
         if r_point is not None and r_point > t.bclk[s]:
             r = max(t.bclk[j], r_point - (tau - (t.bclk[j] - t.bclk[s])))
         if off:
-            r += t.h_in[s, flag]
+            r += t.h_in[s, part]
         end_b = None
         if r > t.bclk[j]:
             end_b = _ceil_index(r, t.delta_b)
@@ -120,29 +124,32 @@ def plan_cost(chain, table, plan, budget: int) -> float:
     return math.inf
 
 
-def plans(length: int, max_span: int, transfers: bool):
-    """Every spine plan of a chain of ``length`` stages (nodes span at most ``max_span`` stages)."""
+def plans(length: int, max_span: int, transfers: bool, act_alone: bool = False):
+    """Every spine plan of a chain of ``length`` stages (nodes span at most ``max_span`` stages);
+    with ``act_alone``, a node whose input is a whole unit may also offload a_{s-1} alone."""
 
-    def rec(s: int):
+    def rec(s: int, whole_input: bool):
         if s == length:
-            yield [(s, s + 1, True, False)]
+            yield [(s, s + 1, True, 0)]
             return
-        offs = (False, True) if transfers and s >= 2 else (False,)
+        offs = (0, 1) if transfers and s >= 2 else (0,)
+        if transfers and act_alone and whole_input and s >= 2:
+            offs = (0, 1, 2)
         for off in offs:
-            for rest in rec(s + 1):
+            for rest in rec(s + 1, True):
                 yield [(s, s + 1, True, off)] + rest
             for j in range(s + 1, min(length, s + max_span) + 1):
-                for rest in rec(j):
+                for rest in rec(j, False):
                     yield [(s, j, False, off)] + rest
 
-    yield from rec(1)
+    yield from rec(1, False)
 
 
-def best_plan(chain, table, max_span: int, budget: int | None = None) -> tuple[float, list]:
+def best_plan(chain, table, max_span: int, budget: int | None = None, act_alone: bool = False) -> tuple[float, list]:
     """The least time over every plan in the model, and one plan that has it."""
     budget = table.slots.budget if budget is None else budget
     best, arg = math.inf, None
-    for plan in plans(chain.length, max_span, table.n_b > 0):
+    for plan in plans(chain.length, max_span, table.n_b > 0, act_alone):
         cost = plan_cost(chain, table, plan, budget)
         if cost < best:
             best, arg = cost, plan
@@ -151,7 +158,7 @@ def best_plan(chain, table, max_span: int, budget: int | None = None) -> tuple[f
 
 def plan_of_nodes(nodes) -> list:
     """A plan in :func:`plan_cost`'s form from :class:`chainoffload.solvers.joint.Node` records."""
-    return [(n.s, n.j, n.f_all, n.offload) for n in nodes]
+    return [(n.s, n.j, n.f_all, 2 if n.act_alone else int(n.offload)) for n in nodes]
 
 
 __all__ = ["plan_cost", "plans", "best_plan", "plan_of_nodes", "np"]

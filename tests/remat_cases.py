@@ -45,3 +45,19 @@ def fraction_platform(chain, fraction, bandwidth=25e9, latency=1e-5):
     floor, top = chain.stage_memory_floor(), keep_all_peak(chain)
     return Platform(memory=int(floor + fraction * (top - floor)), bandwidth_d2h=bandwidth, bandwidth_h2d=bandwidth,
                     latency=latency)
+
+
+def unit_heavy_instances(seed, count):
+    """Chains whose units are 4-12 times their output, on slow links: moving a_{i} alone out of a
+    kept unit i can pay where moving the whole unit cannot."""
+    rng = np.random.default_rng(seed)
+    for _ in range(count):
+        length = int(rng.integers(4, 7))
+        act = rng.integers(10, 40, length + 1) * 1000
+        saved = act[1:] * rng.integers(4, 12, length)
+        fwd = rng.uniform(0.5, 2.0, length)
+        chain = Chain(fwd, 2 * fwd, act, saved, np.zeros(length, int), np.zeros(length, int))
+        floor, top = chain.stage_memory_floor(), keep_all_peak(chain)
+        bw = float(rng.choice([2e4, 5e4, 1e5]))
+        yield chain, Platform(memory=int(floor + rng.uniform(0.3, 0.95) * (top - floor)), bandwidth_d2h=bw,
+                              bandwidth_h2d=bw)

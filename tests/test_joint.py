@@ -16,18 +16,22 @@ from chainoffload.solvers.joint_exact import joint_exact
 from chainoffload.solvers.rotor import rotor, slots_for
 
 from naive_joint import best_plan, plan_cost, plan_of_nodes
-from remat_cases import fraction_platform, instances, random_chain, slow_link_chain
+from remat_cases import fraction_platform, instances, random_chain, slow_link_chain, unit_heavy_instances
 
 
-def test_table_is_the_optimum_of_its_model_over_every_plan():
+@pytest.mark.parametrize("act_alone", [False, True])
+def test_table_is_the_optimum_of_its_model_over_every_plan(act_alone):
     # The brute-force oracle (tests/naive_joint.py, written from NOTE [ joint recurrence ])
     # walks every spine plan through the model: the DP's value is their least time, and the
     # plan the walk rebuilds costs exactly that.
     checked = offloading = 0
-    for chain, platform in instances(21, 40, lengths=(2, 7)):
+    cases = list(instances(21, 40, lengths=(2, 7)))
+    if act_alone:
+        cases += list(unit_heavy_instances(0, 20))
+    for chain, platform in cases:
         sl = slots_for(chain, platform.memory, 60)
-        table = joint_table(chain, platform, sl, max_span=chain.length)
-        want, _ = best_plan(chain, table, chain.length)
+        table = joint_table(chain, platform, sl, max_span=chain.length, act_alone=act_alone)
+        want, _ = best_plan(chain, table, chain.length, act_alone=act_alone)
         got = table.value
         if not math.isfinite(want):
             assert not math.isfinite(got)
@@ -38,6 +42,21 @@ def test_table_is_the_optimum_of_its_model_over_every_plan():
         checked += 1
         offloading += any(n.offload for n in nodes)
     assert checked >= 30 and offloading >= 5
+
+
+def test_moving_a_alone_out_of_a_kept_unit_pays_where_the_whole_unit_cannot_move():
+    # The paper's "offload as a" of a kept stage: on slow links with units many times their
+    # output, the model finds strictly better plans with it, and they use it.
+    better = 0
+    for chain, platform in unit_heavy_instances(0, 30):
+        sl = slots_for(chain, platform.memory, 60)
+        with_a = joint_table(chain, platform, sl, max_span=chain.length, act_alone=True)
+        without = joint_table(chain, platform, sl, max_span=chain.length)
+        assert with_a.value <= without.value
+        if with_a.value < without.value * (1 - 1e-9):
+            better += 1
+            assert any(n.act_alone for n in walk(with_a, chain))
+    assert better >= 3
 
 
 def test_smaller_roots_are_the_optimum_of_their_budget():
@@ -117,7 +136,7 @@ def test_kernel_as_python_matches_the_jitted_one():
         sl = slots_for(chain, platform.memory, 30)
         t = joint_table(chain, platform, sl)
         args = (chain.fwd, chain.bwd, chain.fwd_nosave, sl.act, sl.saved, sl.fwd_tmp, sl.bwd_tmp, t.win, sl.budget,
-                t.in_slots, t.d_in, t.h_in, t.fclk, t.bclk, t.rate_f, t.rate_b, t.delta_f, t.n_f, t.delta_b, t.n_b)
+                t.in_slots, t.d_in, t.h_in, t.fclk, t.bclk, t.rate_f, t.rate_b, t.delta_f, t.n_f, t.delta_b, t.n_b, 3)
         opt, choice = spine_table.py_func(*args)
         jit_opt, jit_choice = spine_table(*args)
         assert np.array_equal(opt, jit_opt) and np.array_equal(choice, jit_choice)

@@ -28,9 +28,13 @@ import numpy as np
 
 from .config import njit
 
-#: Codes of ``spine_table``'s choice array: ``2 * j + off`` with j = 0 for F_all, j > s for
-#: "checkpoint, next node at j"; off = 1 when the node's input is offloaded. -1: no choice.
+#: Codes of ``spine_table``'s choice array: ``3 * j + off`` with j = 0 for F_all, j > s for
+#: "checkpoint, next node at j"; off = 0: the node's input stays, 1: it is offloaded whole (a
+#: lone a_{s-1}, or unit s-1), 2: only a_{s-1} of a whole unit s-1 is (the rest stays). -1: no
+#: choice.
 NO_CHOICE = -1
+#: Offload choices per node: none, whole, a alone.
+OFFLOADS = 3
 
 
 @njit
@@ -114,7 +118,7 @@ def pipe_slots(s, i_b, bclk, delta_b, rate_b):
 
 
 @njit
-def reachable_rows(n, budget, bwd, win, in_slots, d_in, h_in, fclk, bclk, delta_f, n_f, delta_b, n_b):
+def reachable_rows(n, budget, bwd, win, in_slots, d_in, h_in, fclk, bclk, delta_f, n_f, delta_b, n_b, n_off):
     """Which rows of each node the walk from node 1 can reach, for any budget.
 
     A node's backward part lasts between the bwd of its stages and rotor's time at the least
@@ -136,8 +140,11 @@ def reachable_rows(n, budget, bwd, win, in_slots, d_in, h_in, fclk, bclk, delta_
             i_b = row % nb1
             i_f = (row // nb1) % nf1
             flag = row // (nf1 * nb1)
-            for off in range(2):
-                if off == 1 and not (s >= 2 and n_b > 0 and d_in[s, flag] < np.inf and h_in[s, flag] < np.inf):
+            for off in range(n_off):
+                part = flag if off == 1 else 0
+                if off > 0 and not (s >= 2 and n_b > 0 and d_in[s, part] < np.inf and h_in[s, part] < np.inf):
+                    break
+                if off == 2 and flag == 0:
                     break
                 for j in range(s + 1, min(n, s + win.shape[1]) + 1):
                     f_all = j == s + 1
@@ -158,9 +165,9 @@ def reachable_rows(n, budget, bwd, win, in_slots, d_in, h_in, fclk, bclk, delta_
                                     break
                             if not hi_tau < np.inf or win[s, d, budget] == np.inf:
                                 continue
-                        nf_a, nb_a, ok_a = child_rows(s, j, off, i_f, i_b, lo_tau, d_in[s, flag], h_in[s, flag],
+                        nf_a, nb_a, ok_a = child_rows(s, j, off, i_f, i_b, lo_tau, d_in[s, part], h_in[s, part],
                                                       fclk, bclk, delta_f, n_f, delta_b, n_b)
-                        nf_b, nb_b, ok_b = child_rows(s, j, off, i_f, i_b, hi_tau, d_in[s, flag], h_in[s, flag],
+                        nf_b, nb_b, ok_b = child_rows(s, j, off, i_f, i_b, hi_tau, d_in[s, part], h_in[s, part],
                                                       fclk, bclk, delta_f, n_f, delta_b, n_b)
                         if nf_a > n_f:
                             continue
@@ -173,7 +180,7 @@ def reachable_rows(n, budget, bwd, win, in_slots, d_in, h_in, fclk, bclk, delta_
 @njit
 def spine_table(
     fwd, bwd, fwd_nosave, act, saved, fwd_tmp, bwd_tmp, win, budget,
-    in_slots, d_in, h_in, fclk, bclk, rate_f, rate_b, delta_f, n_f, delta_b, n_b,
+    in_slots, d_in, h_in, fclk, bclk, rate_f, rate_b, delta_f, n_f, delta_b, n_b, n_off,
 ):
     """Fill the joint DP over the spine (``NOTE [ joint recurrence ]``).
 
@@ -186,7 +193,8 @@ def spine_table(
     before it) and the backward one (sum of bwd before it). ``rate_f`` / ``rate_b``: link
     rates in slots per second; grids ``delta_f`` (s) with ``n_f`` rows, ``delta_b`` (s) with
     ``n_b`` rows (``n_f = n_b = 0``: no transfer, the recurrence is rotor's); a checkpointed
-    node spans at most ``win.shape[1]`` stages.
+    node spans at most ``win.shape[1]`` stages; ``n_off`` offload choices per node (2: none or
+    whole, 3: also a_{s-1} alone out of a whole unit s-1, read from ``[s, 0]``).
 
     Returns ``(opt, choice)`` of shape (L + 2, rows, budget + 1): ``opt[s, row, m]`` is the
     model's time of segment (s, L) from that state (``inf``: it cannot run), ``choice`` the
@@ -215,14 +223,13 @@ def spine_table(
             kf0[s] = first_after(fclk[s], delta_f)
         if n_b > 0:
             kb0[s] = first_after(bclk[s], delta_b)
-    reach = reachable_rows(n, budget, bwd, win, in_slots, d_in, h_in, fclk, bclk, delta_f, n_f, delta_b, n_b)
+    reach = reachable_rows(n, budget, bwd, win, in_slots, d_in, h_in, fclk, bclk, delta_f, n_f, delta_b, n_b, n_off)
     for s in range(n, 0, -1):
         usage_b = saved[s - 1] + act[s] + act[s - 1] + bwd_tmp[s - 1]
         for flag in range(2):
             if s == 1 and flag == 1:
                 continue
-            y = in_slots[s, flag]
-            can_off = s >= 2 and s < n and n_b > 0 and d_in[s, flag] < np.inf and h_in[s, flag] < np.inf
+            can_off = s >= 2 and s < n and n_b > 0
             for i_f in range(nf1):
                 if s == 1 and i_f > 0:
                     break
@@ -252,15 +259,19 @@ def spine_table(
                             cur[m] = fwd[n - 1] + idle + bwd[n - 1]
                             cho[m] = 0
                         continue
-                    for off in range(2):
-                        if off == 1 and not can_off:
+                    for off in range(n_off):
+                        # What moves: the input whole (its own kind), or a_{s-1} out of unit s-1.
+                        part = flag if off == 1 else 0
+                        if off > 0 and not (can_off and d_in[s, part] < np.inf and h_in[s, part] < np.inf):
                             break
-                        back = y if off == 1 else 0
+                        if off == 2 and flag == 0:
+                            break
+                        back = in_slots[s, part] if off > 0 else 0
                         k_new = k_old
                         h_add = 0.0
-                        if off == 1:
-                            k_new = grid_index(end_old + d_in[s, flag], delta_f)
-                            h_add = h_in[s, flag]
+                        if off > 0:
+                            k_new = grid_index(end_old + d_in[s, part], delta_f)
+                            h_add = h_in[s, part]
                         # -- F_all on s: child (s + 1, L) with unit s as its input.
                         nf = d2h_row(k_new, fclk[s + 1], delta_f, kf0[s + 1]) if n_f > 0 else 0
                         nb = h2d_row(i_b, r_old, bwd[s - 1], bclk[s], bclk[s + 1], h_add, delta_b, kb0[s + 1]) if n_b > 0 else 0
@@ -304,7 +315,7 @@ def spine_table(
                                 continue
                             left_row = win[s, j - 1 - s]
                             aj = act[j - 1]
-                            code = 2 * j + off
+                            code = OFFLOADS * j + off
                             base = nf * nb1  # the child's input is a lone activation: flag 0
                             last_tau = -1.0
                             nb = 0

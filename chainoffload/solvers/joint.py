@@ -95,7 +95,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._kernels.joint import NO_CHOICE, child_rows, pipe_slots, spine_table
+from .._kernels.joint import NO_CHOICE, OFFLOADS, child_rows, pipe_slots, spine_table
 from .._kernels.rotor import rotor_table
 from ..chain import Chain
 from ..platform import Platform
@@ -149,6 +149,12 @@ class JointTable:
     delta_b: float
     n_b: int
 
+    @staticmethod
+    def flag_of(flag: int, off: int) -> int:
+        """Which input arrays (``[s, k]``) an offload choice reads: the input's own kind when it
+        moves whole (off = 1), the lone-activation ones when only a_{s-1} moves (off = 2)."""
+        return flag if off == 1 else 0
+
     @property
     def value(self) -> float:
         """The table's makespan of the whole chain at the full budget (``inf``: nothing fits)."""
@@ -158,8 +164,10 @@ class JointTable:
 @dataclass(frozen=True)
 class Node:
     """One spine node of a rebuilt plan: stage ``s``, next node ``j`` (``s + 1`` for F_all),
-    whether it is F_all, whether its input is offloaded, the budget ``window`` its backward
-    part runs with (slots) and that part's duration ``tau`` in the model."""
+    whether it is F_all, whether its input is offloaded, the input's kind ``flag`` (1: unit s-1
+    whole, 0: a lone a_{s-1}), the budget ``window`` its backward part runs with (slots), that
+    part's duration ``tau`` in the model, and ``act_alone``: only a_{s-1} of a whole unit s-1
+    moves (the rest stays on the GPU)."""
 
     s: int
     j: int
@@ -168,6 +176,7 @@ class Node:
     flag: int
     window: int
     tau: float
+    act_alone: bool = False
 
 
 def _grid_rows(length: int, span: int, budget: int, rows: int | None) -> int:
@@ -265,6 +274,7 @@ def joint_table(
     rows: int | None = None,
     max_span: int | None = None,
     rot: tuple[np.ndarray, np.ndarray] | None = None,
+    act_alone: bool = False,
 ) -> JointTable:
     """Fill rotor's table and the spine table of ``NOTE [ joint recurrence ]``.
 
@@ -282,6 +292,9 @@ def joint_table(
     rot
         Rotor's full ``(opt, choice)`` tables for ``sl``, when the caller has them already
         (:func:`window_tables` then slices them instead of computing its own).
+    act_alone
+        Also let a node offload only a_{s-1} out of a whole input unit s-1 (the paper's
+        "offload as a" of a kept stage), the rest of the unit staying on the GPU.
 
     Returns
     -------
@@ -339,7 +352,7 @@ def joint_table(
     rate_b = platform.bandwidth_h2d / sl.quantum
     opt, choice = spine_table(
         chain.fwd, chain.bwd, chain.fwd_nosave, sl.act, sl.saved, sl.fwd_tmp, sl.bwd_tmp, win, sl.budget,
-        in_slots, d_in, h_in, fclk, bclk, rate_f, rate_b, delta_f, n_f, delta_b, n_b,
+        in_slots, d_in, h_in, fclk, bclk, rate_f, rate_b, delta_f, n_f, delta_b, n_b, 3 if act_alone else 2,
     )
     return JointTable(sl, opt, choice, win, win_choice, in_slots, d_in, h_in, fclk, bclk, rate_f, rate_b,
                       delta_f, n_f, delta_b, n_b)
@@ -374,22 +387,23 @@ def walk(table: JointTable, chain: Chain, budget: int | None = None) -> list[Nod
         code = int(t.choice[s, row, m])
         if code == NO_CHOICE:
             raise AssertionError(f"joint table has no choice for node {s} (row {row}) at budget {m}")
-        j, off = divmod(code, 2)
+        j, off = divmod(code, OFFLOADS)
+        part = t.flag_of(flag, off)
         charge = pipe_slots(s, i_b, t.bclk, t.delta_b, t.rate_b) if t.n_b > 0 else 0
         window = m - charge
         f_all = j == 0
         nxt = s + 1 if f_all else j
         # The backward part's duration in the model (it moves the pipeline).
         tau = float(chain.bwd[s - 1]) if f_all else float(t.win[s, j - 1 - s, window])
-        nodes.append(Node(s, nxt, f_all, bool(off), flag, window, tau))
+        nodes.append(Node(s, nxt, f_all, bool(off), flag, window, tau, off == 2))
         if s == length:
             return nodes
         if t.n_f > 0 or t.n_b > 0:
-            i_f, i_b, ok = child_rows(s, nxt, off, i_f, i_b, tau, t.d_in[s, flag], t.h_in[s, flag], t.fclk, t.bclk,
+            i_f, i_b, ok = child_rows(s, nxt, off, i_f, i_b, tau, t.d_in[s, part], t.h_in[s, part], t.fclk, t.bclk,
                                       t.delta_f, t.n_f, t.delta_b, t.n_b)
             if not ok:
                 raise AssertionError(f"joint table leaves the queue grid after node {s}")
-        back = int(t.in_slots[s, flag]) if off else 0
+        back = int(t.in_slots[s, part]) if off else 0
         item = int(sl.saved[s - 1]) if f_all else int(sl.act[nxt - 1])
         m = min(sl.budget, m - item + back)
         flag = 1 if f_all else 0
@@ -544,7 +558,7 @@ def _first_reader(schedule: Schedule, prefetch: Transfer) -> int:
 
 def _item_bytes(chain: Chain, node: Node) -> int:
     """Bytes of node's input: the lone a_{s-1} or unit s-1 whole."""
-    return int(chain.saved[node.s - 2]) if node.flag else int(chain.act[node.s - 1])
+    return int(chain.saved[node.s - 2]) if node.flag and not node.act_alone else int(chain.act[node.s - 1])
 
 
 def joint_dp(
