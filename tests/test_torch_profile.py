@@ -123,19 +123,21 @@ def test_measure_link_on_cpu():
 
 
 def test_profile_errors_name_what_is_wrong():
-    with pytest.raises(TypeError, match="model"):
+    with pytest.raises(ValueError, match="blocks: found no list of blocks that Linear.forward calls"):
         ct.measure_sizes(nn.Linear(2, 2), torch.randn(1, 2))
+    with pytest.raises(TypeError, match="model"):
+        ct.measure_sizes("not a model", torch.randn(1, 2))
     with pytest.raises(ValueError, match="same module"):
         lin = nn.Linear(2, 2)
         ct.measure_sizes([lin, lin], torch.randn(1, 2))
     with pytest.raises(TypeError, match="sample"):
         ct.measure_sizes(nn.Sequential(nn.Linear(2, 2)), [1.0, 2.0])
 
-    class Pair(nn.Module):
+    class Nothing(nn.Module):
         def forward(self, x):
-            return x, x
+            return None
 
-    with pytest.raises(TypeError, match="stage 2 returned a tuple"):
-        ct.measure_sizes(nn.Sequential(nn.Linear(2, 2), Pair()), torch.randn(1, 2))
+    with pytest.raises(TypeError, match="stage 2 returned a NoneType"):
+        ct.measure_sizes(nn.Sequential(nn.Linear(2, 2), Nothing()), torch.randn(1, 2))
     with pytest.raises(ValueError, match="repeats"):
         ct.profile(nn.Sequential(nn.Linear(2, 2)), torch.randn(1, 2), repeats=0)
