@@ -27,6 +27,7 @@ __all__ = [
     "model_state",
     "resident_storages",
     "is_parameter_like",
+    "canonical_device",
 ]
 
 
@@ -65,6 +66,17 @@ def as_stages(model: Any) -> list[nn.Module]:
             raise ValueError(f"model: stage {idx} is the same module object as stage {seen[id(stage)]}; stages must be distinct")
         seen[id(stage)] = idx
     return stages
+
+
+def canonical_device(device: Any) -> torch.device | None:
+    """``device`` as tensors report theirs: ``"cuda"`` becomes ``cuda:<current>``, so that
+    comparing it with a tensor's device says whether the tensor is there."""
+    if device is None:
+        return None
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
 
 
 def storage_of(t: torch.Tensor) -> tuple[int, int]:

@@ -30,12 +30,12 @@ from chainoffload.units import format_bytes, parse_bytes
 
 from ._copy import Copier, HostPool
 from ._instrument import COMPILE_REFUSAL, Blocks, Instrument, find_blocks
-from ._stages import EntryState
+from ._stages import EntryState, canonical_device
 from ._tree import call_key, describe_key
 from .executor import ScheduleRun, StepStats
 from .profiler import Sizes, _device_of, _to_device, as_call, measure_chain, measure_link
 
-__all__ = ["Offloader", "Plan", "offload", "Budget"]
+__all__ = ["Offloader", "Plan", "offload", "Budget", "solve_for"]
 
 #: What a call with new input shapes does: plan for them, warn and keep the plan, or refuse.
 ON_NEW_SHAPE = ("replan", "warn", "error")
@@ -125,6 +125,13 @@ class Plan:
         if self.platform is None:
             return None
         return co.simulate(self.chain, self.platform, self.schedule).peak_memory
+
+    @property
+    def makespan(self) -> float | None:
+        """The simulator's time of one step under the schedule (needs a platform)."""
+        if self.platform is None:
+            return None
+        return co.simulate(self.chain, self.platform, self.schedule).makespan
 
     @property
     def offloaded_bytes(self) -> int:
@@ -361,7 +368,7 @@ class Offloader:
         if device is None:
             param = next(model.parameters(), None)
             device = param.device if param is not None else None
-        self.device = torch.device(device) if device is not None else None
+        self.device = canonical_device(device)
         self._planner = planner
         self.on_new_shape = on_new_shape
         self.cache_size = cache_size

@@ -35,7 +35,7 @@ import chainoffload as co
 
 from ._copy import Copier, HostPool
 from ._instrument import Blocks, Instrument
-from ._stages import Entry, EntryState, UnitLedger, resident_storages
+from ._stages import Entry, EntryState, UnitLedger, canonical_device, resident_storages
 from ._tree import tensors_in
 
 __all__ = ["OffloadActivations", "ScheduleRun", "StepStats"]
@@ -169,7 +169,7 @@ class ScheduleRun:
         if device is None:
             param = next((p for r in self.roots for p in r.parameters()), None)
             device = param.device if param is not None else None
-        self.device = torch.device(device) if device is not None else None
+        self.device = canonical_device(device)
         self.copier = copier
         self.pool = pool
         self._build_events()

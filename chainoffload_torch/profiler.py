@@ -40,7 +40,7 @@ import chainoffload as co
 
 from ._copy import size_class
 from ._instrument import Blocks, Instrument, find_blocks
-from ._stages import UnitLedger, model_state, resident_storages
+from ._stages import UnitLedger, canonical_device, model_state, resident_storages
 from ._tree import tensors_in
 
 __all__ = ["Sizes", "measure_sizes", "measure_link", "profile", "profile_full", "Profile", "as_call"]
@@ -135,7 +135,7 @@ def _root_and_blocks(model: Any, args: tuple, kwargs: dict, blocks: Any) -> tupl
 
 def _device_of(model: nn.Module, args: tuple, kwargs: dict, device: Any) -> torch.device:
     if device is not None:
-        return torch.device(device)
+        return canonical_device(device)
     param = next(model.parameters(), None)
     if param is not None:
         return param.device
