@@ -15,7 +15,7 @@ Below it: :func:`profile` and :func:`profile_full`, :func:`measure_sizes`, :func
 executor as a context manager around a list of stages.
 """
 
-from .api import Budget, Offloader, Plan, offload
+from .api import Budget, Offloader, Plan, budget_curve, offload
 from .executor import OffloadActivations, StepStats
 from .profiler import Profile, Sizes, measure_link, measure_sizes, profile, profile_full
 from ._instrument import Blocks, find_blocks
@@ -23,6 +23,7 @@ from ._stages import EntryState, as_stages
 
 __all__ = [
     "offload",
+    "budget_curve",
     "Offloader",
     "Plan",
     "Budget",

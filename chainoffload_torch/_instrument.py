@@ -17,6 +17,7 @@ import dataclasses
 import functools
 import os
 import sys
+import weakref
 from typing import Any, Protocol, Sequence
 
 import torch
@@ -25,7 +26,19 @@ from torch import nn
 from ._stages import as_stages, model_state
 from ._tree import first_tensor, same_tensor, tensors_in
 
-__all__ = ["Blocks", "find_blocks", "Instrument", "Listener", "COMPILE_REFUSAL"]
+__all__ = ["Blocks", "find_blocks", "Instrument", "Listener", "COMPILE_REFUSAL", "check_not_instrumented"]
+
+# The model each installed instrument hooks: a model is instrumented by one at a time.
+_INSTALLED: "weakref.WeakKeyDictionary[nn.Module, Instrument]" = weakref.WeakKeyDictionary()
+
+
+def check_not_instrumented(model: nn.Module) -> None:
+    """Raise if an offloading handle (or a profile in progress) already hooks ``model``."""
+    if model in _INSTALLED:
+        raise ValueError(
+            f"model: this {type(model).__name__} is already offloaded by a handle; call its .remove() first "
+            "(or read the handle's .plan.chain)"
+        )
 
 #: The one-line reason given when torch.compile reaches an instrumented model.
 COMPILE_REFUSAL = (
@@ -444,6 +457,8 @@ class Instrument:
         if self._handles:
             return
         if self.model is not None:
+            check_not_instrumented(self.model)
+            _INSTALLED[self.model] = self
             self._handles.append(self.model.register_forward_pre_hook(_Hook(self._root_pre), with_kwargs=True))
             self._handles.append(self.model.register_forward_hook(_Hook(self._root_post), with_kwargs=True, always_call=True))
         self._install_blocks()
@@ -459,6 +474,8 @@ class Instrument:
         for h in self._handles:
             h.remove()
         self._handles.clear()
+        if self.model is not None and _INSTALLED.get(self.model) is self:
+            del _INSTALLED[self.model]
 
     @property
     def hooks_installed(self) -> int:

@@ -17,7 +17,6 @@ import collections
 import dataclasses
 import math
 import warnings
-import weakref
 from typing import Any, Iterable
 
 import torch
@@ -29,19 +28,21 @@ from chainoffload.solvers import spec
 from chainoffload.units import format_bytes, parse_bytes
 
 from ._copy import Copier, HostPool
-from ._instrument import COMPILE_REFUSAL, Blocks, Instrument, find_blocks
+from ._instrument import COMPILE_REFUSAL, Blocks, Instrument, check_not_instrumented, find_blocks
 from ._stages import EntryState, canonical_device
 from ._tree import call_key, describe_key
 from .executor import ScheduleRun, StepStats
 from .profiler import Sizes, _device_of, _to_device, as_call, measure_chain, measure_link
 
-__all__ = ["Offloader", "Plan", "offload", "Budget", "solve_for"]
+__all__ = ["Offloader", "Plan", "offload", "budget_curve", "Budget", "solve_for", "resident_units"]
+
+#: What :func:`budget_curve` sweeps when no method is named: the policies users know and the
+#: default search (all pure offloading: the executor does not recompute).
+BUDGET_METHODS = ("offload-all", "first-k", "largest-first", "best")
 
 #: What a call with new input shapes does: plan for them, warn and keep the plan, or refuse.
 ON_NEW_SHAPE = ("replan", "warn", "error")
 
-# Models instrumented now, so that a second offload() of one model is refused.
-_INSTRUMENTED: "weakref.WeakKeyDictionary[nn.Module, Offloader]" = weakref.WeakKeyDictionary()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -206,6 +207,13 @@ class _Planner:
         return Plan(key, chain, platform, result.schedule, result, sizes, keep, host)
 
 
+def resident_units(chain: co.Chain, sizes: Sizes, keep: Iterable[int] = ()) -> set[int]:
+    """The units no plan may offload: the user's, the aliased and held ones (they cannot
+    move), and unit L (moving it gains nothing, and it holds the suffix: NOTE [ prefix and
+    suffix ])."""
+    return set(keep) | set(sizes.resident) | {chain.length}
+
+
 def solve_for(
     chain: co.Chain,
     platform: co.Platform,
@@ -223,8 +231,7 @@ def solve_for(
         Nothing fits: the message gives the keep-all peak, the proven floors and the least
         memory known to work (NOTE [ nothing fits ]).
     """
-    length = chain.length
-    resident = set(keep) | set(sizes.resident) | {length}
+    resident = resident_units(chain, sizes, keep)
     try:
         result = co.solve(chain, platform, method, keep=sorted(resident), **options)
     except co.PlatformError:
@@ -359,10 +366,7 @@ class Offloader:
         cache_size: int,
         host_memory: int | None,
     ) -> None:
-        if model in _INSTRUMENTED:
-            raise ValueError(
-                f"model: this {type(model).__name__} is already offloaded by another handle; call its .remove() first"
-            )
+        check_not_instrumented(model)
         self.model = model
         self.blocks = blocks
         if device is None:
@@ -381,7 +385,6 @@ class Offloader:
         self.replans = 0  #: plans made after the first (new shapes)
         self._removed = False
         self._instrument = Instrument(model, blocks, self)
-        _INSTRUMENTED[model] = self
 
     def _cache(self, plan: Plan) -> ScheduleRun:
         """``plan``'s executor, made and cached (most recently used) if new."""
@@ -605,8 +608,6 @@ class Offloader:
             run.reset()
         self.pool.clear()
         self._removed = True
-        if _INSTRUMENTED.get(self.model) is self:
-            del _INSTRUMENTED[self.model]
 
     def decisions(self) -> list[dict[str, Any]]:
         """One row per block of the plan in force: sizes, the decision, its triggers, the bytes last moved."""
@@ -790,8 +791,7 @@ def offload(
         raise ValueError(f"method: {method!r} recomputes activations; the executor runs pure-offloading methods: {pure}")
     budget = Budget.parse(platform.memory if memory is None and platform is not None else memory)
     host = None if host_memory is None else parse_bytes(host_memory, field="host_memory")
-    if model in _INSTRUMENTED:
-        raise ValueError(f"model: this {type(model).__name__} is already offloaded by another handle; call its .remove() first")
+    check_not_instrumented(model)
     if _sharded(model):
         raise ValueError(
             "model: is sharded by FSDP (fully_shard); call offload() before fully_shard (a profiling step of a sharded "
@@ -813,3 +813,85 @@ def offload(
         handle.remove()
         raise
     return handle
+
+
+def budget_curve(
+    model: nn.Module,
+    sample: Any,
+    memories: Iterable[int | float | str] | None = None,
+    *,
+    points: int = 8,
+    methods: Iterable[str] | None = None,
+    blocks: Any = None,
+    keep: Iterable[int] = (),
+    device: torch.device | str | None = None,
+    platform: co.Platform | None = None,
+    repeats: int = 3,
+    warmup: int = 1,
+    time_limit: float | None = 5.0,
+    **options: Any,
+) -> Any:
+    """What each memory budget costs ``model``: overhead against memory, before choosing one.
+
+    Profiles ``model`` once (as :func:`offload` does, the model is left as it was) and runs the
+    core's memory / overhead sweep (:func:`chainoffload.tradeoff`, the code behind ``chainoffload
+    tradeoff``) on its chain, keeping resident the units :func:`offload` would keep.
+
+    Parameters
+    ----------
+    model, sample, blocks, keep, device, platform, repeats, warmup
+        As for :func:`offload`.
+    memories
+        Limits to evaluate: bytes, sizes such as ``"6GiB"``, or fractions in (0, 1] of the
+        keep-all peak. ``None``: ``points`` limits from the least any schedule needs to the
+        keep-all peak, plus the proven offload floor.
+    points
+        Number of limits when ``memories`` is ``None`` (at least 2).
+    methods
+        Pure-offloading method names; default :data:`BUDGET_METHODS`.
+    time_limit
+        Seconds per solve for the methods that take one.
+    **options
+        Passed to every method.
+
+    Returns
+    -------
+    chainoffload.tradeoff.Tradeoff
+        ``keep_all_peak``, ``offload_floor`` and ``stage_floor`` (proven), ``memories``, per
+        method ``overheads(name)`` (``makespan / compute - 1``, ``nan`` where nothing fits) and
+        ``min_memory(name)``, the pure-offloading ``lower_bound`` per memory; ``.plot(path)``
+        draws it, ``.to_dict()`` is the JSON table. Pass one of its memories to :func:`offload`.
+
+    Raises
+    ------
+    ValueError
+        A method that recomputes, a bad memory, no blocks found.
+    """
+    from chainoffload.tradeoff import tradeoff
+
+    names = list(BUDGET_METHODS if methods is None else ([methods] if isinstance(methods, str) else methods))
+    for name in names:
+        if spec(name).remat:
+            raise ValueError(f"methods: {name!r} recomputes activations; the executor runs pure-offloading methods only")
+    _check_model(model)
+    from .profiler import profile_full
+
+    prof = profile_full(
+        model, sample, blocks=blocks, device=device, repeats=repeats, warmup=warmup, measure_platform=platform is None
+    )
+    chain = prof.chain
+    link = platform if platform is not None else prof.platform
+    limits = None
+    if memories is not None:
+        limits = [Budget.parse(m).bytes_for(chain) for m in memories]
+    keep = co.solvers.check_keep(chain, tuple(keep))
+    return tradeoff(
+        chain,
+        link,
+        names,
+        limits,
+        points=points,
+        time_limit=time_limit,
+        keep=sorted(resident_units(chain, prof.sizes, keep)),
+        **options,
+    )

@@ -447,8 +447,10 @@ def test_a_second_handle_is_refused_and_a_copy_of_the_model_is_plain():
     model = Net()
     x = torch.randn(4, 8)
     handle = ct.offload(model, x, memory=0.6, repeats=1, warmup=0)
-    with pytest.raises(ValueError, match="already offloaded by another handle"):
+    with pytest.raises(ValueError, match="already offloaded by a handle"):
         ct.offload(model, x, memory=0.6)
+    with pytest.raises(ValueError, match="already offloaded by a handle"):
+        ct.profile(model, x)
     twin = copy.deepcopy(model)  # its hooks do nothing: a plain model
     twin(x).sum().backward()
     assert handle.last_step is None
@@ -457,3 +459,35 @@ def test_a_second_handle_is_refused_and_a_copy_of_the_model_is_plain():
     handle.remove()
     again = ct.offload(model, x, memory=0.6, repeats=1, warmup=0)
     again.remove()
+
+
+# -- choosing a budget ----------------------------------------------------------------------------
+
+
+def test_budget_curve_shows_what_each_budget_costs_and_its_memories_work_in_offload():
+    pytest.importorskip("chainoffload.tradeoff", reason="the core's trade-off sweep (chainoffload.tradeoff)")
+    model = Net(d=16, layers=6)
+    ref = copy.deepcopy(model)
+    x = torch.randn(24, 8)
+    curve = ct.budget_curve(model, x, points=4, repeats=1, warmup=0)
+    assert hooks_on(model) == 0  # profiled and left as it was
+    chain, _ = ct.profile(model, x, repeats=1, warmup=0)
+    assert curve.keep_all_peak == co.keep_all_peak(chain)
+    assert curve.offload_floor == co.bounds.offload_memory_floor(chain) and curve.stage_floor == chain.stage_memory_floor()
+    assert curve.methods == ("offload-all", "first-k", "largest-first", "best")
+    best = curve.overheads("best")
+    assert best[-1] == 0.0  # the keep-all peak: no overhead
+    # Every point keeps the last unit resident, as offload() does; a memory where best fits works there.
+    for point in curve.curves["best"]:
+        if point.feasible:
+            assert chain.length not in point.result.schedule.offloaded_units
+    memory = curve.min_memory("best")
+    assert memory is not None and memory < curve.keep_all_peak
+    handle = ct.offload(model, x, memory=memory, repeats=1, warmup=0)
+    model(x).sum().backward()
+    ref(x).sum().backward()
+    assert same_grads(model, ref) and handle.offloaded_bytes == handle.plan.offloaded_bytes
+    fractions = ct.budget_curve(model, x, memories=[0.6, 1.0], methods=["best"], repeats=1, warmup=0)
+    assert fractions.memories == (int(0.6 * fractions.keep_all_peak), fractions.keep_all_peak)
+    with pytest.raises(ValueError, match="'rotor' recomputes"):
+        ct.budget_curve(model, x, methods=["rotor"])
