@@ -3,7 +3,8 @@
 * :class:`ResNet`: a ResNet as torchvision builds it (stem, four stages of bottleneck blocks,
   pooled linear head; ``torchvision.models.resnet50`` is ``ResNet([3, 4, 6, 3])``), written
   here because torchvision's wheel does not import with the CPU build of torch used in CI.
-* :func:`gpt2`: Hugging Face GPT-2 (``GPT2LMHeadModel``) from a config.
+* :func:`gpt2`: Hugging Face GPT-2 (``GPT2LMHeadModel``) from a config; :func:`hf_tiny`: GPT-2,
+  Llama, BERT or ViT from a tiny config, with a batch.
 * :func:`resnet_like`, :func:`gpt_like`: the same two shapes as an ``nn.Sequential`` of stages.
 
 ``tests/test_torch_models.py`` trains tiny versions against untouched copies;
@@ -17,7 +18,7 @@ import os
 import torch
 from torch import nn
 
-__all__ = ["Bottleneck", "ResNet", "gpt2", "resnet_like", "gpt_like", "BasicBlock", "GPTBlock"]
+__all__ = ["Bottleneck", "ResNet", "gpt2", "hf_tiny", "HF_LAYERS", "resnet_like", "gpt_like", "BasicBlock", "GPTBlock"]
 
 
 class Bottleneck(nn.Module):
@@ -92,15 +93,59 @@ class ResNet(nn.Module):
         return self.fc(torch.flatten(self.avgpool(x), 1))
 
 
+def _transformers():
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # every model is built from a config: never reach for the Hub
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    return transformers
+
+
+#: The Hugging Face models :func:`hf_tiny` builds, and the module list that holds their layers.
+HF_LAYERS = {"gpt2": "transformer.h", "llama": "model.layers", "bert": "bert.encoder.layer", "vit": "vit.layers"}
+
+
+def hf_tiny(name: str, layers: int = 6) -> tuple[nn.Module, dict]:
+    """A Hugging Face model from a tiny config (width 32, 4 heads, ``layers`` layers, random
+    weights) and a batch for it, used as the documentation shows: ``model(**batch).loss``.
+
+    ``name``: ``"gpt2"`` (GPT2LMHeadModel), ``"llama"`` (LlamaForCausalLM), ``"bert"``
+    (BertForSequenceClassification, with a padding mask) or ``"vit"`` (ViTForImageClassification).
+    """
+    tf = _transformers()
+    torch.manual_seed(0)
+    ids = torch.randint(0, 64, (2, 32))
+    if name == "gpt2":
+        config = tf.GPT2Config(n_layer=layers, n_embd=32, n_head=4, vocab_size=64, n_positions=64, use_cache=False)
+        return tf.GPT2LMHeadModel(config), {"input_ids": ids, "labels": ids}
+    if name == "llama":
+        config = tf.LlamaConfig(
+            num_hidden_layers=layers, hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
+            vocab_size=64, max_position_embeddings=64, use_cache=False,
+        )
+        return tf.LlamaForCausalLM(config), {"input_ids": ids, "labels": ids}
+    if name == "bert":
+        config = tf.BertConfig(
+            num_hidden_layers=layers, hidden_size=32, intermediate_size=64, num_attention_heads=4, vocab_size=64,
+            max_position_embeddings=64, num_labels=3,
+        )
+        mask = torch.ones_like(ids)
+        mask[1, 24:] = 0  # padding: an attention mask the layers take as a keyword argument
+        return tf.BertForSequenceClassification(config), {"input_ids": ids, "attention_mask": mask, "labels": torch.tensor([0, 2])}
+    if name == "vit":
+        config = tf.ViTConfig(
+            num_hidden_layers=layers, hidden_size=32, intermediate_size=64, num_attention_heads=4, image_size=32, patch_size=4, num_labels=3
+        )
+        return tf.ViTForImageClassification(config), {"pixel_values": torch.randn(2, 3, 32, 32), "labels": torch.tensor([0, 2])}
+    raise ValueError(f"name: {name!r} is not one of {', '.join(HF_LAYERS)}")
+
+
 def gpt2(layers: int, d: int, heads: int, vocab: int, seq: int) -> nn.Module:
     """A Hugging Face ``GPT2LMHeadModel`` from a config (random weights, no download).
 
     ``use_cache`` is off, as for training (a cache would keep every layer's keys and values).
     """
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    import transformers
-
-    transformers.logging.set_verbosity_error()
+    transformers = _transformers()
     config = transformers.GPT2Config(n_layer=layers, n_embd=d, n_head=heads, vocab_size=vocab, n_positions=seq, use_cache=False)
     return transformers.GPT2LMHeadModel(config)
 

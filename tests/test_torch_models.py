@@ -31,52 +31,17 @@ _spec.loader.exec_module(torch_models)
 # -- Hugging Face models ---------------------------------------------------------------------
 
 
-def _hf():
-    transformers = pytest.importorskip("transformers")
-    transformers.logging.set_verbosity_error()
-    return transformers
+def hf(name):
+    pytest.importorskip("transformers")
+    return torch_models.hf_tiny(name)
 
 
 def gpt2():
-    tf = _hf()
-    torch.manual_seed(0)
-    model = tf.GPT2LMHeadModel(tf.GPT2Config(n_layer=6, n_embd=32, n_head=4, vocab_size=64, n_positions=64, use_cache=False))
-    ids = torch.randint(0, 64, (2, 32))
-    return model, {"input_ids": ids, "labels": ids}
+    return hf("gpt2")
 
 
 def llama():
-    tf = _hf()
-    torch.manual_seed(0)
-    config = tf.LlamaConfig(
-        num_hidden_layers=6, hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
-        vocab_size=64, max_position_embeddings=64, use_cache=False,
-    )
-    ids = torch.randint(0, 64, (2, 32))
-    return tf.LlamaForCausalLM(config), {"input_ids": ids, "labels": ids}
-
-
-def bert():
-    tf = _hf()
-    torch.manual_seed(0)
-    config = tf.BertConfig(
-        num_hidden_layers=6, hidden_size=32, intermediate_size=64, num_attention_heads=4, vocab_size=64,
-        max_position_embeddings=64, num_labels=3,
-    )
-    ids = torch.randint(0, 64, (2, 32))
-    mask = torch.ones_like(ids)
-    mask[1, 24:] = 0  # padding: an attention mask the blocks take as a keyword argument
-    return tf.BertForSequenceClassification(config), {"input_ids": ids, "attention_mask": mask, "labels": torch.tensor([0, 2])}
-
-
-def vit():
-    tf = _hf()
-    torch.manual_seed(0)
-    config = tf.ViTConfig(num_hidden_layers=6, hidden_size=32, intermediate_size=64, num_attention_heads=4, image_size=32, patch_size=4, num_labels=3)
-    return tf.ViTForImageClassification(config), {"pixel_values": torch.randn(2, 3, 32, 32), "labels": torch.tensor([0, 2])}
-
-
-HF = {"gpt2": (gpt2, "transformer.h"), "llama": (llama, "model.layers"), "bert": (bert, "bert.encoder.layer"), "vit": (vit, "vit.layers")}
+    return hf("llama")
 
 
 def hooks_on(model):
@@ -96,10 +61,10 @@ def same_grads(a, b):
 
 
 @pytest.mark.parametrize("fraction", [0.5, 0.8])
-@pytest.mark.parametrize("name", list(HF))
+@pytest.mark.parametrize("name", ["gpt2", "llama", "bert", "vit"])
 def test_hugging_face_model_offloaded_in_place_trains_bitwise_equal(name, fraction):
-    make, path = HF[name]
-    model, batch = make()
+    path = torch_models.HF_LAYERS[name]
+    model, batch = hf(name)
     ref = copy.deepcopy(model)
     keys = list(model.state_dict())
     handle = ct.offload(model, batch, memory=fraction, repeats=1, warmup=0)
