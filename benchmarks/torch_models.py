@@ -5,6 +5,7 @@
   here because torchvision's wheel does not import with the CPU build of torch used in CI.
 * :func:`gpt2`: Hugging Face GPT-2 (``GPT2LMHeadModel``) from a config; :func:`hf_tiny`: GPT-2,
   Llama, BERT or ViT from a tiny config, with a batch.
+* :class:`ResidualMLP`: a few residual MLP blocks in a ModuleList, for quick checks.
 * :func:`resnet_like`, :func:`gpt_like`: the same two shapes as an ``nn.Sequential`` of stages.
 
 ``tests/test_torch_models.py`` trains tiny versions against untouched copies;
@@ -18,7 +19,18 @@ import os
 import torch
 from torch import nn
 
-__all__ = ["Bottleneck", "ResNet", "gpt2", "hf_tiny", "HF_LAYERS", "resnet_like", "gpt_like", "BasicBlock", "GPTBlock"]
+__all__ = [
+    "Bottleneck",
+    "ResNet",
+    "ResidualMLP",
+    "gpt2",
+    "hf_tiny",
+    "HF_LAYERS",
+    "resnet_like",
+    "gpt_like",
+    "BasicBlock",
+    "GPTBlock",
+]
 
 
 class Bottleneck(nn.Module):
@@ -148,6 +160,37 @@ def gpt2(layers: int, d: int, heads: int, vocab: int, seq: int) -> nn.Module:
     transformers = _transformers()
     config = transformers.GPT2Config(n_layer=layers, n_embd=d, n_head=heads, vocab_size=vocab, n_positions=seq, use_cache=False)
     return transformers.GPT2LMHeadModel(config)
+
+
+class ResidualBlock(nn.Module):
+    """Pre-norm MLP block with a residual: the smallest thing shaped like a transformer layer."""
+
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.ln = nn.LayerNorm(d)
+        self.fc1 = nn.Linear(d, 4 * d)
+        self.fc2 = nn.Linear(4 * d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.fc2(torch.tanh(self.fc1(self.ln(x))))
+
+
+class ResidualMLP(nn.Module):
+    """An input projection (8 features to ``d``), a ModuleList of residual blocks, a 3-way head.
+    Seeded: two instances are equal."""
+
+    def __init__(self, d: int = 16, layers: int = 4) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.inp = nn.Linear(8, d)
+        self.blocks = nn.ModuleList([ResidualBlock(d) for _ in range(layers)])
+        self.head = nn.Linear(d, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.inp(x)
+        for block in self.blocks:
+            h = block(h)
+        return self.head(h)
 
 
 # -- the same shapes as nn.Sequential chains -------------------------------------------------

@@ -24,9 +24,9 @@ import torch
 from torch import nn
 
 from ._stages import as_stages, model_state
-from ._tree import first_tensor, same_tensor, tensors_in
+from ._tree import first_tensor, signature, tensors_in
 
-__all__ = ["Blocks", "find_blocks", "Instrument", "Listener", "COMPILE_REFUSAL", "check_not_instrumented"]
+__all__ = ["Blocks", "find_blocks", "Instrument", "Listener", "COMPILE_REFUSAL", "check_not_instrumented", "resolve_blocks"]
 
 # The model each installed instrument hooks: a model is instrumented by one at a time.
 _INSTALLED: "weakref.WeakKeyDictionary[nn.Module, Instrument]" = weakref.WeakKeyDictionary()
@@ -94,7 +94,7 @@ class Blocks:
 # the container's order, and each takes the hidden state the previous one returned (the
 # returned tensor itself, or its first tensor when it returns a tuple or a dict, found among
 # the next block's positional or keyword arguments; an alias with the same storage, offset,
-# shape and stride counts, as wrappers such as FSDP hand blocks a new tensor object). Sibling
+# shape, stride and dtype counts, as wrappers such as FSDP hand blocks a new tensor object). Sibling
 # containers whose runs cover them entirely and chain into each other are joined, so a ResNet's
 # layer1..layer4 make one run of all its bottleneck blocks. The run kept is the one with the
 # most blocks of one class (repeated blocks), then the longest, then the shallowest; the
@@ -103,6 +103,9 @@ class Blocks:
 
 @dataclasses.dataclass
 class _Call:
+    """One call of a candidate block: its arguments and output as tensor signatures, so that
+    tracing keeps no activation alive (but the last output, see ``_trace``)."""
+
     order: int
     args: tuple
     kwargs: dict
@@ -110,26 +113,25 @@ class _Call:
 
 
 def _hidden_location(prev_out: Any, args: tuple, kwargs: dict) -> tuple[str, Any] | None:
-    h = first_tensor(prev_out)
-    if h is None:
+    if prev_out is None:
         return None
     for k, a in enumerate(args):
-        if same_tensor(a, h):
+        if a == prev_out:
             return ("arg", k)
     for name, v in kwargs.items():
-        if same_tensor(v, h):
+        if v == prev_out:
             return ("kw", name)
     return None
 
 
 def _first_location(args: tuple, kwargs: dict) -> tuple[str, Any] | None:
     for k, a in enumerate(args):
-        if isinstance(a, torch.Tensor):
+        if a is not None:
             return ("arg", k)
-    if isinstance(kwargs.get("hidden_states"), torch.Tensor):
+    if kwargs.get("hidden_states") is not None:
         return ("kw", "hidden_states")
     for name, v in kwargs.items():
-        if isinstance(v, torch.Tensor):
+        if v is not None:
             return ("kw", name)
     return None
 
@@ -141,10 +143,15 @@ def _trace(model: nn.Module, args: tuple, kwargs: dict, modules: Sequence[nn.Mod
 
     def pre(mod: nn.Module, a: tuple, kw: dict) -> None:
         counter[0] += 1
-        calls[id(mod)].append(_Call(counter[0], a, dict(kw)))
+        calls[id(mod)].append(_Call(counter[0], tuple(map(signature, a)), {k: signature(v) for k, v in kw.items()}))
+
+    last: list[Any] = [None]
 
     def post(mod: nn.Module, a: tuple, kw: dict, out: Any) -> None:
-        calls[id(mod)][-1].out = out
+        calls[id(mod)][-1].out = signature(first_tensor(out))
+        # Held until the next block's output: its address cannot be reused by a tensor made
+        # between this call and the next one (which would look like this output).
+        last[0] = out
 
     for m in {id(m): m for m in modules}.values():
         handles.append(m.register_forward_pre_hook(pre, with_kwargs=True))
@@ -200,7 +207,7 @@ def _finish_locations(modules: list[nn.Module], locs: list, calls: dict[int, lis
     if loc is not None:
         where, key = loc
         value = first.args[key] if where == "arg" and key < len(first.args) else first.kwargs.get(key) if where == "kw" else None
-        if not isinstance(value, torch.Tensor):
+        if value is None:
             loc = None
     loc = loc or _first_location(first.args, first.kwargs)
     if loc is None:
@@ -244,7 +251,7 @@ def find_blocks(model: nn.Module, args: tuple, kwargs: dict, blocks: Any = None)
         raise TypeError(f"model: expected an nn.Module, got {type(model).__name__}")
     names = {id(m): n for n, m in model.named_modules()}
     if blocks is not None:
-        mods = _resolve(model, blocks)
+        mods = resolve_blocks(model, blocks)
         calls = _trace(model, args, kwargs, mods)
         start, end, locs, why = _run_of(mods, calls)
         if start != 0 or end != len(mods):
@@ -307,7 +314,8 @@ def _score(run: Sequence[nn.Module], name: str) -> tuple[int, int, int]:
     return (repeated, len(run), -name.count(".") - (1 if name else 0))
 
 
-def _resolve(model: nn.Module, blocks: Any) -> list[nn.Module]:
+def resolve_blocks(model: nn.Module, blocks: Any) -> list[nn.Module]:
+    """The modules ``blocks`` names in ``model``: a path, a module list, or a list of modules or paths."""
     def get(path: str) -> nn.Module:
         try:
             return model.get_submodule(path)

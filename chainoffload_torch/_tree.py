@@ -13,7 +13,7 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
-__all__ = ["tensors_in", "first_tensor", "same_tensor", "call_key", "describe_key", "held_tensors", "autocast_state"]
+__all__ = ["tensors_in", "first_tensor", "signature", "call_key", "describe_key", "held_tensors", "autocast_state"]
 
 # Leaves of a call's key other than tensors: values that change what the forward computes.
 _PLAIN = (bool, int, float, str, type(None))
@@ -59,23 +59,13 @@ def first_tensor(obj: Any) -> torch.Tensor | None:
     return next(tensors_in(obj), None)
 
 
-def same_tensor(a: Any, b: Any) -> bool:
-    """Whether ``a`` and ``b`` are the same tensor data (the same object, or an alias of it with
-    the same storage, offset, shape, stride and dtype, as a wrapper's pre-forward hook may
-    hand a block)."""
-    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
-        return False
-    if a is b:
-        return True
-    if a.layout != torch.strided or b.layout != torch.strided or a.device != b.device:
-        return False
-    return (
-        a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
-        and a.storage_offset() == b.storage_offset()
-        and a.shape == b.shape
-        and a.stride() == b.stride()
-        and a.dtype == b.dtype
-    )
+def signature(t: Any) -> tuple | None:
+    """What identifies a tensor's data while it is alive: (device, storage address, offset,
+    shape, stride, dtype); ``None`` for anything else. An alias a wrapper makes of a tensor (a
+    new object over the same data, as FSDP's pre-forward hook hands a block) has the same."""
+    if not isinstance(t, torch.Tensor) or t.layout != torch.strided:
+        return None
+    return (str(t.device), t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype)
 
 
 def _leaf_key(obj: Any) -> Any:

@@ -28,7 +28,7 @@ from chainoffload.solvers import spec
 from chainoffload.units import format_bytes, parse_bytes
 
 from ._copy import Copier, HostPool
-from ._instrument import COMPILE_REFUSAL, Blocks, Instrument, check_not_instrumented, find_blocks
+from ._instrument import COMPILE_REFUSAL, Blocks, Instrument, check_not_instrumented, find_blocks, resolve_blocks
 from ._stages import EntryState, canonical_device
 from ._tree import call_key, describe_key
 from .executor import ScheduleRun, StepStats
@@ -334,9 +334,7 @@ class Offloader:
         elif blocks is None:
             raise ValueError("blocks: pass the chain's stages (a module path or a list of modules) for a model that is not an nn.Sequential")
         else:
-            from ._instrument import _resolve
-
-            mods = _resolve(model, blocks)
+            mods = resolve_blocks(model, blocks)
             names = {id(m): n for n, m in model.named_modules()}
             blks = Blocks.of(mods, [names.get(id(m), str(k)) for k, m in enumerate(mods)])
         if chain.length != len(blks):

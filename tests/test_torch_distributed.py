@@ -6,6 +6,7 @@ writes its outcome per rank, and one test per check reads it.
 """
 
 import copy
+import importlib.util
 import socket
 import traceback
 from pathlib import Path
@@ -19,6 +20,10 @@ from torch import nn  # noqa: E402
 
 import chainoffload as co  # noqa: E402
 import chainoffload_torch as ct  # noqa: E402
+
+_spec = importlib.util.spec_from_file_location("torch_models", Path(__file__).resolve().parents[1] / "benchmarks" / "torch_models.py")
+torch_models = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(torch_models)
 
 STEPS = 3
 WORLD = 2
@@ -39,32 +44,25 @@ def _cnn():
     )
 
 
-class Block(nn.Module):
-    def __init__(self, d):
-        super().__init__()
-        self.ln = nn.LayerNorm(d)
-        self.fc1 = nn.Linear(d, 4 * d)
-        self.fc2 = nn.Linear(4 * d, d)
-
-    def forward(self, x):
-        return x + self.fc2(torch.tanh(self.fc1(self.ln(x))))
-
-
-class Net(nn.Module):
-    """Input projection, a ModuleList of residual blocks, a head: each block is sharded on its own."""
-
-    def __init__(self, d=16, layers=4):
-        super().__init__()
-        torch.manual_seed(0)
-        self.inp = nn.Linear(8, d)
-        self.blocks = nn.ModuleList([Block(d) for _ in range(layers)])
-        self.head = nn.Linear(d, 3)
-
-    def forward(self, x):
-        h = self.inp(x)
-        for block in self.blocks:
-            h = block(h)
-        return self.head(h)
+def train_side_by_side(offloaded, plain, batches, handle, local) -> None:
+    """SGD steps on both; losses and gradients (``local`` of each) torch.equal at every step,
+    and the bytes moved the plan's."""
+    opt_w = torch.optim.SGD(offloaded.parameters(), lr=0.1)
+    opt_p = torch.optim.SGD(plain.parameters(), lr=0.1)
+    for step, (xs, ys) in enumerate(batches):
+        opt_w.zero_grad()
+        opt_p.zero_grad()
+        lw = nn.functional.cross_entropy(offloaded(xs), ys)
+        lw.backward()
+        lp = nn.functional.cross_entropy(plain(xs), ys)
+        lp.backward()
+        assert torch.equal(lw, lp), f"step {step}: loss {lw.item()} != {lp.item()}"
+        for (name, p), q in zip(offloaded.named_parameters(), plain.parameters()):
+            assert torch.equal(local(p.grad), local(q.grad)), f"step {step}: gradient of {name} differs"
+        stats = handle.last_step
+        assert stats.offloaded_bytes == handle.plan.offloaded_bytes == stats.prefetched_bytes > 0, (step, stats)
+        opt_w.step()
+        opt_p.step()
 
 
 def _check_ddp(rank: int) -> None:
@@ -77,24 +75,9 @@ def _check_ddp(rank: int) -> None:
     assert handle.schedule.offloaded_units, "the test needs a plan that offloads something"
     wrapped = nn.parallel.DistributedDataParallel(model)
     plain = nn.parallel.DistributedDataParallel(copy.deepcopy(base))
-    opt_w = torch.optim.SGD(wrapped.parameters(), lr=0.1)
-    opt_p = torch.optim.SGD(plain.parameters(), lr=0.1)
-    for step in range(STEPS):
-        # The last step has another batch size on both ranks: a plan is made inside DDP's forward.
-        xs, ts = (x, target) if step < STEPS - 1 else (bigger, bigger_target)
-        opt_w.zero_grad()
-        opt_p.zero_grad()
-        lw = nn.functional.cross_entropy(wrapped(xs), ts)
-        lw.backward()
-        lp = nn.functional.cross_entropy(plain(xs), ts)
-        lp.backward()
-        assert torch.equal(lw, lp), f"step {step}: loss {lw.item()} != {lp.item()}"
-        for (name, p), q in zip(wrapped.module.named_parameters(), plain.module.parameters()):
-            assert torch.equal(p.grad, q.grad), f"step {step}: gradient of {name} differs"
-        stats = handle.last_step
-        assert stats.offloaded_bytes == handle.plan.offloaded_bytes == stats.prefetched_bytes, stats
-        opt_w.step()
-        opt_p.step()
+    # The last step has another batch size on both ranks: a plan is made inside DDP's forward.
+    batches = [(x, target)] * (STEPS - 1) + [(bigger, bigger_target)]
+    train_side_by_side(wrapped, plain, batches, handle, lambda g: g)
     assert handle.replans == 1 and len(handle.plans) == 2, (handle.replans, len(handle.plans))
     # The all-reduce really happened: both ranks hold the same parameters after training.
     flat = torch.cat([p.detach().flatten() for p in wrapped.parameters()])
@@ -103,7 +86,7 @@ def _check_ddp(rank: int) -> None:
     assert torch.equal(flat, other), "parameters differ from rank 0's"
 
 
-def _shard(model: Net) -> None:
+def _shard(model: nn.Module) -> None:
     from torch.distributed.fsdp import fully_shard
 
     for block in model.blocks:
@@ -112,7 +95,7 @@ def _shard(model: Net) -> None:
 
 
 def _check_fsdp(rank: int) -> None:
-    base = Net()
+    base = torch_models.ResidualMLP()
     torch.manual_seed(200 + rank)
     x, y = torch.randn(24, 8), torch.randint(0, 3, (24,))
     x2, y2 = torch.randn(30, 8), torch.randint(0, 3, (30,))
@@ -123,22 +106,7 @@ def _check_fsdp(rank: int) -> None:
     assert handle.schedule.offloaded_units and second.schedule.offloaded_units
     _shard(model)
     _shard(ref)
-    opt_w = torch.optim.SGD(model.parameters(), lr=0.1)
-    opt_p = torch.optim.SGD(ref.parameters(), lr=0.1)
-    for step, (xs, ys) in enumerate([(x, y), (x, y), (x2, y2), (x, y)]):
-        opt_w.zero_grad()
-        opt_p.zero_grad()
-        lw = nn.functional.cross_entropy(model(xs), ys)
-        lw.backward()
-        lp = nn.functional.cross_entropy(ref(xs), ys)
-        lp.backward()
-        assert torch.equal(lw, lp), f"step {step}: loss {lw.item()} != {lp.item()}"
-        for (name, p), q in zip(model.named_parameters(), ref.parameters()):
-            assert torch.equal(p.grad.to_local(), q.grad.to_local()), f"step {step}: gradient of {name} differs"
-        stats = handle.last_step
-        assert stats.offloaded_bytes == handle.plan.offloaded_bytes > 0, (step, stats, handle.plan.offloaded_bytes)
-        opt_w.step()
-        opt_p.step()
+    train_side_by_side(model, ref, [(x, y), (x, y), (x2, y2), (x, y)], handle, lambda g: g.to_local())
     assert handle.replans == 0 and len(handle.plans) == 2
     # A shape nobody planned for is refused before anything runs (no profiling inside FSDP).
     try:

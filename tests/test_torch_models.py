@@ -149,32 +149,7 @@ def test_torchvision_style_resnet_offloaded_as_is():
 # -- shapes that change -----------------------------------------------------------------------
 
 
-class Block(nn.Module):
-    def __init__(self, d):
-        super().__init__()
-        self.ln = nn.LayerNorm(d)
-        self.fc1 = nn.Linear(d, 4 * d)
-        self.fc2 = nn.Linear(4 * d, d)
-
-    def forward(self, x):
-        return x + self.fc2(torch.tanh(self.fc1(self.ln(x))))
-
-
-class Net(nn.Module):
-    """Input projection, a ModuleList of residual blocks, a head."""
-
-    def __init__(self, d=16, layers=4):
-        super().__init__()
-        torch.manual_seed(0)
-        self.inp = nn.Linear(8, d)
-        self.blocks = nn.ModuleList([Block(d) for _ in range(layers)])
-        self.head = nn.Linear(d, 3)
-
-    def forward(self, x):
-        h = self.inp(x)
-        for block in self.blocks:
-            h = block(h)
-        return self.head(h)
+Net = torch_models.ResidualMLP
 
 
 def test_batch_sizes_1_to_64_get_their_own_plans_cached_and_a_bounded_pool():
