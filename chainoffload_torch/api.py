@@ -152,8 +152,11 @@ class Plan:
 # a new key is profiled (the model's own forward and backward, run re-entrantly from the hook
 # with a recorder in place of the executor, model state restored after) and solved once; plans
 # are kept in an LRU of `cache_size`, like Dynamo's guards. "warn" runs the plan in force as it
-# is (its units, other bytes) after a warning; "error" raises. Under DDP or FSDP every rank must
-# see the same shapes at the same step (a replan runs collectives inside profiling steps).
+# is (its units, other bytes) after a warning; "error" raises. Under DDP every rank must see
+# the same shapes at the same step (a replan runs the model, so its collectives, on every rank).
+# Under FSDP2 a profiling step of the sharded model would leave FSDP's deferred gradient
+# reduction behind (measured: the next step's gradients were off), so a plan is made only before
+# fully_shard (offload(), then prepare() for every other shape) and a new shape is refused.
 
 
 class _Planner:
