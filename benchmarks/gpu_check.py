@@ -205,7 +205,7 @@ def check(w: Workload, device: torch.device, steps: int, warmup: int, repeats: i
                 method = handle.result.method
             else:
                 plat = prof.platform.with_memory(memory)
-                result = ct.api.solve_for(chain, plat, None, (), prof.sizes, {})
+                result = ct.plans.solve_for(chain, plat, None, (), prof.sizes, {})
                 handle = ct.Offloader(w.model, chain, result.schedule, platform=plat, blocks=prof.blocks)
                 method = result.method
         except ValueError as exc:

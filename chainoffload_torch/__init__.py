@@ -15,7 +15,8 @@ Below it: :func:`profile` and :func:`profile_full`, :func:`measure_sizes`, :func
 executor as a context manager around a list of stages.
 """
 
-from .api import Budget, Offloader, Plan, budget_curve, offload
+from .api import Offloader, budget_curve, offload
+from .plans import Budget, Plan
 from .executor import OffloadActivations, StepStats
 from .profiler import Profile, Sizes, measure_link, measure_sizes, profile, profile_full
 from ._instrument import Blocks, find_blocks
