@@ -427,6 +427,9 @@ def test_budget_curve_shows_what_each_budget_costs_and_its_memories_work_in_offl
     model(x).sum().backward()
     ref(x).sum().backward()
     assert same_grads(model, ref) and handle.offloaded_bytes == handle.plan.offloaded_bytes
+    with pytest.raises(ValueError, match="already offloaded by a handle"):
+        ct.budget_curve(model, x)
+    handle.remove()
     fractions = ct.budget_curve(model, x, memories=[0.6, 1.0], methods=["best"], repeats=1, warmup=0)
     assert fractions.memories == (int(0.6 * fractions.keep_all_peak), fractions.keep_all_peak)
     with pytest.raises(ValueError, match="'rotor' recomputes"):
