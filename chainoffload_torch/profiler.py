@@ -309,8 +309,8 @@ def _measure(
             for r in range(warmup + repeats if timed else 1):
                 out = root(*args, **kwargs)
                 p = rec.current
-                if sizes is None:
-                    sizes = _sizes(p, n)
+                # The last step's: a first call may make what the model then caches (and so holds).
+                sizes = _sizes(p, n)
                 if not timed:
                     break
                 roots, grads = _backward_roots(out)
