@@ -20,8 +20,12 @@ GB/s each way (10 us per copy, duplex):
    process with an empty Numba cache) and from L = 25 to 1000 (CPU time, peak memory, growth
    exponent), on random chains.
 
-    python benchmarks/remat.py              # all: benchmarks/results/remat.md, remat.png
+    python benchmarks/remat.py              # all: benchmarks/results/remat.md, remat.png, remat.json
     python benchmarks/remat.py --quick      # two networks, one link, for a smoke run
+    python benchmarks/remat.py --timing     # rerun section 4 only, into the saved remat.json
+    python benchmarks/remat.py --report     # rewrite remat.md and remat.png from remat.json
+
+Section 4 runs each size in a fresh process (peak memory is its own VmHWM).
 """
 
 from __future__ import annotations
@@ -197,7 +201,7 @@ def largest_factor(runner: Runner, chain, bandwidth: float, key: str) -> tuple[f
 # -- runtimes ------------------------------------------------------------------------------------
 
 _TIMING = r"""
-import json, resource, sys, time, numpy as np
+import json, sys, time, numpy as np
 sys.path.insert(0, {bench!r})
 from remat import random_chain
 from chainoffload import Platform
@@ -213,8 +217,9 @@ for length, rows, repeat in {sizes!r}:
         t0, c0 = time.perf_counter(), time.process_time()
         res = joint_dp(chain, p, rows=rows)
         wall.append(time.perf_counter() - t0); cpu.append(time.process_time() - c0)
-    out[f"{{length}}-{{rows}}"] = {{"cpu": cpu, "wall": wall, "rows": res.info.get("rows"),
-        "rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}}
+    # VmHWM: this process's own peak (getrusage's maxrss keeps the spawning parent's after exec).
+    hwm = next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM"))
+    out[f"{{length}}-{{rows}}"] = {{"cpu": cpu, "wall": wall, "rows": res.info.get("rows"), "rss": hwm * 1024}}
 print(json.dumps(out))
 """
 
@@ -260,7 +265,13 @@ def link_name(bw: float) -> str:
     return f"{bw / 1e9:g} GB/s"
 
 
-def plot(path: Path, claim1: dict, curves: dict, scale: dict) -> None:
+def platform_key(key: str) -> tuple[str, float]:
+    """("V100", 12e9) from a saved key "V100 1.2e+10"."""
+    gpu, bw = key.split()
+    return gpu, float(bw)
+
+
+def plot(path: Path, data: dict) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -270,14 +281,14 @@ def plot(path: Path, claim1: dict, curves: dict, scale: dict) -> None:
     ax = axes[0]
     markers = {12e9: "o", 25e9: "s", 64e9: "^"}
     colours = {"V100": "tab:blue", "A100": "tab:orange"}
-    names = None
-    for (gpu, bw), rows in claim1.items():
-        names = list(rows)
+    names = data["names"]
+    for key, rows in data["claim1"].items():
+        gpu, bw = platform_key(key)
         for k, frac in enumerate(FRACTIONS):
             xs = [i + (k - 0.5) * 0.3 for i in range(len(names))]
-            ys = [100 * (rows[n][frac]["share"] if rows[n][frac] and rows[n][frac]["share"] is not None else np.nan)
-                  for n in names]
-            ax.scatter(xs, ys, marker=markers[bw], color=colours[gpu], alpha=0.45 + 0.4 * k, s=28,
+            ys = [100 * rows[n][str(frac)]["share"] if rows[n][str(frac)] and rows[n][str(frac)]["share"] is not None
+                  else np.nan for n in names]
+            ax.scatter(xs, ys, marker=markers.get(bw, "x"), color=colours.get(gpu, "k"), alpha=0.45 + 0.4 * k, s=28,
                        label=f"{gpu} {link_name(bw)}" if k == 1 else None)
     ax.axhline(100 / 3, color="grey", ls="--", lw=0.8)
     ax.text(-0.4, 100 / 3 + 1.5, "paper: one third", fontsize=8, color="grey")
@@ -290,7 +301,7 @@ def plot(path: Path, claim1: dict, curves: dict, scale: dict) -> None:
     ax.legend(fontsize=7, ncol=2)
 
     ax = axes[1]
-    for name, (rot, jnt) in curves.items():
+    for name, (rot, jnt) in data["curves"].items():
         line = ax.plot([f for f, _ in jnt], [100 * min(v, 1.0) for _, v in jnt], "-", lw=1.2, label=f"{name} joint")
         ax.plot([f for f, _ in rot], [100 * min(v, 1.0) for _, v in rot], ":", lw=1.2, color=line[0].get_color(),
                 label=f"{name} rotor")
@@ -303,8 +314,9 @@ def plot(path: Path, claim1: dict, curves: dict, scale: dict) -> None:
     ax.legend(fontsize=7, ncol=2)
 
     ax = axes[2]
-    for rows_key, label in ((None, "default rows (chosen from L)"), (2, "2 rows per queue")):
-        pts = sorted((int(k.split("-")[0]), min(v["cpu"])) for k, v in scale.items() if k.split("-")[1] == str(rows_key))
+    scale = data["scale"]
+    for rows_key, label in (("None", "default rows (chosen from L)"), ("2", "2 rows per queue")):
+        pts = sorted((int(k.split("-")[0]), min(v["cpu"])) for k, v in scale.items() if k.split("-")[1] == rows_key)
         if pts:
             ax.loglog([p for p, _ in pts], [t for _, t in pts], "o-", label=label)
     ax.axhline(10, color="grey", ls="--", lw=0.8)
@@ -321,8 +333,25 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="two networks, the V100 twins at 12 GB/s, short timings")
     parser.add_argument("--networks", nargs="*", help="network names (default: all shipped)")
+    parser.add_argument("--timing", action="store_true", help="rerun the runtime section only, into remat.json")
+    parser.add_argument("--report", action="store_true", help="rewrite remat.md and remat.png from remat.json")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(HERE))
+    raw = RESULTS / "remat.json"
+    if args.report or args.timing:
+        data = json.loads(raw.read_text())
+        if args.timing:
+            data.update(runtimes(data["quick"]))
+    else:
+        data = sweeps(args)
+        data.update(runtimes(args.quick))
+    RESULTS.mkdir(exist_ok=True)
+    raw.write_text(json.dumps(data, indent=0, allow_nan=True) + "\n")
+    write_report(data)
+
+
+def sweeps(args) -> dict:
+    """Sections 1-3: the claims and the comparison; a JSON-ready dict."""
     from chainoffload.networks import network, network_names
     from chainoffload.simulate import keep_all_peak
 
@@ -336,7 +365,7 @@ def main(argv=None) -> None:
         claim1: dict = {}
         compare: list[dict] = []
         for gpu, bw in platforms:
-            rows = claim1.setdefault((gpu, bw), {})
+            rows = claim1.setdefault(f"{gpu} {bw:g}", {})
             for name in names:
                 chain = network(name, gpu=gpu)
                 peak, floor = keep_all_peak(chain), chain.stage_memory_floor()
@@ -344,23 +373,23 @@ def main(argv=None) -> None:
                 for frac in FRACTIONS:
                     memory = int(frac * peak)
                     if memory < floor:
-                        rows[name][frac] = None
+                        rows[name][str(frac)] = None
                         continue
                     row = runner.point(chain, memory, bw, compare=True)
-                    rows[name][frac] = {**row, "share": share(row)}
+                    rows[name][str(frac)] = {**row, "share": share(row)}
                     compare.append({**row, "network": name, "gpu": gpu, "bw": bw})
                 for memory in np.linspace(floor, peak, COMPARE_POINTS).astype(np.int64):
                     row = runner.point(chain, int(memory), bw, compare=True)
                     compare.append({**row, "network": name, "gpu": gpu, "bw": bw})
                 print(f"claim 1 {gpu} {link_name(bw)} {name}: " + ", ".join(
-                    f"{frac}: {shr(rows[name][frac]['share']) if rows[name][frac] else 'below floor'}" for frac in FRACTIONS),
-                    flush=True)
+                    f"{frac}: {shr(rows[name][str(frac)]['share']) if rows[name][str(frac)] else 'below floor'}"
+                    for frac in FRACTIONS), flush=True)
 
         # (2) largest reduction factor under 20 % overhead.
         claim2: dict = {}
         curves: dict = {}
         for gpu, bw in platforms:
-            rows = claim2.setdefault((gpu, bw), {})
+            rows = claim2.setdefault(f"{gpu} {bw:g}", {})
             for name in names:
                 chain = network(name, gpu=gpu)
                 f_joint, c_joint = largest_factor(runner, chain, bw, "joint")
@@ -371,35 +400,45 @@ def main(argv=None) -> None:
                     curves[name] = (c_rotor, c_joint)
                 print(f"claim 2 {gpu} {link_name(bw)} {name}: joint {f_joint:.2f}x rotor {f_rotor:.2f}x (cap {cap:.2f}x)",
                       flush=True)
-    sweep_minutes = (time.perf_counter() - started) / 60
+    return {
+        "quick": bool(args.quick),
+        "date": str(datetime.date.today()),
+        "names": names,
+        "platforms": [f"{g} {b:g}" for g, b in platforms],
+        "claim1": claim1,
+        "claim2": claim2,
+        "compare": compare,
+        "curves": curves,
+        "sweep_minutes": (time.perf_counter() - started) / 60,
+        "sweep_load": os.getloadavg()[0],
+    }
 
-    # (4) runtimes.
+
+def runtimes(quick: bool) -> dict:
+    """Section 4: the paper's DP alone, in fresh processes."""
     load = os.getloadavg()[0]
-    lengths = (25, 50, 100) if args.quick else (25, 50, 100, 200, 400, 1000)
+    lengths = (25, 50, 100) if quick else (25, 50, 100, 200, 400, 1000)
     scale = timing([(n, None, 1) for n in lengths] + [(n, 2, 1) for n in lengths])
     warm = timing([(100, None, 3)])
     with tempfile.TemporaryDirectory() as cache:
         cold = timing([(100, None, 1)], {"NUMBA_CACHE_DIR": cache})
+    return {"scale": scale, "warm": warm, "cold": cold, "timing_load": load}
 
-    write_report(args, names, platforms, claim1, claim2, compare, curves, scale, warm, cold, load, sweep_minutes)
 
-
-def explanation(names, claim1, claim2, compare) -> list[str]:
+def explanation(data: dict) -> list[str]:
     """Why our figures differ from the paper's, with the numbers that say so."""
     from chainoffload.networks import network
     from chainoffload.simulate import keep_all_peak
 
+    names = data["names"]
     movable = {}
     for gpu in GPUS:
         chains = [network(n, gpu=gpu) for n in names]
         movable[gpu] = median([12e9 * float(c.fwd.sum()) / keep_all_peak(c) for c in chains])
     caps = {n: keep_all_peak(network(n)) / network(n).stage_memory_floor() for n in names}
     capped = sorted(n for n, c in caps.items() if c < 4.0)
-    errors = [abs(r["dp_model"] - r["joint_dp"]) / (1 + r["joint_dp"]) for r in compare
+    errors = [abs(r["dp_model"] - r["joint_dp"]) / (1 + r["joint_dp"]) for r in data["compare"]
               if math.isfinite(r.get("dp_model", math.inf)) and math.isfinite(r["joint_dp"])]
-    low = sorted(((r["network"], f) for (g, b), rows in claim1.items() if (g, b) == ("V100", 12e9)
-                  for r_name, r_rows in rows.items() for f, r in r_rows.items()
-                  if r is not None and r["share"] is not None and r["share"] < 0.15 for r in [dict(r, network=r_name)]))
     lines = [
         "Why the figures differ from the paper's:",
         "",
@@ -410,15 +449,13 @@ def explanation(names, claim1, claim2, compare) -> list[str]:
         "claims are for a V100 at 12 GB/s; our A100 shares are correspondingly smaller, and grow with the link.",
         f"- **The floor.** No schedule of any kind runs below the memory a single stage's own forward and backward need, so "
         f"the reduction factor is capped at keep-all peak / floor: under 4x for {', '.join(capped) or 'none'} "
-        f"(the cap column), which puts a 4x factor out of reach of the median network whatever the method. The paper's "
+        "(the cap column), which puts a 4x factor out of reach of the median network whatever the method. The paper's "
         "chains (ResNet, DenseNet and Inception at batch 16, 500 x 500 images, split into many more stages than our "
         "block-level chains) have lower floors relative to their peaks; the deep chains here (ResNet-101/152, "
         "DenseNet-121, the 48-block GPT-2) are the ones that reach 4x and more.",
-        "- **Where offloading cannot help.** Where a network's first units are large and take a long time to copy "
-        "(ResNet's first stages: 0.5-0.8 GB, 45-70 ms at 12 GB/s, most of a forward pass), they cannot leave the GPU in "
-        "time to make room for the deep part; DenseNet's concatenated feature maps grow through each block, so each "
-        "stage's unit holds its whole block so far."
-        + (f" The lowest shares at the paper's platform: {', '.join(f'{n} at {int(100 * f)} %' for n, f in low)}." if low else ""),
+        "- **Large first units.** ResNet's first stages keep units of 0.5-0.8 GB (45-70 ms each at 12 GB/s, most of a "
+        "V100 forward pass), so they cannot leave the GPU in time to make room for the deep part, and at 30 % of the peak "
+        "rotor must recompute them whatever is offloaded.",
         f"- **Whole transfers.** The paper's DP moves bytes as fluids; our simulator frees an offloaded unit only when its "
         f"whole copy has ended and charges a prefetch's whole size from its start. The DP's estimate of its own plan is "
         f"off by {100 * median(errors):.1f} points of overhead at the median point (at most "
@@ -428,43 +465,48 @@ def explanation(names, claim1, claim2, compare) -> list[str]:
     return lines
 
 
-def write_report(args, names, platforms, claim1, claim2, compare, curves, scale, warm, cold, load, sweep_minutes) -> None:
+def write_report(data: dict) -> None:
     RESULTS.mkdir(exist_ok=True)
+    names = data["names"]
+    quick = data["quick"]
     lines = [
         "# Rematerialization and offloading: the NeurIPS 2021 claims",
         "",
-        f"`python benchmarks/remat.py{' --quick' if args.quick else ''}`, {datetime.date.today()}, {os.cpu_count()} CPU cores "
-        f"shared with other jobs (load {load:.1f}); {sweep_minutes:.0f} min for the sweeps. Links {', '.join(link_name(b) for b in LINKS)} "
-        f"each way, {LATENCY * 1e6:.0f} us per copy, duplex; S = 500 slots. Overhead = makespan / (sum fwd + sum bwd) - 1, "
-        "simulated. `joint` is the best of the paper's DP, the exact one-in-flight DP, rotor and `best` (pure offloading, run "
-        "where memory is above its proven floor). — : below the chain's floor (no schedule of any kind fits).",
+        f"`python benchmarks/remat.py{' --quick' if quick else ''}`, {data['date']}, {os.cpu_count()} CPU cores shared "
+        f"with other jobs (load {data['sweep_load']:.1f}); {data['sweep_minutes']:.0f} min for the sweeps (raw results: "
+        f"`remat.json`). Links {', '.join(link_name(b) for b in LINKS)} each way, {LATENCY * 1e6:.0f} us per copy, "
+        "duplex; S = 500 slots. Overhead = makespan / (sum fwd + sum bwd) - 1, simulated. `joint` is the best of the "
+        "paper's DP, the exact one-in-flight DP, rotor and `best` (pure offloading, run where memory is above its proven "
+        "floor). — : below the chain's floor (no schedule of any kind fits).",
         "",
         "## Claim 1: share of rotor's overhead that offloading removes",
         "",
         "The paper: about **one third**. Share = (rotor - joint) / rotor, overheads; n/a where rotor does not recompute.",
         "",
     ]
-    summary1 = []
-    for (gpu, bw), rows in claim1.items():
+    summary1 = {}
+    for key, rows in data["claim1"].items():
+        gpu, bw = platform_key(key)
         lines += [f"### {gpu} times, {link_name(bw)}", "",
                   "| network | rotor @30 % | joint @30 % | share @30 % | rotor @50 % | joint @50 % | share @50 % |",
                   "|---|---:|---:|---:|---:|---:|---:|"]
         for name in names:
             cells = []
             for frac in FRACTIONS:
-                r = rows[name][frac]
+                r = rows[name][str(frac)]
                 cells += ["—", "—", "—"] if r is None else [pct(r["rotor"]), pct(r["joint"]), shr(r["share"])]
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
-        meds = {frac: median([rows[n][frac]["share"] if rows[n][frac] else None for n in names]) for frac in FRACTIONS}
-        both = median([rows[n][f]["share"] if rows[n][f] else None for n in names for f in FRACTIONS])
-        summary1.append(((gpu, bw), meds, both))
+        meds = {f: median([rows[n][str(f)]["share"] if rows[n][str(f)] else None for n in names]) for f in FRACTIONS}
+        both = median([rows[n][str(f)]["share"] if rows[n][str(f)] else None for n in names for f in FRACTIONS])
+        summary1[key] = (meds, both)
         lines += ["", f"Median share over the networks: {shr(meds[0.3])} at 30 %, {shr(meds[0.5])} at 50 %, "
                   f"{shr(both)} over both.", ""]
     lines += ["## Claim 2: largest memory reduction with joint's overhead below 20 %", "",
               "The paper: a factor **4 to 6**. Factor = keep-all peak / memory; the cap is peak / floor, where a single "
               "stage's own forward and backward no longer fit (no schedule goes below it).", ""]
-    summary2 = []
-    for (gpu, bw), rows in claim2.items():
+    summary2 = {}
+    for key, rows in data["claim2"].items():
+        gpu, bw = platform_key(key)
         lines += [f"### {gpu} times, {link_name(bw)}", "", "| network | joint | rotor | cap (peak / floor) |", "|---|---:|---:|---:|"]
         for name in names:
             r = rows[name]
@@ -472,22 +514,26 @@ def write_report(args, names, platforms, claim1, claim2, compare, curves, scale,
         med_j = median([rows[n]["joint"] for n in names])
         med_r = median([rows[n]["rotor"] for n in names])
         med_c = median([rows[n]["cap"] for n in names])
-        summary2.append(((gpu, bw), med_j, med_r, med_c, max(rows[n]["joint"] for n in names)))
+        summary2[key] = (med_j, max(rows[n]["joint"] for n in names))
         lines += ["", f"Median network: joint {med_j:.2f}x, rotor {med_r:.2f}x, cap {med_c:.2f}x.", ""]
 
-    lines += ["## Against the targets and the paper", "", "| platform | median share @30 % | @50 % | both | target | median factor (joint) | best network | target |",
+    lines += ["## Against the targets and the paper", "",
+              "| platform | median share @30 % | @50 % | both | target | median factor (joint) | best network | target |",
               "|---|---:|---:|---:|---:|---:|---:|---:|"]
-    for ((gpu, bw), meds, both), (_, mj, _, _, mx) in zip(summary1, summary2):
+    for key in data["claim1"]:
+        gpu, bw = platform_key(key)
+        meds, both = summary1[key]
+        mj, mx = summary2[key]
         t_share, t_factor = TARGETS.get((gpu, bw), (None, None))
         lines.append(
             f"| {gpu} {link_name(bw)} | {shr(meds[0.3])} | {shr(meds[0.5])} | {shr(both)} | "
             f"{'—' if t_share is None else ('met' if both is not None and both >= t_share else 'missed') + f' (>= {100 * t_share:.0f} %)'} | "
             f"{mj:.2f}x | {mx:.2f}x | {'—' if t_factor is None else ('met' if mj >= t_factor else 'missed') + f' (>= {t_factor:g}x)'} |"
         )
-    lines += ["", *explanation(names, claim1, claim2, compare), ""]
+    lines += ["", *explanation(data), ""]
 
     # (3) comparison with main's joint.
-    rows = [r for r in compare if "old_joint" in r]
+    rows = [r for r in data["compare"] if "old_joint" in r]
     worse = [r for r in rows if r["joint"] > r["old_joint"] * (1 + 1e-9) + 1e-12]
     better = [r for r in rows if r["joint"] < r["old_joint"] - 1e-9]
     gains = [r["old_joint"] - r["joint"] for r in better]
@@ -516,20 +562,20 @@ def write_report(args, names, platforms, claim1, claim2, compare, curves, scale,
     lines += ["Which candidate joint returned: " + ", ".join(f"{k}: {v}" for k, v in sorted(sources.items(), key=str)) + ".", ""]
 
     # (4) runtimes.
-    w = warm["100-None"]
-    c = cold["100-None"]
+    scale, w, c = data["scale"], data["warm"]["100-None"], data["cold"]["100-None"]
     lines += [
         "## Runtime of the paper's DP (`joint_dp`, random chains, 25 GB/s, memory 30 % of the way from floor to peak)",
         "",
-        f"L = 100, S = 500: warm {min(w['cpu']):.2f} s CPU ({min(w['wall']):.2f} s wall, best of 3; the target is 2 s), "
-        f"{w['rows']} grid rows per queue; cold (fresh process, empty Numba cache) {c['wall'][0]:.1f} s wall.",
+        f"Each size in a fresh process (load {data['timing_load']:.1f}). L = 100, S = 500: warm {min(w['cpu']):.2f} s CPU "
+        f"({min(w['wall']):.2f} s wall, best of 3; the target is 2 s), {w['rows']} grid rows per queue; cold (fresh "
+        f"process, empty Numba cache) {c['wall'][0]:.1f} s wall.",
         "",
-        "| L | rows (default) | CPU (s) | peak RSS (MiB) | CPU with 2 rows (s) | peak RSS (MiB) |",
+        "| L | rows (default) | CPU (s) | peak memory (MiB) | CPU with 2 rows (s) | peak memory (MiB) |",
         "|---:|---:|---:|---:|---:|---:|",
     ]
     lengths = sorted({int(k.split("-")[0]) for k in scale})
     for n in lengths:
-        d, f = scale.get(f"{n}-None"), scale.get(f"{n}-2")
+        d, f = scale[f"{n}-None"], scale[f"{n}-2"]
         lines.append(f"| {n} | {d['rows']} | {d['cpu'][0]:.2f} | {d['rss'] / 2**20:.0f} | {f['cpu'][0]:.2f} | {f['rss'] / 2**20:.0f} |")
     big = [n for n in lengths if n >= 100]
     s_def = slope(big, [scale[f"{n}-None"]["cpu"][0] for n in big]) if len(big) > 1 else math.nan
@@ -538,7 +584,7 @@ def write_report(args, names, platforms, claim1, claim2, compare, curves, scale,
               f"rows (they shrink as L grows, to hold the table near its cell budget), {s_two:.2f} at a fixed 2 rows per queue.", ""]
     text = "\n".join(lines) + "\n"
     (RESULTS / "remat.md").write_text(text)
-    plot(RESULTS / "remat.png", claim1, curves, scale)
+    plot(RESULTS / "remat.png", data)
     print(text)
 
 
