@@ -261,18 +261,23 @@ def test_schedule_json_errors(text, pattern):
 
 
 def test_kernel_runs_as_python(chain3, monkeypatch):
-    """The kernel's Python body (what NUMBA_DISABLE_JIT=1 runs) gives the same timeline."""
-    from chainoffload._kernels import simulate as ks
-
-    s = sched(Transfer("offload", 2, F2, "end"), Transfer("prefetch", 2, F3, "end"))
-    p = plat()
-    jitted = simulate(chain3, p, s)
-    monkeypatch.setattr(ks, "_stable_order", ks._stable_order.py_func)
+    """The kernels' Python bodies (what NUMBA_DISABLE_JIT=1 runs) give the same timeline."""
     import sys
 
-    monkeypatch.setattr(sys.modules["chainoffload.simulate"], "simulate_kernel", ks.simulate_kernel.py_func)
-    plain = simulate(chain3, p, s)
+    from chainoffload._kernels import simulate as ks
+    from chainoffload._kernels import structure as kst
+
+    def schedule():  # a fresh object each time: the resolved structure is cached on it
+        return sched(Transfer("offload", 2, F2, "end"), Transfer("prefetch", 2, F3, "end"))
+
+    p = plat()
+    jitted = simulate(chain3, p, schedule())
+    monkeypatch.setattr(ks, "_key_before", ks._key_before.py_func)
+    monkeypatch.setattr(kst, "resolve_kernel", kst.resolve_kernel.py_func)
+    monkeypatch.setattr(sys.modules["chainoffload.simulate"], "replay_kernel", ks.replay_kernel.py_func)
+    plain = simulate(chain3, p, schedule())
     np.testing.assert_array_equal(plain.op_start, jitted.op_start)
+    np.testing.assert_array_equal(plain.memory_time, jitted.memory_time)
     np.testing.assert_array_equal(plain.memory_bytes, jitted.memory_bytes)
     assert plain.peak_memory == jitted.peak_memory and plain.makespan == jitted.makespan
 
