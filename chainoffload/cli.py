@@ -1,5 +1,9 @@
-"""The command line: ``chainoffload solve | simulate | methods | example`` (and more subcommands
-that other modules add through :func:`add_platform_flags` and :func:`load_platform`).
+"""The command line: ``chainoffload solve | simulate | verify | plot | methods | example``.
+
+Every subcommand is defined here, at the top of the import graph (model -> schedule -> simulate
+-> solvers -> cli); the modules that do the work (:mod:`chainoffload.verify`,
+:mod:`chainoffload.plot`) are imported inside the command functions, so matplotlib stays
+optional and a broken module fails loudly when its command runs instead of silently losing it.
 
 Errors go to stderr as one line and exit with code 2, without a traceback, for people and
 scripts alike. ``--json`` prints exactly one JSON object on stdout.
@@ -187,6 +191,53 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_verify(args: argparse.Namespace) -> int:
+    from .verify import verify
+
+    if not args.time_limit > 0 or not math.isfinite(args.time_limit):
+        raise CliError(f"--time-limit: {args.time_limit!r} must be a number of seconds > 0")
+    if args.workers < 1:
+        raise CliError(f"--workers: {args.workers!r} must be an integer >= 1")
+    chain = Chain.load(args.chain)
+    schedule = Schedule.load(args.schedule)
+    platform = load_platform(args)
+    report = verify(chain, platform, schedule, time_limit=args.time_limit, workers=args.workers)
+    if args.json:
+        print(json.dumps(report))
+        return 0
+    v = report["violation"]
+    rows = _instance_rows(chain, platform) + [
+        ("feasible", "yes" if v is None else f"no: {v['rule']} rule broken by {v['op']}"),
+        ("makespan", format_seconds(report["makespan"]) if report["makespan"] is not None else "-"),
+        ("peak memory", f"{format_bytes(report['peak_memory'])} of {format_bytes(platform.memory)}"),
+    ]
+    if v is not None:
+        rows.append(("violation", v["message"]))
+    rows.append(("cpsat", f"{report['cpsat_status']} in {format_seconds(report['cpsat_runtime'])}"))
+    if report["optimum"] is not None:
+        rows.append(("optimum" if report["cpsat_status"] == "optimal" else "best found", format_seconds(report["optimum"])))
+    if report["lower_bound"] is not None:
+        rows.append(("lower bound", format_seconds(report["lower_bound"])))
+    if report["gap"] is not None:
+        rows.append(("gap", f"{100 * report['gap']:.3f}% over the {report['gap_reference'].replace('_', ' ')}"))
+    if report["message"]:
+        rows.append(("message", report["message"]))
+    _print_table(rows)
+    return 0
+
+
+def _cmd_plot(args: argparse.Namespace) -> int:
+    from .plot import plot_timeline
+    from .simulate import simulate
+
+    chain = Chain.load(args.chain)
+    schedule = Schedule.load(args.schedule)
+    timeline = simulate(chain, load_platform(args), schedule)
+    plot_timeline(timeline, args.out, width=args.width, height=args.height, dpi=args.dpi)
+    print(f"wrote {args.out}")
+    return 0
+
+
 def _cmd_methods(args: argparse.Namespace) -> int:
     from .solvers import DEFAULT_METHOD, methods
 
@@ -221,7 +272,7 @@ def _cmd_example(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The argument parser (subcommands register themselves here)."""
+    """The argument parser with every subcommand."""
     parser = _Parser(prog="chainoffload", description="Offloading schedules for training deep networks in less GPU memory.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
@@ -254,31 +305,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--out", metavar="CHAIN.json", help="write to this file instead of stdout")
     p.set_defaults(func=_cmd_example)
 
-    for hook in _EXTRA_COMMANDS:
-        hook(sub)
+    p = sub.add_parser("verify", help="check a schedule by the simulator and its optimality gap by CP-SAT")
+    p.add_argument("chain", metavar="CHAIN.json")
+    p.add_argument("schedule", metavar="SCHEDULE.json")
+    add_platform_flags(p)
+    p.add_argument("--time-limit", type=float, default=60.0, help="seconds CP-SAT may search (default 60)")
+    p.add_argument("--workers", type=int, default=2, help="CP-SAT search workers (default 2)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=_cmd_verify)
+
+    p = sub.add_parser("plot", help="draw a schedule: Gantt chart of compute and transfers over the memory curve")
+    p.add_argument("chain", metavar="CHAIN.json")
+    p.add_argument("schedule", metavar="SCHEDULE.json")
+    add_platform_flags(p)
+    p.add_argument("-o", "--out", required=True, metavar="OUT.png", help="image to write (PNG, SVG or PDF by extension)")
+    p.add_argument("--width", type=float, default=12.0, help="inches (default 12)")
+    p.add_argument("--height", type=float, default=6.0, help="inches (default 6)")
+    p.add_argument("--dpi", type=int, default=100, help="dots per inch (default 100)")
+    p.set_defaults(func=_cmd_plot)
     return parser
-
-
-def _extra_commands() -> list:
-    """Subcommands that live in other modules (verify, plot), added if those modules exist."""
-    hooks = []
-    for module, attr in (("chainoffload.verify", "add_verify_command"), ("chainoffload.plot", "add_plot_command")):
-        try:
-            mod = __import__(module, fromlist=[attr])
-        except ImportError:
-            continue
-        hook = getattr(mod, attr, None)
-        if hook is not None:
-            hooks.append(hook)
-    return hooks
-
-
-_EXTRA_COMMANDS: list = []
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``chainoffload`` console script. Returns the exit code."""
-    _EXTRA_COMMANDS[:] = _extra_commands()
     try:
         parser = build_parser()
         args = parser.parse_args(argv)

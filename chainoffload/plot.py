@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-import argparse
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -14,7 +13,7 @@ import numpy as np
 if TYPE_CHECKING:
     from .simulate import Timeline
 
-__all__ = ["gantt_data", "plot_timeline", "add_plot_command"]
+__all__ = ["gantt_data", "plot_timeline"]
 
 _COLORS = {"F": "#4C72B0", "Fck": "#8172B2", "Fn": "#64B5CD", "B": "#DD8452", "O": "#55A868", "P": "#C44E52"}
 
@@ -152,32 +151,3 @@ def plot_timeline(
         fig.savefig(path, dpi=dpi)
         plt.close(fig)
     return fig
-
-
-def _cmd_plot(args: argparse.Namespace) -> int:
-    from .chain import Chain
-    from .cli import load_platform
-    from .schedule import Schedule
-    from .simulate import simulate
-
-    chain = Chain.load(args.chain)
-    schedule = Schedule.load(args.schedule)
-    timeline = simulate(chain, load_platform(args), schedule)
-    plot_timeline(timeline, args.out, width=args.width, height=args.height, dpi=args.dpi)
-    print(f"wrote {args.out}")
-    return 0
-
-
-def add_plot_command(subparsers: Any) -> None:
-    """Register ``chainoffload plot CHAIN.json SCHEDULE.json [platform flags] -o out.png``."""
-    from .cli import add_platform_flags
-
-    p = subparsers.add_parser("plot", help="draw a schedule: Gantt chart of compute and transfers over the memory curve")
-    p.add_argument("chain", metavar="CHAIN.json")
-    p.add_argument("schedule", metavar="SCHEDULE.json")
-    add_platform_flags(p)
-    p.add_argument("-o", "--out", required=True, metavar="OUT.png", help="image to write (PNG, SVG or PDF by extension)")
-    p.add_argument("--width", type=float, default=12.0, help="inches (default 12)")
-    p.add_argument("--height", type=float, default=6.0, help="inches (default 6)")
-    p.add_argument("--dpi", type=int, default=100, help="dots per inch (default 100)")
-    p.set_defaults(func=_cmd_plot)

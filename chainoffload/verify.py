@@ -9,9 +9,7 @@ the time limit runs out first.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import json
 import math
 from typing import Any
 
@@ -20,7 +18,7 @@ from .platform import Platform
 from .schedule import Schedule
 from .simulate import simulate
 
-__all__ = ["verify", "add_verify_command"]
+__all__ = ["verify"]
 
 
 def _num(x: float | None) -> float | None:
@@ -98,53 +96,3 @@ def verify(chain: Chain, platform: Platform, schedule: Schedule, *, time_limit: 
         "cpsat_runtime": exact.runtime,
         "message": exact.message,
     }
-
-
-def add_verify_command(subparsers: Any) -> None:
-    """Register ``chainoffload verify CHAIN.json SCHEDULE.json [platform flags] [--time-limit S] [--json]``."""
-    from .cli import add_platform_flags
-
-    p = subparsers.add_parser("verify", help="check a schedule by the simulator and its optimality gap by CP-SAT")
-    p.add_argument("chain", metavar="CHAIN.json")
-    p.add_argument("schedule", metavar="SCHEDULE.json")
-    add_platform_flags(p)
-    p.add_argument("--time-limit", type=float, default=60.0, help="seconds CP-SAT may search (default 60)")
-    p.add_argument("--workers", type=int, default=2, help="CP-SAT search workers (default 2)")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.set_defaults(func=_cmd_verify)
-
-
-def _cmd_verify(args: argparse.Namespace) -> int:
-    from .cli import CliError, _instance_rows, _print_table, load_platform
-    from .units import format_bytes, format_seconds
-
-    if not args.time_limit > 0 or not math.isfinite(args.time_limit):
-        raise CliError(f"--time-limit: {args.time_limit!r} must be a number of seconds > 0")
-    if args.workers < 1:
-        raise CliError(f"--workers: {args.workers!r} must be an integer >= 1")
-    chain = Chain.load(args.chain)
-    schedule = Schedule.load(args.schedule)
-    platform = load_platform(args)
-    report = verify(chain, platform, schedule, time_limit=args.time_limit, workers=args.workers)
-    if args.json:
-        print(json.dumps(report))
-        return 0
-    v = report["violation"]
-    rows = _instance_rows(chain, platform) + [
-        ("feasible", "yes" if v is None else f"no: {v['rule']} rule broken by {v['op']}"),
-        ("makespan", format_seconds(report["makespan"]) if report["makespan"] is not None else "-"),
-        ("peak memory", f"{format_bytes(report['peak_memory'])} of {format_bytes(platform.memory)}"),
-    ]
-    if v is not None:
-        rows.append(("violation", v["message"]))
-    rows.append(("cpsat", f"{report['cpsat_status']} in {format_seconds(report['cpsat_runtime'])}"))
-    if report["optimum"] is not None:
-        rows.append(("optimum" if report["cpsat_status"] == "optimal" else "best found", format_seconds(report["optimum"])))
-    if report["lower_bound"] is not None:
-        rows.append(("lower bound", format_seconds(report["lower_bound"])))
-    if report["gap"] is not None:
-        rows.append(("gap", f"{100 * report['gap']:.3f}% over the {report['gap_reference'].replace('_', ' ')}"))
-    if report["message"]:
-        rows.append(("message", report["message"]))
-    _print_table(rows)
-    return 0

@@ -120,3 +120,34 @@ def test_solve_min_memory_reports_the_bisection_and_the_floor(capsys, files):
     assert solve(c, platform, "largest-first").feasible
     code, out, _ = run(capsys, "solve", str(chain), "--memory", "300B", "--bandwidth", "25B/s", "--method", "largest-first", "--min-memory")
     assert code == 0 and "least memory" in out and "memory floor" in out
+
+
+def test_every_subcommand_is_defined_in_cli():
+    """verify and plot are registered explicitly (a broken module must not silently lose its command)."""
+    from chainoffload.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    assert set(sub.choices) == {"solve", "simulate", "verify", "plot", "methods", "example"}
+
+
+def test_nothing_below_the_cli_imports_it():
+    """Layers go model -> schedule -> simulate -> solvers -> cli/plot/verify: only the entry
+    point imports the CLI."""
+    import ast
+    import pathlib
+
+    import chainoffload
+
+    root = pathlib.Path(chainoffload.__file__).parent
+    offenders = []
+    for path in root.rglob("*.py"):
+        if path.name in ("cli.py", "__main__.py"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                names = [node.module or ""] + [a.name for a in node.names]
+                if (node.module or "").endswith("cli") or (node.level and node.module is None and "cli" in names):
+                    offenders.append(str(path.relative_to(root)))
+            elif isinstance(node, ast.Import) and any(a.name.endswith(".cli") for a in node.names):
+                offenders.append(str(path.relative_to(root)))
+    assert offenders == []

@@ -15,12 +15,23 @@ import math
 import time
 from typing import Any, Callable
 
+import numpy as np
+
 from ..chain import Chain
 from ..platform import Platform, PlatformError
 from ..result import Result, Status
 from ..simulate import simulate
 
-__all__ = ["solve", "methods", "register", "SolverSpec", "DEFAULT_METHOD", "check_memory_floor", "minimum_memory"]
+__all__ = [
+    "solve",
+    "methods",
+    "register",
+    "SolverSpec",
+    "DEFAULT_METHOD",
+    "check_memory_floor",
+    "check_keep",
+    "minimum_memory",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,6 +146,40 @@ def check_memory_floor(chain: Chain, platform: Platform) -> None:
         )
 
 
+def check_keep(chain: Chain, keep: Any) -> frozenset[int]:
+    """Validate a ``keep`` option: the units (stages 1..L) that must stay resident.
+
+    Every pure-offloading method takes ``keep=``; none of its schedules offloads a unit in it.
+
+    Parameters
+    ----------
+    chain
+        The instance.
+    keep
+        An iterable of stages (integers in 1..L); empty means no constraint.
+
+    Returns
+    -------
+    frozenset of int
+
+    Raises
+    ------
+    ValueError
+        ``keep`` is not an iterable of integers, or one of them is not a stage of ``chain``
+        (the message names it).
+    """
+    if isinstance(keep, (str, bytes)) or not hasattr(keep, "__iter__"):
+        raise ValueError(f"keep: expected a list of stages (integers in 1..{chain.length}), got {keep!r}")
+    units = []
+    for u in keep:
+        if isinstance(u, bool) or not isinstance(u, (int, np.integer)):
+            raise ValueError(f"keep: unit {u!r} is not an integer stage in 1..{chain.length}")
+        if not 1 <= int(u) <= chain.length:
+            raise ValueError(f"keep: unit {int(u)} is not a stage in 1..{chain.length} of chain {chain.name!r}")
+        units.append(int(u))
+    return frozenset(units)
+
+
 def solve(chain: Chain, platform: Platform, method: str | None = None, **options: Any) -> Result:
     """Solve the offloading problem of ``chain`` on ``platform`` with ``method``.
 
@@ -145,18 +190,21 @@ def solve(chain: Chain, platform: Platform, method: str | None = None, **options
     method
         A registry name (see :func:`methods`); ``None`` means :data:`DEFAULT_METHOD`.
     **options
-        Passed to the method (e.g. ``time_limit``, ``slots``).
+        Passed to the method (e.g. ``time_limit``, ``slots``). Every pure-offloading method
+        takes ``keep``: units (stages 1..L) that must stay resident (see :func:`check_keep`).
 
     Returns
     -------
     Result
         Its makespan, peak memory and offloaded bytes are the simulator's. A method whose
-        schedule the simulator rejects gets status ``error`` (never ``feasible``).
+        schedule the simulator rejects, or that offloads a unit of ``keep``, gets status
+        ``error`` (never ``feasible``).
 
     Raises
     ------
     ValueError
-        Unknown method, or memory below :meth:`Chain.stage_memory_floor`.
+        Unknown method, an option the method does not take, a bad ``keep``, or memory below
+        :meth:`Chain.stage_memory_floor`.
     """
     if not isinstance(chain, Chain):
         raise TypeError(f"solve: chain must be a Chain, got {type(chain).__name__}")
@@ -166,6 +214,7 @@ def solve(chain: Chain, platform: Platform, method: str | None = None, **options
     check_memory_floor(chain, platform)
     func = entry.load()
     _check_options(entry.name, func, options)
+    keep = check_keep(chain, options["keep"]) if "keep" in options else frozenset()
     t0 = time.perf_counter()
     result = func(chain, platform, **options)
     elapsed = time.perf_counter() - t0
@@ -180,6 +229,14 @@ def solve(chain: Chain, platform: Platform, method: str | None = None, **options
         bound = lower_bound(chain, platform)
         own = result.lower_bound
         result = result.replace(lower_bound=bound if not math.isfinite(own) else max(own, bound))
+    moved = sorted(keep & set(result.schedule.offloaded_units)) if result.schedule is not None else []
+    if moved and result.status.has_schedule:
+        # A bound of the unconstrained problem still binds the constrained one; the schedule does not.
+        return judge(chain, platform, result).replace(
+            status=Status.ERROR,
+            makespan=math.inf,
+            message=f"{entry.name}: its schedule offloads unit(s) {moved}, which keep says must stay resident",
+        )
     return judge(chain, platform, result)
 
 

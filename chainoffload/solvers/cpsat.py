@@ -15,7 +15,7 @@ import dataclasses
 import math
 import sys
 import time
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 from ..chain import Chain
 from ..platform import Platform
@@ -295,7 +295,7 @@ def _import_cp_model():
 class _Model:
     """The CP-SAT model of one instance at one time grid (see the NOTEs above)."""
 
-    def __init__(self, chain: Chain, platform: Platform, grid: TimeGrid):
+    def __init__(self, chain: Chain, platform: Platform, grid: TimeGrid, keep: frozenset[int] = frozenset()):
         cp_model = _import_cp_model()
         self.cp_model = cp_model
         self.chain, self.platform, self.grid = chain, platform, grid
@@ -324,6 +324,9 @@ class _Model:
         # Canonical triggers need every transfer to last at least one unit (see the NOTE).
         self.canonical = bool(units) and min(grid.offload) >= 1 and min(grid.prefetch) >= 1
         self.x = {u: md.new_bool_var(f"x{u}") for u in units}
+        for u in keep:
+            if u in self.x:
+                md.add(self.x[u] == 0)  # a unit the caller keeps resident
         # -- transfers -------------------------------------------------------------------
         # Transfer keys: ("O", u) and ("P", u).
         self.tr: dict[tuple[str, int], dict[str, Any]] = {}
@@ -733,13 +736,13 @@ class _Model:
         }
 
 
-def _heuristic_schedules(chain: Chain, platform: Platform) -> list[tuple[str, Result]]:
+def _heuristic_schedules(chain: Chain, platform: Platform, keep: frozenset[int]) -> list[tuple[str, Result]]:
     """Feasible schedules of the baselines (and of ``best`` when it imports), for the hint."""
     from . import baselines
 
     out = []
     for name, func in (("largest-first", baselines.largest_first), ("first-k", baselines.first_k), ("keep-all", baselines.keep_all)):
-        res = func(chain, platform)
+        res = func(chain, platform, keep=keep)
         if res.feasible:
             out.append((name, res))
     try:
@@ -748,7 +751,7 @@ def _heuristic_schedules(chain: Chain, platform: Platform) -> list[tuple[str, Re
         best = None
     if best is not None:
         try:
-            res = best(chain, platform)
+            res = best(chain, platform, keep=keep)
         except Exception:  # noqa: BLE001 - a hint source failing must not fail the exact method
             res = None
         if res is not None and res.feasible and res.schedule is not None:
@@ -783,6 +786,7 @@ def cpsat(
     hint: bool | Schedule | Sequence[Schedule] = True,
     progress: bool = False,
     time_scale: float | None = None,
+    keep: Iterable[int] = (),
 ) -> Result:
     """Solve the offloading problem exactly with a CP-SAT model of DESIGN.md's rules.
 
@@ -804,6 +808,10 @@ def cpsat(
         Print objective and bound (seconds) on stderr at each solution found.
     time_scale
         Integer time units per second; default puts the compute time at 10^6 units.
+    keep
+        Units (stages 1..L) that must stay resident: the model fixes their offload choice to
+        "no", so ``optimal`` means optimal among the schedules that keep them (and a given
+        hint that offloads one is ignored).
 
     Returns
     -------
@@ -821,7 +829,7 @@ def cpsat(
     ------
     ValueError
         Bad ``time_limit``, ``workers`` or ``time_scale`` (the message names it), or memory
-        below the chain's stage floor.
+        below the chain's stage floor, or ``keep`` names a unit that is not a stage.
 
     Notes
     -----
@@ -837,6 +845,9 @@ def cpsat(
     if not isinstance(progress, bool):
         raise ValueError(f"progress: {progress!r} must be true or false")
     check_memory_floor(chain, platform)
+    from . import check_keep
+
+    kept = check_keep(chain, keep)
     cp_model = _import_cp_model()
     grid = TimeGrid.build(chain, platform, time_scale)
 
@@ -855,9 +866,9 @@ def cpsat(
                 raise ValueError("hint: every item must be a Schedule")
         for idx, sched in enumerate(extra):
             tl = simulate(chain, platform, sched)
-            if tl.feasible:
+            if tl.feasible and not kept & set(sched.offloaded_units):
                 candidates.append((f"given[{idx}]", sched, tl.makespan))
-        for name, res in _heuristic_schedules(chain, platform):
+        for name, res in _heuristic_schedules(chain, platform, kept):
             candidates.append((name, res.schedule, res.makespan))
     in_space = []
     for name, sched, mk in candidates:
@@ -900,7 +911,7 @@ def cpsat(
     deadline = t0 + float(time_limit)
     cpsat_accepted = False
     for attempt in range(_RETRIES + 1):
-        model = _Model(chain, platform, grid)
+        model = _Model(chain, platform, grid, kept)
         if last_hint is not None:
             model.hint(last_hint)
             info["hint_complete"] = model.complete_hint(min(5.0, max(0.5, time_limit / 4)))
