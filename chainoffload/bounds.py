@@ -1,6 +1,6 @@
 """Proven lower bounds: on the makespan (the fluid LP relaxation) and on the memory of offloading.
 
-* :func:`fluid_lower_bound` solves the fluid LP of DESIGN.md's "Relaxation 1" (transfers
+* :func:`fluid_lower_bound` solves the fluid LP relaxation (transfers
   divisible and preemptive, units offloaded by a fraction, memory moved in proportion to bytes,
   compute ops that may wait) and returns its optimum, a lower bound on the makespan of every
   schedule the simulator accepts (``NOTE [ fluid LP lower bound ]``).
@@ -66,7 +66,7 @@ def _check_solver(solver: object) -> str:
 def keep_all_start_memory(chain: Chain) -> np.ndarray:
     """Memory in use at the start of each compute op of the schedule that offloads nothing.
 
-    Op k of the fixed order F_1..F_L, B_L..B_1, just after its own allocation, by DESIGN.md's
+    Op k of the fixed order F_1..F_L, B_L..B_1, just after its own allocation, by ``docs/model.md``'s
     rules (every earlier op's frees have happened; no later op has started):
 
     * F_i: ``a_0 + saved_1 + ... + saved_i + fwd_tmp_i``;

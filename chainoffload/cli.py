@@ -38,7 +38,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def add_platform_flags(parser: argparse.ArgumentParser) -> None:
-    """Add the platform flags of DESIGN.md to a subcommand's parser."""
+    """Add the platform flags (README, "Command line") to a subcommand's parser."""
     g = parser.add_argument_group("platform")
     g.add_argument("--platform", metavar="PLATFORM.json", help="platform JSON; the flags below override its fields")
     g.add_argument("--memory", help="GPU memory for activations, e.g. 6GiB, 900MB, 123456")

@@ -76,7 +76,7 @@ class Transfer:
         return _event(self.op, self.at)
 
     def to_dict(self) -> dict[str, Any]:
-        """The transfer as DESIGN.md's JSON object."""
+        """The transfer as docs/model.md's JSON object."""
         out: dict[str, Any] = {"kind": self.kind, "unit": self.unit, "trigger": {"op": self.op, "at": self.at}}
         if self.before is not None:
             out["before"] = self.before
@@ -295,7 +295,7 @@ class Schedule(JsonIO):
     # -- JSON ------------------------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
-        """The schedule as DESIGN.md's JSON object."""
+        """The schedule as docs/model.md's JSON object."""
         return {"compute": [[k, s] for k, s in self.compute], "transfers": [t.to_dict() for t in self.transfers]}
 
     @classmethod

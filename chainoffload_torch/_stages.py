@@ -118,7 +118,7 @@ def _byte_view(t: torch.Tensor) -> torch.Tensor:
 class UnitLedger:
     """Which unit owns which storage, in one forward pass of the chain.
 
-    Rules (DESIGN.md, "saved"): a storage belongs to the unit of the stage during whose forward
+    Rules (docs/model.md, the chain's "saved"): a storage belongs to the unit of the stage during whose forward
     it is first seen, by the pack hook of ``saved_tensors_hooks`` or as the stage's output;
     the chain's input a_0 is unit 0 (never offloaded); a stage that saves its input a_{i-1}
     adds nothing to its own unit, since that storage is already unit i-1's. Parameters,

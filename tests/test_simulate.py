@@ -1,4 +1,4 @@
-"""Every memory and timing rule of DESIGN.md on the three-stage chain, computed by hand.
+"""Every memory and timing rule of docs/model.md on the three-stage chain, computed by hand.
 
 The chain (tests/conftest.py): fwd 1, 2, 1; bwd 2, 4, 2; act 10, 20, 30, 40; saved 25, 35, 45;
 fwd_tmp 5; bwd_tmp 7. Ops: 0 F_1 [0,1], 1 F_2 [1,3], 2 F_3 [3,4], 3 B_3 [4,6], 4 B_2 [6,10],

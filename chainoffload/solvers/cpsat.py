@@ -1,4 +1,4 @@
-"""Exact method ``cpsat``: a CP-SAT model of DESIGN.md's rules, for small chains.
+"""Exact method ``cpsat``: a CP-SAT model of docs/model.md's rules, for small chains.
 
 The model decides which units to offload, the trigger event of every transfer, the order of
 each channel's queue and the explicit waits of compute ops, minimises the makespan, and proves a
@@ -788,7 +788,7 @@ def cpsat(
     time_scale: float | None = None,
     keep: Iterable[int] = (),
 ) -> Result:
-    """Solve the offloading problem exactly with a CP-SAT model of DESIGN.md's rules.
+    """Solve the offloading problem exactly with a CP-SAT model of docs/model.md's rules.
 
     Parameters
     ----------
