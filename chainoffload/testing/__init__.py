@@ -56,13 +56,24 @@ __all__ = [
     "instances",
     "schedules",
     "broken_schedules",
+    "well_formed_schedules",
     "Instance",
     "BrokenSchedule",
     "BROKEN_KINDS",
 ]
 
 _STRATEGY_NAMES = frozenset(
-    ("chains", "platforms", "instances", "schedules", "broken_schedules", "Instance", "BrokenSchedule", "BROKEN_KINDS")
+    (
+        "chains",
+        "platforms",
+        "instances",
+        "schedules",
+        "broken_schedules",
+        "well_formed_schedules",
+        "Instance",
+        "BrokenSchedule",
+        "BROKEN_KINDS",
+    )
 )
 
 
