@@ -22,6 +22,7 @@ import time
 import numpy as np
 
 from .chain import Chain
+from .order import b_pos
 from .platform import Platform
 
 __all__ = [
@@ -439,7 +440,7 @@ def _solve_fluid_lp(chain: Chain, platform: Platform, solver: str) -> FluidLP:
                 m.row(-math.inf, 0.0, [O[k], X[avail]], [1.0, -1.0])
             m.row(-math.inf, 0.0, [P[k], O[k]], [1.0, -1.0])  # (4)
         for i in range(1, length):
-            b = 2 * length - i - 1  # op index of B_{i+1}
+            b = b_pos(length, i + 1)
             m.row(0.0, math.inf, [P[b], X[last], X[i - 1]], [1.0, -1.0, 1.0])
         m.row(0.0, 0.0, [O[n], X[last]], [1.0, -1.0])
         m.row(0.0, 0.0, [P[n], X[last]], [1.0, -1.0])
@@ -475,7 +476,7 @@ def _solve_fluid_lp(chain: Chain, platform: Platform, solver: str) -> FluidLP:
                 if i == last:
                     m.row(0.0, 0.0, [W[i], tau[i - 1], tau[i]], [1.0, -1.0, -1.0])
                 else:
-                    m.row(0.0, 0.0, [W[i], W[i + 1], tau[i - 1], tau[2 * length - i - 2]], [1.0, -1.0, -1.0, -1.0])
+                    m.row(0.0, 0.0, [W[i], W[i + 1], tau[i - 1], tau[b_pos(length, i + 1) - 1]], [1.0, -1.0, -1.0, -1.0])
             N = None
             if lat > 0:
                 N = [m.var(0.0, 0.0)]

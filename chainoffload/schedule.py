@@ -217,14 +217,15 @@ class Schedule(JsonIO):
 
     def _validate_fields(self, length: int) -> None:
         n = len(self.compute)
-        for idx, (kind, stage) in enumerate(self.compute):
+        fixed = not self.has_remat and self.compute == fixed_order(length)
+        for idx, (kind, stage) in enumerate(() if fixed else self.compute):
             if kind not in OP_CODE:
                 raise ScheduleError(f"schedule.compute[{idx}]: unknown op kind {kind!r}; known: {', '.join(OP_KINDS)}")
             if not 1 <= stage <= length:
                 raise ScheduleError(f"schedule.compute[{idx}]: stage {stage} is not in 1..{length}")
         if not self.has_remat:
             expected = fixed_order(length)
-            if self.compute != expected:
+            if not fixed:
                 for idx, (got, want) in enumerate(zip(self.compute, expected)):
                     if got != want:
                         raise ScheduleError(
