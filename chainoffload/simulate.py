@@ -150,6 +150,8 @@ def _describe(schedule: Schedule, code: int) -> str:
 
 def check_platform_for(schedule: Schedule, platform: Platform) -> None:
     """Raise :class:`PlatformError` if the schedule moves data over a link of bandwidth 0."""
+    if platform.bandwidth_d2h > 0 and platform.bandwidth_h2d > 0:
+        return
     for t in schedule.transfers:
         if t.kind == "offload" and platform.bandwidth_d2h <= 0:
             raise PlatformError(f"platform.bandwidth_d2h: 0 but the schedule offloads unit {t.unit}")
