@@ -20,11 +20,12 @@ NOTE [ nearly sorted ]
 ----------------------
 No comparison sort: the events come in three streams, each generated in nearly sorted order,
 and each kept sorted by an insertion step that costs one comparison per event when the event is
-already in place. The ops' starts and ends are in order (ops run one at a time; only a free of
-class 0 at the end of an op can move, and only before that op's own events at that instant);
-the prefetch allocations are in order (one channel serves them in turn); the releases of
+already in place. The ops' starts and ends are in order (ops run one at a time, and a free of
+class 0 only comes at the end of an op that took time); the prefetch allocations are in order (one channel serves them in turn); the releases of
 offloaded copies come in trigger order, nearly sorted by the end of the copy or of the last
-reader. One merge of the three gives the curve.
+reader. The insertion step keeps each stream right whatever class the rules give an event (the
+mutation check, ``benchmarks/mutations.py``, relies on that). One merge of the three gives the
+curve.
 """
 
 from __future__ import annotations
@@ -50,6 +51,18 @@ def _key_before(ta, ca, sa, tb, cb, sb):
     if ca != cb:
         return ca < cb
     return sa < sb
+
+
+@njit(inline="always")
+def _stream(capacity):
+    """Empty arrays for a stream of memory events: time, class, seq, delta, who."""
+    return (
+        np.empty(capacity),
+        np.empty(capacity, dtype=np.int64),
+        np.empty(capacity, dtype=np.int64),
+        np.empty(capacity, dtype=np.int64),
+        np.empty(capacity, dtype=np.int64),
+    )
 
 
 @njit(inline="always")
@@ -188,11 +201,7 @@ def replay_kernel(
 
     # ---- stream A: a_0, then each op's start allocation and end frees (NOTE [ nearly sorted ])
     na = 2 + n + free_ptr[n]
-    a_time = np.empty(na)
-    a_cls = np.empty(na, dtype=np.int64)
-    a_seq = np.empty(na, dtype=np.int64)
-    a_delta = np.empty(na, dtype=np.int64)
-    a_who = np.empty(na, dtype=np.int64)
+    a_time, a_cls, a_seq, a_delta, a_who = _stream(na)
     ca = _insert(a_time, a_cls, a_seq, a_delta, a_who, 0, 0.0, 1, -2, sizes[0], 0)
     for k in range(n):
         s = op_start[k]
@@ -210,11 +219,7 @@ def replay_kernel(
             ca = _insert(a_time, a_cls, a_seq, a_delta, a_who, ca, e, 0 if c0 else 1, 2 * k + 1, -sizes[free_size[q]], k)
 
     # ---- stream B: the prefetch allocations, in their channel's order
-    b_time = np.empty(m)
-    b_cls = np.empty(m, dtype=np.int64)
-    b_seq = np.empty(m, dtype=np.int64)
-    b_delta = np.empty(m, dtype=np.int64)
-    b_who = np.empty(m, dtype=np.int64)
+    b_time, b_cls, b_seq, b_delta, b_who = _stream(m)
     cb = 0
     for q in range(m):
         t = tr_order[q]
@@ -222,11 +227,7 @@ def replay_kernel(
             cb = _insert(b_time, b_cls, b_seq, b_delta, b_who, cb, tr_start[t], 1, -1, sizes[tr_size[t]], -(t + 1))
 
     # ---- stream C: releases of the original copy of offloaded data
-    c_time = np.empty(m)
-    c_cls = np.empty(m, dtype=np.int64)
-    c_seq = np.empty(m, dtype=np.int64)
-    c_delta = np.empty(m, dtype=np.int64)
-    c_who = np.empty(m, dtype=np.int64)
+    c_time, c_cls, c_seq, c_delta, c_who = _stream(m)
     cc = 0
     for q in range(m):
         t = tr_order[q]

@@ -107,6 +107,16 @@ def _check_int(name: str, value: Any, low: int = 0) -> int:
     return value
 
 
+def _check_offloads(chain: Chain, min_offloads: Any, max_offloads: Any) -> None:
+    _check_int("min_offloads", min_offloads, 0)
+    if min_offloads > chain.length:
+        raise ValueError(f"min_offloads: {min_offloads} is above the chain's {chain.length} units")
+    if max_offloads is not None:
+        _check_int("max_offloads", max_offloads, 0)
+        if max_offloads < min_offloads:
+            raise ValueError(f"max_offloads: {max_offloads} is below min_offloads={min_offloads}")
+
+
 def _check_float(name: str, value: Any, low: float = 0.0, *, allow_inf: bool = False) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) or value < low:
         raise ValueError(f"{name}: expected a number >= {low}, got {value!r}")
@@ -454,15 +464,11 @@ def instances(*, chains: SearchStrategy[Chain] | None = None, **platform_options
 
 
 @st.composite
-def _transfer_pairs(draw, length: int, units: Iterable[int], waits: bool) -> list[Transfer]:
-    """One valid offload and prefetch per unit, listed in a random order that keeps ties legal."""
-    n = 2 * length
+def _listed(draw, pairs: list[tuple[int, int, int]], n: int, waits: bool) -> list[Transfer]:
+    """Offloads and prefetches at the given ``(unit, offload event, prefetch event)``, with optional
+    ``before`` waits, listed in a random order that keeps ties legal."""
     out: list[Transfer] = []
-    for u in units:
-        first, last = transfer_events(length, u)  # from the end of F_u to just before its first backward reader
-        # offsets shrink towards the natural plan: offload at once, prefetch as late as allowed
-        e_o = first + draw(st.integers(0, last - first))
-        e_p = last - draw(st.integers(0, last - e_o))
+    for u, e_o, e_p in pairs:
         for kind, e in (("offload", e_o), ("prefetch", e_p)):
             op, at = trigger(e)
             before = None
@@ -473,11 +479,24 @@ def _transfer_pairs(draw, length: int, units: Iterable[int], waits: bool) -> lis
     listed = [out[k] for k in order]
     # An offload and its prefetch at the same event: the offload must come first in the list.
     pos = {(t.kind, t.unit): k for k, t in enumerate(listed)}
-    for u in units:
+    for u, _, _ in pairs:
         ko, kp = pos[("offload", u)], pos[("prefetch", u)]
         if listed[ko].event == listed[kp].event and kp < ko:
             listed[ko], listed[kp] = listed[kp], listed[ko]
     return listed
+
+
+@st.composite
+def _transfer_pairs(draw, length: int, units: Iterable[int], waits: bool) -> list[Transfer]:
+    """One valid offload and prefetch per unit, listed in a random order that keeps ties legal."""
+    pairs = []
+    for u in units:
+        first, last = transfer_events(length, u)  # from the end of F_u to just before its first backward reader
+        # offsets shrink towards the natural plan: offload at once, prefetch as late as allowed
+        e_o = first + draw(st.integers(0, last - first))
+        e_p = last - draw(st.integers(0, last - e_o))
+        pairs.append((u, e_o, e_p))
+    return draw(_listed(pairs, 2 * length, waits))
 
 
 @st.composite
@@ -530,13 +549,7 @@ def schedules(
         return broken_schedules(chain, kinds=kinds).map(lambda b: b.schedule)
     if kinds is not None:
         raise ValueError("kinds: only for valid=False")
-    _check_int("min_offloads", min_offloads, 0)
-    if min_offloads > chain.length:
-        raise ValueError(f"min_offloads: {min_offloads} is above the chain's {chain.length} units")
-    if max_offloads is not None:
-        _check_int("max_offloads", max_offloads, 0)
-        if max_offloads < min_offloads:
-            raise ValueError(f"max_offloads: {max_offloads} is below min_offloads={min_offloads}")
+    _check_offloads(chain, min_offloads, max_offloads)
     return _valid_schedules(chain, min_offloads, max_offloads, bool(waits))
 
 
@@ -701,7 +714,7 @@ def _well_formed(draw, chain: Chain, remat: bool | None, min_offloads: int, max_
     n = len(compute)
     hi = length if max_offloads is None else min(length, max_offloads)
     units = sorted(draw(st.sets(st.integers(1, length), min_size=min_offloads, max_size=hi)))
-    out: list[Transfer] = []
+    pairs = []
     last_event = 2 * n - 1
     for u in units:
         makers = [k for k, (op, stage) in enumerate(compute) if stage == u and op != "B"]
@@ -718,19 +731,8 @@ def _well_formed(draw, chain: Chain, remat: bool | None, min_offloads: int, max_
             e_p = deadline - draw(st.integers(0, deadline - e_o))
         else:
             e_p = draw(st.integers(e_o, last_event))
-        for kind_, e in (("offload", e_o), ("prefetch", e_p)):
-            op, at = trigger(e)
-            before = None
-            if waits and op + 1 < n:
-                before = draw(st.one_of(st.none(), st.integers(op + 1, n - 1)))
-            out.append(Transfer(kind_, u, op, at, before))
-    order = draw(st.permutations(range(len(out))))
-    listed = [out[k] for k in order]
-    pos = {(t.kind, t.unit): k for k, t in enumerate(listed)}
-    for u in units:  # at one event, an offload must be listed before its prefetch
-        ko, kp = pos[("offload", u)], pos[("prefetch", u)]
-        if listed[ko].event == listed[kp].event and kp < ko:
-            listed[ko], listed[kp] = listed[kp], listed[ko]
+        pairs.append((u, e_o, e_p))
+    listed = draw(_listed(pairs, n, waits))
     return Schedule(compute, tuple(listed))
 
 
@@ -773,11 +775,5 @@ def well_formed_schedules(
         raise ValueError(f"chain: expected a Chain, got {type(chain).__name__}")
     if remat is not None and not isinstance(remat, bool):
         raise ValueError(f"remat: expected True, False or None, got {remat!r}")
-    _check_int("min_offloads", min_offloads, 0)
-    if min_offloads > chain.length:
-        raise ValueError(f"min_offloads: {min_offloads} is above the chain's {chain.length} units")
-    if max_offloads is not None:
-        _check_int("max_offloads", max_offloads, 0)
-        if max_offloads < min_offloads:
-            raise ValueError(f"max_offloads: {max_offloads} is below min_offloads={min_offloads}")
+    _check_offloads(chain, min_offloads, max_offloads)
     return _well_formed(chain, remat, min_offloads, max_offloads, bool(waits))
