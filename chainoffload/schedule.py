@@ -27,7 +27,7 @@ from .order import fixed_order
 if TYPE_CHECKING:
     from .chain import Chain
 
-__all__ = ["Schedule", "ScheduleError", "Transfer", "OP_KINDS", "fixed_order", "Structure", "resolve"]
+__all__ = ["Schedule", "ScheduleError", "Transfer", "OP_KINDS", "fixed_order"]
 
 #: Compute op kinds: F (F_all, run with autograd), B, and the rematerialization ops Fck / Fn.
 OP_KINDS = ("F", "B", "Fck", "Fn")
@@ -414,9 +414,19 @@ def resolve(
 ) -> Structure:
     """Check a compute sequence and resolve it with its transfers (arrays of :meth:`Schedule.arrays`).
 
+    Private to the package: the array-level entry of search loops (see :mod:`chainoffload.simulate`).
     The fields must already be in range (what :meth:`Schedule.validate` checks before calling
     this; a search loop whose schedules are well formed by construction calls it directly).
-    Raises :class:`ScheduleError` when the sequence breaks a rematerialization rule.
+
+    Returns
+    -------
+    Structure
+        Read-only arrays, for :func:`chainoffload.simulate.replay` on any chain of ``length`` stages.
+
+    Raises
+    ------
+    ScheduleError
+        When the sequence breaks a rematerialization rule; the message names the op.
     """
     out = _ks.resolve_kernel(length, op_kind, op_stage, tr_kind, tr_unit, tr_op, tr_at, tr_before)
     err, k, arg = int(out[0]), int(out[1]), int(out[2])
