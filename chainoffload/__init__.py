@@ -2,7 +2,8 @@
 network in less GPU memory at the least cost in time; verify the plan; carry it out.
 
 The framework-independent core: the chain model (:class:`Chain`, :class:`Platform`), the one
-schedule format (:class:`Schedule`, :class:`Transfer`), the one simulator (:func:`simulate`),
+schedule format (:class:`Schedule`, :class:`Transfer`; :class:`ScheduleFile` adds what a saved
+schedule was made for), the one simulator (:func:`simulate`),
 and solvers behind one front door (:func:`solve`).
 """
 
@@ -12,6 +13,7 @@ from .schedule import Schedule, ScheduleError, Transfer, fixed_order
 from .simulate import Timeline, Violation, simulate, keep_all_peak
 from .result import Result, Status
 from .solvers import solve, methods, register, minimum_memory
+from .schedule_file import ScheduleFile
 
 __version__ = "0.1.0"
 
@@ -23,6 +25,7 @@ __all__ = [
     "Schedule",
     "ScheduleError",
     "Transfer",
+    "ScheduleFile",
     "fixed_order",
     "Timeline",
     "Violation",

@@ -59,3 +59,15 @@ def test_format():
     assert format_seconds(0.0123) == "12.300 ms"
     assert format_seconds(2.5) == "2.500 s"
     assert format_seconds(5e-6) == "5.0 us"
+
+
+def test_sizes_parse_exactly():
+    # No float rounding on the way: the largest memory limit is exactly int64's maximum.
+    assert parse_bytes("9223372036854775807") == 2**63 - 1
+    assert parse_bytes("9223372036854775808") == 2**63
+    assert parse_bytes("1.5GiB") == 3 * 2**29
+
+
+def test_huge_durations_stay_short():
+    assert format_seconds(1e300) == "1e+300 s"
+    assert format_seconds(12345.0) == "12345.000 s"

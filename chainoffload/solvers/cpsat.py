@@ -23,6 +23,7 @@ from ..result import Result, Status
 from ..order import b_pos, f_pos, reader_pos, transfer_events, trigger, wait_ops
 from ..schedule import Schedule, ScheduleError, Transfer, fixed_order
 from ..simulate import simulate
+from . import OptionError
 
 __all__ = ["cpsat", "TimeGrid", "integer_replay", "in_model_space"]
 
@@ -134,7 +135,7 @@ class TimeGrid:
             base = chain.compute_time
             scale = _TARGET_UNITS / base if base > 0 else 1.0
         if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
-            raise ValueError(f"time_scale: {scale!r} must be a finite number of units per second > 0")
+            raise OptionError(f"time_scale: {scale!r} must be a finite number of units per second > 0")
         scale = float(scale)
         err = 0.0
         ops = []
@@ -813,11 +814,11 @@ def cpsat(
 
     t0 = time.perf_counter()
     if isinstance(time_limit, bool) or not isinstance(time_limit, (int, float)) or not time_limit > 0 or math.isnan(time_limit):
-        raise ValueError(f"time_limit: {time_limit!r} must be a number of seconds > 0")
+        raise OptionError(f"time_limit: {time_limit!r} must be a number of seconds > 0")
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise ValueError(f"workers: {workers!r} must be an integer >= 1")
+        raise OptionError(f"workers: {workers!r} must be an integer >= 1")
     if not isinstance(progress, bool):
-        raise ValueError(f"progress: {progress!r} must be true or false")
+        raise OptionError(f"progress: {progress!r} must be true or false")
     check_memory_floor(chain, platform)
     from . import check_keep
 
@@ -835,9 +836,9 @@ def cpsat(
             try:
                 extra = list(hint)
             except TypeError:
-                raise ValueError(f"hint: {hint!r} must be true, false, a Schedule or a list of schedules") from None
+                raise OptionError(f"hint: {hint!r} must be true, false, a Schedule or a list of schedules") from None
             if not all(isinstance(s, Schedule) for s in extra):
-                raise ValueError("hint: every item must be a Schedule")
+                raise OptionError("hint: every item must be a Schedule")
         for idx, sched in enumerate(extra):
             tl = simulate(chain, platform, sched)
             if tl.feasible and not kept & set(sched.offloaded_units):
