@@ -43,6 +43,7 @@ LAYERS = {
     "simulate": ["chainoffload.simulate", "chainoffload._kernels.simulate"],
     "solvers": [
         "chainoffload.result",
+        "chainoffload.schedule_file",
         "chainoffload.bounds",
         "chainoffload.planner",
         "chainoffload.exact",
