@@ -11,9 +11,11 @@ from .chain import Chain, ChainError
 from .platform import Platform, PlatformError
 from .schedule import Schedule, ScheduleError, Transfer, fixed_order
 from .simulate import Timeline, Violation, simulate, keep_all_peak
+from .stalls import Stall, stalls
 from .result import Result, Status
 from .solvers import solve, methods, register, minimum_memory
 from .schedule_file import ScheduleFile
+from .tradeoff import Tradeoff, tradeoff
 
 __version__ = "0.1.0"
 
@@ -31,10 +33,14 @@ __all__ = [
     "Violation",
     "simulate",
     "keep_all_peak",
+    "Stall",
+    "stalls",
     "Result",
     "Status",
     "solve",
     "methods",
     "register",
     "minimum_memory",
+    "Tradeoff",
+    "tradeoff",
 ]

@@ -1,4 +1,4 @@
-"""The command line: ``chainoffload solve | simulate | verify | plot | methods | example``.
+"""The command line: ``chainoffload solve | simulate | verify | plot | tradeoff | methods | example``.
 
 Every subcommand is defined here, at the top of the import graph (model -> schedule -> simulate
 -> solvers -> cli); the modules that do the work (:mod:`chainoffload.verify`,
@@ -28,7 +28,7 @@ from ._jsonio import atomic_write
 from .chain import Chain
 from .platform import Platform, PlatformError
 from .schedule_file import ScheduleFile
-from .units import format_bytes, format_seconds, parse_bandwidth, parse_bytes, parse_seconds
+from .units import format_bytes, format_percent, format_seconds, parse_bandwidth, parse_bytes, parse_seconds
 
 __all__ = ["main", "build_parser", "add_platform_flags", "load_platform", "CliError", "Output", "EXIT_CODES"]
 
@@ -205,24 +205,33 @@ def _platform_source(args: argparse.Namespace, record: ScheduleFile) -> str:
     return f"  (recorded in {args.schedule}" + (", overridden by " + ", ".join("--" + f.replace("_", "-") for f in flags) if flags else "") + ")"
 
 
-def _fmt_bw(bw: float) -> str:
-    return "inf" if math.isinf(bw) else f"{bw / 1e9:.3g} GB/s"
-
-
-def _platform_line(p: Platform) -> str:
-    duplex = "duplex" if p.duplex else "half duplex"
-    if p.bandwidth_d2h == p.bandwidth_h2d:
-        bw = _fmt_bw(p.bandwidth_d2h)
-    else:
-        bw = f"D2H {_fmt_bw(p.bandwidth_d2h)}, H2D {_fmt_bw(p.bandwidth_h2d)}"
-    return f"{format_bytes(p.memory)}, {bw}, latency {format_seconds(p.latency)}, {duplex}"
-
-
 def _instance_rows(chain: Chain, platform: Platform, source: str = "") -> list[tuple[str, str]]:
     return [
         ("chain", f"{chain.name} ({chain.length} stages, compute {format_seconds(chain.compute_time)})"),
-        ("platform", _platform_line(platform) + source),
+        ("platform", platform.describe() + source),
     ]
+
+
+def _idle_text(timeline: Any) -> str:
+    """Where compute waits, by cause (see :func:`chainoffload.stalls`), for the tables."""
+    from .stalls import stalls
+
+    found = stalls(timeline)
+    if not found:
+        return "never (every copy is hidden behind compute)"
+
+    def names(cause: str) -> str:
+        seen = list(dict.fromkeys(s.transfer_name for s in found if s.cause == cause))
+        return ", ".join(seen[:6]) + (", ..." if len(seen) > 6 else "")
+
+    idle = sum(s.duration for s in found)
+    parts = []
+    for cause, what in (("offload", "for offloads to free memory"), ("prefetch", "for prefetches to arrive")):
+        total = sum(s.duration for s in found if s.cause == cause)
+        if total > 0:
+            parts.append(f"{format_seconds(total)} {what} ({names(cause)})")
+    share = f" ({format_percent(idle / timeline.makespan)} of the makespan)" if timeline.makespan > 0 else ""
+    return f"{format_seconds(idle)}{share} in {len(found)} stall{'' if len(found) == 1 else 's'}: " + "; ".join(parts)
 
 
 def _table(out: Output, rows: Sequence[tuple[str, str]]) -> None:
@@ -292,6 +301,7 @@ def _cmd_solve(args: argparse.Namespace, out: Output) -> int:
         rows += [
             ("makespan", format_seconds(result.makespan) + _over_compute(result.makespan, chain.compute_time)),
             ("lower bound", f"{format_seconds(result.lower_bound)}  (gap {100 * result.gap:.2f}%)"),
+            ("compute idle", _idle_text(result.timeline)),
             ("peak memory", f"{format_bytes(result.peak_memory)} of {format_bytes(platform.memory)}"),
             (
                 "offloaded",
@@ -353,6 +363,7 @@ def _cmd_simulate(args: argparse.Namespace, out: Output) -> int:
     rows = _instance_rows(chain, platform, _platform_source(args, record)) + _recorded_row(record) + [
         ("feasible", "yes" if v is None else f"no: {v['rule']} rule broken by {v['op']}"),
         ("makespan", format_seconds(timeline.makespan) + _over_compute(timeline.makespan, chain.compute_time)),
+        ("compute idle", _idle_text(timeline)),
         ("peak memory", f"{format_bytes(timeline.peak_memory)} of {format_bytes(platform.memory)}"),
         ("offloaded", f"{format_bytes(timeline.offloaded_bytes)} in units {list(schedule.offloaded_units)}"),
     ]
@@ -403,10 +414,73 @@ def _cmd_plot(args: argparse.Namespace, out: Output) -> int:
 
     chain = Chain.load(args.chain)
     record, platform = _load_schedule(args, chain)
-    timeline = simulate(chain, platform, record.schedule)
+    schedule = record.schedule
+    timeline = simulate(chain, platform, schedule)
+    bound = None
+    if not args.no_bound:
+        if schedule.has_remat:
+            bound = chain.compute_time  # every schedule runs each F and B at least once
+        else:
+            from .bounds import lower_bound
+
+            bound = lower_bound(chain, platform)
+    method = args.method or record.method
     # Drawn at the temporary path when the output is written (the extension picks the format).
-    out.file(args.out, lambda tmp: plot_timeline(timeline, tmp, width=args.width, height=args.height, dpi=args.dpi))
-    out.print(f"wrote {args.out}")
+    out.file(
+        args.out,
+        lambda tmp: plot_timeline(
+            timeline, tmp, width=args.width, height=args.height, dpi=args.dpi, lower_bound=bound,
+            method=method, stalls=not args.no_stalls, title=args.title,
+        ),
+    )
+    out.print(
+        f"wrote {args.out}: makespan {format_seconds(timeline.makespan)}"
+        + ("" if bound is None else f", lower bound {format_seconds(bound)}")
+        + f"; compute idle {_idle_text(timeline)}"
+    )
+    return 0
+
+
+def _cmd_tradeoff(args: argparse.Namespace, out: Output) -> int:
+    from .tradeoff import tradeoff
+
+    chain = Chain.load(args.chain)
+    if args.memory is None and args.platform is None:
+        args.memory = "0"  # the sweep sets the memory; only the link matters here
+    link = load_platform(args)
+    memories = None
+    if args.memories:
+        memories = [parse_bytes(m.strip(), field="--memories") for m in args.memories.split(",") if m.strip()]
+    curve = tradeoff(chain, link, args.methods, memories, points=args.points, time_limit=args.time_limit)
+    if args.out:
+        out.file(args.out, lambda tmp: curve.plot(tmp, width=args.width, height=args.height, dpi=args.dpi))
+    if args.json:
+        out.json(curve.to_dict())
+        return 0
+    rows = [
+        ("chain", f"{chain.name} ({chain.length} stages, compute {format_seconds(chain.compute_time)})"),
+        ("link", link.describe(memory=False)),
+        ("stage floor", f"{format_bytes(curve.stage_floor)}: no schedule fits below (proven)"),
+        ("offload floor", f"{format_bytes(curve.offload_floor)}: no schedule without recomputation fits below (proven)"),
+        ("keep-all peak", f"{format_bytes(curve.keep_all_peak)}: everything fits, no overhead"),
+    ]
+    _table(out, rows)
+    out.print("\noverhead over compute at each memory ('-': no schedule found; lower bound: pure offloading)")
+    cols = list(curve.methods) + ["lower bound"]
+    cells = [[format_bytes(m)] for m in curve.memories]
+    for j in range(len(curve.memories)):
+        for m in curve.methods:
+            p = curve.curves[m][j]
+            cells[j].append(f"{100 * p.overhead:.1f}%" if p.feasible else "-")
+        lb = curve.lower_bound_overheads()[j]
+        cells[j].append(f"{100 * lb:.1f}%" if math.isfinite(lb) else "-")
+    header = ["memory"] + cols
+    widths = [max(len(h), *(len(r[c]) for r in cells)) for c, h in enumerate(header)]
+    out.print("  ".join(h.rjust(w) for h, w in zip(header, widths)))
+    for r in cells:
+        out.print("  ".join(x.rjust(w) for x, w in zip(r, widths)))
+    if args.out:
+        out.print(f"wrote {args.out}")
     return 0
 
 
@@ -483,13 +557,47 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=2, help="CP-SAT search workers (default 2)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
-    p = command("plot", "draw a schedule: Gantt chart of compute and transfers over the memory curve", _cmd_plot)
+    p = command(
+        "plot",
+        "draw a schedule: Gantt chart of compute and transfers over the memory curve, stalls explained. Every "
+        "interval in which compute idles is shaded and labelled with the copy it waits for (an offload that must "
+        "free memory, or a prefetch that must arrive), with an arrow from that copy to the op it holds back; the "
+        "title gives the platform, the makespan, the lower bound and the share of idle time per cause",
+        _cmd_plot,
+    )
     p.add_argument("chain", metavar="CHAIN.json")
     p.add_argument("schedule", metavar="SCHEDULE.json")
     add_platform_flags(p, recorded=True)
-    p.add_argument("-o", "--out", required=True, metavar="OUT.png", help="image to write (PNG, SVG or PDF by extension)")
-    p.add_argument("--width", type=float, default=12.0, help="inches (default 12)")
-    p.add_argument("--height", type=float, default=6.0, help="inches (default 6)")
+    p.add_argument(
+        "-o", "--out", required=True, metavar="OUT",
+        help="file to write: PNG, SVG or PDF, or .html for an interactive chart (self-contained; hover for each op's and copy's figures)",
+    )
+    p.add_argument("--method", help="the method that made the schedule, for the title (default: the one the schedule file records)")
+    p.add_argument("--title", help="replace the title")
+    p.add_argument("--no-bound", action="store_true", help="leave the lower bound out (it costs one LP solve for offloading schedules)")
+    p.add_argument("--no-stalls", action="store_true", help="do not shade the stalls nor draw the wait arrows")
+    p.add_argument("--width", type=float, default=12.0, help="inches, for images (default 12)")
+    p.add_argument("--height", type=float, default=6.0, help="inches, for images (default 6)")
+    p.add_argument("--dpi", type=int, default=100, help="dots per inch, for images (default 100)")
+
+    p = command(
+        "tradeoff",
+        "overhead against memory per method, from the proven floor to the keep-all peak: run methods at memory "
+        "limits from the least any schedule needs to what keeping every activation needs, and print (or plot, or "
+        "give as JSON) each method's overhead over compute, with the proven floors, the keep-all peak and the "
+        "pure-offloading lower bound; --memory is not needed, the sweep sets it",
+        _cmd_tradeoff,
+    )
+    p.add_argument("chain", metavar="CHAIN.json")
+    add_platform_flags(p)
+    p.add_argument("--methods", nargs="+", metavar="NAME", help="methods to run (default: offload-all first-k largest-first best rotor joint)")
+    p.add_argument("--points", type=int, default=10, help="memory limits evenly from the stage floor to the keep-all peak, plus the offload floor (default 10)")
+    p.add_argument("--memories", metavar="M1,M2,...", help="these memory limits instead, e.g. 2GiB,3GiB,4.5GiB")
+    p.add_argument("--time-limit", type=float, default=5.0, help="seconds per run, for methods that take a time limit (default 5)")
+    p.add_argument("-o", "--out", metavar="OUT.png", help="also draw the curves (PNG, SVG or PDF by extension)")
+    p.add_argument("--json", action="store_true", help="print the table as one JSON object")
+    p.add_argument("--width", type=float, default=11.0, help="inches (default 11)")
+    p.add_argument("--height", type=float, default=5.6, help="inches (default 5.6)")
     p.add_argument("--dpi", type=int, default=100, help="dots per inch (default 100)")
 
     p = command("methods", "list the registered methods", _cmd_methods)

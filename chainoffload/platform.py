@@ -9,7 +9,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from ._jsonio import JsonIO, is_number
-from .units import parse_bandwidth, parse_bytes, parse_seconds
+from .units import format_bytes, format_seconds, parse_bandwidth, parse_bytes, parse_seconds
 
 __all__ = ["Platform", "PlatformError", "MAX_MEMORY"]
 
@@ -98,6 +98,30 @@ class Platform(JsonIO):
     def with_memory(self, memory: int) -> "Platform":
         """A copy with another memory limit."""
         return dataclasses.replace(self, memory=int(memory))
+
+    def describe(self, *, memory: bool = True) -> str:
+        """One line for people, e.g. ``4.00 GiB, 25 GB/s, latency 10.0 us, duplex``.
+
+        Parameters
+        ----------
+        memory
+            Whether to start with the memory limit (a sweep over memories leaves it out).
+        """
+        def bw(x: float) -> str:
+            if math.isinf(x):
+                return "inf"
+            for factor, unit in ((1e9, "GB/s"), (1e6, "MB/s"), (1e3, "kB/s")):
+                if x >= factor:
+                    return f"{x / factor:.3g} {unit}"
+            return f"{x:.3g} B/s"
+
+        if self.bandwidth_d2h == self.bandwidth_h2d:
+            link = bw(self.bandwidth_d2h)
+        else:
+            link = f"D2H {bw(self.bandwidth_d2h)}, H2D {bw(self.bandwidth_h2d)}"
+        parts = [format_bytes(self.memory)] if memory else []
+        parts += [link, f"latency {format_seconds(self.latency)}", "duplex" if self.duplex else "half duplex"]
+        return ", ".join(parts)
 
     # -- JSON ------------------------------------------------------------------------------
 

@@ -11,7 +11,7 @@ import math
 import re
 from fractions import Fraction
 
-__all__ = ["parse_bytes", "parse_bandwidth", "parse_seconds", "format_bytes", "format_seconds"]
+__all__ = ["parse_bytes", "parse_bandwidth", "parse_seconds", "format_bytes", "format_seconds", "format_percent"]
 
 _SIZE_FACTORS = {
     "": 1,
@@ -139,3 +139,13 @@ def format_seconds(t: float) -> str:
     if abs(t) >= 1e-3:
         return f"{t * 1e3:.3f} ms"
     return f"{t * 1e6:.1f} us"
+
+
+def format_percent(fraction: float) -> str:
+    """Format a fraction as a percentage that never rounds a nonzero share to 0, e.g. ``57%``, ``0.013%``."""
+    if not math.isfinite(fraction):
+        return str(fraction)
+    pct = 100.0 * fraction
+    if pct == 0 or abs(pct) >= 1:
+        return f"{pct:.0f}%"
+    return f"{pct:.2g}%"

@@ -125,7 +125,13 @@ def test_platform_json_errors():
 
 
 def test_examples():
-    assert set(example_names()) >= {"resnet18", "tiny"}
+    assert set(example_names()) >= {"resnet18", "resnet18-formula", "tiny"}
+    # `chainoffload example resnet18` is the traced network chain, like every other network name;
+    # the formula-derived chain (V100 roofline) has its own name.
+    from chainoffload.networks import network
+
+    assert example("resnet18") == network("resnet18")
+    assert example("resnet18-formula") == resnet18() and "V100" in example_names()["resnet18-formula"]
     r = resnet18()
     assert r.length == 10
     # stem output: 64 x 64 x 56 x 56 float32

@@ -48,7 +48,7 @@ def test_solve_json_and_simulate_agree(capsys, files):
     assert code == 1 and sim["feasible"] is False and sim["violation"]["rule"] == "memory"
     assert sim["makespan"] == 12.0 and sim["peak_memory"] == 192
     code, out, _ = run(capsys, "simulate", str(chain), str(sched), "--memory", "192")
-    assert code == 0 and "feasible     yes" in out
+    assert code == 0 and "feasible      yes" in out and "compute idle  never (every copy is hidden behind compute)" in out
 
 
 def test_solve_table(capsys, files):
@@ -127,7 +127,7 @@ def test_every_subcommand_is_defined_in_cli():
     from chainoffload.cli import build_parser
 
     sub = next(a for a in build_parser()._actions if a.dest == "command")
-    assert set(sub.choices) == {"solve", "simulate", "verify", "plot", "methods", "example"}
+    assert set(sub.choices) == {"solve", "simulate", "verify", "plot", "tradeoff", "methods", "example"}
 
 
 def test_nothing_below_the_cli_imports_it():

@@ -3,6 +3,7 @@ solver's figures, and the exit codes a script can use."""
 
 import hashlib
 import json
+import re
 import struct
 
 import pytest
@@ -151,8 +152,9 @@ def test_simulate_replays_on_the_recorded_platform(capsys, solved):
     sim = json.loads(out)
     assert sim["feasible"] and sim["makespan"] == res["makespan"] and sim["peak_memory"] == res["peak_memory"]
     code, out, _ = run(capsys, "simulate", chain, sched)
-    assert code == 0 and f"recorded in {sched}" in out and "solved by    cpsat (optimal), makespan 13.260 s" in out
-    assert "180 B, D2H 2.5e-08 GB/s, H2D 2e-08 GB/s, latency 10.000 ms, half duplex" in out
+    assert code == 0 and f"recorded in {sched}" in out
+    assert re.search(r"^solved by +cpsat \(optimal\), makespan 13\.260 s", out, re.M)
+    assert "180 B, D2H 25 B/s, H2D 20 B/s, latency 10.000 ms, half duplex" in out
 
 
 def test_flags_override_recorded_fields_one_by_one(capsys, solved):

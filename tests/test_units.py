@@ -71,3 +71,9 @@ def test_sizes_parse_exactly():
 def test_huge_durations_stay_short():
     assert format_seconds(1e300) == "1e+300 s"
     assert format_seconds(12345.0) == "12345.000 s"
+
+
+def test_format_percent_never_rounds_a_share_to_zero():
+    from chainoffload.units import format_percent
+
+    assert [format_percent(x) for x in (0.0, 0.5712, 1.0, 0.00012345, 0.0099)] == ["0%", "57%", "100%", "0.012%", "0.99%"]
