@@ -10,8 +10,9 @@ dependency the module chose). Imports by name at run time (the solver registry's
 solvers.
 
 The layers, lowest first: the model (chains, platforms, units, the fixed order's arithmetic,
-the shipped examples), the schedule, the simulator, the solvers (with the result type, the
-bounds, the planner and their kernels), then the front ends (CLI, plots, verify, the testing
+the shipped examples), the schedule, the simulator (with the analysis of its timelines, the
+stalls), the solvers (with the result type and schedule files, the bounds, the planner and
+their kernels), then the front ends (CLI, plots, the trade-off sweep, verify, the testing
 helpers, the package's own ``__init__``). An import goes to the same layer or below, with one
 exception: ``Timeline.plot`` imports ``chainoffload.plot`` lazily, a convenience for users,
 which is fine as long as ``plot`` imports nothing that leads back (no cycle).
@@ -40,7 +41,7 @@ LAYERS = {
         "chainoffload.networks",
     ],
     "schedule": ["chainoffload.schedule", "chainoffload._kernels.structure"],
-    "simulate": ["chainoffload.simulate", "chainoffload._kernels.simulate"],
+    "simulate": ["chainoffload.simulate", "chainoffload._kernels.simulate", "chainoffload.stalls"],
     "solvers": [
         "chainoffload.result",
         "chainoffload.schedule_file",
@@ -59,6 +60,7 @@ LAYERS = {
         "chainoffload.__main__",
         "chainoffload.cli",
         "chainoffload.plot",
+        "chainoffload.tradeoff",
         "chainoffload.verify",
         "chainoffload.testing",
         "chainoffload.testing.*",
