@@ -193,7 +193,7 @@ def _byte_view(t: torch.Tensor) -> torch.Tensor:
 class UnitLedger:
     """Which unit owns which storage, in one forward pass of the model.
 
-    Rules (DESIGN.md, "saved"): a storage belongs to the unit of the stage during whose forward
+    Rules (docs/model.md, the chain's "saved"): a storage belongs to the unit of the stage during whose forward
     it is first seen, by the pack hook of ``saved_tensors_hooks`` or as the stage's output.
     The caller says which stage is running: 0 before the first block (the prefix: embeddings;
     never offloaded, counted in a_0), i from the start of block i to the start of block i+1,

@@ -5,7 +5,7 @@ listener that turns boundary events into the schedule's actions. :class:`Offload
 the same as a context manager around a forward pass over a list of stages (like torchtune's
 ``OffloadActivations``); :class:`chainoffload_torch.Offloader` uses it on a whole model.
 
-How a schedule becomes actions (see DESIGN.md, "One schedule format"):
+How a schedule becomes actions (see docs/model.md, "The schedule"):
 
 * ``saved_tensors_hooks`` route every tensor saved while block i runs into unit i
   (:class:`~chainoffload_torch._stages.UnitLedger` decides ownership, the same code as the
@@ -205,7 +205,7 @@ class ScheduleRun:
             self._release_at[self._release_event(unit, t, length)].append(unit)
 
     # NOTE [ release point ]
-    # DESIGN.md frees the GPU copy of an offloaded unit i at max(end of O_i, end of F_{i+1}),
+    # docs/model.md frees the GPU copy of an offloaded unit i at max(end of O_i, end of F_{i+1}),
     # without compute waiting. The host only sees op boundaries, so the executor releases it at
     # the first boundary event whose simulated time is at or after that instant (and not before
     # the end of F_{i+1}, which still reads a_i): there, in the simulated timeline, the copy has
@@ -421,7 +421,7 @@ class ScheduleRun:
     def _fire(self, step: _Step, event: int) -> None:
         k, end = divmod(event, 2)
         kind, stage = self.schedule.compute[k]
-        # Frees before allocations at one instant (DESIGN.md).
+        # Frees before allocations at one instant (docs/model.md).
         for unit in self._release_at[event]:
             self._release(step, unit)
         if not end:

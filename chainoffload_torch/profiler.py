@@ -615,7 +615,7 @@ def profile(
     Returns
     -------
     (Chain, Platform)
-        Both save as DESIGN.md's JSON with ``.save(path)``. See the module docstring for what
+        Both save as docs/model.md's JSON with ``.save(path)``. See the module docstring for what
         each field measures on CUDA and on CPU.
 
     Raises

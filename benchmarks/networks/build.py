@@ -7,7 +7,7 @@
 
 Sizes come from :mod:`network_trace` (exact, by tracing one training iteration with PyTorch on
 ``device="meta"``); times from its A100 roofline unless ``--times`` gives measured ones. The
-networks are defined in :mod:`network_models`. Writes one ``<name>.json`` per network (DESIGN.md's chain
+networks are defined in :mod:`network_models`. Writes one ``<name>.json`` per network (docs/model.md's chain
 format, loadable with ``Chain.load``), its V100-era twin ``<name>-v100.json`` (the same sizes, times
 from the V100 roofline: the GPU of the NeurIPS 2021 paper, fp32 without TF32), ``catalog.json``
 (description, stage labels, FLOPs and where the times come from), and the summary table of
