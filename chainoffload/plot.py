@@ -428,9 +428,11 @@ def plot_timeline_html(
     for k, (kind, stage) in enumerate(schedule.compute):
         key = "Fck" if kind in ("Fck", "Fn") else kind
         add(key, "compute", schedule.op_name(k), float(timeline.op_start[k]), float(timeline.op_end[k]), _op_bytes(timeline, kind, stage))
+    moved = schedule.transfer_bytes(chain)
     for t, tr in enumerate(schedule.transfers):
         trigger = f"{tr.at} of {schedule.op_name(tr.op)}"
-        detail = f"copies unit {tr.unit}: {format_bytes(int(chain.saved[tr.unit - 1]))}; triggered at the {trigger}"
+        what = f"a_{tr.unit} alone" if tr.moves == "act" else f"unit {tr.unit}"
+        detail = f"copies {what}: {format_bytes(int(moved[t]))}; triggered at the {trigger}"
         if tr.before is not None:
             detail += f"; {schedule.op_name(tr.before)} waits for it"
         key = "O" if tr.kind == "offload" else "P"

@@ -34,6 +34,8 @@ OP_KINDS = ("F", "B", "Fck", "Fn")
 OP_CODE = {kind: code for code, kind in enumerate(OP_KINDS)}
 TRANSFER_KINDS = ("offload", "prefetch")
 AT_KINDS = ("start", "end")
+#: What a transfer moves: everything of unit i on the GPU ("unit"), or a_i alone ("act").
+MOVES = ("unit", "act")
 
 
 class ScheduleError(ValueError):
@@ -54,7 +56,7 @@ class Transfer:
     kind
         ``"offload"`` or ``"prefetch"``.
     unit
-        Stage i whose unit (saved[i] bytes) moves, 1-based.
+        Stage i whose data moves, 1-based.
     op
         0-based index into the compute sequence of the op whose start or end triggers it.
     at
@@ -62,6 +64,11 @@ class Transfer:
     before
         Optional 0-based index of a compute op (> ``op``) that does not start until this
         transfer ends.
+    moves
+        ``"unit"`` (default): everything of unit i that is on the GPU, saved[i] bytes when F_i
+        made it whole, act[i] when Fck_i / Fn_i made a lone a_i. ``"act"``: a_i alone, act[i]
+        bytes; the rest of a whole unit (saved[i] - act[i]) stays on the GPU. A prefetch moves
+        what its offload moved and says the same.
     """
 
     kind: str
@@ -69,6 +76,7 @@ class Transfer:
     op: int
     at: str = "end"
     before: int | None = None
+    moves: str = "unit"
 
     @property
     def event(self) -> int:
@@ -80,6 +88,8 @@ class Transfer:
         out: dict[str, Any] = {"kind": self.kind, "unit": self.unit, "trigger": {"op": self.op, "at": self.at}}
         if self.before is not None:
             out["before"] = self.before
+        if self.moves != "unit":
+            out["moves"] = self.moves
         return out
 
     @classmethod
@@ -88,7 +98,7 @@ class Transfer:
         where = f"schedule.transfers[{index}]"
         if not isinstance(data, Mapping):
             raise ScheduleError(f"{where}: expected an object, got {data!r:.60}")
-        unknown = sorted(set(data) - {"kind", "unit", "trigger", "before"})
+        unknown = sorted(set(data) - {"kind", "unit", "trigger", "before", "moves"})
         if unknown:
             raise ScheduleError(f"{where}: unknown field(s) {', '.join(map(str, unknown))}")
         for key in ("kind", "unit", "trigger"):
@@ -100,7 +110,7 @@ class Transfer:
         unknown = sorted(set(trig) - {"op", "at"})
         if unknown:
             raise ScheduleError(f"{where}.trigger: unknown field(s) {', '.join(map(str, unknown))}")
-        for key, value in (("kind", data["kind"]), ("trigger.at", trig["at"])):
+        for key, value in (("kind", data["kind"]), ("trigger.at", trig["at"]), ("moves", data.get("moves", "unit"))):
             if not isinstance(value, str):
                 raise ScheduleError(f"{where}.{key}: expected a string, got {value!r:.40}")
         return cls(
@@ -109,6 +119,7 @@ class Transfer:
             op=_int(trig["op"], f"{where}.trigger.op"),
             at=trig["at"],
             before=None if data.get("before") is None else _int(data["before"], f"{where}.before"),
+            moves=data.get("moves", "unit"),
         )
 
 
@@ -172,11 +183,15 @@ class Schedule(JsonIO):
 
     def offloaded_bytes(self, chain: "Chain") -> int:
         """Bytes copied to the host: what each offload moves (saved[i] for a whole unit i, act[i]
-        for a lone a_i that an Fck_i / Fn_i made). Raises :class:`ScheduleError` if malformed."""
-        if not self.has_remat:
-            return int(sum(int(chain.saved[u - 1]) for u in self.offloaded_units))
+        for a lone a_i that an Fck_i / Fn_i made or that moves alone). Raises
+        :class:`ScheduleError` if malformed."""
+        return int(sum(self.transfer_bytes(chain)[k] for k, t in enumerate(self.transfers) if t.kind == "offload"))
+
+    def transfer_bytes(self, chain: "Chain") -> np.ndarray:
+        """Bytes each transfer moves on ``chain``, in list order (see :class:`Transfer`'s ``moves``).
+        Raises :class:`ScheduleError` if malformed."""
         self.validate(chain)
-        return self._structure(chain.length).offloaded_bytes(chain)
+        return self._structure(chain.length).transfer_bytes(chain)
 
     @functools.cached_property
     def has_remat(self) -> bool:
@@ -205,7 +220,8 @@ class Schedule(JsonIO):
         over a whole unit i, Fck_i / Fn_i not over a resident a_i; Fn_i frees a lone a_{i-1});
         every transfer names a valid unit, trigger and ``before``; ``before`` comes after the
         trigger; at most one offload and one prefetch per unit; every offload has its prefetch
-        and vice versa; no prefetch is triggered before its offload. Timing, memory and reads
+        and vice versa, moving the same part (``moves``); no prefetch is triggered before its
+        offload. Timing, memory and reads
         of data that is not on the GPU are not checked here: :func:`chainoffload.simulate`
         reports them as violations.
         """
@@ -249,6 +265,8 @@ class Schedule(JsonIO):
                 raise ScheduleError(f"{where}.unit: {t.unit} is not a stage in 1..{length}")
             if t.at not in AT_KINDS:
                 raise ScheduleError(f"{where}.trigger.at: {t.at!r} is not 'start' or 'end'")
+            if t.moves not in MOVES:
+                raise ScheduleError(f"{where}.moves: {t.moves!r} is not 'unit' (all of unit {t.unit} on the GPU) or 'act' (a_{t.unit} alone)")
             if not 0 <= t.op < n:
                 raise ScheduleError(f"{where}.trigger.op: {t.op} is not an op index in 0..{n - 1}")
             if t.before is not None and not t.op < t.before < n:
@@ -267,6 +285,11 @@ class Schedule(JsonIO):
                 raise ScheduleError(f"schedule.transfers[{idx}]: unit {unit} is prefetched but never offloaded")
             o_idx = offload[unit]
             o, p = self.transfers[o_idx], self.transfers[idx]
+            if p.moves != o.moves:
+                raise ScheduleError(
+                    f"schedule.transfers[{idx}].moves: the prefetch of unit {unit} moves {p.moves!r} but its offload "
+                    f"(transfers[{o_idx}]) moves {o.moves!r}; a prefetch brings back what its offload moved"
+                )
             if (p.event, idx) < (o.event, o_idx):
                 raise ScheduleError(
                     f"schedule.transfers[{idx}]: the prefetch of unit {unit} is triggered before its offload "
@@ -278,9 +301,9 @@ class Schedule(JsonIO):
     def arrays(self) -> tuple[np.ndarray, ...]:
         """Flat int64 arrays for the kernels.
 
-        Returns ``(op_kind, op_stage, tr_kind, tr_unit, tr_op, tr_at, tr_before)``: op kinds are
-        codes of ``OP_KINDS``; transfer kind 0 = offload, 1 = prefetch; ``at`` 0 = start,
-        1 = end; ``before`` -1 when absent.
+        Returns ``(op_kind, op_stage, tr_kind, tr_unit, tr_op, tr_at, tr_before, tr_act)``: op
+        kinds are codes of ``OP_KINDS``; transfer kind 0 = offload, 1 = prefetch; ``at`` 0 =
+        start, 1 = end; ``before`` -1 when absent; ``act`` 1 when the transfer moves a_i alone.
         """
         cached = self.__dict__.get("_arrays")
         if cached is not None:
@@ -293,7 +316,8 @@ class Schedule(JsonIO):
         tr_op = np.array([t.op for t in tr], dtype=np.int64)
         tr_at = np.array([1 if t.at == "end" else 0 for t in tr], dtype=np.int64)
         tr_before = np.array([-1 if t.before is None else t.before for t in tr], dtype=np.int64)
-        out = (op_kind, op_stage, tr_kind, tr_unit, tr_op, tr_at, tr_before)
+        tr_act = np.array([t.moves == "act" for t in tr], dtype=np.int64)
+        out = (op_kind, op_stage, tr_kind, tr_unit, tr_op, tr_at, tr_before, tr_act)
         for arr in out:
             arr.setflags(write=False)
         self.__dict__["_arrays"] = out
@@ -399,8 +423,12 @@ class Structure:
 
     def offloaded_bytes(self, chain: "Chain") -> int:
         """Bytes the offloads move on ``chain``."""
+        return int(self.transfer_bytes(chain)[self.tr_kind == 0].sum())
+
+    def transfer_bytes(self, chain: "Chain") -> np.ndarray:
+        """Bytes each transfer moves on ``chain``."""
         sizes = _ks.size_table(chain.act, chain.saved, chain.fwd_tmp, chain.bwd_tmp)
-        return int(sizes[self.tr_size[self.tr_kind == 0]].sum())
+        return sizes[self.tr_size]
 
 
 _SEQUENCE_ERRORS = {
@@ -423,12 +451,15 @@ def resolve(
     tr_op: np.ndarray,
     tr_at: np.ndarray,
     tr_before: np.ndarray,
+    tr_act: np.ndarray | None = None,
 ) -> Structure:
     """Check a compute sequence and resolve it with its transfers (arrays of :meth:`Schedule.arrays`).
 
     Private to the package: the array-level entry of search loops (see :mod:`chainoffload.simulate`).
     The fields must already be in range (what :meth:`Schedule.validate` checks before calling
     this; a search loop whose schedules are well formed by construction calls it directly).
+    ``tr_act`` (1: the transfer moves a_i alone) defaults to every transfer moving its whole
+    unit; a prefetch moves what its offload moves, whatever its own entry says.
 
     Returns
     -------
@@ -440,7 +471,10 @@ def resolve(
     ScheduleError
         When the sequence breaks a rematerialization rule; the message names the op.
     """
-    out = _ks.resolve_kernel(length, op_kind, op_stage, tr_kind, tr_unit, tr_op, tr_at, tr_before)
+    if tr_act is None:
+        tr_act = np.zeros(tr_kind.shape[0], dtype=np.int64)
+        tr_act.setflags(write=False)  # as Schedule.arrays(): one compiled signature
+    out = _ks.resolve_kernel(length, op_kind, op_stage, tr_kind, tr_unit, tr_op, tr_at, tr_before, tr_act)
     err, k, arg = int(out[0]), int(out[1]), int(out[2])
     if err != _ks.ERR_NONE:
         raise ScheduleError(_sequence_message(err, k, arg, length, op_kind, op_stage))

@@ -101,6 +101,13 @@ def simulate_naive(chain, platform, schedule) -> NaiveTimeline:
     def nbytes(inst):
         return saved[inst.unit] if inst.whole else act[inst.unit]
 
+    def split(inst):
+        # "What a transfer moves": a_i alone out of a whole unit; the rest stays on the GPU
+        return inst.whole and inst.offload >= 0 and transfers[inst.offload].moves == "act"
+
+    def moved_bytes(inst):
+        return act[inst.unit] if split(inst) else nbytes(inst)
+
     # ---- transfers: events, the instance each moves ("Which instance a transfer moves")
     def ev(t):
         return 2 * t.op + (1 if t.at == "end" else 0)
@@ -157,7 +164,7 @@ def simulate_naive(chain, platform, schedule) -> NaiveTimeline:
             if ev(t) != event_pos:
                 continue
             inst = moved[idx]
-            size = nbytes(inst)
+            size = moved_bytes(inst)
             ch = channel(t)
             start = max(when, channel_busy_until.get(ch, 0.0))
             if t.kind == "offload":
@@ -182,7 +189,7 @@ def simulate_naive(chain, platform, schedule) -> NaiveTimeline:
             else:
                 start = max(start, tr_end[t_idx])
         if too_late:
-            reads.append((start, 2 * k, -1, name(kind, i), nbytes(moved[too_late[0]])))
+            reads.append((start, 2 * k, -1, name(kind, i), moved_bytes(moved[too_late[0]])))
         op_start[k] = start
         op_end[k] = start + duration(kind, i)
         prev = op_end[k]
@@ -215,13 +222,17 @@ def simulate_naive(chain, platform, schedule) -> NaiveTimeline:
         for inst, frees in uses[k]:
             if frees:
                 where = tr_start[inst.prefetch] if inst.offload >= 0 else op_start[inst.maker]
-                free_at_end(k, nbytes(inst), where)
+                if split(inst):
+                    free_at_end(k, saved[inst.unit] - act[inst.unit], op_start[inst.maker])  # the rest
+                    free_at_end(k, act[inst.unit], where)
+                else:
+                    free_at_end(k, nbytes(inst), where)
     rank = {idx: r for r, idx in enumerate(served)}
     for idx, t in enumerate(transfers):
         inst = moved[idx]
         who = f"{'O' if t.kind == 'offload' else 'P'}_{t.unit}"
         if t.kind == "prefetch":
-            events.append((tr_start[idx], 1, -1, rank[idx], nbytes(inst), who))
+            events.append((tr_start[idx], 1, -1, rank[idx], moved_bytes(inst), who))
             continue
         readers = reads_original.get(idx, [])
         released = max([tr_end[idx]] + [op_end[r] for r in readers])
@@ -232,7 +243,7 @@ def simulate_naive(chain, platform, schedule) -> NaiveTimeline:
             key = (0, 2 * n + 2)
         else:
             key = (1, 2 * n + 2)
-        events.append((released, key[0], key[1], 0, -nbytes(inst), who))
+        events.append((released, key[0], key[1], 0, -moved_bytes(inst), who))
     events = sorted(events, key=lambda x: x[:4])
 
     # ---- the curve, peak, first memory violation
@@ -255,7 +266,7 @@ def simulate_naive(chain, platform, schedule) -> NaiveTimeline:
         violation = ("read", first_read[3], first_read[0], first_read[4])
     elif over is not None:
         violation = over
-    moved_bytes = sum(nbytes(moved[idx]) for idx, t in enumerate(transfers) if t.kind == "offload")
+    offloaded = sum(moved_bytes(moved[idx]) for idx, t in enumerate(transfers) if t.kind == "offload")
     return NaiveTimeline(
         op_start=op_start,
         op_end=op_end,
@@ -266,7 +277,7 @@ def simulate_naive(chain, platform, schedule) -> NaiveTimeline:
         peak=peak,
         peak_time=peak_time,
         makespan=op_end[-1] if n else 0.0,
-        offloaded_bytes=moved_bytes,
+        offloaded_bytes=offloaded,
         violation=violation,
         reads=reads,
     )

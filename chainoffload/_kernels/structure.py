@@ -14,6 +14,16 @@ resolution depends on the chain's length only and is cached per schedule:
 ``ACT(j) = j`` (act[j], j = 0..L), ``SAVED(j) = L + j`` (saved[j]), ``REST(j) = 2L + j``
 (saved[j] - act[j], what stays of unit j when only a_j moves), ``FTMP(j) = 3L + j``,
 ``BTMP(j) = 4L + j``.
+
+NOTE [ act alone ]
+------------------
+A transfer may move a_i alone out of a whole unit i (``moves: "act"``, the paper's "offload as
+a" of a kept stage). The unit's instance is then split for memory only: the offload and its
+prefetch move ACT(i); the release of the original copy frees ACT(i); the op that frees the unit
+(B_i) frees REST(i) = saved[i] - act[i], allocated by the maker F_i, and ACT(i), allocated by the
+prefetch. Readers are those of a whole offloaded unit (B_i and B_{i+1} wait for the prefetch,
+F_{i+1} reads the original): a_i is what they read, and B_i needs it back as well. On a lone
+a_i (Fck_i / Fn_i) ``act`` and ``unit`` move the same bytes.
 """
 
 from __future__ import annotations
@@ -57,8 +67,12 @@ def size_table(act, saved, fwd_tmp, bwd_tmp):
 
 
 @njit
-def resolve_kernel(length, op_kind, op_stage, tr_kind, tr_unit, tr_op, tr_at, tr_before):
+def resolve_kernel(length, op_kind, op_stage, tr_kind, tr_unit, tr_op, tr_at, tr_before, tr_act):
     """Check a sequence whose fields are valid and resolve it for :func:`replay_kernel`.
+
+    ``tr_act[t]`` is 1 where offload t moves a_i alone (its prefetch follows it): out of a whole
+    unit only ACT(i) moves and REST(i) stays; the op that frees the unit frees REST(i), allocated
+    by the maker, and ACT(i), allocated by the prefetch (NOTE [ act alone ]).
 
     Returns
     -------
@@ -178,6 +192,7 @@ def resolve_kernel(length, op_kind, op_stage, tr_kind, tr_unit, tr_op, tr_at, tr
     tr_after = np.full(m, -1, dtype=np.int64)
     inst_off = np.full(n_inst, -1, dtype=np.int64)
     inst_pre = np.full(n_inst, -1, dtype=np.int64)
+    inst_split = np.zeros(n_inst, dtype=np.bool_)  # a whole unit of which a_i alone moves
     off_of = np.full(length + 1, -1, dtype=np.int64)
     for t in range(m):
         if tr_kind[t] != 0:
@@ -193,6 +208,7 @@ def resolve_kernel(length, op_kind, op_stage, tr_kind, tr_unit, tr_op, tr_at, tr
             u = inst_next[u]
         tr_inst[t] = hit
         inst_off[hit] = t
+        inst_split[hit] = tr_act[t] != 0 and inst_kind[hit] == INST_FULL
         tr_src[t] = inst_prod[hit]
     for t in range(m):
         if tr_kind[t] == 0:
@@ -204,7 +220,7 @@ def resolve_kernel(length, op_kind, op_stage, tr_kind, tr_unit, tr_op, tr_at, tr
         tr_after[t] = o
     for t in range(m):
         u = tr_inst[t]
-        tr_size[t] = inst_unit[u] if inst_kind[u] == INST_ACT else length + inst_unit[u]
+        tr_size[t] = inst_unit[u] if inst_kind[u] == INST_ACT or inst_split[u] else length + inst_unit[u]
 
     # trigger order by counting sort on the event (stable: list order at one event)
     count = np.zeros(2 * n + 1, dtype=np.int64)
@@ -303,7 +319,14 @@ def resolve_kernel(length, op_kind, op_stage, tr_kind, tr_unit, tr_op, tr_at, tr
                     nw += 1
             if frees:
                 p = inst_pre[u]
-                free_size[nf] = inst_unit[u] if inst_kind[u] == INST_ACT else length + inst_unit[u]
+                if inst_split[u]:
+                    # NOTE [ act alone ]: the rest never left; a_i came back with the prefetch
+                    free_size[nf] = 2 * length + inst_unit[u]
+                    free_src[nf] = inst_prod[u]
+                    nf += 1
+                    free_size[nf] = inst_unit[u]
+                else:
+                    free_size[nf] = inst_unit[u] if inst_kind[u] == INST_ACT else length + inst_unit[u]
                 free_src[nf] = -(p + 1) if p >= 0 else inst_prod[u]
                 nf += 1
         free_ptr[k + 1] = nf

@@ -469,17 +469,19 @@ def instances(*, chains: SearchStrategy[Chain] | None = None, **platform_options
 
 
 @st.composite
-def _listed(draw, pairs: list[tuple[int, int, int]], n: int, waits: bool) -> list[Transfer]:
+def _listed(draw, pairs: list[tuple[int, int, int]], n: int, waits: bool, granular: bool = False) -> list[Transfer]:
     """Offloads and prefetches at the given ``(unit, offload event, prefetch event)``, with optional
-    ``before`` waits, listed in a random order that keeps ties legal."""
+    ``before`` waits, listed in a random order that keeps ties legal; with ``granular``, a pair
+    may move a_i alone (``moves="act"``)."""
     out: list[Transfer] = []
     for u, e_o, e_p in pairs:
+        moves = draw(st.sampled_from(("unit", "act"))) if granular else "unit"
         for kind, e in (("offload", e_o), ("prefetch", e_p)):
             op, at = trigger(e)
             before = None
             if waits and op + 1 < n:
                 before = draw(st.one_of(st.none(), st.integers(op + 1, n - 1)))
-            out.append(Transfer(kind, u, op, at, before))
+            out.append(Transfer(kind, u, op, at, before, moves))
     order = draw(st.permutations(range(len(out))))
     listed = [out[k] for k in order]
     # An offload and its prefetch at the same event: the offload must come first in the list.
@@ -737,7 +739,7 @@ def _well_formed(draw, chain: Chain, remat: bool | None, min_offloads: int, max_
         else:
             e_p = draw(st.integers(e_o, last_event))
         pairs.append((u, e_o, e_p))
-    listed = draw(_listed(pairs, n, waits))
+    listed = draw(_listed(pairs, n, waits, granular=True))
     return Schedule(compute, tuple(listed))
 
 
@@ -753,7 +755,8 @@ def well_formed_schedules(
     fixed-order or rematerializing, with transfers triggered anywhere the format allows.
 
     Unlike :func:`schedules`, these may break a ``read`` rule (an offload before its data is made,
-    a prefetch too late to be waited for): they are for testing a simulator, which must say so.
+    a prefetch too late to be waited for) and may move a_i alone (``moves="act"``): they are
+    for testing a simulator, which must say so.
     Most triggers are drawn where a solver would put them (an offload just after a maker of its
     unit, a prefetch before the unit's first backward reader), the rest anywhere.
 
