@@ -141,6 +141,8 @@ class Runner:
             "dp_model": oh(j.info.get("dp_makespan", math.inf)),
             "joint_exact": oh(j.info.get("joint-exact_makespan", math.inf)),
             "source": j.info.get("source"),
+            # whether the plan joint returns moves some a_i alone out of a whole unit (moves: "act")
+            "act_alone": bool(j.info.get("source") == "joint-dp" and j.info.get("act_alone")),
             "cpu": time.process_time() - t0,
         }
         if compare and self.old_dp is not None:
@@ -564,6 +566,10 @@ def write_report(data: dict) -> None:
     for r in rows:
         sources[r["source"]] = sources.get(r["source"], 0) + 1
     lines += ["Which candidate joint returned: " + ", ".join(f"{k}: {v}" for k, v in sorted(sources.items(), key=str)) + ".", ""]
+    if any("act_alone" in r for r in rows):
+        lone = sum(1 for r in rows if r.get("act_alone"))
+        lines += [f"Offload granularity: the plan joint returned moves some a_i alone out of a whole unit (transfers with "
+                  f"`moves: \"act\"`, the rest of the unit staying on the GPU) on {lone} of these {len(rows)} points.", ""]
 
     # (4) runtimes.
     scale, w, c = data["scale"], data["warm"]["100-None"], data["cold"]["100-None"]

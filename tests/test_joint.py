@@ -59,6 +59,30 @@ def test_moving_a_alone_out_of_a_kept_unit_pays_where_the_whole_unit_cannot_move
     assert better >= 3
 
 
+def test_joint_dp_schedules_move_a_alone_and_the_simulator_confirms_them():
+    # The table's "offload as a" of a kept unit reaches the schedule as transfers that say
+    # moves="act" (a_{s-1} alone, act bytes); the reported makespan is the simulator's.
+    alone = 0
+    for chain, platform in unit_heavy_instances(0, 30):
+        plain = joint_dp(chain, platform, slots=60, act_alone=False)
+        fine = joint_dp(chain, platform, slots=60)
+        both = joint_dp(chain, platform, slots=60, act_alone=None)
+        if plain.status.has_schedule:
+            assert all(t.moves == "unit" for t in plain.schedule.transfers)
+        if not fine.status.has_schedule:
+            continue
+        tl = simulate(chain, platform, fine.schedule)
+        assert tl.feasible and tl.makespan == fine.makespan
+        moved = [t for t in fine.schedule.transfers if t.moves == "act"]
+        assert fine.info["act_alone"] == bool(moved)
+        if moved:
+            alone += 1
+            assert all(fine.schedule.index("F", t.unit) >= 0 for t in moved)  # out of whole units
+            assert tl.offloaded_bytes < sum(int(chain.saved[u - 1]) for u in fine.schedule.offloaded_units)
+        assert both.makespan <= min(fine.makespan, plain.makespan if plain.status.has_schedule else math.inf)
+    assert alone >= 3
+
+
 def test_smaller_roots_are_the_optimum_of_their_budget():
     # joint_dp rebuilds the plans of smaller budgets from the same table: each is the model's
     # optimum for that budget too.
