@@ -224,6 +224,8 @@ class UnitLedger:
         self.aliased: set[int] = set()
         #: Units a later block or the model's output still holds (NOTE [ units held elsewhere ]).
         self.held: set[int] = set()
+        #: The entry of each stage's output a_i, where its unit owns it (what ``moves="act"`` moves).
+        self.output: dict[int, Entry] = {}
 
     def add_resident(self, obj: Any) -> None:
         """Never own the storages of the tensors in ``obj`` (a call's inputs)."""
@@ -296,7 +298,9 @@ class UnitLedger:
             )
         self.check_stage(stage, inp, version_before, out)
         if self.owns(out):
-            self.lookup(out, stage)
+            entry = self.lookup(out, stage)
+            if entry.unit == stage:
+                self.output[stage] = entry
         return out
 
     def forward_end(self, outputs: Any, last: int) -> None:

@@ -15,6 +15,9 @@ How a schedule becomes actions (see docs/model.md, "The schedule"):
   event up to them: transfers triggered there are queued on their channel; before op k
   starts, the compute stream waits for transfers with ``before=k``, and B_j waits for the
   prefetches of units j and j-1.
+* A transfer that moves a_i alone (``moves="act"``) takes only the storage of block i's output
+  tensor (the entry :class:`~chainoffload_torch._stages.UnitLedger` records at the end of F_i);
+  the unit's other storages stay on the device, untouched, until B_i, as in docs/model.md.
 * The GPU copy of an offloaded unit is released at the first event at which the simulated
   timeline has both ended O_i and F_{i+1} (see NOTE [ release point ]); the compute stream
   waits on the copy's event first. A prefetched copy is dropped with the unit at the end of
@@ -165,6 +168,8 @@ class ScheduleRun:
         self.platform = platform
         self.timeline = co.simulate(chain, platform, schedule) if platform is not None else None
         self.offloaded = frozenset(schedule.offloaded_units)
+        #: Units of which only a_i moves (the rest stays on the device).
+        self.act_alone = frozenset(t.unit for t in schedule.transfers if t.kind == "offload" and t.moves == "act")
         self.roots = tuple(roots)
         if device is None:
             param = next((p for r in self.roots for p in r.parameters()), None)
@@ -355,7 +360,7 @@ class ScheduleRun:
         entry = step.ledger.pack(t, step.current)
         if entry is None or entry.unit not in self.offloaded:
             return t
-        if entry.unit in step.offload_issued and entry.state is S.DEVICE:
+        if entry.unit in step.offload_issued and entry.state is S.DEVICE and self._moves(step, entry):
             # Saved after its unit's offload was queued (code between two blocks): send it too.
             self._offload_entry(step, entry)
         return _Packed(entry, t)
@@ -450,10 +455,18 @@ class ScheduleRun:
         stats.offloaded_bytes += e.nbytes
         stats.unit_offloaded[e.unit] = stats.unit_offloaded.get(e.unit, 0) + e.nbytes
 
+    def _moves(self, step: _Step, e: Entry) -> bool:
+        """Whether the transfers of ``e``'s unit move ``e`` (all of the unit, or a_i alone)."""
+        return e.unit not in self.act_alone or step.ledger.output.get(e.unit) is e
+
+    def _moving(self, step: _Step, unit: int) -> list[Entry]:
+        """The entries the transfers of ``unit`` move."""
+        return [e for e in step.ledger.units.get(unit, ()) if self._moves(step, e)]
+
     def _offload(self, step: _Step, unit: int) -> None:
         step.offload_issued.add(unit)
         step.stats.unit_offloaded.setdefault(unit, 0)
-        for e in step.ledger.units.get(unit, ()):
+        for e in self._moving(step, unit):
             if e.state is S.DEVICE:
                 self._offload_entry(step, e)
 
@@ -465,7 +478,7 @@ class ScheduleRun:
         step.stats.released_bytes += e.nbytes
 
     def _release(self, step: _Step, unit: int) -> None:
-        for e in step.ledger.units.get(unit, ()):
+        for e in self._moving(step, unit):
             if e.state is S.OFFLOADING:
                 self._release_entry(step, e)
 
@@ -483,17 +496,17 @@ class ScheduleRun:
         stats.unit_prefetched[e.unit] = stats.unit_prefetched.get(e.unit, 0) + e.nbytes
 
     def _prefetch(self, step: _Step, unit: int) -> None:
-        for e in step.ledger.units.get(unit, ()):
+        for e in self._moving(step, unit):
             self._prefetch_entry(step, e)
 
     def _await_prefetch(self, step: _Step, unit: int) -> None:
-        for e in step.ledger.units.get(unit, ()):
+        for e in self._moving(step, unit):
             if e.state is S.PREFETCHING:
                 self.copier.wait(e.h2d_event)
                 e.state = S.RESTORED
 
     def _wait_transfer(self, step: _Step, t: co.Transfer) -> None:
-        for e in step.ledger.units.get(t.unit, ()):
+        for e in self._moving(step, t.unit):
             if t.kind == "offload" and e.d2h_event is not None:
                 self.copier.wait(e.d2h_event)
             elif t.kind == "prefetch" and e.state is S.PREFETCHING:
