@@ -385,7 +385,7 @@ class Offloader:
         for i, name in enumerate(self.blocks.names, start=1):
             trs = by_unit.get(i, {})
             if i in run.offloaded:
-                decision = "offload"
+                decision = "offload a_i alone" if i in run.act_alone else "offload"
             elif i in plan.keep:
                 decision = "keep (user)"
             elif sizes is not None and i in sizes.aliased:

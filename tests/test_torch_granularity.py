@@ -41,6 +41,8 @@ def test_act_alone_trains_exactly_and_moves_only_the_outputs(name):
     assert stats.offloaded_bytes == schedule.offloaded_bytes(chain) == stats.prefetched_bytes == stats.released_bytes
     assert stats.offloaded_bytes < whole.offloaded_bytes(chain) or name == "mlp"
     assert stats.restored_reads > 0
+    rows = {r["stage"]: r for r in off.decisions()}
+    assert all(rows[u]["decision"] == "offload a_i alone" and rows[u]["moved"] == chain.act[u] for u in schedule.offloaded_units)
 
 
 def test_the_rest_of_the_unit_stays_on_the_device_between_forward_and_backward():
