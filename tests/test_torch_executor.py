@@ -1,6 +1,7 @@
 """The executor: schedules carried out in real training on CPU, bitwise equal to plain training."""
 
 import copy
+import dataclasses
 import gc
 import warnings
 
@@ -128,11 +129,14 @@ def test_training_is_bitwise_equal_and_moves_what_the_schedule_says(name, dtype)
     assert stats.restored_reads > 0
 
 
-def test_the_backward_really_reads_the_host_copy(monkeypatch):
-    """Corrupting the host copies changes the gradients: the data autograd reads came back from host."""
-    model, x = build("mlp")
+@pytest.mark.parametrize("name, moves", [("mlp", "unit"), ("transformer", "act")])
+def test_the_backward_really_reads_the_host_copy(monkeypatch, name, moves):
+    """Corrupting the host copies changes the gradients: the data autograd reads came back from
+    host (with ``moves="act"``, a_i alone went there; tests/test_torch_granularity.py)."""
+    model, x = build(name)
     prof, schedule, plat = offload_all_schedule(model, x)
-    ct.Offloader(model, prof.chain, schedule, platform=plat)
+    transfers = tuple(dataclasses.replace(t, moves=moves) for t in schedule.transfers)
+    ct.Offloader(model, prof.chain, dataclasses.replace(schedule, transfers=transfers), platform=plat)
     loss_of(model(x)).backward()
     good = [p.grad.clone() for p in model.parameters()]
     for p in model.parameters():
