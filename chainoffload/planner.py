@@ -42,7 +42,7 @@ from .platform import Platform
 from .schedule import Schedule, Transfer, fixed_order
 from .simulate import Timeline, simulate
 
-__all__ = ["plan_transfers", "plan_and_simulate", "eager_plan"]
+__all__ = ["plan_transfers", "plan_and_simulate", "eager_plan", "plan_arrays", "schedule_from_arrays"]
 
 
 def eager_plan(chain: Chain, units: Iterable[int]) -> Schedule:
@@ -97,49 +97,71 @@ def plan_transfers(chain: Chain, platform: Platform, units: Iterable[int]) -> Sc
 def plan_and_simulate(chain: Chain, platform: Platform, units: Iterable[int]) -> tuple[Schedule, Timeline]:
     """:func:`plan_transfers` together with the simulator's timeline of the plan it returns.
 
-    The planner simulates its candidates anyway; searches that score many unit sets use this
-    to avoid replaying the chosen plan a second time.
+    The candidate plans are scored on arrays (``chainoffload.solvers._search``); only the one
+    chosen becomes a :class:`Schedule` and goes through :func:`simulate`.
     """
-    length = chain.length
-    chosen = sorted({int(u) for u in units})
-    for u in chosen:
-        if not 1 <= u <= length:
-            raise ValueError(f"units: {u} is not a stage in 1..{length}")
-    if not chosen:
-        schedule = Schedule.keep_all(length)
-        return schedule, simulate(chain, platform, schedule)
-    if not platform.can_transfer:
+    from .solvers._search import Evaluator
+
+    candidate = Evaluator(chain, platform).units(units)
+    schedule = candidate.schedule()
+    return schedule, simulate(chain, platform, schedule)
+
+
+def check_units(chain: Chain, platform: Platform, units: Iterable[int]) -> np.ndarray:
+    """``units`` as a sorted int64 array of distinct stages; raises ``ValueError`` like :func:`plan_transfers`."""
+    chosen = np.unique(np.fromiter((int(u) for u in units), dtype=np.int64))
+    if chosen.shape[0] and (chosen[0] < 1 or chosen[-1] > chain.length):
+        bad = int(chosen[0]) if chosen[0] < 1 else int(chosen[-1])
+        raise ValueError(f"units: {bad} is not a stage in 1..{chain.length}")
+    if chosen.shape[0] and not platform.can_transfer:
         raise ValueError(
-            f"units: cannot offload {chosen} over a link of bandwidth "
+            f"units: cannot offload {chosen.tolist()} over a link of bandwidth "
             f"{platform.bandwidth_d2h} B/s (D2H) / {platform.bandwidth_h2d} B/s (H2D)"
         )
+    return chosen
+
+
+def plan_arrays(chain: Chain, platform: Platform, chosen: np.ndarray) -> list[tuple[np.ndarray, ...]]:
+    """The planner's candidate plans for the sorted units ``chosen`` as transfer arrays.
+
+    Returns the safe sweep, the optimistic sweep and the eager timing, in that order (ties go
+    to the first), each ``(kind, unit, op, at, before)`` int64 arrays as
+    :meth:`Schedule.arrays` encodes transfers. Nothing is validated or simulated here.
+    """
+    length = chain.length
     offload = np.zeros(length + 1, dtype=np.int64)
     offload[chosen] = 1
     saved = chain.saved
     # Platform.d2h_time / h2d_time, element-wise (the same float operations).
     d_time = platform.latency + saved / platform.bandwidth_d2h
     h_time = platform.latency + saved / platform.bandwidth_h2d
-    best: tuple[tuple[int, float, int], Schedule, Timeline] | None = None
-    candidates = [_kernel_plan(chain, platform, chosen, offload, d_time, h_time, opt) for opt in (False, True)]
-    candidates.append(eager_plan(chain, chosen))
-    for schedule in candidates:
-        timeline = simulate(chain, platform, schedule)
-        # Feasible first, then the shorter makespan, then the lower peak (a hint for repairs).
-        key = (0 if timeline.feasible else 1, timeline.makespan if timeline.feasible else 0.0, timeline.peak_memory)
-        if best is None or key < best[0]:
-            best = (key, schedule, timeline)
-    return best[1], best[2]
+    plans = [_kernel_arrays(chain, platform, chosen, offload, d_time, h_time, opt) for opt in (False, True)]
+    plans.append(eager_arrays(length, chosen))
+    return plans
 
 
-def _kernel_plan(
+def eager_arrays(length: int, chosen: np.ndarray) -> tuple[np.ndarray, ...]:
+    """:func:`eager_plan`'s transfers as arrays (``chosen``: sorted stages)."""
+    m = chosen.shape[0]
+    kind = np.concatenate([np.zeros(m, dtype=np.int64), np.ones(m, dtype=np.int64)])
+    unit = np.concatenate([chosen, chosen])
+    # P_u at the start of B_{u+2} (op 2L - u - 2); units L-1 and L at the end of F_L (op L-1).
+    pre_op = np.where(chosen + 2 <= length, 2 * length - chosen - 2, length - 1)
+    op = np.concatenate([chosen - 1, pre_op])
+    at = np.concatenate([np.ones(m, dtype=np.int64), np.where(chosen + 2 <= length, 0, 1)])
+    before = np.full(2 * m, -1, dtype=np.int64)
+    return kind, unit, op.astype(np.int64), at.astype(np.int64), before
+
+
+def _kernel_arrays(
     chain: Chain,
     platform: Platform,
-    chosen: list[int],
+    chosen: np.ndarray,
     offload: np.ndarray,
     d_time: np.ndarray,
     h_time: np.ndarray,
     optimistic: bool,
-) -> Schedule:
+) -> tuple[np.ndarray, ...]:
     off_before, pre_op, _fits, _makespan = plan_kernel(
         chain.fwd,
         chain.bwd,
@@ -154,10 +176,27 @@ def _kernel_plan(
         offload,
         optimistic,
     )
-    offloads = [
-        Transfer("offload", u, u - 1, "end", int(off_before[u]) if off_before[u] >= 0 else None) for u in chosen
-    ]
+    m = chosen.shape[0]
     # Decreasing stage order within one trigger: the H2D queue serves them in need order.
-    prefetches = [Transfer("prefetch", u, int(pre_op[u]), "end") for u in reversed(chosen)]
-    prefetches.sort(key=lambda t: t.op)
-    return Schedule(fixed_order(chain.length), tuple(offloads + prefetches))
+    down = chosen[::-1]
+    order = np.argsort(pre_op[down], kind="stable")
+    pre_units = down[order]
+    kind = np.concatenate([np.zeros(m, dtype=np.int64), np.ones(m, dtype=np.int64)])
+    unit = np.concatenate([chosen, pre_units])
+    op = np.concatenate([chosen - 1, pre_op[pre_units]])
+    at = np.ones(2 * m, dtype=np.int64)
+    before = np.concatenate([off_before[chosen], np.full(m, -1, dtype=np.int64)])
+    return kind, unit, op, at, before
+
+
+def schedule_from_arrays(length: int, transfers: tuple[np.ndarray, ...]) -> Schedule:
+    """A fixed-order :class:`Schedule` from ``(kind, unit, op, at, before)`` transfer arrays."""
+    kind, unit, op, at, before = (a.tolist() for a in transfers)
+    out = tuple(
+        Transfer(_KIND[k], u, o, _AT[a], None if b < 0 else b) for k, u, o, a, b in zip(kind, unit, op, at, before)
+    )
+    return Schedule(fixed_order(length), out)
+
+
+_KIND = ("offload", "prefetch")
+_AT = ("start", "end")

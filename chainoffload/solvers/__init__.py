@@ -31,6 +31,7 @@ __all__ = [
     "check_memory_floor",
     "check_keep",
     "minimum_memory",
+    "check_time_limit",
 ]
 
 
@@ -180,6 +181,28 @@ def check_keep(chain: Chain, keep: Any) -> frozenset[int]:
     return frozenset(units)
 
 
+def check_time_limit(time_limit: Any) -> float | None:
+    """Validate a ``time_limit`` option: seconds > 0 (finite), or ``None`` for no limit.
+
+    Raises
+    ------
+    ValueError
+        Naming the value.
+    """
+    if time_limit is None:
+        return None
+    if isinstance(time_limit, bool) or not isinstance(time_limit, (int, float, np.integer, np.floating)):
+        raise ValueError(f"time_limit: expected seconds > 0, got {time_limit!r}")
+    if not (time_limit > 0 and math.isfinite(time_limit)):
+        raise ValueError(f"time_limit: expected seconds > 0, got {time_limit!r}")
+    return float(time_limit)
+
+
+def _judge_cost(chain: Chain) -> float:
+    """Estimated seconds to build, validate and replay one schedule of ``chain`` (the judging)."""
+    return 0.02 + 6e-6 * chain.length
+
+
 def solve(chain: Chain, platform: Platform, method: str | None = None, **options: Any) -> Result:
     """Solve the offloading problem of ``chain`` on ``platform`` with ``method``.
 
@@ -210,25 +233,50 @@ def solve(chain: Chain, platform: Platform, method: str | None = None, **options
         raise TypeError(f"solve: chain must be a Chain, got {type(chain).__name__}")
     if not isinstance(platform, Platform):
         raise TypeError(f"solve: platform must be a Platform, got {type(platform).__name__}")
+    t0 = time.perf_counter()
     entry = spec(method or DEFAULT_METHOD)
     check_memory_floor(chain, platform)
     func = entry.load()
-    _check_options(entry.name, func, options)
+    time_limit = check_time_limit(options.pop("time_limit", None))
+    params = _check_options(entry.name, func, options)
     keep = check_keep(chain, options["keep"]) if "keep" in options else frozenset()
-    t0 = time.perf_counter()
-    result = func(chain, platform, **options)
-    elapsed = time.perf_counter() - t0
+    deadline = t0 + time_limit if time_limit is not None else math.inf
+    if time_limit is not None and ("time_limit" in params or _takes_any(func)):
+        # The method gets the limit less what judging its schedule is expected to take.
+        options["time_limit"] = max(deadline - time.perf_counter() - _judge_cost(chain), 1e-3)
+    from .._compile import compiling
+
+    with compiling() as jit:
+        t_method = time.perf_counter()
+        result = func(chain, platform, **options)
+        elapsed = time.perf_counter() - t_method
     if not isinstance(result, Result):
         raise TypeError(f"method {entry.name!r} returned {type(result).__name__}, not a Result")
-    result = result.replace(method=entry.name, runtime=result.runtime or elapsed)
-    if not entry.remat and (result.schedule is None or not result.schedule.has_remat):
-        # Every pure-offloading result carries the problem's bound, whatever the method knew
-        # (a schedule that recomputes solves another problem, which this bound does not bind).
-        from ..bounds import lower_bound
+    info = dict(result.info)
+    if jit.seconds > 0:
+        info["compile_time"] = jit.seconds
+    runtime = result.runtime or elapsed
+    # The method's time, without the one-off compile of kernels it triggered (NOTE [ lazy kernels ]).
+    runtime = max(runtime - jit.seconds, 0.0)
+    result = result.replace(method=entry.name, runtime=runtime, info=info)
+    pure = not entry.remat and (result.schedule is None or not result.schedule.has_remat)
+    if pure and result.status.has_schedule:
+        # Every pure-offloading result carries a bound of the problem, as strong as the budget
+        # affords (NOTE [ bound ladder ]); a schedule that recomputes solves another problem.
+        from ._ladder import DEFAULT_BOUND_BUDGET, climb
 
-        bound = lower_bound(chain, platform)
-        own = result.lower_bound
-        result = result.replace(lower_bound=bound if not math.isfinite(own) else max(own, bound))
+        if time_limit is not None:
+            budget = deadline - time.perf_counter() - _judge_cost(chain)
+        else:
+            budget = max(DEFAULT_BOUND_BUDGET, runtime)
+        own = result.lower_bound if math.isfinite(result.lower_bound) else -math.inf
+        value, rung = own, f"{entry.name} (its own)"
+        if own < result.makespan * (1 - 1e-12):
+            got, name, _ = climb(chain, platform, budget, target=result.makespan)
+            if got > value:
+                value, rung = got, name
+        info["bound"] = rung
+        result = result.replace(lower_bound=value, info=info)
     moved = sorted(keep & set(result.schedule.offloaded_units)) if result.schedule is not None else []
     if moved and result.status.has_schedule:
         # A bound of the unconstrained problem still binds the constrained one; the schedule does not.
@@ -240,16 +288,24 @@ def solve(chain: Chain, platform: Platform, method: str | None = None, **options
     return judge(chain, platform, result)
 
 
-def _check_options(name: str, func: Callable[..., Result], options: dict[str, Any]) -> None:
-    """Reject options the method does not take, naming the ones it does."""
+def _takes_any(func: Callable[..., Result]) -> bool:
+    return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in inspect.signature(func).parameters.values())
+
+
+def _check_options(name: str, func: Callable[..., Result], options: dict[str, Any]) -> list[str]:
+    """Reject options the method does not take, naming the ones it does; return its option names.
+
+    ``time_limit`` is :func:`solve`'s own and always accepted.
+    """
     params = inspect.signature(func).parameters
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        return
+        return []
     accepted = [n for n, p in list(params.items())[2:] if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
     unknown = sorted(set(options) - set(accepted))
     if unknown:
         takes = ", ".join(accepted) if accepted else "no options"
         raise ValueError(f"options: method {name!r} does not take {', '.join(unknown)}; it takes: {takes}")
+    return accepted
 
 
 def judge(chain: Chain, platform: Platform, result: Result) -> Result:
