@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from typing import Any, Sequence
 
@@ -143,7 +144,7 @@ def _cmd_solve(args: argparse.Namespace) -> int:
     if result.feasible:
         rows += [
             ("makespan", f"{format_seconds(result.makespan)}  (+{100 * (result.makespan / base - 1):.2f}% over compute)"),
-            ("lower bound", f"{format_seconds(result.lower_bound)}  (gap {100 * result.gap:.2f}%)"),
+            ("lower bound", f"{format_seconds(result.lower_bound)}  (gap {100 * result.gap:.2f}%; {result.info.get('bound', 'method')} bound)"),
             ("peak memory", f"{format_bytes(result.peak_memory)} of {format_bytes(platform.memory)}"),
             (
                 "offloaded",
@@ -162,6 +163,8 @@ def _cmd_solve(args: argparse.Namespace) -> int:
             ("memory floor", f"{format_bytes(floor)} ({floor} B): no offloading schedule fits below (proven)"),
         ]
     rows.append(("runtime", format_seconds(result.runtime)))
+    if result.info.get("compile_time"):
+        rows.append(("compile", f"{format_seconds(result.info['compile_time'])} (first call: Numba kernels compiled and cached)"))
     if args.out:
         rows.append(("schedule", f"written to {args.out}"))
     _print_table(rows)
@@ -281,10 +284,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("chain", metavar="CHAIN.json")
     add_platform_flags(p)
     p.add_argument("--method", default=None, help="a method of `chainoffload methods` (default: the starred one)")
-    p.add_argument("--time-limit", type=float, default=None, help="seconds, for methods that take a time limit")
+    p.add_argument("--time-limit", type=float, default=None, help="seconds the whole solve may take, bound included (every method)")
     p.add_argument("--option", action="append", metavar="KEY=VALUE", help="a method option (repeatable)")
     p.add_argument("--min-memory", action="store_true", help="also find the least memory this method needs (bisection) and the proven floor")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--progress", action="store_true", help="show progress on stderr even when it is not a terminal")
     p.add_argument("--out", metavar="SCHEDULE.json", help="write the schedule here")
     p.set_defaults(func=_cmd_solve)
 
@@ -331,6 +335,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         parser = build_parser()
         args = parser.parse_args(argv)
+        from ._compile import configure as configure_cold
+        from ._progress import configure
+
+        # A cold Numba cache: short chains run interpreted while the kernels compile in the
+        # background (NOTE [ lazy kernels ]); CHAINOFFLOAD_COLD=compile waits for the compile.
+        configure_cold(os.environ.get("CHAINOFFLOAD_COLD") or "interpret")
+        # Progress on stderr: automatic (a terminal), forced by --progress, never with --json.
+        configure(False if getattr(args, "json", False) else (True if getattr(args, "progress", False) else None))
         return int(args.func(args) or 0)
     except CliError as exc:
         print(f"chainoffload: error: {_one_line(exc)}", file=sys.stderr)

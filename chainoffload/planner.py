@@ -36,11 +36,13 @@ from typing import Iterable
 
 import numpy as np
 
-from ._kernels.planner import plan_kernel
+from ._kernels import lazy
 from .chain import Chain
 from .platform import Platform
 from .schedule import Schedule, Transfer, fixed_order
 from .simulate import Timeline, simulate
+
+_kplan = lazy("planner")  # imports Numba on first use only
 
 __all__ = ["plan_transfers", "plan_and_simulate", "eager_plan", "plan_arrays", "schedule_from_arrays"]
 
@@ -162,7 +164,7 @@ def _kernel_arrays(
     h_time: np.ndarray,
     optimistic: bool,
 ) -> tuple[np.ndarray, ...]:
-    off_before, pre_op, _fits, _makespan = plan_kernel(
+    off_before, pre_op, _fits, _makespan = _kplan.plan_kernel(
         chain.fwd,
         chain.bwd,
         chain.act,

@@ -151,3 +151,15 @@ def test_nothing_below_the_cli_imports_it():
             elif isinstance(node, ast.Import) and any(a.name.endswith(".cli") for a in node.names):
                 offenders.append(str(path.relative_to(root)))
     assert offenders == []
+
+
+def test_methods_and_help_do_not_import_numba():
+    # NOTE [ lazy kernels ]: listing the methods never pays Numba's import.
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from chainoffload.cli import main; main(['methods']); "
+        "sys.exit(1 if 'numba' in sys.modules else 0)"
+    )
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True).returncode == 0

@@ -233,31 +233,38 @@ def solve(chain: Chain, platform: Platform, method: str | None = None, **options
         raise TypeError(f"solve: chain must be a Chain, got {type(chain).__name__}")
     if not isinstance(platform, Platform):
         raise TypeError(f"solve: platform must be a Platform, got {type(platform).__name__}")
-    t0 = time.perf_counter()
     entry = spec(method or DEFAULT_METHOD)
     check_memory_floor(chain, platform)
     func = entry.load()
     time_limit = check_time_limit(options.pop("time_limit", None))
     params = _check_options(entry.name, func, options)
     keep = check_keep(chain, options["keep"]) if "keep" in options else frozenset()
-    deadline = t0 + time_limit if time_limit is not None else math.inf
-    if time_limit is not None and ("time_limit" in params or _takes_any(func)):
-        # The method gets the limit less what judging its schedule is expected to take.
-        options["time_limit"] = max(deadline - time.perf_counter() - _judge_cost(chain), 1e-3)
-    from .._compile import compiling
+    from .._compile import compiling, prepare
 
-    with compiling() as jit:
-        t_method = time.perf_counter()
-        result = func(chain, platform, **options)
-        elapsed = time.perf_counter() - t_method
-    if not isinstance(result, Result):
-        raise TypeError(f"method {entry.name!r} returned {type(result).__name__}, not a Result")
+    # Kernels are made ready before the clock starts: a one-off compile counts in neither
+    # the time limit nor the runtime (NOTE [ lazy kernels ]).
+    with prepare(entry.name, chain.length) as ready:
+        t0 = time.perf_counter()
+        deadline = t0 + time_limit if time_limit is not None else math.inf
+        if time_limit is not None and ("time_limit" in params or _takes_any(func)):
+            # The method gets the limit less what judging its schedule is expected to take.
+            options["time_limit"] = max(deadline - time.perf_counter() - _judge_cost(chain), 1e-3)
+        with compiling() as jit:
+            result = func(chain, platform, **options)
+            elapsed = time.perf_counter() - t0
+        if not isinstance(result, Result):
+            raise TypeError(f"method {entry.name!r} returned {type(result).__name__}, not a Result")
+        return _finish(chain, platform, entry, result, elapsed, ready, jit.seconds, keep, time_limit, deadline)
+
+
+def _finish(chain, platform, entry, result, elapsed, ready, compiled, keep, time_limit, deadline) -> Result:
+    """The rest of :func:`solve`: runtime, the bound ladder, ``keep`` and the judging."""
     info = dict(result.info)
-    if jit.seconds > 0:
-        info["compile_time"] = jit.seconds
-    runtime = result.runtime or elapsed
-    # The method's time, without the one-off compile of kernels it triggered (NOTE [ lazy kernels ]).
-    runtime = max(runtime - jit.seconds, 0.0)
+    if ready.seconds + compiled > 0:
+        info["compile_time"] = ready.seconds + compiled
+    info["kernels"] = ready.kernels
+    # The method's time, without any compile it triggered itself (``ready``'s was before it).
+    runtime = max((result.runtime or elapsed) - compiled, 0.0)
     result = result.replace(method=entry.name, runtime=runtime, info=info)
     pure = not entry.remat and (result.schedule is None or not result.schedule.has_remat)
     if pure and result.status.has_schedule:
@@ -270,7 +277,7 @@ def solve(chain: Chain, platform: Platform, method: str | None = None, **options
         else:
             budget = max(DEFAULT_BOUND_BUDGET, runtime)
         own = result.lower_bound if math.isfinite(result.lower_bound) else -math.inf
-        value, rung = own, f"{entry.name} (its own)"
+        value, rung = own, f"{entry.name}'s own"
         if own < result.makespan * (1 - 1e-12):
             got, name, _ = climb(chain, platform, budget, target=result.makespan)
             if got > value:
@@ -399,18 +406,22 @@ def minimum_memory(
     lo = chain.stage_memory_floor() if entry.remat else offload_memory_floor(chain)
     hi = max(keep_all_peak(chain), lo)
 
-    def fits(memory: int) -> bool:
-        return solve(chain, platform.with_memory(memory), entry.name, **options).feasible
+    from .._progress import progress
+    from ._search import boundary
 
-    if not fits(hi):
-        return None
-    if fits(lo):
-        return lo
-    # Invariant: fails at lo, fits at hi.
-    while hi - lo > max(1, int(rel_tol * hi)):
-        mid = (lo + hi) // 2
-        if fits(mid):
-            hi = mid
-        else:
-            lo = mid
-    return hi
+    width = max(1, int(rel_tol * hi))
+    steps = 2 + max(1, math.ceil(math.log2(max(hi - lo, 1) / width)))
+    with progress("minimum memory", total=steps, unit="solve") as bar:
+
+        def fits(memory: int) -> bool:
+            ok = solve(chain, platform.with_memory(memory), entry.name, **options).feasible
+            bar.update(1)
+            bar.note(memory=memory, fits=ok)
+            return ok
+
+        if not fits(hi):
+            return None
+        if fits(lo):
+            return lo
+        # fails at lo, fits at hi: the least memory that fits lies in (lo, hi]
+        return boundary(hi, lo, fits, width=lambda good: max(1, int(rel_tol * good)))

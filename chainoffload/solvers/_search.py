@@ -290,7 +290,14 @@ class Evaluator:
         return int(peak) if wider.units(key).feasible else None
 
 
-def boundary(good: int, bad: int, test: Callable[[int], bool | None], *, width: int = 1, steps: int | None = None) -> int | None:
+def boundary(
+    good: int,
+    bad: int,
+    test: Callable[[int], bool | None],
+    *,
+    width: int | Callable[[int], int] = 1,
+    steps: int | None = None,
+) -> int | None:
     """Bisection between an integer where ``test`` holds (``good``) and one where it fails (``bad``).
 
     The one bisection of the package: the shortest prefix that fits (good = the whole order,
@@ -304,7 +311,7 @@ def boundary(good: int, bad: int, test: Callable[[int], bool | None], *, width: 
     test
         Whether a point is good; ``None`` stops the bisection.
     width
-        Stop when the bracket is this narrow.
+        Stop when the bracket is this narrow (or a function of the good end giving it).
     steps
         Stop after this many tests (``None``: no limit).
 
@@ -315,7 +322,8 @@ def boundary(good: int, bad: int, test: Callable[[int], bool | None], *, width: 
         ``None`` when ``test`` stopped the bisection.
     """
     done = 0
-    while abs(good - bad) > width and (steps is None or done < steps):
+    narrow = width if callable(width) else (lambda _good: width)
+    while abs(good - bad) > narrow(good) and (steps is None or done < steps):
         mid = (good + bad) // 2
         ok = test(mid)
         done += 1

@@ -80,6 +80,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from .._kernels import lazy
 from ..bounds import offload_memory_floor
 from ..chain import Chain
 from ..platform import Platform
@@ -88,6 +89,8 @@ from ..schedule import Schedule
 from ..simulate import keep_all_peak, simulate
 from . import check_keep, check_memory_floor, check_time_limit
 from ._search import Evaluator, boundary
+
+_kdp = lazy("dp")  # imports Numba on first use only
 
 __all__ = ["dp", "fluid_plan", "DEFAULT_SLOTS", "DEFAULT_QUEUE_SLOTS"]
 
@@ -202,9 +205,7 @@ def fluid_plan(
         allow[1 : chain.length] = 1
         for u in kept:
             allow[u] = 0
-    from .._kernels.dp import fluid_dp
-
-    offload, value, found = fluid_dp(
+    offload, value, found = _kdp.fluid_dp(
         chain.fwd,
         chain.bwd,
         chain.act,
