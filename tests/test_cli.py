@@ -163,3 +163,26 @@ def test_methods_and_help_do_not_import_numba():
         "sys.exit(1 if 'numba' in sys.modules else 0)"
     )
     assert subprocess.run([sys.executable, "-c", code], capture_output=True).returncode == 0
+
+
+def test_cold_cache_runs_interpreted_and_says_so(tmp_path):
+    # NOTE [ lazy kernels ]: on an empty Numba cache the CLI runs a short chain with the
+    # interpreted kernels (the background compile is turned off here) and says so on stderr.
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from chainoffload.examples import tiny
+
+    tiny().save(tmp_path / "tiny.json")
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache"), "CHAINOFFLOAD_BACKGROUND_COMPILE": "0"}
+    env.pop("CHAINOFFLOAD_COLD", None)
+    cmd = [sys.executable, "-m", "chainoffload", "solve", str(tmp_path / "tiny.json"), "--memory", "180", "--bandwidth", "25"]
+    out = subprocess.run(cmd + ["--json"], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    res = json.loads(out.stdout)
+    assert res["status"] in ("optimal", "feasible") and res["info"]["kernels"] == "interpreted"
+    assert out.stderr == ""  # --json: silent
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    assert "interprets them" in out.stderr

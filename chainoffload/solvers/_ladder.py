@@ -128,7 +128,7 @@ def climb(chain: Chain, platform: Platform, budget: float, *, target: float = ma
         if value >= target * (1 - 1e-12):
             break
         left = budget - (time.perf_counter() - t0)
-        if tried and rung.cost(chain, platform) > left:
+        if tried and rung.cost(chain, platform) > max(left, 0.0):
             continue
         try:
             got = rung.bound(chain, platform, max(left, 0.0))
