@@ -189,7 +189,11 @@ def prepare(method: str, length: int) -> Iterator[_Meter]:
         yield meter
         return
     if _cold_mode() == "interpret" and length <= INTERPRET_MAX_LENGTH:
-        _background_compile(names)
+        from ._progress import note_once
+
+        spawned = _background_compile(names)
+        later = "; compiling them in the background for the next runs" if spawned else ""
+        note_once(f"solver kernels not compiled yet: this run interprets them{later}")
         meter.kernels = "interpreted"
         INTERPRETED[0] = True
         try:
@@ -209,15 +213,18 @@ def _lock_path() -> str:
     return os.path.join(tempfile.gettempdir(), f"chainoffload-compile-{digest}.lock")
 
 
-def _background_compile(names: tuple[str, ...]) -> None:
-    """Compile ``names`` in a detached, low-priority process (once at a time per cache)."""
-    if _STATE["spawned"] or os.environ.get("CHAINOFFLOAD_BACKGROUND_COMPILE", "1") == "0":
-        return
+def _background_compile(names: tuple[str, ...]) -> bool:
+    """Compile ``names`` in a detached, low-priority process (once at a time per cache);
+    whether one is running for this cache now."""
+    if os.environ.get("CHAINOFFLOAD_BACKGROUND_COMPILE", "1") == "0":
+        return False
+    if _STATE["spawned"]:
+        return True
     _STATE["spawned"] = True
     lock = _lock_path()
     try:
         if time.time() - os.path.getmtime(lock) < 600:
-            return  # another process is compiling the same cache
+            return True  # another process is compiling the same cache
     except OSError:
         pass
     try:
@@ -231,10 +238,8 @@ def _background_compile(names: tuple[str, ...]) -> None:
             start_new_session=True,
         )
     except OSError:
-        return
-    from ._progress import note_once
-
-    note_once("solver kernels not compiled yet: this run interprets them; compiling them in the background for the next runs")
+        return False
+    return True
 
 
 def _main(argv: list[str]) -> int:
