@@ -213,21 +213,42 @@ def solve(chain: Chain, platform: Platform, method: str | None = None, **options
     method
         A registry name (see :func:`methods`); ``None`` means :data:`DEFAULT_METHOD`.
     **options
-        Passed to the method (e.g. ``time_limit``, ``slots``). Every pure-offloading method
-        takes ``keep``: units (stages 1..L) that must stay resident (see :func:`check_keep`).
+        Passed to the method (e.g. ``slots``). Every pure-offloading method takes ``keep``:
+        units (stages 1..L) that must stay resident (see :func:`check_keep`). Every method
+        takes ``time_limit`` (below).
+
+    time_limit
+        (An option every method takes.) Seconds of wall time the whole call may take: the
+        method, the lower bound and the judging of its schedule, within 10 % + 0.5 s. The
+        method gets the limit less an estimate of the judging; when it bites, it returns the
+        best schedule found so far (``feasible``, ``info["stopped"] == "time"``) or status
+        ``timeout`` when it has none. A one-off compile of the kernels the method needs
+        happens before the clock starts and is reported in ``info["compile_time"]``, not in
+        ``runtime`` (``NOTE [ lazy kernels ]`` in ``chainoffload/_compile.py``). ``None`` (the
+        default): the method's own default (``best``: 5 s + 0.5 ms per stage; the others have
+        none).
 
     Returns
     -------
     Result
         Its makespan, peak memory and offloaded bytes are the simulator's. A method whose
         schedule the simulator rejects, or that offloads a unit of ``keep``, gets status
-        ``error`` (never ``feasible``).
+        ``error`` (never ``feasible``). A pure-offloading result with a schedule carries the
+        strongest lower bound the budget affords, from a ladder climbed cheapest first:
+        ``trivial`` (sum of op times), ``volume`` (closed form, O(L):
+        :func:`chainoffload.bounds.volume_lower_bound`), ``fluid-lp`` (the fluid LP, when its
+        estimated time fits what is left of ``time_limit``, or of ``max(1 s, the method's
+        runtime)`` without one, or when a method already solved it), then any rung added with
+        ``chainoffload.solvers._ladder.add_rung``; or the method's own bound when larger.
+        ``info["bound"]`` names the one kept (``NOTE [ bound ladder ]`` in
+        ``chainoffload/solvers/_ladder.py``). The climb stops once the bound meets the
+        makespan, so ``keep-all`` never pays for more than the trivial bound.
 
     Raises
     ------
     ValueError
-        Unknown method, an option the method does not take, a bad ``keep``, or memory below
-        :meth:`Chain.stage_memory_floor`.
+        Unknown method, an option the method does not take, a bad ``keep`` or
+        ``time_limit``, or memory below :meth:`Chain.stage_memory_floor`.
     """
     if not isinstance(chain, Chain):
         raise TypeError(f"solve: chain must be a Chain, got {type(chain).__name__}")
