@@ -191,10 +191,12 @@ def check_time_limit(time_limit: Any) -> float | None:
     """
     if time_limit is None:
         return None
-    if isinstance(time_limit, bool) or not isinstance(time_limit, (int, float, np.integer, np.floating)):
-        raise ValueError(f"time_limit: expected seconds > 0, got {time_limit!r}")
-    if not (time_limit > 0 and math.isfinite(time_limit)):
-        raise ValueError(f"time_limit: expected seconds > 0, got {time_limit!r}")
+    if (
+        isinstance(time_limit, bool)
+        or not isinstance(time_limit, (int, float, np.integer, np.floating))
+        or not (time_limit > 0 and math.isfinite(time_limit))
+    ):
+        raise ValueError(f"time_limit: {time_limit!r} must be a number of seconds > 0")
     return float(time_limit)
 
 

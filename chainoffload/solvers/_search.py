@@ -42,7 +42,7 @@ import numpy as np
 from ..chain import Chain
 from ..planner import check_units, plan_arrays, schedule_from_arrays
 from ..platform import Platform
-from ..schedule import OP_CODE, fixed_order, resolve
+from ..schedule import OP_CODE, resolve
 from ..simulate import replay
 
 __all__ = ["Candidate", "Evaluator", "boundary", "well_formed", "fixed_arrays"]

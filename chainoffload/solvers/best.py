@@ -294,7 +294,7 @@ def best(
     if time_limit is None:
         time_limit = default_time_limit(chain.length)
     if isinstance(time_limit, bool) or not (isinstance(time_limit, (int, float)) and time_limit > 0 and math.isfinite(time_limit)):
-        raise ValueError(f"time_limit: expected seconds > 0, got {time_limit!r}")
+        raise ValueError(f"time_limit: {time_limit!r} must be a number of seconds > 0")
     if isinstance(max_evals, bool) or not isinstance(max_evals, int) or max_evals < 1:
         raise ValueError(f"max_evals: expected an integer >= 1, got {max_evals!r}")
     from . import check_keep

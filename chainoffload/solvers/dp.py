@@ -86,7 +86,7 @@ from ..chain import Chain
 from ..platform import Platform
 from ..result import Result, Status
 from ..schedule import Schedule
-from ..simulate import keep_all_peak, simulate
+from ..simulate import keep_all_peak
 from . import check_keep, check_memory_floor, check_time_limit
 from ._search import Evaluator, boundary
 
