@@ -10,8 +10,8 @@ loads them (measured: 0.7-0.9 s of CPU, Numba's import included) instead of comp
   :func:`chainoffload._kernels.lazy`, imported on first use, and ``chainoffload methods`` or
   ``--help`` never pay Numba's import;
 * :func:`prepare`, called by :func:`chainoffload.solve` before its clock starts, makes the
-  kernels the method needs (and only those) ready: loaded from the cache when it is warm;
-  else compiled right away on a tiny chain, with one line on stderr ("compiling solver
+  kernels the method needs (and only those) ready by calling them on a tiny chain: loaded
+  from the cache when it is warm, else compiled right away, with one line on stderr ("compiling solver
   kernels, once: ~N s"), the seconds reported in ``Result.info["compile_time"]`` and not in
   ``runtime`` or against ``time_limit``;
 * with ``cold="interpret"`` (the CLI's default for chains of at most ``INTERPRET_MAX_LENGTH``
@@ -131,6 +131,14 @@ def compiling() -> Iterator[_Meter]:
         meter.seconds = _STATE["total"] - before
 
 
+def _loaded(name: str) -> bool:
+    """Whether the kernels of module ``name`` are compiled or loaded in this process already."""
+    from ._kernels import module
+
+    mod = module(name)
+    return all(getattr(mod, attr).signatures for attr in _DISPATCHERS[name])
+
+
 def _warm(name: str) -> bool:
     """Whether the kernels of module ``name`` are compiled in this process or cached on disk."""
     from ._kernels import module
@@ -185,10 +193,10 @@ def prepare(method: str, length: int) -> Iterator[_Meter]:
         meter.kernels = "interpreted"
         yield meter
         return
-    if all(_warm(n) for n in names):
+    if all(_loaded(n) for n in names):
         yield meter
         return
-    if _cold_mode() == "interpret" and length <= INTERPRET_MAX_LENGTH:
+    if _cold_mode() == "interpret" and length <= INTERPRET_MAX_LENGTH and not all(_warm(n) for n in names):
         from ._progress import note_once
 
         spawned = _background_compile(names)
