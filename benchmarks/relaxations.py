@@ -39,9 +39,9 @@ RATES = (0.5, 2.0)
 LATENCY = 10e-6
 
 
-def instances(count: int, max_length: int):
+def instances(count: int, max_length: int, seeds: range | None = None):
     """(label, chain, platform) for every chain x memory level x bandwidth."""
-    for seed in range(count):
+    for seed in seeds if seeds is not None else range(count):
         length = int(np.random.default_rng(seed).integers(5, max_length + 1))
         chain = random_chain(seed, length)
         floor, peak = offload_memory_floor(chain), co.keep_all_peak(chain)
@@ -53,10 +53,10 @@ def instances(count: int, max_length: int):
                 yield (seed, level, rate), chain, co.Platform(memory=memory, bandwidth_d2h=bw, bandwidth_h2d=bw, latency=LATENCY)
 
 
-def quality(count: int, max_length: int) -> dict:
+def quality(count: int, max_length: int, seeds: range | None = None) -> dict:
     methods = BASELINES + HEURISTICS
     records = []
-    for label, chain, platform in instances(count, max_length):
+    for label, chain, platform in instances(count, max_length, seeds):
         lp_bound = lower_bound(chain, platform)
         bound = max(lp_bound, volume_lower_bound(chain, platform))
         rec = {"label": label, "L": chain.length, "bound": bound, "lp_bound": lp_bound, "trivial": chain.compute_time}
@@ -189,6 +189,8 @@ def main(argv=None) -> int:
     parser.add_argument("--chains", type=int, default=None, help="number of random chains (default 200, quick 20)")
     parser.add_argument("--out", type=Path, default=None, help="Markdown report path")
     parser.add_argument("--runtime-only", action="store_true", help="only the runtime tables (results/relaxations-runtime.md)")
+    parser.add_argument("--shard", type=int, nargs=2, metavar=("I", "N"), help="only chains i with i %% N == I; write their records (JSON) to --out")
+    parser.add_argument("--merge", type=Path, nargs="+", help="records of every shard: write the report from them (no runtime tables)")
     args = parser.parse_args(argv)
     count = args.chains or (20 if args.quick else 200)
     max_length = 30 if args.quick else 60
@@ -202,7 +204,19 @@ def main(argv=None) -> int:
             "",
         ] + runtime_tables(args.quick)
         return _write(lines, t0, args.out or RESULTS / "relaxations-runtime.md")
-    data = quality(count, max_length)
+    if args.shard:
+        i, n = args.shard
+        data = quality(count, max_length, range(i, count, n))
+        for rec in data["records"]:
+            rec["label"] = list(rec["label"])
+        (args.out or Path(f"relaxations-shard{i}.json")).write_text(json.dumps(data))
+        return 0
+    if args.merge:
+        parts = [json.loads(p.read_text()) for p in args.merge]
+        data = {"methods": parts[0]["methods"], "records": sorted((r for p in parts for r in p["records"]), key=lambda r: r["label"])}
+        count = len({r["label"][0] for r in data["records"]})
+    else:
+        data = quality(count, max_length)
     lines = [
         "# Relaxation heuristics, lower bound and baselines",
         "",
@@ -213,7 +227,10 @@ def main(argv=None) -> int:
         "",
     ]
     lines += quality_tables(data)
-    lines += [""] + runtime_tables(args.quick)
+    if args.merge:
+        lines += ["", f"Run in {len(args.merge)} shards (`--shard I N`, then `--merge`); runtimes: `--runtime-only`."]
+    else:
+        lines += [""] + runtime_tables(args.quick)
     return _write(lines, t0, args.out or RESULTS / ("relaxations-quick.md" if args.quick else "relaxations.md"))
 
 

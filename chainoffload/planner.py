@@ -26,7 +26,8 @@ timing rules as it goes:
 * Memory checks use the same accounting as the simulator, so the plan is feasible whenever
   every check passes; the caller still simulates it (the simulator is the only judge).
 
-The sweeps are O(L + |U| L) in the worst case and deterministic: the same inputs give the
+The sweeps take O(L + |U| sqrt(L)) (``NOTE [ slack in blocks ]`` in the kernel) and are
+deterministic: the same inputs give the
 same schedule.
 """
 
