@@ -27,8 +27,7 @@ timing rules as it goes:
   every check passes; the caller still simulates it (the simulator is the only judge).
 
 The sweeps take O(L + |U| sqrt(L)) (``NOTE [ slack in blocks ]`` in the kernel) and are
-deterministic: the same inputs give the
-same schedule.
+deterministic: the same inputs give the same schedule.
 """
 
 from __future__ import annotations
