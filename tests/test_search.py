@@ -106,10 +106,12 @@ def test_interpreted_kernels_give_the_same_answers(method):
     from chainoffload._kernels import INTERPRETED
 
     chain, platform = _instance(4, 9)
-    jitted = solve(chain, platform, method)
+    # No time limit to bite (an interpreted run is slower; the answers must not depend on speed).
+    options = {"time_limit": 3600.0} if method == "best" else {}
+    jitted = solve(chain, platform, method, **options)
     INTERPRETED[0] = True
     try:
-        interpreted = solve(chain, platform, method)
+        interpreted = solve(chain, platform, method, **options)
     finally:
         INTERPRETED[0] = False
     assert interpreted.schedule == jitted.schedule and interpreted.makespan == jitted.makespan
