@@ -220,7 +220,8 @@ def main(argv=None) -> int:
     lines = [
         "# Relaxation heuristics, lower bound and baselines",
         "",
-        f"`python benchmarks/relaxations.py{' --quick' if args.quick else ''}`, {time.strftime('%Y-%m-%d')}, "
+        f"`python benchmarks/relaxations.py{' --quick' if args.quick else ''}"
+        f"{f' --chains {args.chains}' if args.chains else ''}{' --shard I N, then --merge' if args.merge else ''}`, {time.strftime('%Y-%m-%d')}, "
         f"{os.cpu_count()} CPU cores (shared). {count} random chains, L in 5..{max_length}, memory at "
         f"{', '.join(f'{int(100 * x)} %' for x in LEVELS)} from the offload floor to keep-all, bandwidth "
         f"{' and '.join(f'{x}x' for x in RATES)} the balance rate; see the script's docstring.",
