@@ -114,15 +114,17 @@ def main(argv=None) -> int:
         d = data[m][big]
         met = ""
         if big >= 100_000 and m in ("dp", "best", "lp"):
-            ok = d["wall"] < TARGET_SECONDS and d["rss_mb"] < TARGET_MB
-            met = "met" if ok else "missed"
+            feasible = d["status"] in ("feasible", "optimal")
+            cpu_ok = feasible and d["cpu"] < TARGET_SECONDS and d["rss_mb"] < TARGET_MB
+            wall_ok = feasible and d["wall"] < TARGET_SECONDS and d["rss_mb"] < TARGET_MB
+            met = f"{'met' if cpu_ok else 'missed'} in CPU, {'met' if wall_ok else 'missed'} in wall"
         lines.append(
             f"| {m} | {slope(ls, [data[m][n]['wall'] for n in ls]):.2f} | {slope(ls, [data[m][n]['cpu'] for n in ls]):.2f} | "
             f"{big:,} | {d['wall']:.2f} | {d['cpu']:.2f} | {d['rss_mb']:.0f} | {d['status']} | {met} |"
         )
     lines += [
         "",
-        "`best` stops at its default time limit (5 s, the whole `solve()`), so its time flattens by design; "
+        "`best` stops at its default time limit (5 s + 0.5 ms per stage, the whole `solve()`, in wall time), so its time flattens by design; "
         "its quality at large L is whatever its starting points and the search reach within it.",
         "",
         "## Every point",

@@ -56,11 +56,13 @@ START_SHARE = 0.7
 # first of ``_PREFERENCE``.
 _STARTS = (
     ("keep-all", 0.25),
+    # One plan, and the set most likely to fit: a schedule in hand early when time is short
+    # (at L = 100,000 on a loaded machine the other starts may not finish in time).
+    ("offload-all", 0.25),
     ("dp", 1.0),
     ("lp", 1.0),
     ("first-k", 0.5),
     ("largest-first", 0.5),
-    ("offload-all", 0.25),
 )
 _PREFERENCE = ("lp", "dp", "keep-all", "offload-all", "first-k", "largest-first")
 _TARGETS = {
