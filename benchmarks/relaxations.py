@@ -90,7 +90,7 @@ def quality_tables(data: dict) -> list[str]:
         mean, mx = _stats(ratios)
         rt = 1e3 * float(np.mean([r[m + "_t"] for r in recs]))
         lines.append(f"| {m} | {len(ratios)} | {mean:.4f} | {mx:.4f} | {_stats(lp_ratios)[0]:.4f} | {rt:.1f} |")
-    lb_gain = [r["bound"] / r["trivial"] for r in recs]
+    lb_gain = [r.get("lp_bound", r["bound"]) / r["trivial"] for r in recs]
     lines += [
         "",
         f"The volume bound is above the LP bound on {sum(r['bound'] > r['lp_bound'] * (1 + 1e-9) for r in recs)} of {n} instances. "
