@@ -22,13 +22,15 @@ loads them (measured: 0.7-0.9 s of CPU, Numba's import included) instead of comp
   caches them for the next run. ``Result.info["kernels"]`` says which way a call ran.
 
 ``numba:compile`` events fire only for real compiles (not for cache loads), which is how
-:func:`compiling` measures the compile seconds of a call.
+:func:`compiling` measures the compile seconds of a call; the stderr line is printed only for
+this package's kernels, not for a registered method's own Numba functions.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib
 import os
 import subprocess
 import sys
@@ -64,6 +66,10 @@ _NEEDS = {
     "best": _PLANNED + ("dp",),
 }
 
+# Warm-ups that live in solver modules, reached by name like the solver registry's targets:
+# those modules import chainoffload.solvers, whose solve() imports this module.
+_WARM_UP_TARGETS = {"dp": "chainoffload.solvers.dp:fluid_plan"}
+
 _STATE = {"installed": False, "depth": 0, "start": 0.0, "total": 0.0, "cold": None, "spawned": False}
 _LOCK = threading.Lock()
 
@@ -98,9 +104,10 @@ def _install() -> None:
             with _LOCK:
                 if _STATE["depth"] == 0:
                     _STATE["start"] = time.perf_counter()
-                    from ._progress import note_once
+                    if _ours(ev):  # not a user's own Numba function (a registered method's)
+                        from ._progress import note_once
 
-                    note_once(f"compiling solver kernels, once: ~{COLD_ESTIMATE} s of CPU (cached for later runs)")
+                        note_once(f"compiling solver kernels, once: ~{COLD_ESTIMATE} s of CPU (cached for later runs)")
                 _STATE["depth"] += 1
 
         def on_end(self, ev: object) -> None:
@@ -111,6 +118,15 @@ def _install() -> None:
 
     event.register("numba:compile", _Listener())
     _STATE["installed"] = True
+
+
+def _ours(ev: object) -> bool:
+    """Whether a ``numba:compile`` event compiles one of this package's kernels."""
+    try:
+        func = ev.data["dispatcher"].py_func
+    except Exception:  # Numba's event data changed: say nothing rather than something wrong
+        return False
+    return getattr(func, "__module__", "").startswith("chainoffload._kernels.")
 
 
 @contextlib.contextmanager
@@ -168,13 +184,13 @@ def _warm_up(names: tuple[str, ...]) -> None:
     if "structure" in names or "simulate" in names:
         simulate(chain, platform, Schedule.keep_all(3))
     if "planner" in names:
-        from .solvers._search import Evaluator
+        from .planner import plan_transfers
 
-        Evaluator(chain, platform).units([1])
-    if "dp" in names:
-        from .solvers.dp import fluid_plan
-
-        fluid_plan(chain, platform)
+        plan_transfers(chain, platform, [1])
+    for name in names:
+        if name in _WARM_UP_TARGETS:
+            module, _, func = _WARM_UP_TARGETS[name].partition(":")
+            getattr(importlib.import_module(module), func)(chain, platform)
 
 
 @contextlib.contextmanager

@@ -39,12 +39,15 @@ import numpy as np
 from ._kernels import lazy
 from .chain import Chain
 from .platform import Platform
-from .schedule import Schedule, Transfer, fixed_order
-from .simulate import Timeline, simulate
+from .schedule import OP_CODE, Schedule, Transfer, fixed_order, resolve
+from .simulate import Timeline, replay, simulate
 
 _kplan = lazy("planner")  # imports Numba on first use only
 
 __all__ = ["plan_transfers", "plan_and_simulate", "eager_plan", "plan_arrays", "schedule_from_arrays"]
+
+# Also for ``chainoffload.solvers._search`` (private): ``fixed_arrays``, ``Candidate``,
+# ``saved_table``, ``score``, ``plan_units``: a unit set planned and scored on arrays.
 
 
 def eager_plan(chain: Chain, units: Iterable[int]) -> Schedule:
@@ -99,12 +102,12 @@ def plan_transfers(chain: Chain, platform: Platform, units: Iterable[int]) -> Sc
 def plan_and_simulate(chain: Chain, platform: Platform, units: Iterable[int]) -> tuple[Schedule, Timeline]:
     """:func:`plan_transfers` together with the simulator's timeline of the plan it returns.
 
-    The candidate plans are scored on arrays (``chainoffload.solvers._search``); only the one
-    chosen becomes a :class:`Schedule` and goes through :func:`simulate`.
+    The candidate plans are scored on arrays (:func:`plan_units`, as
+    ``chainoffload.solvers._search`` does); only the one chosen becomes a :class:`Schedule` and
+    goes through :func:`simulate`.
     """
-    from .solvers._search import Evaluator
-
-    candidate = Evaluator(chain, platform).units(units)
+    chosen = check_units(chain, platform, units)
+    candidate = plan_units(chain, platform, chosen, fixed_arrays(chain.length), saved_table(chain))
     schedule = candidate.schedule()
     return schedule, simulate(chain, platform, schedule)
 
@@ -202,3 +205,106 @@ def schedule_from_arrays(length: int, transfers: tuple[np.ndarray, ...]) -> Sche
 
 _KIND = ("offload", "prefetch")
 _AT = ("start", "end")
+
+
+_FIXED: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+
+def fixed_arrays(length: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(op_kind, op_stage)`` of the fixed order (read-only, cached per length)."""
+    hit = _FIXED.get(length)
+    if hit is None:
+        op_kind = np.concatenate([np.full(length, OP_CODE["F"]), np.full(length, OP_CODE["B"])]).astype(np.int64)
+        op_stage = np.concatenate([np.arange(1, length + 1), np.arange(length, 0, -1)]).astype(np.int64)
+        for arr in (op_kind, op_stage):
+            arr.setflags(write=False)
+        if len(_FIXED) > 8:
+            _FIXED.clear()
+        hit = _FIXED[length] = (op_kind, op_stage)
+    return hit
+
+
+class Candidate:
+    """A scored transfer list on the fixed order (``NOTE [ search without objects ]`` in ``chainoffload/solvers/_search.py``).
+
+    Attributes
+    ----------
+    units
+        The offloaded stages, sorted.
+    transfers
+        ``(kind, unit, op, at, before)`` int64 arrays.
+    feasible, makespan, peak, rule
+        The simulator kernel's verdict (rule 0 feasible, 1 memory, 2 read).
+    offloaded
+        Bytes the offloads move.
+    """
+
+    __slots__ = ("length", "units", "transfers", "feasible", "makespan", "peak", "rule", "offloaded", "source")
+
+    def __init__(self, length, units, transfers, makespan, peak, rule, offloaded, source=""):
+        self.length = length
+        self.units = units
+        self.transfers = transfers
+        self.rule = int(rule)
+        self.feasible = self.rule == 0
+        self.makespan = float(makespan)
+        self.peak = int(peak)
+        self.offloaded = int(offloaded)
+        self.source = source
+
+    def schedule(self):
+        """The candidate as a :class:`~chainoffload.Schedule` (built once, for the winner)."""
+        return schedule_from_arrays(self.length, self.transfers)
+
+    @property
+    def rank(self) -> tuple[float, int]:
+        """Order among feasible candidates: least makespan, then fewest bytes moved."""
+        return (self.makespan, self.offloaded)
+
+
+def saved_table(chain: Chain) -> np.ndarray:
+    """``saved`` with a 0 in front, indexed by stage: the bytes an offload of unit u moves."""
+    return np.concatenate([[0], chain.saved.astype(np.int64)])
+
+
+def score(
+    chain: Chain,
+    platform: Platform,
+    units: tuple[int, ...],
+    transfers: tuple[np.ndarray, ...],
+    ops: tuple[np.ndarray, np.ndarray],
+    saved: np.ndarray,
+) -> Candidate:
+    """Resolve and replay one well-formed transfer list on the fixed order (``ops``: :func:`fixed_arrays`)."""
+    op_kind, op_stage = ops
+    kind, unit, op, at, before = transfers
+    for arr in transfers:
+        # Read-only like Schedule.arrays(): the kernels then reuse simulate()'s compiled code.
+        arr.setflags(write=False)
+    structure = resolve(chain.length, op_kind, op_stage, kind, unit, op, at, before)
+    out = replay(chain, platform, structure)
+    op_end, peak, rule = out[1], out[7], out[9]
+    moved = int(saved[np.asarray(units, dtype=np.int64)].sum()) if units else 0
+    return Candidate(chain.length, units, transfers, op_end[-1] if op_end.shape[0] else 0.0, peak, rule, moved)
+
+
+def plan_units(
+    chain: Chain, platform: Platform, chosen: np.ndarray, ops: tuple[np.ndarray, np.ndarray], saved: np.ndarray
+) -> Candidate:
+    """The best of the planner's plans (:func:`plan_arrays`) for the sorted units ``chosen``, scored.
+
+    Feasible first, then the shorter makespan, then the lower peak (a hint for repairs); ties
+    go to the earlier plan.
+    """
+    key = tuple(chosen.tolist())
+    if not key:
+        empty = np.zeros(0, dtype=np.int64)
+        return score(chain, platform, key, (empty, empty, empty, empty, empty), ops, saved)
+    best = None
+    best_key = None
+    for transfers in plan_arrays(chain, platform, chosen):
+        cand = score(chain, platform, key, transfers, ops, saved)
+        rank = (0, cand.makespan, cand.peak) if cand.feasible else (1, 0.0, cand.peak)
+        if best_key is None or rank < best_key:
+            best, best_key = cand, rank
+    return best

@@ -112,7 +112,10 @@ def test_unknown_option_names_the_accepted_ones(chain3):
 
 
 def test_every_method_takes_a_time_limit_and_a_bad_one_is_named(chain3):
-    for name in methods():
+    from chainoffload.solvers import spec
+
+    # The package's own methods (other tests register throwaway ones that fail on purpose).
+    for name in [m for m in methods() if isinstance(spec(m).target, str)]:
         if name != "cpsat":
             assert solve(chain3, plat(1000), name, time_limit=5).status in (Status.OPTIMAL, Status.FEASIBLE)
     for bad in (0, -1.0, float("inf"), "3", True):

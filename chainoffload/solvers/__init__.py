@@ -17,9 +17,10 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..chain import Chain
+from ..chain import Chain, ChainError
 from ..platform import Platform, PlatformError
 from ..result import Result, Status
+from ..schedule import ScheduleError
 from ..simulate import simulate
 
 __all__ = [
@@ -28,11 +29,21 @@ __all__ = [
     "register",
     "SolverSpec",
     "DEFAULT_METHOD",
+    "OptionError",
     "check_memory_floor",
     "check_keep",
     "minimum_memory",
     "check_time_limit",
 ]
+
+
+class OptionError(ValueError):
+    """An unknown method, or a method's option that is unknown or out of range: misuse, which
+    :func:`solve` raises.
+
+    Methods raise it for a bad option value (``slots=0``) so that :func:`solve` can tell misuse
+    from a method that fails, which it reports as a result with status ``error`` instead.
+    """
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,12 +61,16 @@ class SolverSpec:
         One line for ``chainoffload methods``.
     remat
         Whether the method may recompute (its schedules may hold Fck / Fn ops).
+    remat_option
+        For a method that recomputes only when asked: the name of the boolean option that
+        allows it (``best``'s ``remat``).
     """
 
     name: str
     target: str | Callable[..., Result]
     summary: str
     remat: bool = False
+    remat_option: str | None = None
 
     def load(self) -> Callable[..., Result]:
         """The solver function."""
@@ -81,7 +96,7 @@ _REGISTRY: dict[str, SolverSpec] = {
         SolverSpec("largest-first", f"{_B}:largest_first", "torchtitan-style: offload the largest units until it fits"),
         SolverSpec("lp", "chainoffload.solvers.lp:lp", "fluid LP relaxation (proven lower bound), rounded into whole units and planned"),
         SolverSpec("dp", "chainoffload.solvers.dp:dp", "fluid DP over stages with memory in slots, planned and repaired by bisection"),
-        SolverSpec("best", "chainoffload.solvers.best:best", "local search from lp, dp and every baseline over units and triggers; never worse than a baseline"),
+        SolverSpec("best", "chainoffload.solvers.best:best", "local search from lp, dp and every baseline over units and triggers; never worse than a baseline", remat_option="remat"),
         SolverSpec("cpsat", "chainoffload.solvers.cpsat:cpsat", "exact CP-SAT model of the rules (small chains); proven optimum or bound"),
         SolverSpec("rotor", "chainoffload.solvers.rotor:rotor", "rotor DP: optimal persistent checkpointing, no offload", remat=True),
         SolverSpec("sqrt-checkpoint", "chainoffload.solvers.remat_baselines:sqrt_checkpoint", "Chen et al.: keep the input of every sqrt(L)-stage segment, recompute the rest", remat=True),
@@ -129,7 +144,7 @@ def spec(name: str) -> SolverSpec:
     try:
         return _REGISTRY[name]
     except KeyError:
-        raise ValueError(f"method: unknown method {name!r}; known: {', '.join(_REGISTRY)}") from None
+        raise OptionError(f"method: unknown method {name!r}; known: {', '.join(_REGISTRY)}") from None
 
 
 def check_memory_floor(chain: Chain, platform: Platform) -> None:
@@ -170,13 +185,13 @@ def check_keep(chain: Chain, keep: Any) -> frozenset[int]:
         (the message names it).
     """
     if isinstance(keep, (str, bytes)) or not hasattr(keep, "__iter__"):
-        raise ValueError(f"keep: expected a list of stages (integers in 1..{chain.length}), got {keep!r}")
+        raise OptionError(f"keep: expected a list of stages (integers in 1..{chain.length}), got {keep!r}")
     units = []
     for u in keep:
         if isinstance(u, bool) or not isinstance(u, (int, np.integer)):
-            raise ValueError(f"keep: unit {u!r} is not an integer stage in 1..{chain.length}")
+            raise OptionError(f"keep: unit {u!r} is not an integer stage in 1..{chain.length}")
         if not 1 <= int(u) <= chain.length:
-            raise ValueError(f"keep: unit {int(u)} is not a stage in 1..{chain.length} of chain {chain.name!r}")
+            raise OptionError(f"keep: unit {int(u)} is not a stage in 1..{chain.length} of chain {chain.name!r}")
         units.append(int(u))
     return frozenset(units)
 
@@ -186,7 +201,7 @@ def check_time_limit(time_limit: Any) -> float | None:
 
     Raises
     ------
-    ValueError
+    OptionError
         Naming the value.
     """
     if time_limit is None:
@@ -196,7 +211,7 @@ def check_time_limit(time_limit: Any) -> float | None:
         or not isinstance(time_limit, (int, float, np.integer, np.floating))
         or not (time_limit > 0 and math.isfinite(time_limit))
     ):
-        raise ValueError(f"time_limit: {time_limit!r} must be a number of seconds > 0")
+        raise OptionError(f"time_limit: {time_limit!r} must be a number of seconds > 0")
     return float(time_limit)
 
 
@@ -233,24 +248,28 @@ def solve(chain: Chain, platform: Platform, method: str | None = None, **options
     Returns
     -------
     Result
-        Its makespan, peak memory and offloaded bytes are the simulator's. A method whose
-        schedule the simulator rejects, or that offloads a unit of ``keep``, gets status
-        ``error`` (never ``feasible``). A pure-offloading result with a schedule carries the
-        strongest lower bound the budget affords, from a ladder climbed cheapest first:
-        ``trivial`` (sum of op times), ``volume`` (closed form, O(L):
+        Its makespan, peak memory and offloaded bytes are the simulator's. A method that
+        raises, returns something other than a :class:`Result`, returns a schedule that is
+        malformed or that the simulator rejects, offloads a unit of ``keep``, or (registered
+        without ``remat=True``) returns a schedule that recomputes, gets status ``error`` with
+        the reason in ``message`` (never ``feasible``). A pure-offloading result with a
+        schedule carries the strongest lower bound the budget affords, from a ladder climbed
+        cheapest first: ``trivial`` (sum of op times), ``volume`` (closed form, O(L):
         :func:`chainoffload.bounds.volume_lower_bound`), ``fluid-lp`` (the fluid LP, when its
         estimated time fits what is left of ``time_limit``, or of ``max(1 s, the method's
         runtime)`` without one, or when a method already solved it), then any rung added with
         ``chainoffload.solvers._ladder.add_rung``; or the method's own bound when larger.
         ``info["bound"]`` names the one kept (``NOTE [ bound ladder ]`` in
-        ``chainoffload/solvers/_ladder.py``). The climb stops once the bound meets the
+        ``chainoffload/solvers/_ladder.py``); a rung whose solver fails is skipped, with the
+        reason in ``info["lower_bound_note"]``. The climb stops once the bound meets the
         makespan, so ``keep-all`` never pays for more than the trivial bound.
 
     Raises
     ------
     ValueError
-        Unknown method, an option the method does not take, a bad ``keep`` or
-        ``time_limit``, or memory below :meth:`Chain.stage_memory_floor`.
+        Misuse: an unknown method, an unknown or bad option (:class:`OptionError`; a bad
+        ``keep`` or ``time_limit`` too), or memory below :meth:`Chain.stage_memory_floor`
+        (:class:`~chainoffload.PlatformError`).
     """
     if not isinstance(chain, Chain):
         raise TypeError(f"solve: chain must be a Chain, got {type(chain).__name__}")
@@ -273,15 +292,24 @@ def solve(chain: Chain, platform: Platform, method: str | None = None, **options
             # The method gets the limit less what judging its schedule is expected to take.
             options["time_limit"] = max(deadline - time.perf_counter() - _judge_cost(chain), 1e-3)
         with compiling() as jit:
-            result = func(chain, platform, **options)
+            try:
+                result = func(chain, platform, **options)
+            except (OptionError, ChainError, PlatformError, ImportError):
+                raise  # misuse, or a missing optional dependency: the caller's to fix
+            except Exception as exc:  # the method failed: an outcome, reported as a status
+                message = " ".join(f"{type(exc).__name__}: {exc}".split())
+                if len(message) > 300:
+                    message = message[:297] + "..."
+                result = Result(entry.name, Status.ERROR, message=f"{entry.name}: the method raised {message}")
             elapsed = time.perf_counter() - t0
         if not isinstance(result, Result):
-            raise TypeError(f"method {entry.name!r} returned {type(result).__name__}, not a Result")
-        return _finish(chain, platform, entry, result, elapsed, ready, jit.seconds, keep, time_limit, deadline)
+            result = Result(entry.name, Status.ERROR, message=f"{entry.name}: the method returned {type(result).__name__}, not a Result")
+        may_recompute = entry.remat or (entry.remat_option is not None and bool(options.get(entry.remat_option)))
+        return _finish(chain, platform, entry, result, elapsed, ready, jit.seconds, keep, may_recompute, time_limit, deadline)
 
 
-def _finish(chain, platform, entry, result, elapsed, ready, compiled, keep, time_limit, deadline) -> Result:
-    """The rest of :func:`solve`: runtime, the bound ladder, ``keep`` and the judging."""
+def _finish(chain, platform, entry, result, elapsed, ready, compiled, keep, may_recompute, time_limit, deadline) -> Result:
+    """The rest of :func:`solve`: runtime, the recompute check, the bound ladder, ``keep`` and the judging."""
     info = dict(result.info)
     if ready.seconds + compiled > 0:
         info["compile_time"] = ready.seconds + compiled
@@ -289,6 +317,15 @@ def _finish(chain, platform, entry, result, elapsed, ready, compiled, keep, time
     # The method's time, without any compile it triggered itself (``ready``'s was before it).
     runtime = max((result.runtime or elapsed) - compiled, 0.0)
     result = result.replace(method=entry.name, runtime=runtime, info=info)
+    if result.status == Status.ERROR:
+        return result.replace(makespan=math.inf)
+    if not may_recompute and result.schedule is not None and result.schedule.has_remat:
+        return result.replace(
+            status=Status.ERROR,
+            makespan=math.inf,
+            message=f"{entry.name}: its schedule recomputes (Fck/Fn ops or a repeated forward) but the method "
+            "is registered without remat=True",
+        )
     pure = not entry.remat and (result.schedule is None or not result.schedule.has_remat)
     if pure and result.status.has_schedule:
         # Every pure-offloading result carries a bound of the problem, as strong as the budget
@@ -301,11 +338,15 @@ def _finish(chain, platform, entry, result, elapsed, ready, compiled, keep, time
             budget = max(DEFAULT_BOUND_BUDGET, runtime)
         own = result.lower_bound if math.isfinite(result.lower_bound) else -math.inf
         value, rung = own, f"{entry.name}'s own"
+        notes: list[str] = []
         if own < result.makespan * (1 - 1e-12):
-            got, name, _ = climb(chain, platform, budget, target=result.makespan)
+            got, name, _ = climb(chain, platform, budget, target=result.makespan, notes=notes)
             if got > value:
                 value, rung = got, name
         info["bound"] = rung
+        if notes:
+            kept = "sum(fwd) + sum(bwd)" if rung == "trivial" else f"the {rung} bound"
+            info["lower_bound_note"] = "; ".join(notes) + f"; the bound is {kept}"
         result = result.replace(lower_bound=value, info=info)
     moved = sorted(keep & set(result.schedule.offloaded_units)) if result.schedule is not None else []
     if moved and result.status.has_schedule:
@@ -334,15 +375,16 @@ def _check_options(name: str, func: Callable[..., Result], options: dict[str, An
     unknown = sorted(set(options) - set(accepted))
     if unknown:
         takes = ", ".join(accepted) if accepted else "no options"
-        raise ValueError(f"options: method {name!r} does not take {', '.join(unknown)}; it takes: {takes}")
+        raise OptionError(f"options: method {name!r} does not take {', '.join(unknown)}; it takes: {takes}")
     return accepted
 
 
 def judge(chain: Chain, platform: Platform, result: Result) -> Result:
     """Replay ``result.schedule`` in the simulator and take every figure from it.
 
-    A schedule the simulator rejects, or whose claimed makespan differs from the simulated
-    one, turns a feasible/optimal status into ``error``.
+    A schedule that is malformed, that the simulator rejects, whose simulated makespan is not
+    finite, or whose claimed makespan differs from the simulated one, turns a feasible/optimal
+    status into ``error``.
     """
     trivial = chain.compute_time
     lb = result.lower_bound
@@ -351,7 +393,14 @@ def judge(chain: Chain, platform: Platform, result: Result) -> Result:
         if result.status.has_schedule:
             return result.replace(status=Status.ERROR, message=f"{result.method}: reported {result.status} without a schedule")
         return result.replace(lower_bound=lb if result.status != Status.INFEASIBLE else result.lower_bound)
-    timeline = simulate(chain, platform, result.schedule)
+    try:
+        timeline = simulate(chain, platform, result.schedule)
+    except (ScheduleError, PlatformError) as exc:
+        return result.replace(
+            status=Status.ERROR,
+            makespan=math.inf,
+            message=f"{result.method}: its schedule is malformed: {' '.join(str(exc).split())}",
+        )
     changes: dict[str, Any] = {
         "timeline": timeline,
         "peak_memory": timeline.peak_memory,
@@ -364,6 +413,13 @@ def judge(chain: Chain, platform: Platform, result: Result) -> Result:
                 status=Status.ERROR,
                 makespan=math.inf,
                 message=f"{result.method}: the simulator rejects its schedule: {timeline.violation.message}",
+            )
+        elif not math.isfinite(timeline.makespan):
+            changes.update(
+                status=Status.ERROR,
+                makespan=math.inf,
+                message=f"{result.method}: the simulated makespan is not finite ({timeline.makespan!r}): "
+                "the times or transfer times overflow float64",
             )
         elif math.isfinite(claimed) and not math.isclose(claimed, timeline.makespan, rel_tol=1e-9, abs_tol=1e-12):
             changes.update(

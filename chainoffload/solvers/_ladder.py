@@ -14,8 +14,9 @@ keeps the largest value reached:
    for this chain and platform (it is cached: free then);
 4. any rung added with :func:`add_rung` (e.g. a stronger bound that takes a time budget).
 
-A rung runs only if its estimated cost fits the budget left; a rung that fails or runs out
-(``TimeoutError``) is skipped. The climb stops early once the bound reaches the result's
+A rung runs only if its estimated cost fits the budget left; a rung that runs out
+(``TimeoutError``) is skipped, and so is one whose solver fails (``RuntimeError``), with a note
+in ``Result.info["lower_bound_note"]``. The climb stops early once the bound reaches the result's
 makespan (it is then proven optimal) and is not made at all for a result without a schedule.
 ``Result.info["bound"]`` names the rung whose value was kept.
 
@@ -114,8 +115,14 @@ def add_rung(rung: Rung, *, after: str | None = None) -> None:
     LADDER.insert(names.index(after) + 1, rung)
 
 
-def climb(chain: Chain, platform: Platform, budget: float, *, target: float = math.inf) -> tuple[float, str, list[str]]:
+def climb(
+    chain: Chain, platform: Platform, budget: float, *, target: float = math.inf, notes: list[str] | None = None
+) -> tuple[float, str, list[str]]:
     """Climb the ladder within ``budget`` seconds; stop once the bound reaches ``target``.
+
+    A rung whose solver fails (``RuntimeError``, e.g. GLOP ending ``abnormal``) is skipped and
+    the reason appended to ``notes``; one that runs out of time (``TimeoutError``) is skipped
+    silently.
 
     Returns
     -------
@@ -133,6 +140,10 @@ def climb(chain: Chain, platform: Platform, budget: float, *, target: float = ma
         try:
             got = rung.bound(chain, platform, max(left, 0.0))
         except TimeoutError:
+            continue
+        except RuntimeError as exc:
+            if notes is not None:
+                notes.append(f"the {rung.name} bound is not available ({' '.join(str(exc).split())})")
             continue
         tried.append(rung.name)
         if got > value:

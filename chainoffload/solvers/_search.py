@@ -40,69 +40,12 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 
 from ..chain import Chain
-from ..planner import check_units, plan_arrays, schedule_from_arrays
+from ..planner import Candidate, check_units, fixed_arrays, plan_units, saved_table, score
 from ..platform import Platform
-from ..schedule import OP_CODE, resolve
-from ..simulate import replay
 
 __all__ = ["Candidate", "Evaluator", "boundary", "well_formed", "fixed_arrays"]
 
 _EPS = 1e-12
-
-_FIXED: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-
-
-def fixed_arrays(length: int) -> tuple[np.ndarray, np.ndarray]:
-    """``(op_kind, op_stage)`` of the fixed order (read-only, cached per length)."""
-    hit = _FIXED.get(length)
-    if hit is None:
-        op_kind = np.concatenate([np.full(length, OP_CODE["F"]), np.full(length, OP_CODE["B"])]).astype(np.int64)
-        op_stage = np.concatenate([np.arange(1, length + 1), np.arange(length, 0, -1)]).astype(np.int64)
-        for arr in (op_kind, op_stage):
-            arr.setflags(write=False)
-        if len(_FIXED) > 8:
-            _FIXED.clear()
-        hit = _FIXED[length] = (op_kind, op_stage)
-    return hit
-
-
-class Candidate:
-    """A scored transfer list on the fixed order (``NOTE [ search without objects ]``).
-
-    Attributes
-    ----------
-    units
-        The offloaded stages, sorted.
-    transfers
-        ``(kind, unit, op, at, before)`` int64 arrays.
-    feasible, makespan, peak, rule
-        The simulator kernel's verdict (rule 0 feasible, 1 memory, 2 read).
-    offloaded
-        Bytes the offloads move.
-    """
-
-    __slots__ = ("length", "units", "transfers", "feasible", "makespan", "peak", "rule", "offloaded", "source")
-
-    def __init__(self, length, units, transfers, makespan, peak, rule, offloaded, source=""):
-        self.length = length
-        self.units = units
-        self.transfers = transfers
-        self.rule = int(rule)
-        self.feasible = self.rule == 0
-        self.makespan = float(makespan)
-        self.peak = int(peak)
-        self.offloaded = int(offloaded)
-        self.source = source
-
-    def schedule(self):
-        """The candidate as a :class:`~chainoffload.Schedule` (built once, for the winner)."""
-        return schedule_from_arrays(self.length, self.transfers)
-
-    @property
-    def rank(self) -> tuple[float, int]:
-        """Order among feasible candidates: least makespan, then fewest bytes moved."""
-        return (self.makespan, self.offloaded)
-
 
 def well_formed(n_ops: int, transfers: tuple[np.ndarray, ...]) -> bool:
     """Whether transfer arrays on ``n_ops`` fixed-order ops keep :meth:`Schedule.validate`'s field rules.
@@ -163,7 +106,7 @@ class Evaluator:
         self.best: Candidate | None = None
         self.order = 0
         self._ops = fixed_arrays(chain.length)
-        self._saved = np.concatenate([[0], chain.saved.astype(np.int64)])
+        self._saved = saved_table(chain)
 
     # -- budget ------------------------------------------------------------------------------
 
@@ -190,16 +133,7 @@ class Evaluator:
     # -- scoring -----------------------------------------------------------------------------
 
     def _score(self, units: tuple[int, ...], transfers: tuple[np.ndarray, ...]) -> Candidate:
-        op_kind, op_stage = self._ops
-        kind, unit, op, at, before = transfers
-        for arr in transfers:
-            # Read-only like Schedule.arrays(): the kernels then reuse simulate()'s compiled code.
-            arr.setflags(write=False)
-        structure = resolve(self.chain.length, op_kind, op_stage, kind, unit, op, at, before)
-        out = replay(self.chain, self.platform, structure)
-        op_end, peak, rule = out[1], out[7], out[9]
-        moved = int(self._saved[np.asarray(units, dtype=np.int64)].sum()) if units else 0
-        return Candidate(self.chain.length, units, transfers, op_end[-1] if op_end.shape[0] else 0.0, peak, rule, moved)
+        return score(self.chain, self.platform, units, transfers, self._ops, self._saved)
 
     def units(self, units: Iterable[int]) -> Candidate:
         """Plan ``units`` and score the planner's best plan (cached per set; one evaluation).
@@ -212,18 +146,7 @@ class Evaluator:
         if hit is not None:
             return hit
         self.evals += 1
-        if not key:
-            empty = np.zeros(0, dtype=np.int64)
-            best = self._score(key, (empty, empty, empty, empty, empty))
-        else:
-            best = None
-            best_key = None
-            for transfers in plan_arrays(self.chain, self.platform, chosen):
-                cand = self._score(key, transfers)
-                # Feasible first, then the shorter makespan, then the lower peak (a hint for repairs).
-                rank = (0, cand.makespan, cand.peak) if cand.feasible else (1, 0.0, cand.peak)
-                if best_key is None or rank < best_key:
-                    best, best_key = cand, rank
+        best = plan_units(self.chain, self.platform, chosen, self._ops, self._saved)
         self.cache[key] = best
         return best
 

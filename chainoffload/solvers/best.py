@@ -40,7 +40,7 @@ from .._progress import progress
 from ..chain import Chain
 from ..platform import Platform
 from ..result import Result, Status
-from . import baselines
+from . import OptionError, baselines
 from ._search import Candidate, Evaluator
 
 __all__ = ["best", "default_time_limit"]
@@ -296,9 +296,9 @@ def best(
     if time_limit is None:
         time_limit = default_time_limit(chain.length)
     if isinstance(time_limit, bool) or not (isinstance(time_limit, (int, float)) and time_limit > 0 and math.isfinite(time_limit)):
-        raise ValueError(f"time_limit: {time_limit!r} must be a number of seconds > 0")
+        raise OptionError(f"time_limit: {time_limit!r} must be a number of seconds > 0")
     if isinstance(max_evals, bool) or not isinstance(max_evals, int) or max_evals < 1:
-        raise ValueError(f"max_evals: expected an integer >= 1, got {max_evals!r}")
+        raise OptionError(f"max_evals: expected an integer >= 1, got {max_evals!r}")
     from . import check_keep
 
     kept = check_keep(chain, keep)

@@ -15,10 +15,11 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from ..bounds import FluidLP, fluid_lp
+from ..bounds import LP_SOLVERS, FluidLP, fluid_lp
 from ..chain import Chain
 from ..platform import Platform
 from ..result import Result, Status
+from . import OptionError
 from ._search import Evaluator
 
 __all__ = ["lp", "DEFAULT_ROUNDINGS"]
@@ -101,7 +102,9 @@ def lp(
     kept = check_keep(chain, keep)
     time_limit = check_time_limit(time_limit)
     if isinstance(roundings, bool) or not isinstance(roundings, (int, np.integer)) or roundings < 1:
-        raise ValueError(f"roundings: expected an integer >= 1, got {roundings!r}")
+        raise OptionError(f"roundings: expected an integer >= 1, got {roundings!r}")
+    if not isinstance(solver, str) or solver.lower() not in LP_SOLVERS:
+        raise OptionError(f"solver: unknown LP solver {solver!r}; known: {', '.join(LP_SOLVERS)}")
     deadline = t0 + time_limit if time_limit is not None else math.inf
     sol, stages = _relaxation(chain, platform, solver, deadline)
     exact_lp = stages == chain.length
