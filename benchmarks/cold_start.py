@@ -30,6 +30,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _common import write_report
+
 RESULTS = Path(__file__).resolve().parent / "results"
 CLI = [sys.executable, "-m", "chainoffload"]
 JOB = ["solve", "resnet50.json", "--memory", "4GiB", "--bandwidth", "25GB/s"]
@@ -108,12 +110,7 @@ def main() -> int:
         "",
         f"Total benchmark time {time.perf_counter() - t0:.0f} s.",
     ]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    out = RESULTS / "cold_start.md"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text)
-    print(f"wrote {out}", file=sys.stderr)
+    write_report(lines, RESULTS / "cold_start.md")
     return 0
 
 

@@ -31,6 +31,8 @@ import chainoffload as co
 from chainoffload.bounds import lower_bound, offload_memory_floor, volume_lower_bound
 from chainoffload.generators import random_chain
 
+from _common import write_report
+
 RESULTS = Path(__file__).resolve().parent / "results"
 BASELINES = ["keep-all", "offload-all", "first-k", "largest-first"]
 HEURISTICS = ["lp", "dp", "best"]
@@ -118,14 +120,11 @@ import json, sys, time
 sys.path.insert(0, {bench!r})
 import chainoffload as co
 from chainoffload.generators import random_chain
-from chainoffload.bounds import offload_memory_floor
 from chainoffload.solvers import spec
+from _common import mid_instance
 out = {{}}
 for length in {lengths!r}:
-    chain = random_chain(1000 + length, length)
-    floor, peak = offload_memory_floor(chain), co.keep_all_peak(chain)
-    bw = 0.5 * float(chain.saved.sum()) / chain.compute_time
-    platform = co.Platform(memory=int(floor + 0.5 * (peak - floor)), bandwidth_d2h=bw, bandwidth_h2d=bw, latency=1e-5)
+    chain, platform = mid_instance(length)
     for m in {methods!r}:
         func = spec(m).load()
         times = {{"solve": [], "method": []}}
@@ -237,11 +236,7 @@ def main(argv=None) -> int:
 
 def _write(lines: list[str], t0: float, out: Path) -> int:
     lines += ["", f"Total benchmark time {time.perf_counter() - t0:.0f} s."]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text)
-    print(f"wrote {out}", file=sys.stderr)
+    write_report(lines, out)
     return 0
 
 

@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from _common import BENCH, write_report
 
 RESULTS = Path(__file__).resolve().parent / "results"
 LENGTHS = (10, 30, 100, 300, 1000, 3000, 10_000, 30_000, 100_000)
@@ -37,13 +38,10 @@ TARGET_MB = 2048.0
 _CHILD = r"""
 import json, resource, sys, time
 import chainoffload as co
-from chainoffload.bounds import offload_memory_floor
-from chainoffload.generators import random_chain
+sys.path.insert(0, sys.argv[3])
+from _common import mid_instance
 method, length = sys.argv[1], int(sys.argv[2])
-chain = random_chain(1000 + length, length)
-floor, peak = offload_memory_floor(chain), co.keep_all_peak(chain)
-bw = 0.5 * float(chain.saved.sum()) / chain.compute_time
-platform = co.Platform(memory=int(floor + 0.5 * (peak - floor)), bandwidth_d2h=bw, bandwidth_h2d=bw, latency=1e-5)
+chain, platform = mid_instance(length)
 c, w = time.process_time(), time.perf_counter()
 r = co.solve(chain, platform, method)
 wall, cpu = time.perf_counter() - w, time.process_time() - c
@@ -56,7 +54,7 @@ print(json.dumps({"wall": wall, "cpu": cpu, "runtime": r.runtime, "status": r.st
 
 def point(method: str, length: int, timeout: float) -> dict:
     try:
-        out = subprocess.run([sys.executable, "-c", _CHILD, method, str(length)], capture_output=True, text=True, timeout=timeout)
+        out = subprocess.run([sys.executable, "-c", _CHILD, method, str(length), BENCH], capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return {"wall": math.inf, "cpu": math.inf, "status": f"killed after {timeout:.0f} s", "rss_mb": math.nan}
     if out.returncode != 0:
@@ -141,12 +139,8 @@ def main(argv=None) -> int:
                 f"{d['status']} | {ratio} | {d.get('bound') or ''} | {d.get('stopped') or ''} |"
             )
     lines += ["", f"Total benchmark time {time.perf_counter() - t0:.0f} s.", "", "![scaling](scaling.png)"]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text)
+    write_report(lines, args.out)
     _plot(data, args.out.with_suffix(".png"))
-    print(f"wrote {args.out}", file=sys.stderr)
     return 0
 
 

@@ -25,25 +25,25 @@ import tempfile
 import time
 from pathlib import Path
 
+from _common import BENCH, write_report
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 
 _CHILD = r"""
 import json, sys, time
 sys.path.insert(0, {root!r})
+sys.path.insert(1, {bench!r})
 import chainoffload as co
-from chainoffload.bounds import offload_memory_floor
 from chainoffload.generators import random_chain
 from chainoffload.solvers import spec
+from _common import mid_instance
 best = spec("best").load()
 warm = random_chain(7, 8)
 best(warm, co.Platform(memory=co.keep_all_peak(warm) // 2, bandwidth_d2h=1e9, bandwidth_h2d=1e9), max_evals=50)
 out = {{}}
 for length in {lengths!r}:
-    chain = random_chain(1000 + length, length)
-    floor, peak = offload_memory_floor(chain), co.keep_all_peak(chain)
-    bw = 0.5 * float(chain.saved.sum()) / chain.compute_time
-    platform = co.Platform(memory=int(floor + 0.5 * (peak - floor)), bandwidth_d2h=bw, bandwidth_h2d=bw, latency=1e-5)
+    chain, platform = mid_instance(length)
     # An untimed run first: anything compiled or loaded on first use at this size is paid here.
     best(random_chain(1000 + length, length), platform, time_limit=3600.0, max_evals={evals!r}[0])
     runs = []
@@ -59,7 +59,7 @@ print(json.dumps(out))
 
 
 def run(root: Path, lengths: list[int], evals: tuple[int, int], cache: str) -> dict:
-    code = _CHILD.format(root=str(root), lengths=lengths, evals=list(evals))
+    code = _CHILD.format(root=str(root), bench=BENCH, lengths=lengths, evals=list(evals))
     env = {**os.environ, "NUMBA_CACHE_DIR": cache}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=str(root))
     if out.returncode != 0:
@@ -108,11 +108,7 @@ def main(argv=None) -> int:
             f"| {length} | {eb - ea} / {fb - fa} | {rate_base:.0f} ({wall_base:.0f}) | {rate_head:.0f} ({wall_head:.0f}) | "
             f"{rate_head / rate_base:.1f}x | {wall_head / wall_base:.1f}x | {same} |"
         )
-    text = "\n".join(lines) + "\n"
-    print(text)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text)
-    print(f"wrote {args.out}", file=sys.stderr)
+    write_report(lines, args.out)
     return 0
 
 

@@ -21,18 +21,17 @@ import sys
 import time
 from pathlib import Path
 
+from _common import BENCH, write_report
+
 RESULTS = Path(__file__).resolve().parent / "results"
 
 _CHILD = r"""
 import json, sys, time
 import chainoffload as co
-from chainoffload.bounds import offload_memory_floor
-from chainoffload.generators import random_chain
+sys.path.insert(0, sys.argv[4])
+from _common import mid_instance
 method, length, limit = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
-chain = random_chain(1000 + length, length)
-floor, peak = offload_memory_floor(chain), co.keep_all_peak(chain)
-bw = 0.5 * float(chain.saved.sum()) / chain.compute_time
-platform = co.Platform(memory=int(floor + 0.5 * (peak - floor)), bandwidth_d2h=bw, bandwidth_h2d=bw, latency=1e-5)
+chain, platform = mid_instance(length)
 w, c = time.perf_counter(), time.process_time()
 r = co.solve(chain, platform, method, time_limit=limit)
 print(json.dumps({"wall": time.perf_counter() - w, "cpu": time.process_time() - c, "status": r.status.value,
@@ -49,13 +48,13 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, default=RESULTS / "time_limits.md")
     args = parser.parse_args(argv)
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-c", _CHILD, "best", "10", "5"], capture_output=True)  # compile once
+    subprocess.run([sys.executable, "-c", _CHILD, "best", "10", "5", BENCH], capture_output=True)  # compile once
     load0 = os.getloadavg()[0]
     rows = []
     for length in args.lengths:
         for limit in args.limits:
             for m in args.methods:
-                out = subprocess.run([sys.executable, "-c", _CHILD, m, str(length), str(limit)], capture_output=True, text=True)
+                out = subprocess.run([sys.executable, "-c", _CHILD, m, str(length), str(limit), BENCH], capture_output=True, text=True)
                 if out.returncode != 0:
                     rows.append((m, length, limit, None, out.stderr.strip().splitlines()[-1][:100]))
                     continue
@@ -83,11 +82,7 @@ def main(argv=None) -> int:
             f"{d['stopped'] or ''} | {d['bound'] or ''} | {ratio} |"
         )
     lines += ["", f"Total benchmark time {time.perf_counter() - t0:.0f} s."]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text)
-    print(f"wrote {args.out}", file=sys.stderr)
+    write_report(lines, args.out)
     return 0
 
 
