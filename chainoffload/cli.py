@@ -339,13 +339,22 @@ def _recorded_row(record: ScheduleFile) -> list[tuple[str, str]]:
     return [("solved by", ", ".join(figures))]
 
 
+def _simulator_ready(chain: Chain) -> Any:
+    """The simulator's kernels made ready as for a solve: a short chain on a cold Numba cache
+    runs them interpreted while they compile in the background (NOTE [ lazy kernels ])."""
+    from ._compile import prepare
+
+    return prepare("simulate", chain.length)
+
+
 def _cmd_simulate(args: argparse.Namespace, out: Output) -> int:
     from .simulate import simulate
 
     chain = Chain.load(args.chain)
-    record, platform = _load_schedule(args, chain)
-    schedule = record.schedule
-    timeline = simulate(chain, platform, schedule)
+    with _simulator_ready(chain):
+        record, platform = _load_schedule(args, chain)
+        schedule = record.schedule
+        timeline = simulate(chain, platform, schedule)
     summary = timeline.summary()
     if timeline.feasible and not math.isfinite(timeline.makespan):
         # No rule is broken, but the iteration never ends: a transfer or the times overflow.
@@ -415,9 +424,10 @@ def _cmd_plot(args: argparse.Namespace, out: Output) -> int:
     from .simulate import simulate
 
     chain = Chain.load(args.chain)
-    record, platform = _load_schedule(args, chain)
-    schedule = record.schedule
-    timeline = simulate(chain, platform, schedule)
+    with _simulator_ready(chain):
+        record, platform = _load_schedule(args, chain)
+        schedule = record.schedule
+        timeline = simulate(chain, platform, schedule)
     bound = None
     if not args.no_bound:
         if schedule.has_remat:

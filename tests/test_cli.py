@@ -184,5 +184,10 @@ def test_cold_cache_runs_interpreted_and_says_so(tmp_path):
     res = json.loads(out.stdout)
     assert res["status"] in ("optimal", "feasible") and res["info"]["kernels"] == "interpreted"
     assert out.stderr == ""  # --json: silent
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    out = subprocess.run(cmd + ["--out", str(tmp_path / "s.json")], env=env, capture_output=True, text=True)
     assert "interprets them" in out.stderr
+    # simulate (and plot) make the simulator ready the same way: nothing compiled in process
+    sim = [sys.executable, "-m", "chainoffload", "simulate", str(tmp_path / "tiny.json"), str(tmp_path / "s.json")]
+    out = subprocess.run(sim, env=env, capture_output=True, text=True)
+    assert out.returncode == 0 and "interprets them" in out.stderr, out.stderr
+    assert not list((tmp_path / "cache").rglob("*.nbi"))  # no kernel compiled (and cached) by these runs
