@@ -56,6 +56,7 @@ LAYERS = {
         "chainoffload.solvers.*",
         "chainoffload._kernels.dp",
         "chainoffload._kernels.joint",
+        "chainoffload._kernels.joint_exact",
         "chainoffload._kernels.planner",
         "chainoffload._kernels.rotor",
     ],

@@ -691,7 +691,7 @@ def joint(
         The pure-offloading result to compare with (e.g. a ``best`` result the caller already
         has); by default :func:`chainoffload.solvers.best.best` is run here.
     """
-    from .best import best
+    from . import spec
     from .rotor import rotor
 
     if offload is not None and not isinstance(offload, Result):
@@ -710,7 +710,9 @@ def joint(
     if exact:
         candidates["joint-exact"] = joint_exact(chain, platform, slots=slots, rot=rot)
     if offload is None:
-        offload = best(chain, platform)
+        # best itself may run joint (remat=True): reach it by name, as the registry does, so
+        # that the two modules do not import each other.
+        offload = spec("best").load()(chain, platform)
     name = offload.method or "offload"
     candidates[name] = offload
     best_name, chosen = None, None
