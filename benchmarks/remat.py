@@ -406,9 +406,11 @@ def sweeps(args) -> dict:
                     curves[name] = (c_rotor, c_joint)
                 print(f"claim 2 {gpu} {link_name(bw)} {name}: joint {f_joint:.2f}x rotor {f_rotor:.2f}x (cap {cap:.2f}x)",
                       flush=True)
+    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     return {
         "quick": bool(args.quick),
         "date": str(datetime.date.today()),
+        "commit": commit or None,
         "names": names,
         "platforms": [f"{g} {b:g}" for g, b in platforms],
         "claim1": claim1,
@@ -478,7 +480,9 @@ def write_report(data: dict) -> None:
     lines = [
         "# Rematerialization and offloading: the NeurIPS 2021 claims",
         "",
-        f"`python benchmarks/remat.py{' --quick' if quick else ''}`, {data['date']}, {os.cpu_count()} CPU cores shared "
+        f"`python benchmarks/remat.py{' --quick' if quick else ''}`, {data['date']}"
+        + (f" at commit {data['commit']}" if data.get("commit") else "")
+        + f", {os.cpu_count()} CPU cores shared "
         f"with other jobs (load {data['sweep_load']:.1f}); {data['sweep_minutes']:.0f} min for the sweeps (raw results: "
         f"`remat.json`). Links {', '.join(link_name(b) for b in LINKS)} each way, {LATENCY * 1e6:.0f} us per copy, "
         "duplex; S = 500 slots. Overhead = makespan / (sum fwd + sum bwd) - 1, simulated. `joint` is the best of the "
