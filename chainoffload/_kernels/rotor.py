@@ -1,20 +1,59 @@
 """The rotor dynamic program (persistent checkpointing of a heterogeneous chain), in slots.
 
-Private; :mod:`chainoffload.solvers.rotor` rounds sizes to slots, calls :func:`rotor_table`
-and rebuilds the schedule. The recurrence and its memory terms are written in
-``NOTE [ rotor recurrence ]`` in that module.
+Private; :mod:`chainoffload.solvers.rotor` rounds sizes to slots, calls :func:`rotor_lean`
+and rebuilds the schedule with :func:`rotor_argmin`. The recurrence and its memory terms are
+written in ``NOTE [ rotor recurrence ]`` in that module, the storage and the order of work in
+``NOTE [ lean rotor table ]`` below.
+
+:func:`rotor_table` is the dense table of the same recurrence, kept for the joint DP
+(:mod:`chainoffload.solvers.joint` reads whole rows of it).
+
+NOTE [ lean rotor table ]
+-------------------------
+The dense table (L + 2)^2 (S + 1) float64 plus an int32 choice per entry is 6 GB at L = 1000,
+S = 500. The lean table keeps only what no other entry can be derived from, and is equal to
+the dense one bit for bit (the same float expressions, evaluated in the same association):
+
+* **Rows are trimmed.** opt[s, t, m] is nonincreasing in m (every option is, and so is their
+  minimum; float addition is monotone). Below lo(s, t) it is inf; from top(s, t) on it is
+  constant (the keep-all value once keep-all fits, whatever the float ties). Only
+  m in [lo, top] is stored, in one float64 array per block of columns t; off[s, t] is the
+  row's place in it. An option's value is itself constant from M = max(a + top(right),
+  top(left)) on, so the work for one option is over [lo_j, min(M, S + 1)) and a fill beyond.
+* **No choice table.** The argmin is recomputed when the schedule is rebuilt
+  (:func:`rotor_argmin`), with the dense table's tie-break: "F_all" when it attains the
+  minimum, else the smallest j that does.
+* **Options that cannot improve are cut.** The row under construction ``best`` holds the
+  minimum over the options applied so far, filled to S + 1, so it is nonincreasing too. An
+  option is never below its own value at S; from the first m where ``best`` is already at or
+  below that value, it cannot improve any entry, and the loop over m stops there (binary
+  search). This halves the work on chains where many options are close.
+* **Columns in blocks, rows reused.** Columns t are filled in blocks of ``block``; for each s
+  (descending), every option j whose left part (s, j-1) ends before the block is applied to
+  all t of the block while that left row is in cache, then the options inside the block in
+  order of t. The inner loops run over contiguous slices so that LLVM vectorizes them; the
+  minimum is written as ``(v if v < x else x) + 0.0``: without the ``+ 0.0`` LLVM turns the
+  store into a masked store, several times slower on x86 (the values are sums of times >= 0,
+  never -0.0, so adding 0.0 changes none).
+
+Work is still O(S L^3) in the worst case and storage O(S L^2): on random chains at 30 % of
+the way from the memory floor to keep-all, storage is about 80 % of the dense float64 part.
 """
 
 from __future__ import annotations
 
 import numpy as np
+from numba import typed, types
 
 from .config import njit
+
+#: Columns filled together (their rows share the left rows' cache traffic).
+BLOCK = 8
 
 
 @njit
 def rotor_table(fwd, bwd, fwd_nosave, act, saved, fwd_tmp, bwd_tmp, slots):
-    """Fill the rotor table for every segment and every budget 0..``slots``.
+    """Fill the dense rotor table for every segment and every budget 0..``slots``.
 
     Sizes are in slots (``act`` has length L + 1, the others L; stage i is index i - 1 except
     in ``act``). Returns ``(opt, choice)`` of shape (L + 2, L + 2, slots + 1): ``opt[s, t, m]``
@@ -64,3 +103,243 @@ def rotor_table(fwd, bwd, fwd_nosave, act, saved, fwd_tmp, bwd_tmp, slots):
                         opt[s, t, m] = v
                         choice[s, t, m] = j
     return opt, choice
+
+
+@njit
+def _checkpoint_option(best, right, o_right, lo_right, top_right, left, o_left, lo_left, top_left, a, need, ftime, slots):
+    """Lower ``best`` (nonincreasing, length slots + 1) by "checkpoint a_{j-1}" of one segment.
+
+    ``right`` / ``left`` hold the rows (j, t) and (s, j-1) at offsets ``o_right`` / ``o_left``
+    (their values at lo); ``a`` is act[j-1] in slots, ``need`` the forward phase's memory,
+    ``ftime`` the time of Fck_s, Fn_{s+1}..Fn_{j-1}. ``best`` stays nonincreasing.
+    """
+    s1 = slots + 1
+    first = max(need, a + lo_right, lo_left)
+    if first > slots:
+        return
+    base_r = o_right - lo_right - a  # right[base_r + m] is the right part's value at m - a
+    base_l = o_left - lo_left
+    flat = max(a + top_right, top_left, first)  # the option is constant from here on
+    at_top = ftime + right[base_r + min(slots, a + top_right)] + left[base_l + min(slots, top_left)]
+    # best is nonincreasing and the option is never below at_top: stop where best reaches it.
+    lo_, hi_ = first, s1
+    while lo_ < hi_:
+        mid = (lo_ + hi_) // 2
+        if best[mid] <= at_top:
+            hi_ = mid
+        else:
+            lo_ = mid + 1
+    stop = lo_
+    m0 = first
+    both = min(a + top_right, top_left, stop)  # both rows explicit below this
+    if both > m0:
+        b = best[m0:both]
+        r = right[base_r + m0:base_r + both]
+        lf = left[base_l + m0:base_l + both]
+        for k in range(both - m0):
+            x = b[k]
+            v = ftime + r[k] + lf[k]
+            b[k] = (v if v < x else x) + 0.0  # NOTE [ lean rotor table ]: + 0.0
+        m0 = both
+    one = min(flat, stop)  # one row constant below this
+    if one > m0:
+        b = best[m0:one]
+        if a + top_right <= top_left:
+            rv = ftime + right[base_r + a + top_right]
+            lf = left[base_l + m0:base_l + one]
+            for k in range(one - m0):
+                x = b[k]
+                v = rv + lf[k]
+                b[k] = (v if v < x else x) + 0.0
+        else:
+            lv = left[base_l + top_left]
+            r = right[base_r + m0:base_r + one]
+            for k in range(one - m0):
+                x = b[k]
+                v = ftime + r[k] + lv
+                b[k] = (v if v < x else x) + 0.0
+        m0 = one
+    if stop > m0:
+        b = best[m0:stop]
+        for k in range(stop - m0):
+            x = b[k]
+            b[k] = (at_top if at_top < x else x) + 0.0
+
+
+@njit
+def _store_row(best, store, used, slots):
+    """Copy the explicit part of a finished row into ``store`` at ``used``; return (lo, top, used)."""
+    s1 = slots + 1
+    lo = s1
+    for m in range(s1):
+        if best[m] < np.inf:
+            lo = m
+            break
+    if lo == s1:
+        return s1, s1, used
+    top = slots
+    last = best[slots]
+    while top > lo and best[top - 1] == last:
+        top -= 1
+    store[used:used + top - lo + 1] = best[lo:top + 1]
+    return lo, top, used + top - lo + 1
+
+
+@njit
+def rotor_lean(fwd, bwd, fwd_nosave, act, saved, fwd_tmp, bwd_tmp, slots, block):
+    """Fill the lean rotor table (``NOTE [ lean rotor table ]``), equal to :func:`rotor_table`'s ``opt``.
+
+    Sizes in slots as for :func:`rotor_table`; ``block`` columns are filled together.
+    Returns ``(rows, lo, top, off)``: opt[s, t, m] is inf for m < lo[s, t], else
+    ``rows[t][off[s, t] + min(m, top[s, t]) - lo[s, t]]`` (see :func:`rotor_value`).
+    """
+    n = fwd.shape[0]
+    s1 = slots + 1
+    lo = np.full((n + 2, n + 2), s1, dtype=np.int32)
+    top = np.full((n + 2, n + 2), s1, dtype=np.int32)
+    off = np.zeros((n + 2, n + 2), dtype=np.int64)
+    rows = typed.List.empty_list(types.float64[::1])
+    rows.append(np.empty(0))  # column 0 does not exist
+    store = np.empty(block * n * s1)
+    best = np.empty((block, s1))
+    for t0 in range(1, n + 1, block):
+        t1 = min(t0 + block, n + 1)
+        used = 0
+        for s in range(t1 - 1, 0, -1):
+            usage_b = saved[s - 1] + act[s] + act[s - 1] + bwd_tmp[s - 1]
+            first_t = max(s, t0)
+            if s >= t0:
+                # s..s: F_s then B_s.
+                g_s = act[s] if s < n else 0
+                need_a = max(g_s + saved[s - 1] + fwd_tmp[s - 1], usage_b)
+                if need_a <= slots:
+                    lo[s, s] = need_a
+                    top[s, s] = need_a
+                    off[s, s] = used
+                    store[used] = fwd[s - 1] + bwd[s - 1]
+                    used += 1
+                first_t = s + 1
+            for t in range(first_t, t1):
+                # F_all on s: unit s stays while s+1..t runs at m - saved[s].
+                row = best[t - t0]
+                row[:] = np.inf
+                g_t = act[t] if t < n else 0
+                need_a = max(g_t + saved[s - 1] + fwd_tmp[s - 1], usage_b)
+                sv = saved[s - 1]
+                lo_sub = lo[s + 1, t]
+                first = max(need_a, sv + lo_sub)
+                if first <= slots:
+                    top_sub = top[s + 1, t]
+                    flat = max(sv + top_sub, first)
+                    base = off[s + 1, t] - lo_sub - sv
+                    for m in range(first, min(flat, s1)):
+                        row[m] = fwd[s - 1] + store[base + m] + bwd[s - 1]
+                    if flat <= slots:
+                        c = fwd[s - 1] + store[base + sv + top_sub] + bwd[s - 1]
+                        row[flat:] = c
+            # Checkpoints whose left part (s, j-1) ends before this block: one left row, every t.
+            fpeak = act[s] + fwd_tmp[s - 1]  # forward phase's peak without g_t
+            ftime = 0.0
+            j_end = t0 if s < t0 else s
+            for j in range(s + 1, j_end + 1):
+                if j == s + 1:
+                    ftime = fwd_nosave[s - 1]
+                else:
+                    ftime += fwd_nosave[j - 2]
+                    step = act[j - 2] + act[j - 1] + fwd_tmp[j - 2]
+                    if step > fpeak:
+                        fpeak = step
+                if fpeak > slots:
+                    break
+                lo_left = lo[s, j - 1]
+                if lo_left > slots:
+                    continue
+                left = rows[j - 1]
+                o_left = off[s, j - 1]
+                top_left = top[s, j - 1]
+                a = act[j - 1]
+                for t in range(first_t, t1):
+                    g_t = act[t] if t < n else 0
+                    _checkpoint_option(best[t - t0], store, off[j, t], lo[j, t], top[j, t], left, o_left, lo_left, top_left, a, g_t + fpeak, ftime, slots)
+            # Checkpoints whose left part ends inside the block, then the row is final.
+            for t in range(first_t, t1):
+                row = best[t - t0]
+                g_t = act[t] if t < n else 0
+                peak = fpeak
+                ft = ftime
+                for j in range(max(s, t0) + 1, t + 1):
+                    if j == s + 1:
+                        ft = fwd_nosave[s - 1]
+                        peak = act[s] + fwd_tmp[s - 1]
+                    else:
+                        ft += fwd_nosave[j - 2]
+                        step = act[j - 2] + act[j - 1] + fwd_tmp[j - 2]
+                        if step > peak:
+                            peak = step
+                    if g_t + peak > slots:
+                        break
+                    if lo[s, j - 1] > slots:
+                        continue
+                    _checkpoint_option(row, store, off[j, t], lo[j, t], top[j, t], store, off[s, j - 1], lo[s, j - 1], top[s, j - 1], act[j - 1], g_t + peak, ft, slots)
+                first_m, top_m, new_used = _store_row(row, store, used, slots)
+                if first_m < s1:
+                    lo[s, t] = first_m
+                    top[s, t] = top_m
+                    off[s, t] = used
+                    used = new_used
+        kept = np.empty(used)
+        kept[:] = store[:used]
+        for t in range(t0, t1):
+            rows.append(kept)
+    return rows, lo, top, off
+
+
+@njit
+def rotor_value(rows, lo, top, off, s, t, m):
+    """opt[s, t, m] of the lean table (``inf`` below the row's least budget)."""
+    if m < lo[s, t]:
+        return np.inf
+    return rows[t][off[s, t] + min(m, top[s, t]) - lo[s, t]]
+
+
+@njit
+def rotor_argmin(fwd, bwd, fwd_nosave, act, saved, fwd_tmp, bwd_tmp, rows, lo, top, off, slots, s, t, m):
+    """The dense table's ``choice[s, t, m]``: 0 for "F_all on s", j for "checkpoint a_{j-1}", -1 for none.
+
+    Recomputes each option with the fill's float expressions and returns the first (F_all,
+    then j ascending) whose value equals the table's, which is the dense table's tie-break.
+    """
+    n = fwd.shape[0]
+    target = rotor_value(rows, lo, top, off, s, t, m)
+    if target == np.inf:
+        return -1
+    if s == t:
+        return 0
+    g_t = act[t] if t < n else 0
+    usage_b = saved[s - 1] + act[s] + act[s - 1] + bwd_tmp[s - 1]
+    need_a = max(g_t + saved[s - 1] + fwd_tmp[s - 1], usage_b)
+    if m >= need_a:
+        sub = rotor_value(rows, lo, top, off, s + 1, t, m - saved[s - 1])
+        if sub < np.inf and fwd[s - 1] + sub + bwd[s - 1] == target:
+            return 0
+    need = g_t + act[s] + fwd_tmp[s - 1]
+    ftime = 0.0
+    for j in range(s + 1, t + 1):
+        if j == s + 1:
+            ftime = fwd_nosave[s - 1]
+        else:
+            ftime += fwd_nosave[j - 2]
+            step = g_t + act[j - 2] + act[j - 1] + fwd_tmp[j - 2]
+            if step > need:
+                need = step
+        if need > slots:
+            break
+        a = act[j - 1]
+        if m < need or m < a:
+            continue
+        right = rotor_value(rows, lo, top, off, j, t, m - a)
+        if right == np.inf:
+            continue
+        if ftime + right + rotor_value(rows, lo, top, off, s, j - 1, m) == target:
+            return j
+    return -1
