@@ -82,13 +82,19 @@ class Transfer:
             raise ScheduleError(f"{where}: expected an object, got {data!r:.60}")
         unknown = sorted(set(data) - {"kind", "unit", "trigger", "before"})
         if unknown:
-            raise ScheduleError(f"{where}: unknown field(s) {', '.join(unknown)}")
+            raise ScheduleError(f"{where}: unknown field(s) {', '.join(map(str, unknown))}")
         for key in ("kind", "unit", "trigger"):
             if key not in data:
                 raise ScheduleError(f"{where}: missing field {key!r}")
         trig = data["trigger"]
         if not isinstance(trig, Mapping) or "op" not in trig or "at" not in trig:
             raise ScheduleError(f"{where}.trigger: expected {{\"op\": int, \"at\": \"start\"|\"end\"}}, got {trig!r:.60}")
+        unknown = sorted(set(trig) - {"op", "at"})
+        if unknown:
+            raise ScheduleError(f"{where}.trigger: unknown field(s) {', '.join(map(str, unknown))}")
+        for key, value in (("kind", data["kind"]), ("trigger.at", trig["at"])):
+            if not isinstance(value, str):
+                raise ScheduleError(f"{where}.{key}: expected a string, got {value!r:.40}")
         return cls(
             kind=data["kind"],
             unit=_int(data["unit"], f"{where}.unit"),
@@ -288,10 +294,16 @@ class Schedule(JsonIO):
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "Schedule":
-        """Parse a schedule from its JSON object (structure only; see :meth:`validate`)."""
+        """Parse a schedule from its JSON object (structure only; see :meth:`validate`).
+
+        A schedule file's metadata keys (``chain``, ``platform``, ``solver``) are accepted and
+        not read: :class:`~chainoffload.ScheduleFile` reads and checks them.
+        """
         if not isinstance(data, Mapping):
             raise ScheduleError(f"schedule: expected a JSON object, got {type(data).__name__}")
-        unknown = sorted(set(data) - {"compute", "transfers"})
+        # A schedule file may also say what it was made for (chain, platform, solver): those
+        # keys are ScheduleFile's, which checks them; a bare Schedule does not read them.
+        unknown = sorted(set(map(str, data)) - {"compute", "transfers", "chain", "platform", "solver"})
         if unknown:
             raise ScheduleError(f"schedule: unknown field(s) {', '.join(unknown)}")
         if "compute" not in data:

@@ -108,9 +108,10 @@ class Timeline:
         }
 
     def plot(self, path: str | None = None, **kwargs: Any):
-        """Draw a Gantt chart of compute and transfer channels over the memory curve.
+        """Draw a Gantt chart of compute and transfer channels over the memory curve, stalls explained.
 
-        Needs matplotlib (``pip install chainoffload[plot]``); see :mod:`chainoffload.plot`.
+        Needs matplotlib, or plotly for a ``.html`` path (``pip install chainoffload[plot]``);
+        the keyword arguments are :func:`chainoffload.plot.plot_timeline`'s.
         """
         from .plot import plot_timeline
 

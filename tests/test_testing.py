@@ -142,6 +142,8 @@ def test_no_better_than_nothing_known(chain3):
         (lambda: chains(min_length=0), r"min_length: expected an integer >= 1, got 0"),
         (lambda: chains(min_length=4, max_length=3), r"max_length: 3 is below min_length=4"),
         (lambda: chains(max_bytes=-1), r"max_bytes: expected an integer >= 0, got -1"),
+        (lambda: chains(max_length=10, max_bytes=2**56), r"max_bytes: 72057594037927936 is too large for max_length=10"),
+        (lambda: chains(max_length=10, max_time=1e307), r"max_time: 1e\+307 is too large for max_length=10"),
         (lambda: chains(max_time=math.inf), r"max_time: expected a finite number, got inf"),
         (lambda: chains(min_time=0.3, max_time=0.4, time_resolution=0.25), r"time_resolution: no multiple of 0.25"),
         (lambda: chains(time_resolution=0.0), r"time_resolution: expected a time > 0"),

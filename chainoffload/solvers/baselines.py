@@ -1,14 +1,15 @@
 """Baselines users know: keep-all, offload-all (vDNN), first-k (TransformerEngine), largest-first.
 
 Each goes through the shared transfer planner and the simulator, so their makespans are
-comparable with every other method's.
+comparable with every other method's. Each takes ``keep=``: units that must stay resident are
+left out of the sets it tries.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from typing import Sequence
+from typing import Iterable, Sequence
 
 from ..chain import Chain
 from ..planner import plan_and_simulate
@@ -20,11 +21,14 @@ from ..simulate import Timeline
 __all__ = ["keep_all", "offload_all", "first_k", "largest_first"]
 
 
-def _offloadable(chain: Chain, platform: Platform) -> list[int]:
+def _offloadable(chain: Chain, platform: Platform, keep: Iterable[int] = ()) -> list[int]:
     # Unit L is read by B_L right after F_L: offloading it frees nothing, so baselines skip it.
+    from . import check_keep
+
+    kept = check_keep(chain, keep)
     if not platform.can_transfer:
         return []
-    return list(range(1, chain.length))
+    return [u for u in range(1, chain.length) if u not in kept]
 
 
 def _first_fit(method: str, chain: Chain, platform: Platform, candidates: Sequence[Sequence[int]], t0: float) -> Result:
@@ -80,27 +84,32 @@ def _first_fit(method: str, chain: Chain, platform: Platform, candidates: Sequen
     )
 
 
-def keep_all(chain: Chain, platform: Platform) -> Result:
-    """No offload. Feasible (and optimal) exactly when every activation fits at once."""
+def keep_all(chain: Chain, platform: Platform, *, keep: Iterable[int] = ()) -> Result:
+    """No offload. Feasible (and optimal) exactly when every activation fits at once.
+
+    ``keep`` (units that must stay resident) is accepted for the common call shape and
+    checked; keep-all keeps everything anyway.
+    """
     t0 = time.perf_counter()
+    _offloadable(chain, platform, keep)
     return _first_fit("keep-all", chain, platform, [[]], t0)
 
 
-def offload_all(chain: Chain, platform: Platform) -> Result:
-    """vDNN: offload every unit 1..L-1 as soon as it is made, prefetch one stage ahead."""
+def offload_all(chain: Chain, platform: Platform, *, keep: Iterable[int] = ()) -> Result:
+    """vDNN: offload every unit 1..L-1 not in ``keep`` as soon as it is made, prefetch one stage ahead."""
     t0 = time.perf_counter()
-    return _first_fit("offload-all", chain, platform, [_offloadable(chain, platform)], t0)
+    return _first_fit("offload-all", chain, platform, [_offloadable(chain, platform, keep)], t0)
 
 
-def first_k(chain: Chain, platform: Platform) -> Result:
-    """TransformerEngine: offload units 1..k for the smallest k that fits (bisection on k)."""
+def first_k(chain: Chain, platform: Platform, *, keep: Iterable[int] = ()) -> Result:
+    """TransformerEngine: offload the first k units not in ``keep``, smallest k that fits (bisection on k)."""
     t0 = time.perf_counter()
-    units = _offloadable(chain, platform)
+    units = _offloadable(chain, platform, keep)
     return _first_fit("first-k", chain, platform, [units[:k] for k in range(len(units) + 1)], t0)
 
 
-def largest_first(chain: Chain, platform: Platform) -> Result:
-    """Offload the largest units (by saved bytes; ties: earlier stage) until it fits (bisection on their number)."""
+def largest_first(chain: Chain, platform: Platform, *, keep: Iterable[int] = ()) -> Result:
+    """Offload the largest units not in ``keep`` (by saved bytes; ties: earlier stage) until it fits (bisection on their number)."""
     t0 = time.perf_counter()
-    units = sorted(_offloadable(chain, platform), key=lambda u: (-int(chain.saved[u - 1]), u))
+    units = sorted(_offloadable(chain, platform, keep), key=lambda u: (-int(chain.saved[u - 1]), u))
     return _first_fit("largest-first", chain, platform, [sorted(units[:k]) for k in range(len(units) + 1)], t0)

@@ -33,6 +33,7 @@ import importlib
 import math
 import time
 from dataclasses import dataclass
+from typing import Iterable
 
 from ..chain import Chain
 from ..planner import plan_and_simulate
@@ -40,7 +41,7 @@ from ..platform import Platform
 from ..result import Result, Status
 from ..schedule import Schedule, Transfer
 from ..simulate import Timeline, simulate
-from . import baselines
+from . import OptionError, baselines
 
 __all__ = ["best"]
 
@@ -204,7 +205,9 @@ class _Search:
                     yield Transfer(tr.kind, tr.unit, tr.op, tr.at, before)
 
 
-def _start_sets(chain: Chain, platform: Platform, use_relaxations: bool) -> tuple[dict[str, frozenset[int]], dict]:
+def _start_sets(
+    chain: Chain, platform: Platform, use_relaxations: bool, keep: frozenset[int]
+) -> tuple[dict[str, frozenset[int]], dict]:
     """Unit sets to start from: the relaxations' and every baseline's, by name."""
     starts: dict[str, frozenset[int]] = {}
     info: dict = {}
@@ -219,7 +222,7 @@ def _start_sets(chain: Chain, platform: Platform, use_relaxations: bool) -> tupl
             module, _, func = target.partition(":")
             runs.insert(0, (name, getattr(importlib.import_module(module), func)))
     for name, func in runs:
-        result = func(chain, platform)
+        result = func(chain, platform, keep=keep)
         if result.schedule is not None:
             starts[name] = frozenset(result.schedule.offloaded_units)
             info[f"{name}_makespan"] = result.makespan
@@ -236,6 +239,7 @@ def best(
     max_evals: int = 4000,
     relaxations: bool = True,
     remat: bool = False,
+    keep: Iterable[int] = (),
 ) -> Result:
     """Local search over offload sets and triggers from the better of ``lp`` and ``dp``.
 
@@ -255,6 +259,9 @@ def best(
     remat
         Also run ``joint`` (rematerialization + offloading) and keep it when it is faster;
         its schedules recompute, which the torch executor does not run.
+    keep
+        Units (stages 1..L) that must stay resident: no start or move offloads one (and a
+        ``joint`` schedule that offloads one is not taken).
 
     Returns
     -------
@@ -264,11 +271,14 @@ def best(
         start's makespan.
     """
     if not (isinstance(time_limit, (int, float)) and time_limit > 0):
-        raise ValueError(f"time_limit: expected seconds > 0, got {time_limit!r}")
+        raise OptionError(f"time_limit: expected seconds > 0, got {time_limit!r}")
     if isinstance(max_evals, bool) or not isinstance(max_evals, int) or max_evals < 1:
-        raise ValueError(f"max_evals: expected an integer >= 1, got {max_evals!r}")
+        raise OptionError(f"max_evals: expected an integer >= 1, got {max_evals!r}")
+    from . import check_keep
+
+    kept = check_keep(chain, keep)
     t0 = time.perf_counter()
-    starts, info = _start_sets(chain, platform, relaxations)
+    starts, info = _start_sets(chain, platform, relaxations, kept)
     bound = max(chain.compute_time, info.get("lp_bound", 0.0))
     search = _Search(chain, platform, max_evals, time.perf_counter() + time_limit, bound)
     scored = {name: search.score_units(units) for name, units in starts.items()}
@@ -279,7 +289,7 @@ def best(
             start_name, current = name, s
     if current is None:  # no start had a schedule: begin from nothing offloaded
         start_name, current = "keep-all", search.score_units(frozenset())
-    candidates = list(range(1, chain.length)) if platform.can_transfer else []
+    candidates = [u for u in range(1, chain.length) if u not in kept] if platform.can_transfer else []
     current = search.improve_units(current, candidates)
     if current.timeline.feasible and current.units:
         current = search.improve_triggers(current)
@@ -309,7 +319,8 @@ def best(
         from .joint import joint
 
         other = joint(chain, platform)
-        if other.status.has_schedule and (not result.status.has_schedule or other.makespan < result.makespan):
+        moves_kept = other.schedule is not None and bool(kept & set(other.schedule.offloaded_units))
+        if other.status.has_schedule and not moves_kept and (not result.status.has_schedule or other.makespan < result.makespan):
             # The pure-offloading bound does not bind a schedule that recomputes.
             result = other.replace(method="best", runtime=time.perf_counter() - t0, info={**info, "remat": other.info})
     return result

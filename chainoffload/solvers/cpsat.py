@@ -15,13 +15,14 @@ import dataclasses
 import math
 import sys
 import time
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 from ..chain import Chain
 from ..platform import Platform
 from ..result import Result, Status
 from ..schedule import Schedule, ScheduleError, Transfer, fixed_order
 from ..simulate import simulate
+from . import OptionError
 
 __all__ = ["cpsat", "TimeGrid", "integer_replay", "in_model_space"]
 
@@ -133,7 +134,7 @@ class TimeGrid:
             base = chain.compute_time
             scale = _TARGET_UNITS / base if base > 0 else 1.0
         if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
-            raise ValueError(f"time_scale: {scale!r} must be a finite number of units per second > 0")
+            raise OptionError(f"time_scale: {scale!r} must be a finite number of units per second > 0")
         scale = float(scale)
         err = 0.0
         ops = []
@@ -295,7 +296,7 @@ def _import_cp_model():
 class _Model:
     """The CP-SAT model of one instance at one time grid (see the NOTEs above)."""
 
-    def __init__(self, chain: Chain, platform: Platform, grid: TimeGrid):
+    def __init__(self, chain: Chain, platform: Platform, grid: TimeGrid, keep: frozenset[int] = frozenset()):
         cp_model = _import_cp_model()
         self.cp_model = cp_model
         self.chain, self.platform, self.grid = chain, platform, grid
@@ -324,6 +325,9 @@ class _Model:
         # Canonical triggers need every transfer to last at least one unit (see the NOTE).
         self.canonical = bool(units) and min(grid.offload) >= 1 and min(grid.prefetch) >= 1
         self.x = {u: md.new_bool_var(f"x{u}") for u in units}
+        for u in keep:
+            if u in self.x:
+                md.add(self.x[u] == 0)  # a unit the caller keeps resident
         # -- transfers -------------------------------------------------------------------
         # Transfer keys: ("O", u) and ("P", u).
         self.tr: dict[tuple[str, int], dict[str, Any]] = {}
@@ -733,13 +737,13 @@ class _Model:
         }
 
 
-def _heuristic_schedules(chain: Chain, platform: Platform) -> list[tuple[str, Result]]:
+def _heuristic_schedules(chain: Chain, platform: Platform, keep: frozenset[int]) -> list[tuple[str, Result]]:
     """Feasible schedules of the baselines (and of ``best`` when it imports), for the hint."""
     from . import baselines
 
     out = []
     for name, func in (("largest-first", baselines.largest_first), ("first-k", baselines.first_k), ("keep-all", baselines.keep_all)):
-        res = func(chain, platform)
+        res = func(chain, platform, keep=keep)
         if res.feasible:
             out.append((name, res))
     try:
@@ -748,7 +752,7 @@ def _heuristic_schedules(chain: Chain, platform: Platform) -> list[tuple[str, Re
         best = None
     if best is not None:
         try:
-            res = best(chain, platform)
+            res = best(chain, platform, keep=keep)
         except Exception:  # noqa: BLE001 - a hint source failing must not fail the exact method
             res = None
         if res is not None and res.feasible and res.schedule is not None:
@@ -783,6 +787,7 @@ def cpsat(
     hint: bool | Schedule | Sequence[Schedule] = True,
     progress: bool = False,
     time_scale: float | None = None,
+    keep: Iterable[int] = (),
 ) -> Result:
     """Solve the offloading problem exactly with a CP-SAT model of DESIGN.md's rules.
 
@@ -804,6 +809,10 @@ def cpsat(
         Print objective and bound (seconds) on stderr at each solution found.
     time_scale
         Integer time units per second; default puts the compute time at 10^6 units.
+    keep
+        Units (stages 1..L) that must stay resident: the model fixes their offload choice to
+        "no", so ``optimal`` means optimal among the schedules that keep them (and a given
+        hint that offloads one is ignored).
 
     Returns
     -------
@@ -821,7 +830,7 @@ def cpsat(
     ------
     ValueError
         Bad ``time_limit``, ``workers`` or ``time_scale`` (the message names it), or memory
-        below the chain's stage floor.
+        below the chain's stage floor, or ``keep`` names a unit that is not a stage.
 
     Notes
     -----
@@ -831,12 +840,15 @@ def cpsat(
 
     t0 = time.perf_counter()
     if isinstance(time_limit, bool) or not isinstance(time_limit, (int, float)) or not time_limit > 0 or math.isnan(time_limit):
-        raise ValueError(f"time_limit: {time_limit!r} must be a number of seconds > 0")
+        raise OptionError(f"time_limit: {time_limit!r} must be a number of seconds > 0")
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise ValueError(f"workers: {workers!r} must be an integer >= 1")
+        raise OptionError(f"workers: {workers!r} must be an integer >= 1")
     if not isinstance(progress, bool):
-        raise ValueError(f"progress: {progress!r} must be true or false")
+        raise OptionError(f"progress: {progress!r} must be true or false")
     check_memory_floor(chain, platform)
+    from . import check_keep
+
+    kept = check_keep(chain, keep)
     cp_model = _import_cp_model()
     grid = TimeGrid.build(chain, platform, time_scale)
 
@@ -850,14 +862,14 @@ def cpsat(
             try:
                 extra = list(hint)
             except TypeError:
-                raise ValueError(f"hint: {hint!r} must be true, false, a Schedule or a list of schedules") from None
+                raise OptionError(f"hint: {hint!r} must be true, false, a Schedule or a list of schedules") from None
             if not all(isinstance(s, Schedule) for s in extra):
-                raise ValueError("hint: every item must be a Schedule")
+                raise OptionError("hint: every item must be a Schedule")
         for idx, sched in enumerate(extra):
             tl = simulate(chain, platform, sched)
-            if tl.feasible:
+            if tl.feasible and not kept & set(sched.offloaded_units):
                 candidates.append((f"given[{idx}]", sched, tl.makespan))
-        for name, res in _heuristic_schedules(chain, platform):
+        for name, res in _heuristic_schedules(chain, platform, kept):
             candidates.append((name, res.schedule, res.makespan))
     in_space = []
     for name, sched, mk in candidates:
@@ -900,7 +912,7 @@ def cpsat(
     deadline = t0 + float(time_limit)
     cpsat_accepted = False
     for attempt in range(_RETRIES + 1):
-        model = _Model(chain, platform, grid)
+        model = _Model(chain, platform, grid, kept)
         if last_hint is not None:
             model.hint(last_hint)
             info["hint_complete"] = model.complete_hint(min(5.0, max(0.5, time_limit / 4)))

@@ -76,7 +76,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any
+from typing import Any, Iterable
 
 import numpy as np
 
@@ -88,7 +88,7 @@ from ..platform import Platform
 from ..result import Result, Status
 from ..schedule import Schedule
 from ..simulate import Timeline, keep_all_peak, simulate
-from . import check_memory_floor
+from . import OptionError, check_keep, check_memory_floor
 
 __all__ = ["dp", "fluid_plan", "DEFAULT_SLOTS", "DEFAULT_QUEUE_SLOTS"]
 
@@ -111,16 +111,16 @@ REPAIR_STEPS = 8
 
 def _check_count(name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{name}: {value!r} must be an integer >= 1")
+        raise OptionError(f"{name}: {value!r} must be an integer >= 1")
     if value > 1 << 14:
-        raise ValueError(f"{name}: {value!r} is too large (at most {1 << 14})")
+        raise OptionError(f"{name}: {value!r} is too large (at most {1 << 14})")
     return int(value)
 
 
 def _check_table(chain: Chain, slots: int, queue_slots: int) -> None:
     cells = (slots + 1) * (queue_slots + 1) ** 2
     if cells * chain.length > MAX_TABLE:
-        raise ValueError(
+        raise OptionError(
             f"slots: {slots} with queue_slots: {queue_slots} needs {cells} cells per stage, "
             f"{cells * chain.length} back-pointers for L = {chain.length}; at most {MAX_TABLE} fit"
         )
@@ -134,6 +134,7 @@ def fluid_plan(
     slots: int = DEFAULT_SLOTS,
     queue_slots: int = DEFAULT_QUEUE_SLOTS,
     tight: bool = False,
+    keep: Iterable[int] = (),
 ) -> tuple[list[int], float]:
     """Run the fluid DP once and return the units it offloads and its fluid makespan.
 
@@ -148,6 +149,8 @@ def fluid_plan(
     tight
         Keep, per cell, the partial plan of least memory in use rather than of least time
         (the repair's choice near the memory floor).
+    keep
+        Units (stages 1..L) the DP may not offload.
 
     Returns
     -------
@@ -164,12 +167,15 @@ def fluid_plan(
     slots = _check_count("slots", slots)
     queue_slots = _check_count("queue_slots", queue_slots)
     _check_table(chain, slots, queue_slots)
+    kept = check_keep(chain, keep)
     budget = platform.memory if budget is None else int(budget)
     if budget < 0:
-        raise ValueError(f"budget: {budget!r} must be >= 0 bytes")
+        raise OptionError(f"budget: {budget!r} must be >= 0 bytes")
     allow = np.zeros(chain.length + 1, dtype=np.int8)
     if platform.can_transfer:
         allow[1 : chain.length] = 1
+        for u in kept:
+            allow[u] = 0
     offload, value, found = fluid_dp(
         chain.fwd,
         chain.bwd,
@@ -194,7 +200,8 @@ def fluid_plan(
 class _Search:
     """The budgets tried so far, their plans, and the best plan the simulator accepts."""
 
-    def __init__(self, chain: Chain, platform: Platform, slots: int, queue_slots: int) -> None:
+    def __init__(self, chain: Chain, platform: Platform, slots: int, queue_slots: int, keep: frozenset[int]) -> None:
+        self.keep = keep
         self.chain = chain
         self.platform = platform
         self.slots = slots
@@ -212,7 +219,7 @@ class _Search:
         self.seen.add((budget, tight))
         self.tried += 1
         units, value = fluid_plan(
-            self.chain, self.platform, budget, slots=self.slots, queue_slots=self.queue_slots, tight=tight
+            self.chain, self.platform, budget, slots=self.slots, queue_slots=self.queue_slots, tight=tight, keep=self.keep
         )
         if not math.isfinite(value):
             return False
@@ -236,6 +243,7 @@ def dp(
     *,
     slots: int = DEFAULT_SLOTS,
     queue_slots: int = DEFAULT_QUEUE_SLOTS,
+    keep: Iterable[int] = (),
 ) -> Result:
     """Offload the units the fluid dynamic program chooses (``NOTE [ fluid DP ]``).
 
@@ -248,6 +256,8 @@ def dp(
         cost time linearly.
     queue_slots
         Buckets of each pending-transfer queue (>= 1); time grows with its square.
+    keep
+        Units (stages 1..L) that must stay resident: the DP never offloads them.
 
     Returns
     -------
@@ -262,13 +272,15 @@ def dp(
     ------
     ValueError
         If ``slots`` or ``queue_slots`` is not an integer in 1..16384, or the DP's table for
-        them would exceed ``MAX_TABLE`` back-pointers, or the memory is below
-        :meth:`Chain.stage_memory_floor` (a :class:`~chainoffload.PlatformError`).
+        them would exceed ``MAX_TABLE`` back-pointers, ``keep`` names a unit that is not a
+        stage, or the memory is below :meth:`Chain.stage_memory_floor` (a
+        :class:`~chainoffload.PlatformError`).
     """
     t0 = time.perf_counter()
     slots = _check_count("slots", slots)
     queue_slots = _check_count("queue_slots", queue_slots)
     _check_table(chain, slots, queue_slots)
+    kept = check_keep(chain, keep)
     check_memory_floor(chain, platform)
     memory = platform.memory
     base_info: dict[str, Any] = {"slots": slots, "queue_slots": queue_slots}
@@ -300,7 +312,7 @@ def dp(
             message=f"dp: nothing fits in {memory} B: {why}",
         )
 
-    search = _Search(chain, platform, slots, queue_slots)
+    search = _Search(chain, platform, slots, queue_slots, kept)
     # The fluid model frees memory earlier than the real rules, so a plan made with a little
     # less memory than there is often runs with fewer waits: try a few budgets just below.
     for margin in MARGINS:

@@ -14,12 +14,13 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from ..bounds import fluid_lp
+from ..bounds import LP_SOLVERS, fluid_lp
 from ..chain import Chain
 from ..planner import plan_and_simulate
 from ..platform import Platform
 from ..result import Result, Status
 from ..simulate import Timeline
+from . import OptionError
 
 __all__ = ["lp", "DEFAULT_ROUNDINGS"]
 
@@ -51,7 +52,14 @@ _EPS = 1e-6
 # found); the search stops early once a schedule reaches the LP bound (it is optimal).
 
 
-def lp(chain: Chain, platform: Platform, *, roundings: int = DEFAULT_ROUNDINGS, solver: str = "glop") -> Result:
+def lp(
+    chain: Chain,
+    platform: Platform,
+    *,
+    roundings: int = DEFAULT_ROUNDINGS,
+    solver: str = "glop",
+    keep: Iterable[int] = (),
+) -> Result:
     """Solve the fluid LP, round its fractions into whole offload sets, keep the best that fits.
 
     Parameters
@@ -62,6 +70,10 @@ def lp(chain: Chain, platform: Platform, *, roundings: int = DEFAULT_ROUNDINGS, 
         Most offload sets to plan and simulate (>= 1); see ``NOTE [ rounding the fluid LP ]``.
     solver
         LP back end: ``"glop"`` (default) or ``"pdlp"`` (see :data:`chainoffload.bounds.LP_SOLVERS`).
+    keep
+        Units (stages 1..L) that must stay resident: no set that offloads one is tried. The
+        LP itself is not constrained, so its bound (a bound of the problem without ``keep``)
+        still holds.
 
     Returns
     -------
@@ -76,16 +88,22 @@ def lp(chain: Chain, platform: Platform, *, roundings: int = DEFAULT_ROUNDINGS, 
     Raises
     ------
     ValueError
-        If ``roundings`` is not an integer >= 1 or ``solver`` is unknown.
+        If ``roundings`` is not an integer >= 1, ``solver`` is unknown or ``keep`` names a
+        unit that is not a stage.
     """
+    from . import check_keep
+
     t0 = time.perf_counter()
+    kept = check_keep(chain, keep)
     if isinstance(roundings, bool) or not isinstance(roundings, (int, np.integer)) or roundings < 1:
-        raise ValueError(f"roundings: expected an integer >= 1, got {roundings!r}")
-    sol = fluid_lp(chain, platform, solver=solver)  # validates solver, chain and platform
+        raise OptionError(f"roundings: expected an integer >= 1, got {roundings!r}")
+    if not isinstance(solver, str) or solver.lower() not in LP_SOLVERS:
+        raise OptionError(f"solver: unknown LP solver {solver!r}; known: {', '.join(LP_SOLVERS)}")
+    sol = fluid_lp(chain, platform, solver=solver)
     bound = max(chain.compute_time, sol.bound) if sol.feasible else math.inf
     x = sol.x
     saved = chain.saved
-    units = list(range(1, chain.length)) if platform.can_transfer else []
+    units = [u for u in range(1, chain.length) if u not in kept] if platform.can_transfer else []
     search = _Search(chain, platform, int(roundings), bound)
 
     if not sol.feasible:

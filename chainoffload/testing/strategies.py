@@ -19,7 +19,7 @@ from typing import Any, Iterable, NamedTuple
 from hypothesis import strategies as st
 from hypothesis.strategies import SearchStrategy
 
-from ..chain import Chain
+from ..chain import MAX_TOTAL_BYTES, Chain
 from ..platform import Platform
 from ..schedule import Schedule, Transfer, fixed_order
 from ..simulate import keep_all_peak
@@ -231,12 +231,17 @@ def chains(
     _check_int("max_bytes", max_bytes, 0)
     if max_bytes < min_bytes:
         raise ValueError(f"max_bytes: {max_bytes} is below min_bytes={min_bytes}")
-    if max_bytes >= 2**62:
-        raise ValueError(f"max_bytes: {max_bytes} is too large (chain sizes must stay below 2**62)")
+    if (4 * max_length + 1) * max_bytes >= MAX_TOTAL_BYTES:
+        # act (L + 1 values), saved, fwd_tmp and bwd_tmp (L each) must add up to less than 2^60
+        raise ValueError(
+            f"max_bytes: {max_bytes} is too large for max_length={max_length} (a chain's sizes must add up to less than 2^60)"
+        )
     min_time = _check_float("min_time", min_time)
     max_time = _check_float("max_time", max_time)
     if max_time < min_time:
         raise ValueError(f"max_time: {max_time} is below min_time={min_time}")
+    if not math.isfinite(2.0 * max_length * max_time):
+        raise ValueError(f"max_time: {max_time} is too large for max_length={max_length} (sum(fwd) + sum(bwd) must be finite)")
     if time_resolution is not None:
         time_resolution = _check_float("time_resolution", time_resolution)
         if time_resolution <= 0:
