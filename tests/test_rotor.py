@@ -17,7 +17,8 @@ from chainoffload.simulate import keep_all_peak
 from chainoffload.solvers import solve
 from chainoffload._kernels.rotor import rotor_lean
 from chainoffload.networks import network, network_names
-from chainoffload.solvers.rotor import DEFAULT_SLOTS, default_slots, emit_segment, rotor, rotor_schedule, rotor_table, slots_for
+from chainoffload.solvers.rotor import (DEFAULT_SLOTS, RotorTable, default_slots, emit_segment, rotor, rotor_schedule,
+                                       rotor_table, slots_for)
 
 from naive_rotor import naive_rotor_table
 
@@ -191,9 +192,9 @@ def assert_same_table(chain, sl, block=None):
     if block is None:
         table = rotor_table(chain, sl)
     else:
-        rows, lo, top, off = rotor_lean(chain.fwd, chain.bwd, chain.fwd_nosave, sl.act, sl.saved, sl.fwd_tmp,
-                                        sl.bwd_tmp, sl.budget, block)
-        table = type(rotor_table(chain, sl))(chain, sl, rows, lo, top, off)
+        store, used, lo, top, off = rotor_lean(chain.fwd, chain.bwd, chain.fwd_nosave, sl.act, sl.saved, sl.fwd_tmp,
+                                               sl.bwd_tmp, sl.budget, block)
+        table = RotorTable(chain, sl, store, int(used), lo, top, off)
     lean_choice = table.choice
     for (s, t, m), value in opt.items():
         assert table.value(s, t, m) == value, (s, t, m)

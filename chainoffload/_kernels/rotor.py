@@ -29,9 +29,10 @@ the dense one bit for bit (the same float expressions, evaluated in the same ass
   below that value, it cannot improve any entry, and the loop over m stops there (binary
   search). This halves the work on chains where many options are close.
 * **Columns in blocks, rows reused.** Columns t are filled in blocks of ``block``; for each s
-  (descending), every option j whose left part (s, j-1) ends before the block is applied to
-  all t of the block while that left row is in cache, then the options inside the block in
-  order of t. The inner loops run over contiguous slices so that LLVM vectorizes them; the
+  (descending) and each j (ascending), option j is applied to every t of the block while the
+  left row (s, j-1) is in cache; row (s, j-1) of the block is final, and stored, just before
+  it serves as a left part. The inner loops run over contiguous slices so that LLVM
+  vectorizes them; the
   minimum is written as ``(v if v < x else x) + 0.0``: without the ``+ 0.0`` LLVM turns the
   store into a masked store, several times slower on x86 (the values are sums of times >= 0,
   never -0.0, so adding 0.0 changes none).
@@ -43,8 +44,6 @@ the way from the memory floor to keep-all, storage is about 80 % of the dense fl
 from __future__ import annotations
 
 import numpy as np
-from numba import typed, types
-
 from .config import njit
 
 #: Columns filled together (their rows share the left rows' cache traffic).
@@ -181,7 +180,9 @@ def _store_row(best, store, used, slots):
     last = best[slots]
     while top > lo and best[top - 1] == last:
         top -= 1
-    store[used:used + top - lo + 1] = best[lo:top + 1]
+    # Plain loops, not slice assignment: Numba's generic setitem costs seconds of compile.
+    for m in range(lo, top + 1):
+        store[used + m - lo] = best[m]
     return lo, top, used + top - lo + 1
 
 
@@ -190,21 +191,22 @@ def rotor_lean(fwd, bwd, fwd_nosave, act, saved, fwd_tmp, bwd_tmp, slots, block)
     """Fill the lean rotor table (``NOTE [ lean rotor table ]``), equal to :func:`rotor_table`'s ``opt``.
 
     Sizes in slots as for :func:`rotor_table`; ``block`` columns are filled together.
-    Returns ``(rows, lo, top, off)``: opt[s, t, m] is inf for m < lo[s, t], else
-    ``rows[t][off[s, t] + min(m, top[s, t]) - lo[s, t]]`` (see :func:`rotor_value`).
+    Returns ``(store, used, lo, top, off)``: opt[s, t, m] is inf for m < lo[s, t], else
+    ``store[off[s, t] + min(m, top[s, t]) - lo[s, t]]`` (see :func:`rotor_value`); only
+    ``store[:used]`` is written.
     """
     n = fwd.shape[0]
     s1 = slots + 1
     lo = np.full((n + 2, n + 2), s1, dtype=np.int32)
     top = np.full((n + 2, n + 2), s1, dtype=np.int32)
     off = np.zeros((n + 2, n + 2), dtype=np.int64)
-    rows = typed.List.empty_list(types.float64[::1])
-    rows.append(np.empty(0))  # column 0 does not exist
-    store = np.empty(block * n * s1)
+    # Room for every row at full length; rows are written one after the other from the start,
+    # and pages past the last row are never touched (NOTE [ lean rotor table ]).
+    store = np.empty(n * (n + 1) // 2 * s1 + 1)
+    used = 0
     best = np.empty((block, s1))
     for t0 in range(1, n + 1, block):
         t1 = min(t0 + block, n + 1)
-        used = 0
         for s in range(t1 - 1, 0, -1):
             usage_b = saved[s - 1] + act[s] + act[s - 1] + bwd_tmp[s - 1]
             first_t = max(s, t0)
@@ -222,7 +224,8 @@ def rotor_lean(fwd, bwd, fwd_nosave, act, saved, fwd_tmp, bwd_tmp, slots, block)
             for t in range(first_t, t1):
                 # F_all on s: unit s stays while s+1..t runs at m - saved[s].
                 row = best[t - t0]
-                row[:] = np.inf
+                for m in range(s1):
+                    row[m] = np.inf
                 g_t = act[t] if t < n else 0
                 need_a = max(g_t + saved[s - 1] + fwd_tmp[s - 1], usage_b)
                 sv = saved[s - 1]
@@ -236,12 +239,22 @@ def rotor_lean(fwd, bwd, fwd_nosave, act, saved, fwd_tmp, bwd_tmp, slots, block)
                         row[m] = fwd[s - 1] + store[base + m] + bwd[s - 1]
                     if flat <= slots:
                         c = fwd[s - 1] + store[base + sv + top_sub] + bwd[s - 1]
-                        row[flat:] = c
-            # Checkpoints whose left part (s, j-1) ends before this block: one left row, every t.
-            fpeak = act[s] + fwd_tmp[s - 1]  # forward phase's peak without g_t
+                        for m in range(flat, s1):
+                            row[m] = c
+            # Checkpoint a_{j-1}, j ascending, for every t of the block at once (the left row
+            # (s, j-1) is read once); a row is final, and stored, once its last option is in.
+            fpeak = act[s] + fwd_tmp[s - 1]  # the forward phase's peak, less g_t
             ftime = 0.0
-            j_end = t0 if s < t0 else s
-            for j in range(s + 1, j_end + 1):
+            for j in range(s + 1, t1 + 1):
+                if j - 1 >= first_t:
+                    first_m, top_m, new_used = _store_row(best[j - 1 - t0], store, used, slots)
+                    if first_m < s1:
+                        lo[s, j - 1] = first_m
+                        top[s, j - 1] = top_m
+                        off[s, j - 1] = used
+                        used = new_used
+                if j == t1:
+                    break
                 if j == s + 1:
                     ftime = fwd_nosave[s - 1]
                 else:
@@ -249,68 +262,35 @@ def rotor_lean(fwd, bwd, fwd_nosave, act, saved, fwd_tmp, bwd_tmp, slots, block)
                     step = act[j - 2] + act[j - 1] + fwd_tmp[j - 2]
                     if step > fpeak:
                         fpeak = step
-                if fpeak > slots:
-                    break
                 lo_left = lo[s, j - 1]
-                if lo_left > slots:
+                if fpeak > slots or lo_left > slots:
                     continue
-                left = rows[j - 1]
                 o_left = off[s, j - 1]
                 top_left = top[s, j - 1]
                 a = act[j - 1]
-                for t in range(first_t, t1):
+                for t in range(max(first_t, j), t1):
                     g_t = act[t] if t < n else 0
-                    _checkpoint_option(best[t - t0], store, off[j, t], lo[j, t], top[j, t], left, o_left, lo_left, top_left, a, g_t + fpeak, ftime, slots)
-            # Checkpoints whose left part ends inside the block, then the row is final.
-            for t in range(first_t, t1):
-                row = best[t - t0]
-                g_t = act[t] if t < n else 0
-                peak = fpeak
-                ft = ftime
-                for j in range(max(s, t0) + 1, t + 1):
-                    if j == s + 1:
-                        ft = fwd_nosave[s - 1]
-                        peak = act[s] + fwd_tmp[s - 1]
-                    else:
-                        ft += fwd_nosave[j - 2]
-                        step = act[j - 2] + act[j - 1] + fwd_tmp[j - 2]
-                        if step > peak:
-                            peak = step
-                    if g_t + peak > slots:
-                        break
-                    if lo[s, j - 1] > slots:
-                        continue
-                    _checkpoint_option(row, store, off[j, t], lo[j, t], top[j, t], store, off[s, j - 1], lo[s, j - 1], top[s, j - 1], act[j - 1], g_t + peak, ft, slots)
-                first_m, top_m, new_used = _store_row(row, store, used, slots)
-                if first_m < s1:
-                    lo[s, t] = first_m
-                    top[s, t] = top_m
-                    off[s, t] = used
-                    used = new_used
-        kept = np.empty(used)
-        kept[:] = store[:used]
-        for t in range(t0, t1):
-            rows.append(kept)
-    return rows, lo, top, off
+                    _checkpoint_option(best[t - t0], store, off[j, t], lo[j, t], top[j, t], store, o_left, lo_left, top_left, a, g_t + fpeak, ftime, slots)
+    return store, used, lo, top, off
 
 
 @njit
-def rotor_value(rows, lo, top, off, s, t, m):
+def rotor_value(store, lo, top, off, s, t, m):
     """opt[s, t, m] of the lean table (``inf`` below the row's least budget)."""
     if m < lo[s, t]:
         return np.inf
-    return rows[t][off[s, t] + min(m, top[s, t]) - lo[s, t]]
+    return store[off[s, t] + min(m, top[s, t]) - lo[s, t]]
 
 
 @njit
-def rotor_argmin(fwd, bwd, fwd_nosave, act, saved, fwd_tmp, bwd_tmp, rows, lo, top, off, slots, s, t, m):
+def rotor_argmin(fwd, bwd, fwd_nosave, act, saved, fwd_tmp, bwd_tmp, store, lo, top, off, slots, s, t, m):
     """The dense table's ``choice[s, t, m]``: 0 for "F_all on s", j for "checkpoint a_{j-1}", -1 for none.
 
     Recomputes each option with the fill's float expressions and returns the first (F_all,
     then j ascending) whose value equals the table's, which is the dense table's tie-break.
     """
     n = fwd.shape[0]
-    target = rotor_value(rows, lo, top, off, s, t, m)
+    target = rotor_value(store, lo, top, off, s, t, m)
     if target == np.inf:
         return -1
     if s == t:
@@ -319,7 +299,7 @@ def rotor_argmin(fwd, bwd, fwd_nosave, act, saved, fwd_tmp, bwd_tmp, rows, lo, t
     usage_b = saved[s - 1] + act[s] + act[s - 1] + bwd_tmp[s - 1]
     need_a = max(g_t + saved[s - 1] + fwd_tmp[s - 1], usage_b)
     if m >= need_a:
-        sub = rotor_value(rows, lo, top, off, s + 1, t, m - saved[s - 1])
+        sub = rotor_value(store, lo, top, off, s + 1, t, m - saved[s - 1])
         if sub < np.inf and fwd[s - 1] + sub + bwd[s - 1] == target:
             return 0
     need = g_t + act[s] + fwd_tmp[s - 1]
@@ -337,9 +317,9 @@ def rotor_argmin(fwd, bwd, fwd_nosave, act, saved, fwd_tmp, bwd_tmp, rows, lo, t
         a = act[j - 1]
         if m < need or m < a:
             continue
-        right = rotor_value(rows, lo, top, off, j, t, m - a)
+        right = rotor_value(store, lo, top, off, j, t, m - a)
         if right == np.inf:
             continue
-        if ftime + right + rotor_value(rows, lo, top, off, s, j - 1, m) == target:
+        if ftime + right + rotor_value(store, lo, top, off, s, j - 1, m) == target:
             return j
     return -1

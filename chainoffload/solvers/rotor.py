@@ -136,14 +136,15 @@ class RotorTable:
 
     chain: Chain
     slots: Slots
-    rows: object
+    store: np.ndarray
+    used: int
     lo: np.ndarray
     top: np.ndarray
     off: np.ndarray
 
     def value(self, s: int, t: int, m: int) -> float:
         """Least time of segment s..t with budget ``m`` slots (``inf`` when it cannot run)."""
-        return float(rotor_value(self.rows, self.lo, self.top, self.off, s, t, m))
+        return float(rotor_value(self.store, self.lo, self.top, self.off, s, t, m))
 
     def least_budget(self, s: int = 1, t: int | None = None) -> int | None:
         """Least budget (slots) at which segment s..t runs, ``None`` if none up to the budget."""
@@ -153,11 +154,8 @@ class RotorTable:
 
     @property
     def nbytes(self) -> int:
-        """Bytes held by the table (rows and index arrays)."""
-        seen: dict[int, int] = {}
-        for row in self.rows:
-            seen[id(row)] = row.nbytes
-        return sum(seen.values()) + self.lo.nbytes + self.top.nbytes + self.off.nbytes
+        """Bytes the table uses: the rows written and the index arrays."""
+        return 8 * self.used + self.lo.nbytes + self.top.nbytes + self.off.nbytes
 
     @property
     def choice(self) -> "_Choice":
@@ -177,7 +175,7 @@ class _Choice:
         return int(
             rotor_argmin(
                 ch.fwd, ch.bwd, ch.fwd_nosave, sl.act, sl.saved, sl.fwd_tmp, sl.bwd_tmp,
-                tb.rows, tb.lo, tb.top, tb.off, sl.budget, s, t, m,
+                tb.store, tb.lo, tb.top, tb.off, sl.budget, s, t, m,
             )
         )
 
@@ -198,10 +196,10 @@ def rotor_table(chain: Chain, sl: Slots) -> RotorTable:
         ``value(1, L, sl.budget)`` is the optimum; ``choice`` rebuilds the schedule with
         :func:`rotor_schedule` or :func:`emit_segment`.
     """
-    rows, lo, top, off = rotor_lean(
+    store, used, lo, top, off = rotor_lean(
         chain.fwd, chain.bwd, chain.fwd_nosave, sl.act, sl.saved, sl.fwd_tmp, sl.bwd_tmp, sl.budget, BLOCK
     )
-    return RotorTable(chain, sl, rows, lo, top, off)
+    return RotorTable(chain, sl, store, int(used), lo, top, off)
 
 
 def emit_segment(ops: list[tuple[str, int]], choice, sl: Slots, s: int, t: int, m: int) -> None:
