@@ -18,7 +18,7 @@ from chainoffload.solvers import solve
 from chainoffload._kernels.rotor import rotor_lean
 from chainoffload.networks import network, network_names
 from chainoffload.solvers.rotor import (DEFAULT_SLOTS, RotorTable, default_slots, emit_segment, rotor, rotor_schedule,
-                                       rotor_table, slots_for)
+                                       fill_rotor_table, slots_for)
 
 from naive_rotor import naive_rotor_table
 
@@ -112,7 +112,7 @@ def test_keep_all_memory_recomputes_nothing(seed):
     assert not any(k in ("Fck", "Fn") for k, _ in res.schedule.compute)
     # The table itself (no keep-all shortcut) with room for the rounding: ties go to F_all.
     sl = slots_for(chain, peak + (chain.length + 6) * slots_for(chain, peak, 500).quantum, 500)
-    ops = rotor_schedule(rotor_table(chain, sl).choice, sl, chain.length).compute
+    ops = rotor_schedule(fill_rotor_table(chain, sl).choice, sl, chain.length).compute
     assert ops == Schedule.keep_all(chain.length).compute
 
 
@@ -190,7 +190,7 @@ def assert_same_table(chain, sl, block=None):
     """The lean table equals the naive dense one bit for bit, and its recomputed choice exactly."""
     opt, choice = naive(chain, sl)
     if block is None:
-        table = rotor_table(chain, sl)
+        table = fill_rotor_table(chain, sl)
     else:
         store, used, lo, top, off = rotor_lean(chain.fwd, chain.bwd, chain.fwd_nosave, sl.act, sl.saved, sl.fwd_tmp,
                                                sl.bwd_tmp, sl.budget, block)
@@ -255,7 +255,7 @@ def test_rebuilt_schedule_is_the_dense_tables():
         _, choice = naive(chain, sl)
         ops_dense: list = []
         emit_segment(ops_dense, choice, sl, 1, length, sl.budget)  # a dict is indexable like the array
-        assert list(rotor_schedule(rotor_table(chain, sl).choice, sl, length).compute) == ops_dense
+        assert list(rotor_schedule(fill_rotor_table(chain, sl).choice, sl, length).compute) == ops_dense
 
 
 def test_default_slots_keep_500_up_to_a_thousand_stages():
@@ -273,6 +273,6 @@ def test_table_is_lean():
     chain = lean_chain(rng, 60)
     floor, top = chain.stage_memory_floor(), keep_all_peak(chain)
     sl = slots_for(chain, int(floor + 0.3 * (top - floor)), 500)
-    table = rotor_table(chain, sl)
+    table = fill_rotor_table(chain, sl)
     dense = (chain.length + 2) ** 2 * (sl.budget + 1) * (8 + 4)
     assert table.nbytes < dense / 4

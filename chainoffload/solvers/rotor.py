@@ -46,7 +46,7 @@ from ..simulate import simulate
 from . import OptionError
 from .remat_baselines import recompute_all_schedule
 
-__all__ = ["rotor", "Slots", "slots_for", "rotor_schedule", "RotorTable", "rotor_table", "default_slots", "DEFAULT_SLOTS"]
+__all__ = ["rotor", "Slots", "slots_for", "rotor_schedule", "RotorTable", "fill_rotor_table", "default_slots", "DEFAULT_SLOTS"]
 
 #: Memory slots of the dynamic programs when none are given.
 DEFAULT_SLOTS = 500
@@ -180,7 +180,7 @@ class _Choice:
         )
 
 
-def rotor_table(chain: Chain, sl: Slots) -> RotorTable:
+def fill_rotor_table(chain: Chain, sl: Slots) -> RotorTable:
     """Fill rotor's table for every segment and every budget up to ``sl.budget``.
 
     Parameters
@@ -273,7 +273,7 @@ def rotor(chain: Chain, platform: Platform, *, slots: int | None = None) -> Resu
     if timeline.feasible:
         info.update(source="keep-all", recomputed=0)
         return Result("rotor", Status.FEASIBLE, keep_all, makespan=timeline.makespan, runtime=time.perf_counter() - t0, info=info)
-    table = rotor_table(chain, sl)
+    table = fill_rotor_table(chain, sl)
     value = table.value(1, chain.length, sl.budget)
     info.update(dp_makespan=value, table_bytes=table.nbytes)
     if not math.isfinite(value):
