@@ -17,9 +17,11 @@ the dense one bit for bit (the same float expressions, evaluated in the same ass
 * **Rows are trimmed.** opt[s, t, m] is nonincreasing in m (every option is, and so is their
   minimum; float addition is monotone). Below lo(s, t) it is inf; from top(s, t) on it is
   constant (the keep-all value once keep-all fits, whatever the float ties). Only
-  m in [lo, top] is stored, in one float64 array per block of columns t; off[s, t] is the
-  row's place in it. An option's value is itself constant from M = max(a + top(right),
-  top(left)) on, so the work for one option is over [lo_j, min(M, S + 1)) and a fill beyond.
+  m in [lo, top] is stored, the rows one after the other in one float64 array; off[s, t] is
+  the row's place in it. The array is allocated at the dense size but written from its
+  start, so the pages past the last row are never touched and never become resident. An
+  option's value is itself constant from M = max(a + top(right), top(left)) on, so the work
+  for one option is over [lo_j, min(M, S + 1)) and a fill beyond.
 * **No choice table.** The argmin is recomputed when the schedule is rebuilt
   (:func:`rotor_argmin`), with the dense table's tie-break: "F_all" when it attains the
   minimum, else the smallest j that does.
@@ -32,10 +34,9 @@ the dense one bit for bit (the same float expressions, evaluated in the same ass
   (descending) and each j (ascending), option j is applied to every t of the block while the
   left row (s, j-1) is in cache; row (s, j-1) of the block is final, and stored, just before
   it serves as a left part. The inner loops run over contiguous slices so that LLVM
-  vectorizes them; the
-  minimum is written as ``(v if v < x else x) + 0.0``: without the ``+ 0.0`` LLVM turns the
-  store into a masked store, several times slower on x86 (the values are sums of times >= 0,
-  never -0.0, so adding 0.0 changes none).
+  vectorizes them; the minimum is written as ``(v if v < x else x) + 0.0``: without the
+  ``+ 0.0`` LLVM turns the store into a masked store, several times slower on x86 (the values
+  are sums of times >= 0, never -0.0, so adding 0.0 changes none).
 
 Work is still O(S L^3) in the worst case and storage O(S L^2): on random chains at 30 % of
 the way from the memory floor to keep-all, storage is about 80 % of the dense float64 part.
@@ -44,10 +45,23 @@ the way from the memory floor to keep-all, storage is about 80 % of the dense fl
 from __future__ import annotations
 
 import numpy as np
+
 from .config import njit
 
 #: Columns filled together (their rows share the left rows' cache traffic).
 BLOCK = 8
+
+
+@njit
+def forward_phase(fwd_nosave, act, fwd_tmp, s, j, ftime, peak):
+    """Time and memory peak (less g_t) of Fck_s, Fn_{s+1}..Fn_{j-1}, from those ending at a_{j-2}.
+
+    For j = s + 1 (Fck_s alone) ``ftime`` and ``peak`` are not read. The time is summed in
+    stage order, the association every table of this module uses.
+    """
+    if j == s + 1:
+        return fwd_nosave[s - 1], act[s] + fwd_tmp[s - 1]
+    return ftime + fwd_nosave[j - 2], max(peak, act[j - 2] + act[j - 1] + fwd_tmp[j - 2])
 
 
 @njit
@@ -80,16 +94,10 @@ def rotor_table(fwd, bwd, fwd_nosave, act, saved, fwd_tmp, bwd_tmp, slots):
                     opt[s, t, m] = fwd[s - 1] + sub + bwd[s - 1]
                     choice[s, t, m] = 0
             # Fck_s, Fn_{s+1}..Fn_{j-1}: keep a_{s-1}, run j..t from the lone a_{j-1}, then s..j-1.
-            need = g_t + act[s] + fwd_tmp[s - 1]
-            ftime = 0.0
+            ftime, peak = 0.0, 0
             for j in range(s + 1, t + 1):
-                if j == s + 1:
-                    ftime = fwd_nosave[s - 1]
-                else:
-                    ftime += fwd_nosave[j - 2]
-                    step = g_t + act[j - 2] + act[j - 1] + fwd_tmp[j - 2]
-                    if step > need:
-                        need = step
+                ftime, peak = forward_phase(fwd_nosave, act, fwd_tmp, s, j, ftime, peak)
+                need = g_t + peak
                 if need > slots:
                     break
                 a_j = act[j - 1]
@@ -243,8 +251,7 @@ def rotor_lean(fwd, bwd, fwd_nosave, act, saved, fwd_tmp, bwd_tmp, slots, block)
                             row[m] = c
             # Checkpoint a_{j-1}, j ascending, for every t of the block at once (the left row
             # (s, j-1) is read once); a row is final, and stored, once its last option is in.
-            fpeak = act[s] + fwd_tmp[s - 1]  # the forward phase's peak, less g_t
-            ftime = 0.0
+            ftime, fpeak = 0.0, 0  # the forward phase's time and peak (less g_t)
             for j in range(s + 1, t1 + 1):
                 if j - 1 >= first_t:
                     first_m, top_m, new_used = _store_row(best[j - 1 - t0], store, used, slots)
@@ -255,13 +262,7 @@ def rotor_lean(fwd, bwd, fwd_nosave, act, saved, fwd_tmp, bwd_tmp, slots, block)
                         used = new_used
                 if j == t1:
                     break
-                if j == s + 1:
-                    ftime = fwd_nosave[s - 1]
-                else:
-                    ftime += fwd_nosave[j - 2]
-                    step = act[j - 2] + act[j - 1] + fwd_tmp[j - 2]
-                    if step > fpeak:
-                        fpeak = step
+                ftime, fpeak = forward_phase(fwd_nosave, act, fwd_tmp, s, j, ftime, fpeak)
                 lo_left = lo[s, j - 1]
                 if fpeak > slots or lo_left > slots:
                     continue
@@ -302,16 +303,10 @@ def rotor_argmin(fwd, bwd, fwd_nosave, act, saved, fwd_tmp, bwd_tmp, store, lo, 
         sub = rotor_value(store, lo, top, off, s + 1, t, m - saved[s - 1])
         if sub < np.inf and fwd[s - 1] + sub + bwd[s - 1] == target:
             return 0
-    need = g_t + act[s] + fwd_tmp[s - 1]
-    ftime = 0.0
+    ftime, peak = 0.0, 0
     for j in range(s + 1, t + 1):
-        if j == s + 1:
-            ftime = fwd_nosave[s - 1]
-        else:
-            ftime += fwd_nosave[j - 2]
-            step = g_t + act[j - 2] + act[j - 1] + fwd_tmp[j - 2]
-            if step > need:
-                need = step
+        ftime, peak = forward_phase(fwd_nosave, act, fwd_tmp, s, j, ftime, peak)
+        need = g_t + peak
         if need > slots:
             break
         a = act[j - 1]
