@@ -161,25 +161,34 @@ def test_slots_must_be_positive(chain3):
 
 
 def test_rotor_kernel_runs_as_python():
-    # NUMBA_DISABLE_JIT=1 runs the kernel as plain Python: same table, same schedule.
+    # NUMBA_DISABLE_JIT=1 runs the kernels as plain Python: same table, same schedule; the
+    # 12-stage chain spans two column blocks of the lean fill.
     code = (
-        "import numpy as np, json;"
+        "import numpy as np, json, sys;"
+        "sys.path.insert(0, 'tests');"
+        "from test_rotor import random_chain;"
         "from chainoffload.examples import tiny;"
         "from chainoffload.platform import Platform;"
         "from chainoffload.solvers.rotor import rotor;"
-        "r = rotor(tiny(), Platform(memory=175, bandwidth_d2h=0.0, bandwidth_h2d=0.0), slots=50);"
-        "print(json.dumps([r.makespan, [list(op) for op in r.schedule.compute]]))"
+        "c = random_chain(np.random.default_rng(21), 12);"
+        "out = [rotor(tiny(), Platform(memory=175, bandwidth_d2h=0.0, bandwidth_h2d=0.0), slots=50),"
+        "       rotor(c, Platform(memory=int(0.5 * c.saved.sum()), bandwidth_d2h=0.0, bandwidth_h2d=0.0), slots=60)];"
+        "print(json.dumps([[r.makespan, [list(op) for op in r.schedule.compute]] for r in out]))"
     )
     env = {**os.environ, "NUMBA_DISABLE_JIT": "1"}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True,
+                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     import json
 
     from chainoffload.examples import tiny
 
-    makespan, ops = json.loads(out.stdout)
-    jitted = rotor(tiny(), Platform(memory=175, bandwidth_d2h=0.0, bandwidth_h2d=0.0), slots=50)
-    assert makespan == jitted.makespan
-    assert [tuple(op) for op in ops] == list(jitted.schedule.compute)
+    chain = random_chain(np.random.default_rng(21), 12)
+    jitted = [rotor(tiny(), Platform(memory=175, bandwidth_d2h=0.0, bandwidth_h2d=0.0), slots=50),
+              rotor(chain, Platform(memory=int(0.5 * chain.saved.sum()), bandwidth_d2h=0.0, bandwidth_h2d=0.0), slots=60)]
+    for (makespan, ops), res in zip(json.loads(out.stdout), jitted):
+        assert res.info["source"] == "dp"
+        assert makespan == res.makespan
+        assert [tuple(op) for op in ops] == list(res.schedule.compute)
 
 
 def naive(chain, sl):
