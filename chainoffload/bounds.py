@@ -1,6 +1,6 @@
 """Proven lower bounds: on the makespan (the fluid LP relaxation) and on the memory of offloading.
 
-* :func:`fluid_lower_bound` solves the fluid LP of DESIGN.md's "Relaxation 1" (transfers
+* :func:`fluid_lower_bound` solves the fluid LP relaxation (transfers
   divisible and preemptive, units offloaded by a fraction, memory moved in proportion to bytes,
   compute ops that may wait) and returns its optimum, a lower bound on the makespan of every
   schedule the simulator accepts (``NOTE [ fluid LP lower bound ]``).
@@ -22,6 +22,7 @@ import time
 import numpy as np
 
 from .chain import Chain
+from .order import b_pos
 from .platform import Platform
 
 __all__ = [
@@ -66,7 +67,7 @@ def _check_solver(solver: object) -> str:
 def keep_all_start_memory(chain: Chain) -> np.ndarray:
     """Memory in use at the start of each compute op of the schedule that offloads nothing.
 
-    Op k of the fixed order F_1..F_L, B_L..B_1, just after its own allocation, by DESIGN.md's
+    Op k of the fixed order F_1..F_L, B_L..B_1, just after its own allocation, by ``docs/model.md``'s
     rules (every earlier op's frees have happened; no later op has started):
 
     * F_i: ``a_0 + saved_1 + ... + saved_i + fwd_tmp_i``;
@@ -459,7 +460,7 @@ def _solve_fluid_lp(chain: Chain, platform: Platform, solver: str) -> FluidLP:
                 m.row(-math.inf, 0.0, [O[k], X[avail]], [1.0, -1.0])
             m.row(-math.inf, 0.0, [P[k], O[k]], [1.0, -1.0])  # (4)
         for i in range(1, length):
-            b = 2 * length - i - 1  # op index of B_{i+1}
+            b = b_pos(length, i + 1)
             m.row(0.0, math.inf, [P[b], X[last], X[i - 1]], [1.0, -1.0, 1.0])
         m.row(0.0, 0.0, [O[n], X[last]], [1.0, -1.0])
         m.row(0.0, 0.0, [P[n], X[last]], [1.0, -1.0])
@@ -495,7 +496,7 @@ def _solve_fluid_lp(chain: Chain, platform: Platform, solver: str) -> FluidLP:
                 if i == last:
                     m.row(0.0, 0.0, [W[i], tau[i - 1], tau[i]], [1.0, -1.0, -1.0])
                 else:
-                    m.row(0.0, 0.0, [W[i], W[i + 1], tau[i - 1], tau[2 * length - i - 2]], [1.0, -1.0, -1.0, -1.0])
+                    m.row(0.0, 0.0, [W[i], W[i + 1], tau[i - 1], tau[b_pos(length, i + 1) - 1]], [1.0, -1.0, -1.0, -1.0])
             N = None
             if lat > 0:
                 N = [m.var(0.0, 0.0)]

@@ -1,6 +1,6 @@
 """The chain model: per-stage times and sizes of a network cut into L stages.
 
-See DESIGN.md, "The model". Stage i (1-based in the text) is index ``i - 1`` of every
+See docs/model.md, "The chain". Stage i (1-based in the text) is index ``i - 1`` of every
 length-L array and index ``i`` of ``act``. A :class:`Chain` is validated once, on
 construction; its arrays are contiguous and read-only, so kernels can trust them.
 """
@@ -144,7 +144,7 @@ def _readonly(arr: np.ndarray) -> np.ndarray:
 
 
 class Chain(JsonIO):
-    """A chain of L stages with the times and sizes of DESIGN.md's model.
+    """A chain of L stages with the times and sizes of docs/model.md's model.
 
     Parameters
     ----------
@@ -325,7 +325,7 @@ class Chain(JsonIO):
     # -- JSON ------------------------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
-        """The chain as DESIGN.md's JSON object (plain Python lists and numbers)."""
+        """The chain as docs/model.md's JSON object (plain Python lists and numbers)."""
         out: dict[str, Any] = {
             "name": self.name,
             "fwd": self.fwd.tolist(),
@@ -341,7 +341,7 @@ class Chain(JsonIO):
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "Chain":
-        """Build a chain from DESIGN.md's JSON object; unknown or missing keys are errors."""
+        """Build a chain from docs/model.md's JSON object; unknown or missing keys are errors."""
         if not isinstance(data, Mapping):
             raise ChainError(f"chain: expected a JSON object, got {type(data).__name__}")
         required = ("fwd", "bwd", "act", "saved", "fwd_tmp", "bwd_tmp")

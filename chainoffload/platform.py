@@ -126,7 +126,7 @@ class Platform(JsonIO):
     # -- JSON ------------------------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
-        """The platform as DESIGN.md's JSON object."""
+        """The platform as docs/model.md's JSON object."""
         return {
             "memory": self.memory,
             "bandwidth_d2h": self.bandwidth_d2h,

@@ -121,7 +121,7 @@ def _title_lines(timeline: "Timeline", lower_bound: float | None, found: Sequenc
 
 
 def _op_bytes(timeline: "Timeline", kind: str, stage: int) -> str:
-    """What a compute op allocates and frees, in DESIGN.md's terms, for hover texts."""
+    """What a compute op allocates and frees, in docs/model.md's terms, for hover texts."""
     from .units import format_bytes
 
     c = timeline.chain

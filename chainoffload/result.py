@@ -94,7 +94,7 @@ class Result:
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
-        """The CLI's ``--json`` object (DESIGN.md): plain data, infinities as ``null``."""
+        """The CLI's ``--json`` object (README, "Command line"): plain data, infinities as ``null``."""
 
         def num(x: float | None) -> float | None:
             if x is None or not math.isfinite(x):

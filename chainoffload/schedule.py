@@ -3,7 +3,12 @@
 A :class:`Schedule` is the compute sequence plus transfers, each tied to a trigger: the start
 or the end of a compute op, after which the transfer is queued on its channel. This is what an
 executor can do: a forward/backward hook enqueues a copy on a side stream; the compute stream
-waits on the copy's event. See DESIGN.md, "One schedule format".
+waits on the copy's event. The format and its rules are in ``docs/model.md``.
+
+:meth:`Schedule.validate` checks the structure and resolves it into a :class:`Structure` (what
+the simulator's kernel replays; cached per chain length). Search loops that hold schedules as
+arrays skip the object: :func:`resolve` takes the arrays of :meth:`Schedule.arrays` directly
+(see :mod:`chainoffload.simulate` for the array-level replay).
 """
 
 from __future__ import annotations
@@ -15,6 +20,9 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from ._jsonio import JsonIO
+from ._kernels import structure as _ks
+from .order import event as _event
+from .order import fixed_order
 
 if TYPE_CHECKING:
     from .chain import Chain
@@ -65,10 +73,10 @@ class Transfer:
     @property
     def event(self) -> int:
         """Position of the trigger in the event sequence: ``2 * op`` (start) or ``2 * op + 1`` (end)."""
-        return 2 * self.op + (1 if self.at == "end" else 0)
+        return _event(self.op, self.at)
 
     def to_dict(self) -> dict[str, Any]:
-        """The transfer as DESIGN.md's JSON object."""
+        """The transfer as docs/model.md's JSON object."""
         out: dict[str, Any] = {"kind": self.kind, "unit": self.unit, "trigger": {"op": self.op, "at": self.at}}
         if self.before is not None:
             out["before"] = self.before
@@ -108,11 +116,6 @@ def _int(v: Any, where: str) -> int:
     if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
         raise ScheduleError(f"{where}: expected an integer, got {v!r}")
     return int(v)
-
-
-def fixed_order(length: int) -> tuple[tuple[str, int], ...]:
-    """The fixed compute order of pure offloading: F_1..F_L, B_L..B_1."""
-    return tuple(("F", i) for i in range(1, length + 1)) + tuple(("B", i) for i in range(length, 0, -1))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,8 +171,12 @@ class Schedule(JsonIO):
         return tuple(sorted({t.unit for t in self.transfers if t.kind == "offload"}))
 
     def offloaded_bytes(self, chain: "Chain") -> int:
-        """Bytes copied to the host: saved[i] for every offloaded unit i."""
-        return int(sum(int(chain.saved[u - 1]) for u in self.offloaded_units))
+        """Bytes copied to the host: what each offload moves (saved[i] for a whole unit i, act[i]
+        for a lone a_i that an Fck_i / Fn_i made). Raises :class:`ScheduleError` if malformed."""
+        if not self.has_remat:
+            return int(sum(int(chain.saved[u - 1]) for u in self.offloaded_units))
+        self.validate(chain)
+        return self._structure(chain.length).offloaded_bytes(chain)
 
     @functools.cached_property
     def has_remat(self) -> bool:
@@ -192,29 +199,39 @@ class Schedule(JsonIO):
         """Check the structure against ``chain``; raise :class:`ScheduleError` if malformed.
 
         Checked: op kinds and stages exist; the compute sequence is the fixed order F_1..F_L,
-        B_L..B_1 (rematerialization sequences are checked by the remat module); every transfer
-        names a valid unit, trigger and ``before``; ``before`` comes after the trigger; at most
-        one offload and one prefetch per unit; every offload has its prefetch and vice versa; no
-        prefetch is triggered before its offload. Timing and memory are not checked here.
+        B_L..B_1, or a rematerializing sequence that keeps ``docs/model.md``'s rules (every B_i
+        once, in the order B_L..B_1, with unit i whole and a_{i-1} resident; every forward reads
+        a resident a_{i-1}, none after its own backward; Fck_i / Fn_i not after B_{i+1}; F_i not
+        over a whole unit i, Fck_i / Fn_i not over a resident a_i; Fn_i frees a lone a_{i-1});
+        every transfer names a valid unit, trigger and ``before``; ``before`` comes after the
+        trigger; at most one offload and one prefetch per unit; every offload has its prefetch
+        and vice versa; no prefetch is triggered before its offload. Timing, memory and reads
+        of data that is not on the GPU are not checked here: :func:`chainoffload.simulate`
+        reports them as violations.
         """
         length = chain.length
         # Structure depends on L alone; search loops replay one schedule many times.
-        checked = self.__dict__.setdefault("_valid_for", set())
-        if length in checked:
+        cache = self.__dict__.setdefault("_structures", {})
+        if length in cache:
             return
-        self._validate(length)
-        checked.add(length)
+        self._validate_fields(length)
+        cache[length] = resolve(length, *self.arrays())
 
-    def _validate(self, length: int) -> None:
+    def _structure(self, length: int) -> "Structure":
+        """The resolved structure (after :meth:`validate` for a chain of this length)."""
+        return self.__dict__["_structures"][length]
+
+    def _validate_fields(self, length: int) -> None:
         n = len(self.compute)
-        for idx, (kind, stage) in enumerate(self.compute):
+        fixed = not self.has_remat and self.compute == fixed_order(length)
+        for idx, (kind, stage) in enumerate(() if fixed else self.compute):
             if kind not in OP_CODE:
                 raise ScheduleError(f"schedule.compute[{idx}]: unknown op kind {kind!r}; known: {', '.join(OP_KINDS)}")
             if not 1 <= stage <= length:
                 raise ScheduleError(f"schedule.compute[{idx}]: stage {stage} is not in 1..{length}")
         if not self.has_remat:
             expected = fixed_order(length)
-            if self.compute != expected:
+            if not fixed:
                 for idx, (got, want) in enumerate(zip(self.compute, expected)):
                     if got != want:
                         raise ScheduleError(
@@ -255,10 +272,6 @@ class Schedule(JsonIO):
                     f"schedule.transfers[{idx}]: the prefetch of unit {unit} is triggered before its offload "
                     f"(transfers[{o_idx}])"
                 )
-        if self.has_remat:
-            from .remat import validate_remat
-
-            validate_remat(self, length)
 
     # -- arrays for the kernels ---------------------------------------------------------------
 
@@ -289,7 +302,7 @@ class Schedule(JsonIO):
     # -- JSON ------------------------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
-        """The schedule as DESIGN.md's JSON object."""
+        """The schedule as docs/model.md's JSON object."""
         return {"compute": [[k, s] for k, s in self.compute], "transfers": [t.to_dict() for t in self.transfers]}
 
     @classmethod
@@ -328,3 +341,123 @@ class Schedule(JsonIO):
     ) -> "Schedule":
         """A fixed-order schedule (or ``compute``) with the given transfers."""
         return cls(tuple(compute) if compute is not None else fixed_order(length), tuple(transfers))
+
+
+# -- the resolved structure ----------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Structure:
+    """A well-formed schedule resolved into the lists the simulator's kernel replays.
+
+    Private to the package (the simulator and search loops use it); depends on the chain's
+    length only. The fields are :func:`chainoffload._kernels.structure.resolve_kernel`'s arrays
+    (see its docstring), plus the op and transfer kinds; :meth:`kernel_args` gives them in the
+    order :func:`chainoffload._kernels.simulate.replay_kernel` takes them.
+    """
+
+    length: int
+    op_kind: np.ndarray
+    op_stage: np.ndarray
+    alloc_ptr: np.ndarray
+    alloc_size: np.ndarray
+    free_ptr: np.ndarray
+    free_size: np.ndarray
+    free_src: np.ndarray
+    wait_ptr: np.ndarray
+    wait_tr: np.ndarray
+    hold_ptr: np.ndarray
+    hold_op: np.ndarray
+    tr_kind: np.ndarray
+    tr_event: np.ndarray
+    tr_size: np.ndarray
+    tr_src: np.ndarray
+    tr_after: np.ndarray
+    tr_order: np.ndarray
+
+    def kernel_args(self) -> tuple[np.ndarray, ...]:
+        """The arrays after the platform's scalars in ``replay_kernel``'s signature."""
+        return (
+            self.op_kind,
+            self.op_stage,
+            self.alloc_ptr,
+            self.alloc_size,
+            self.free_ptr,
+            self.free_size,
+            self.free_src,
+            self.wait_ptr,
+            self.wait_tr,
+            self.hold_ptr,
+            self.hold_op,
+            self.tr_kind,
+            self.tr_event,
+            self.tr_size,
+            self.tr_src,
+            self.tr_after,
+            self.tr_order,
+        )
+
+    def offloaded_bytes(self, chain: "Chain") -> int:
+        """Bytes the offloads move on ``chain``."""
+        sizes = _ks.size_table(chain.act, chain.saved, chain.fwd_tmp, chain.bwd_tmp)
+        return int(sizes[self.tr_size[self.tr_kind == 0]].sum())
+
+
+_SEQUENCE_ERRORS = {
+    _ks.ERR_B_NOT_WHOLE: "{op}: B_{i} needs unit {i} whole on the GPU, but no F_{i} (F_all) ran since it was last freed",
+    _ks.ERR_INPUT_ABSENT: "{op}: {kind}_{i} reads a_{p}, which is not resident",
+    _ks.ERR_FWD_AFTER_B: "{op}: stage {i} runs a forward after its backward B_{i}",
+    _ks.ERR_NO_READER: "{op}: {kind}_{i} after B_{q}: its output a_{i} would have no reader",
+    _ks.ERR_F_RESIDENT: "{op}: F_{i} while unit {i} is already resident whole",
+    _ks.ERR_CK_RESIDENT: "{op}: {kind}_{i} while a_{i} is already resident",
+    _ks.ERR_FN_WHOLE_INPUT: "{op}: Fn_{i} frees its input a_{p}, but unit {p} is kept whole by F_{p}; use Fck_{i}",
+}
+
+
+def resolve(
+    length: int,
+    op_kind: np.ndarray,
+    op_stage: np.ndarray,
+    tr_kind: np.ndarray,
+    tr_unit: np.ndarray,
+    tr_op: np.ndarray,
+    tr_at: np.ndarray,
+    tr_before: np.ndarray,
+) -> Structure:
+    """Check a compute sequence and resolve it with its transfers (arrays of :meth:`Schedule.arrays`).
+
+    Private to the package: the array-level entry of search loops (see :mod:`chainoffload.simulate`).
+    The fields must already be in range (what :meth:`Schedule.validate` checks before calling
+    this; a search loop whose schedules are well formed by construction calls it directly).
+
+    Returns
+    -------
+    Structure
+        Read-only arrays, for :func:`chainoffload.simulate.replay` on any chain of ``length`` stages.
+
+    Raises
+    ------
+    ScheduleError
+        When the sequence breaks a rematerialization rule; the message names the op.
+    """
+    out = _ks.resolve_kernel(length, op_kind, op_stage, tr_kind, tr_unit, tr_op, tr_at, tr_before)
+    err, k, arg = int(out[0]), int(out[1]), int(out[2])
+    if err != _ks.ERR_NONE:
+        raise ScheduleError(_sequence_message(err, k, arg, length, op_kind, op_stage))
+    arrays = (op_kind, op_stage, *out[3:12], tr_kind, *out[12:])
+    for arr in arrays:
+        if arr.flags.writeable:
+            arr.setflags(write=False)
+    return Structure(length, *arrays)
+
+
+def _sequence_message(err: int, k: int, arg: int, length: int, op_kind: np.ndarray, op_stage: np.ndarray) -> str:
+    if err == _ks.ERR_B_MISSING:
+        return f"schedule.compute: B_{arg} never runs (backward ops must run B_{length}..B_1)"
+    kind, i = OP_KINDS[int(op_kind[k])], int(op_stage[k])
+    op = f"schedule.compute[{k}] ({kind}_{i})"
+    if err == _ks.ERR_B_ORDER:
+        if arg >= 1:
+            return f"{op}: backward ops must run once each in the order B_{length}..B_1; expected B_{arg}"
+        return f"{op}: B_{i} runs a second time"
+    return _SEQUENCE_ERRORS[err].format(op=op, kind=kind, i=i, p=i - 1, q=i + 1)

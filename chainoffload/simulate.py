@@ -1,4 +1,29 @@
-"""The one simulator: every schedule of every solver, and every test, goes through it."""
+"""The one simulator: every schedule of every solver, and every test, goes through it.
+
+:func:`simulate` is the entry point: it validates the schedule, replays it and returns a
+:class:`Timeline`. The rules it applies are ``docs/model.md``'s.
+
+Array-level replay (private; for search loops that hold candidates as arrays)
+------------------------------------------------------------------------------
+A search that evaluates many candidate schedules need not build a :class:`Schedule` for each:
+
+1. ``structure = chainoffload.schedule.resolve(L, op_kind, op_stage, tr_kind, tr_unit, tr_op,
+   tr_at, tr_before)`` checks the compute sequence (the fields must be in range, as
+   :meth:`Schedule.arrays` encodes them: int64 arrays; op kinds are codes of ``OP_KINDS``,
+   transfer kind 0 = offload, 1 = prefetch, ``at`` 0 = start, 1 = end, ``before`` -1 when
+   absent; every offload has its prefetch, triggered no earlier) and resolves it into a
+   :class:`~chainoffload.schedule.Structure`; it raises :class:`ScheduleError` if the sequence
+   breaks a rule. For the fixed order, ``op_kind`` / ``op_stage`` come from
+   ``Schedule.keep_all(L).arrays()``.
+2. ``out = replay(chain, platform, structure)`` runs the kernel and returns its raw tuple
+   ``(op_start, op_end, tr_start, tr_end, mem_time, mem_bytes, mem_who, peak, peak_time, rule,
+   who, viol_time, viol_bytes)``: ``rule`` is 0 (feasible), 1 (memory) or 2 (read); ``who``
+   encodes op k as k and transfer t as ``-(t + 1)``; the makespan is ``op_end[-1]``.
+
+Both steps are Numba kernels underneath (``chainoffload._kernels.structure.resolve_kernel`` and
+``chainoffload._kernels.simulate.replay_kernel``), which jitted code can call directly.
+Only the winner of a search needs to become a :class:`Schedule` and go through :func:`simulate`.
+"""
 
 from __future__ import annotations
 
@@ -8,10 +33,11 @@ from typing import Any
 
 import numpy as np
 
-from ._kernels.simulate import RULE_MEMORY, RULE_NONE, RULE_READ, simulate_kernel
+from ._kernels.simulate import RULE_MEMORY, RULE_NONE, RULE_READ, replay_kernel
+from ._kernels.structure import size_table as _size_table
 from .chain import Chain
 from .platform import Platform, PlatformError
-from .schedule import Schedule
+from .schedule import Schedule, Structure
 
 __all__ = ["simulate", "Timeline", "Violation", "VIOLATION_RULES"]
 
@@ -27,8 +53,9 @@ class Violation:
     ----------
     rule
         ``"memory"``: GPU memory goes over the limit; ``"read"``: an op reads data that is not
-        on the GPU (an offload triggered before its unit exists, or a backward whose unit's
-        prefetch is triggered only at or after that backward).
+        on the GPU (an offload triggered before the data it copies is made, or an op that needs
+        the copy a prefetch brings back while that prefetch is triggered only at or after its
+        start).
     op
         Name of the op concerned, e.g. ``"F_3"``, ``"B_2"``, ``"O_4"``, ``"P_4"``.
     time
@@ -65,7 +92,7 @@ class Timeline:
     makespan
         End of the last compute op (B_1).
     offloaded_bytes
-        Bytes copied to the host (saved[i] for each offloaded unit).
+        Bytes copied to the host (saved[i] for each offloaded unit, act[i] for a lone a_i).
     violation
         The first rule broken, or ``None`` when the schedule is feasible.
     """
@@ -124,6 +151,8 @@ def _describe(schedule: Schedule, code: int) -> str:
 
 def check_platform_for(schedule: Schedule, platform: Platform) -> None:
     """Raise :class:`PlatformError` if the schedule moves data over a link of bandwidth 0."""
+    if platform.bandwidth_d2h > 0 and platform.bandwidth_h2d > 0:
+        return
     for t in schedule.transfers:
         if t.kind == "offload" and platform.bandwidth_d2h <= 0:
             raise PlatformError(f"platform.bandwidth_d2h: 0 but the schedule offloads unit {t.unit}")
@@ -132,40 +161,22 @@ def check_platform_for(schedule: Schedule, platform: Platform) -> None:
 
 
 def simulate(chain: Chain, platform: Platform, schedule: Schedule) -> Timeline:
-    """Replay ``schedule`` on ``chain`` and ``platform`` event by event (DESIGN.md's rules).
+    """Replay ``schedule`` on ``chain`` and ``platform`` event by event.
+
+    Fixed-order and rematerializing schedules alike; the rules, and every decision taken where
+    they leave room (trigger order, FIFO channels, waits, which copy of offloaded data an op
+    reads, what happens at one instant, zero-length ops, the first rule broken), are stated in
+    ``docs/model.md``.
 
     Never raises for an infeasible schedule: the result's ``violation`` names the first rule
-    broken. Raises :class:`ScheduleError` for a malformed schedule (see
-    :meth:`Schedule.validate`) and :class:`PlatformError` when it transfers over a link of
-    bandwidth 0.
+    broken (the earliest in time; a ``read`` wins a tie with ``memory``), and the rest of the
+    timeline is still computed by the same rules. Raises :class:`ScheduleError` for a malformed
+    schedule (see :meth:`Schedule.validate`) and :class:`PlatformError` when it transfers over
+    a link of bandwidth 0.
 
-    Decisions where the contract leaves room
-    ----------------------------------------
-    * **Trigger order.** Triggers happen at compute-op boundaries, so "trigger order" is the
-      order of those events in the compute sequence: start of op k, end of op k, start of op
-      k + 1, ... Transfers with the same trigger event are queued in list order. Two events at
-      the same instant (op k ends when op k + 1 starts) keep this causal order.
-    * **Channels are FIFO and non-preemptive.** A transfer starts at max(its trigger, the end
-      of the transfer ahead of it on its channel, and for a prefetch the end of its unit's
-      offload); a prefetch waiting for its offload holds its channel (no overtaking), as a CUDA
-      stream would. Channels therefore never overlap; with ``duplex=False`` offloads and
-      prefetches share one queue.
-    * **Waits.** Compute op k starts at max(end of op k - 1, end of every transfer with
-      ``before == k``, and for B_j the ends of the prefetches of units j and j - 1). A prefetch
-      that B_j needs but that is triggered only at or after B_j cannot be waited for: that is a
-      ``read`` violation (B_j would read data that is not on the GPU); the op then starts
-      without it so that the rest of the timeline is still reported.
-    * **Offload before its data exists.** An offload of unit i triggered before F_i ends is a
-      ``read`` violation.
-    * **One instant.** Frees of memory allocated strictly earlier come before allocations at
-      the same instant. A zero-length op's transient (fwd_tmp, bwd_tmp) is still counted: it is
-      allocated and freed at that instant, in causal order; so are the frees at the end of a
-      zero-length op (a zero-length B_i still holds its unit and g_i while it allocates, and
-      a zero-length F_{i+1} still reads a_i). A prefetch's allocation at an
-      instant counts before such a zero-length free (the conservative side).
-    * **g_0.** B_1 allocates g_0 and nothing frees it (it is the chain's input gradient); a_0 is
-      freed at the end of B_1.
-    * **First rule broken** is the earliest in time; a ``read`` wins a tie with ``memory``.
+    Returns
+    -------
+    Timeline
     """
     if not isinstance(chain, Chain):
         raise TypeError(f"simulate: chain must be a Chain, got {type(chain).__name__}")
@@ -175,30 +186,50 @@ def simulate(chain: Chain, platform: Platform, schedule: Schedule) -> Timeline:
         raise TypeError(f"simulate: schedule must be a Schedule, got {type(schedule).__name__}")
     schedule.validate(chain)
     check_platform_for(schedule, platform)
-    if schedule.has_remat:
-        from .remat import simulate_remat  # noqa: F401  (extension point; see remat module)
+    structure = schedule._structure(chain.length)
+    sizes = _sizes(chain)
+    out = _replay(chain, platform, structure, sizes)
+    moved = int(sizes[structure.tr_size[structure.tr_kind == 0]].sum()) if structure.tr_kind.shape[0] else 0
+    return _timeline(chain, platform, schedule, out, moved)
 
-        return simulate_remat(chain, platform, schedule)
-    arrays = schedule.arrays()
-    out = simulate_kernel(
+
+_SIZE_CACHE: list = [None, None]
+
+
+def _sizes(chain: Chain) -> np.ndarray:
+    """The chain's size table (``_kernels.structure.size_table``), kept for the last chain seen."""
+    if _SIZE_CACHE[0] is not chain:
+        table = _size_table(chain.act, chain.saved, chain.fwd_tmp, chain.bwd_tmp)
+        table.setflags(write=False)
+        _SIZE_CACHE[:] = [chain, table]
+    return _SIZE_CACHE[1]
+
+
+def _replay(chain: Chain, platform: Platform, structure: Structure, sizes: np.ndarray) -> tuple:
+    return replay_kernel(
         chain.fwd,
         chain.bwd,
         chain.fwd_nosave,
-        chain.act,
-        chain.saved,
-        chain.fwd_tmp,
-        chain.bwd_tmp,
+        sizes,
         platform.memory,
         platform.bandwidth_d2h,
         platform.bandwidth_h2d,
         platform.latency,
         platform.duplex,
-        *arrays,
+        *structure.kernel_args(),
     )
-    return _timeline_from_kernel(chain, platform, schedule, out)
 
 
-def _timeline_from_kernel(chain: Chain, platform: Platform, schedule: Schedule, out: tuple) -> Timeline:
+def replay(chain: Chain, platform: Platform, structure: Structure) -> tuple:
+    """The kernel's raw outputs for a resolved schedule (private array-level entry; see the module doc).
+
+    ``structure`` must come from :func:`chainoffload.schedule.resolve` for ``chain.length``;
+    nothing is validated here, so a search loop pays only for the kernel.
+    """
+    return _replay(chain, platform, structure, _sizes(chain))
+
+
+def _timeline(chain: Chain, platform: Platform, schedule: Schedule, out: tuple, moved: int) -> Timeline:
     (op_start, op_end, tr_start, tr_end, mem_time, mem_bytes, _mem_who, peak, peak_time, rule, who, vtime, vbytes) = out
     violation = None
     if rule != RULE_NONE:
@@ -211,9 +242,9 @@ def _timeline_from_kernel(chain: Chain, platform: Platform, schedule: Schedule, 
             violation = Violation("memory", name, float(vtime), int(vbytes), msg)
         elif rule == RULE_READ:
             if name.startswith("O_"):
-                msg = f"{name} is triggered at t={vtime:.6g}s, before F_{name[2:]} has made unit {name[2:]}"
+                msg = f"{name} is triggered at t={vtime:.6g}s, before the data it copies is made"
             else:
-                msg = f"{name} at t={vtime:.6g}s reads a unit whose prefetch is triggered only at or after it"
+                msg = f"{name} at t={vtime:.6g}s reads offloaded data whose prefetch is triggered only at or after it"
             violation = Violation("read", name, float(vtime), int(vbytes), msg)
     for arr in (op_start, op_end, tr_start, tr_end, mem_time, mem_bytes):
         arr.setflags(write=False)
@@ -230,7 +261,7 @@ def _timeline_from_kernel(chain: Chain, platform: Platform, schedule: Schedule, 
         peak_memory=int(peak),
         peak_time=float(peak_time),
         makespan=float(op_end[-1]) if op_end.shape[0] else 0.0,
-        offloaded_bytes=schedule.offloaded_bytes(chain),
+        offloaded_bytes=moved,
         violation=violation,
     )
 

@@ -1,9 +1,9 @@
 """Why compute idles: every stall of a :class:`~chainoffload.Timeline` and the copy that causes it.
 
 Compute runs one op at a time; an op starts at the end of the op before it unless it waits
-for a transfer (DESIGN.md, "One schedule format"): an explicit ``before`` wait, or B_j's
-implicit wait for the prefetches of units j and j - 1 (with rematerialization, any op waits
-for the prefetch of an instance it reads). A *stall* is the interval in which compute is idle
+for a transfer (docs/model.md, "Time"): an explicit ``before`` wait, or B_j's implicit wait
+for the prefetches of units j and j - 1 (in general, any op that uses the prefetched copy of
+offloaded data waits for its prefetch). A *stall* is the interval in which compute is idle
 because of such a wait. :func:`stalls` finds each one from the timeline and names the transfer
 that ends it, so a picture or a report can say "B_5 waits 1.2 ms for P_5 to arrive" instead of
 leaving a gap unexplained. Needs nothing beyond the core.
@@ -93,25 +93,16 @@ def _waited(timeline: "Timeline") -> list[tuple[list[int], list[int]]]:
     for t, tr in enumerate(schedule.transfers):
         if tr.before is not None:
             explicit[tr.before].append(t)
-    if schedule.has_remat:
-        from .remat import validate_remat
-
-        struct = validate_remat(schedule, timeline.chain.length)
-        for k in range(n):
-            for q in range(int(struct.use_ptr[k]), int(struct.use_ptr[k + 1])):
-                p = int(struct.inst_pre[int(struct.use_inst[q])])
-                if p >= 0 and ev[p] < 2 * k and p not in implicit[k]:
-                    implicit[k].append(p)
-    else:
-        prefetch = {tr.unit: t for t, tr in enumerate(schedule.transfers) if tr.kind == "prefetch"}
-        for k, (kind, stage) in enumerate(schedule.compute):
-            if kind != "B":
-                continue
-            for unit in (stage, stage - 1):
-                p = prefetch.get(unit)
-                # A prefetch triggered at or after B_j's start is not waited for (a read violation).
-                if p is not None and ev[p] < 2 * k:
-                    implicit[k].append(p)
+    # The simulator's own wait lists (docs/model.md, "Which copy an op reads"): explicit waits,
+    # then the prefetches of the offloaded data the op uses; one triggered at or after the op's
+    # start is not waited for (a read violation).
+    schedule.validate(timeline.chain)
+    struct = schedule._structure(timeline.chain.length)
+    for k in range(n):
+        for q in range(int(struct.wait_ptr[k]), int(struct.wait_ptr[k + 1])):
+            p = int(struct.wait_tr[q])
+            if ev[p] < 2 * k and p not in implicit[k]:
+                implicit[k].append(p)
     for k in range(n):
         implicit[k] = sorted(t for t in implicit[k] if t not in explicit[k])
     return [(explicit[k], implicit[k]) for k in range(n)]
@@ -177,10 +168,11 @@ def stalls(timeline: "Timeline") -> list[Stall]:
     >>> [(x.op_name, x.start, x.end, x.transfer_name) for x in co.stalls(tl)]
     [('B_2', 6.0, 7.0, 'P_1')]
     """
-    from .simulate import Timeline
-
-    if not isinstance(timeline, Timeline):
-        raise TypeError(f"stalls: timeline must be a Timeline, got {type(timeline).__name__}")
+    # Checked by the class's name and module: importing chainoffload.simulate here would close
+    # an import cycle (Timeline.plot -> plot -> stalls -> simulate).
+    kind = type(timeline)
+    if (kind.__module__, kind.__qualname__) != ("chainoffload.simulate", "Timeline"):
+        raise TypeError(f"stalls: timeline must be a Timeline, got {kind.__name__}")
     schedule = timeline.schedule
     op_start = np.asarray(timeline.op_start, dtype=float)
     op_end = np.asarray(timeline.op_end, dtype=float)

@@ -20,7 +20,7 @@ def test_chain_json_round_trip(chain):
     back = Chain.from_json(text)
     assert back == chain
     assert back.to_dict() == chain.to_dict()
-    # the interchange format is plain JSON with DESIGN.md's keys
+    # the interchange format is plain JSON with docs/model.md's keys
     data = json.loads(text)
     assert len(data["act"]) == chain.length + 1 and len(data["fwd"]) == chain.length
     assert ("fwd_nosave" in data) == chain._explicit_nosave

@@ -2,7 +2,7 @@
 
 The state machine walks the event sequence of the fixed order (start of F_1, end of F_1, ...,
 end of B_1). At each event it may trigger offloads and prefetches (with optional ``before``
-waits); :class:`MemoryModel` applies DESIGN.md's rules as they happen, in plain Python, with no
+waits); :class:`MemoryModel` applies docs/model.md's rules as they happen, in plain Python, with no
 code shared with the simulator. After every step the simulator replays the schedule built so
 far (completed with the prefetches still owed, triggered now) and its memory curve must match
 the model's up to the current instant; at the end the whole curve, every op and transfer time,
@@ -28,7 +28,7 @@ from chainoffload.testing import chains, instances
 
 
 class MemoryModel:
-    """DESIGN.md's memory and timing rules, applied event by event on a fixed-order schedule."""
+    """docs/model.md's memory and timing rules, applied event by event on a fixed-order schedule."""
 
     def __init__(self, chain, platform):
         self.chain = chain
@@ -100,7 +100,7 @@ class MemoryModel:
     # -- the rules ---------------------------------------------------------------------------
 
     def trigger(self, kind, unit, before=None):
-        """Queue a transfer at the current event (FIFO per channel, DESIGN.md)."""
+        """Queue a transfer at the current event (FIFO per channel, docs/model.md)."""
         k, phase = divmod(self.event, 2)
         when = self.now()
         p = self.platform

@@ -59,7 +59,7 @@ def test_keep_all_profile_matches_simulator(seed, length):
 
 
 def test_keep_all_profile_tiny(chain3):
-    # F1, F2, F3, B3, B2, B1 by hand from DESIGN.md's rules.
+    # F1, F2, F3, B3, B2, B1 by hand from docs/model.md's rules.
     assert keep_all_start_memory(chain3).tolist() == [40, 75, 120, 192, 127, 72]
 
 

@@ -7,7 +7,7 @@
 
 Sizes come from :mod:`network_trace` (exact, by tracing one training iteration with PyTorch on
 ``device="meta"``); times from its A100 roofline unless ``--times`` gives measured ones. The
-networks are defined in :mod:`network_models`. Writes one ``<name>.json`` per network (DESIGN.md's chain
+networks are defined in :mod:`network_models`. Writes one ``<name>.json`` per network (docs/model.md's chain
 format, loadable with ``Chain.load``), ``catalog.json`` (description, stage labels, FLOPs and
 where the times come from), and the summary table of ``README.md`` between its markers.
 

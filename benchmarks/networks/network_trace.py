@@ -10,7 +10,7 @@ memory. Three instruments watch it:
   activation-memory curve of the iteration; and it adds each op's FLOPs (PyTorch's own
   formulas, ``torch.utils.flop_counter.flop_registry``) and bytes read and written to the
   stage running it, for the roofline;
-* parameters, buffers and parameter gradients are kept out of every figure (DESIGN.md: weights
+* parameters, buffers and parameter gradients are kept out of every figure (docs/model.md: weights
   and optimizer state are outside the activation budget).
 
 NOTE [ meta device checks ]: (1) the pack hook fires on meta and storages have their real
@@ -19,7 +19,7 @@ NOTE [ meta device checks ]: (1) the pack hook fires on meta and storages have t
 is freed. ``tests/test_networks.py`` checks both on a small case against hand-counted bytes, and
 that ``saved`` equals what the allocation log says F_i left alive.
 
-How each chain field is derived (DESIGN.md's model):
+How each chain field is derived (docs/model.md's model):
 
 * ``act[i]``: bytes of the storage of stage i's output (``act[0]``: the input; ``act[L]``: the
   scalar loss).

@@ -10,7 +10,7 @@ that every byte and second can be traced to a formula:
   PyTorch (:mod:`chainoffload.networks`, A100 roofline), as for every shipped network.
 * **tiny** — the three-stage chain of the tests, with round numbers, for reading a schedule by hand.
 
-How the ResNet sizes are counted (PyTorch's autograd conventions; DESIGN.md's units):
+How the ResNet sizes are counted (PyTorch's autograd conventions; docs/model.md's units):
 
 * a tensor of N float32 elements is 4N bytes; max-pool indices are int64 (8N bytes);
 * a convolution saves its input and weight (weights are outside the budget; the input belongs

@@ -1,4 +1,4 @@
-"""Exact method ``cpsat``: a CP-SAT model of DESIGN.md's rules, for small chains.
+"""Exact method ``cpsat``: a CP-SAT model of docs/model.md's rules, for small chains.
 
 The model decides which units to offload, the trigger event of every transfer, the order of
 each channel's queue and the explicit waits of compute ops, minimises the makespan, and proves a
@@ -20,6 +20,7 @@ from typing import Any, Iterable, Sequence
 from ..chain import Chain
 from ..platform import Platform
 from ..result import Result, Status
+from ..order import b_pos, f_pos, reader_pos, transfer_events, trigger, wait_ops
 from ..schedule import Schedule, ScheduleError, Transfer, fixed_order
 from ..simulate import simulate
 from . import OptionError
@@ -167,33 +168,6 @@ class TimeGrid:
         return self.offload is not None
 
 
-def _pos_f(u: int) -> int:
-    return u - 1
-
-
-def _pos_b(length: int, j: int) -> int:
-    return 2 * length - j
-
-
-def _event_range(length: int, u: int) -> tuple[int, int]:
-    """Trigger events (2k start, 2k+1 end of op k) an offload or prefetch of unit u may use.
-
-    From the end of F_u (the unit exists) to the end of the op just before B_{u+1} (B_L for
-    u = L), which reads the unit: a prefetch triggered at or after that start cannot be waited
-    for, and the offload precedes its prefetch.
-    """
-    lo = 2 * _pos_f(u) + 1
-    reader = _pos_b(length, u + 1) if u < length else _pos_b(length, length)
-    return lo, 2 * reader - 1
-
-
-def _wait_range(length: int, u: int) -> range:
-    """Ops that may wait for O_u: after F_u (its trigger op is F_u or later) and before B_{u+1}."""
-    if u >= length:
-        return range(0)
-    return range(_pos_f(u) + 1, _pos_b(length, u + 1))
-
-
 def in_model_space(chain: Chain, schedule: Schedule) -> Schedule | None:
     """The schedule with redundant waits dropped, if it lies in the CP-SAT model's space; else None.
 
@@ -211,17 +185,17 @@ def in_model_space(chain: Chain, schedule: Schedule) -> Schedule | None:
     length = chain.length
     out = []
     for t in schedule.transfers:
-        lo, hi = _event_range(length, t.unit)
+        lo, hi = transfer_events(length, t.unit)
         if not lo <= t.event <= hi:
             return None
         before = t.before
         if before is not None:
             if t.kind == "prefetch":
-                if before >= _pos_b(length, t.unit + 1 if t.unit < length else length):
+                if before >= reader_pos(length, t.unit):
                     before = None  # implied by B_{u+1}'s implicit wait on this prefetch
                 else:
                     return None
-            elif before not in _wait_range(length, t.unit):
+            elif before not in wait_ops(length, t.unit):
                 before = None  # at or after B_{u+1}: implied by the wait on P_u
         out.append(dataclasses.replace(t, before=before))
     return Schedule(schedule.compute, tuple(out))
@@ -332,7 +306,7 @@ class _Model:
         # Transfer keys: ("O", u) and ("P", u).
         self.tr: dict[tuple[str, int], dict[str, Any]] = {}
         for u in units:
-            lo, hi = _event_range(L, u)
+            lo, hi = transfer_events(L, u)
             for kind, dur in (("O", grid.offload[u - 1]), ("P", grid.prefetch[u - 1])):
                 key = (kind, u)
                 st = md.new_int_var(0, horizon, f"{kind}{u}_s")
@@ -423,7 +397,7 @@ class _Model:
         self.w: dict[tuple[int, int], Any] = {}
         for u in units:
             ws = []
-            for k in _wait_range(L, u):
+            for k in wait_ops(L, u):
                 w = md.new_bool_var(f"w{u}_{k}")
                 o = self.tr[("O", u)]
                 md.add_implication(w, self.x[u])
@@ -491,11 +465,11 @@ class _Model:
         add(self._interval(S[0], E[last], "a0"), act[0])
         self.resident_end = {}
         for i in range(1, L + 1):
-            fk, bk = _pos_f(i), _pos_b(L, i)
+            fk, bk = f_pos(i), b_pos(L, i)
             add(md.new_interval_var(S[fk], self.grid.op[fk], E[fk], f"ftmp{i}"), fwd_tmp[i - 1])
             add(md.new_interval_var(S[bk], self.grid.op[bk], E[bk], f"btmp{i}"), bwd_tmp[i - 1])
             # g_{i-1}, allocated by B_i, freed by B_{i-1} (g_0 is never freed; B_1 ends it all).
-            g_end = E[_pos_b(L, i - 1)] if i > 1 else E[bk]
+            g_end = E[b_pos(L, i - 1)] if i > 1 else E[bk]
             add(self._interval(S[bk], g_end, f"g{i - 1}"), act[i - 1])
             if i == L:
                 add(md.new_interval_var(S[bk], self.grid.op[bk], E[bk], f"g{L}"), act[L])
@@ -506,7 +480,7 @@ class _Model:
                 md.add(r == E[bk]).only_enforce_if(~xi)
                 if i < L:
                     free = md.new_int_var(0, self.horizon, f"free{i}")
-                    md.add_max_equality(free, [o["end"], E[_pos_f(i + 1)]])
+                    md.add_max_equality(free, [o["end"], E[f_pos(i + 1)]])
                     md.add(r == free).only_enforce_if(xi)
                 else:
                     md.add(r == o["end"]).only_enforce_if(xi)
@@ -566,8 +540,8 @@ class _Model:
             # B_{i+1}, which is at or before B_{h+1} for i >= h). One pair of cuts per h.
             for h in sorted({i for i, _ in terms}):
                 group = [(i, a) for i, a in terms if i >= h]
-                md.add(S[k] >= E[_pos_f(h)] + sum(grid.offload[i - 1] * a for i, a in group))
-                md.add(S[_pos_b(L, h + 1)] >= S[k] + sum(grid.prefetch[i - 1] * a for i, a in group))
+                md.add(S[k] >= E[f_pos(h)] + sum(grid.offload[i - 1] * a for i, a in group))
+                md.add(S[b_pos(L, h + 1)] >= S[k] + sum(grid.prefetch[i - 1] * a for i, a in group))
 
     # -- hints and solutions --------------------------------------------------------------
 
@@ -684,7 +658,7 @@ class _Model:
         ]
         rows = []
         for idx, tr in enumerate(merged.transfers):
-            lo, hi = _event_range(self.length, tr.unit)
+            lo, hi = transfer_events(self.length, tr.unit)
             start = rep["start"][idx]
             ev = max(e for e, tm in allowed if lo <= e <= hi and (tm <= start or e == lo))
             rows.append(((ev, start, rep["end"][idx], tr.kind == "prefetch"), dataclasses.replace(tr, op=ev // 2, at="end" if ev % 2 else "start")))
@@ -715,10 +689,10 @@ class _Model:
             ev = int(solver.value(t["ev"]))
             before = None
             if key[0] == "O":
-                for k in _wait_range(self.length, t["unit"]):
+                for k in wait_ops(self.length, t["unit"]):
                     if solver.boolean_value(self.w[(t["unit"], k)]):
                         before = k
-            tr = Transfer("offload" if key[0] == "O" else "prefetch", t["unit"], ev // 2, "end" if ev % 2 else "start", before)
+            tr = Transfer("offload" if key[0] == "O" else "prefetch", t["unit"], *trigger(ev), before)
             # List order: trigger event, then the channel's order (start, end), offload first.
             rows.append(((ev, int(solver.value(t["start"])), int(solver.value(t["end"])), key[0] == "P"), tr))
         rows.sort(key=lambda r: r[0])
@@ -789,7 +763,7 @@ def cpsat(
     time_scale: float | None = None,
     keep: Iterable[int] = (),
 ) -> Result:
-    """Solve the offloading problem exactly with a CP-SAT model of DESIGN.md's rules.
+    """Solve the offloading problem exactly with a CP-SAT model of docs/model.md's rules.
 
     Parameters
     ----------

@@ -2,7 +2,7 @@
 
 The dynamic program of Beaumont, Eyraud-Dubois, Herrmann, Joly, Shilova, "Optimal
 checkpointing for heterogeneous chains: how to train deep neural networks with limited
-memory" (2019), in this project's byte rules (DESIGN.md) with memory counted in slots.
+memory" (2019), in this project's byte rules (docs/model.md) with memory counted in slots.
 
 NOTE [ rotor recurrence ]
 -------------------------
