@@ -162,7 +162,7 @@ def test_slots_must_be_positive(chain3):
 
 def test_rotor_kernel_runs_as_python():
     # NUMBA_DISABLE_JIT=1 runs the kernels as plain Python: same table, same schedule; the
-    # 12-stage chain spans two column blocks of the lean fill.
+    # 40-stage chain spans three column blocks of the lean fill, with tiles above the diagonal.
     code = (
         "import numpy as np, json, sys;"
         "sys.path.insert(0, 'tests');"
@@ -170,7 +170,7 @@ def test_rotor_kernel_runs_as_python():
         "from chainoffload.examples import tiny;"
         "from chainoffload.platform import Platform;"
         "from chainoffload.solvers.rotor import rotor;"
-        "c = random_chain(np.random.default_rng(21), 12);"
+        "c = random_chain(np.random.default_rng(21), 40);"
         "out = [rotor(tiny(), Platform(memory=175, bandwidth_d2h=0.0, bandwidth_h2d=0.0), slots=50),"
         "       rotor(c, Platform(memory=int(0.5 * c.saved.sum()), bandwidth_d2h=0.0, bandwidth_h2d=0.0), slots=60)];"
         "print(json.dumps([[r.makespan, [list(op) for op in r.schedule.compute]] for r in out]))"
@@ -182,7 +182,7 @@ def test_rotor_kernel_runs_as_python():
 
     from chainoffload.examples import tiny
 
-    chain = random_chain(np.random.default_rng(21), 12)
+    chain = random_chain(np.random.default_rng(21), 40)
     jitted = [rotor(tiny(), Platform(memory=175, bandwidth_d2h=0.0, bandwidth_h2d=0.0), slots=50),
               rotor(chain, Platform(memory=int(0.5 * chain.saved.sum()), bandwidth_d2h=0.0, bandwidth_h2d=0.0), slots=60)]
     for (makespan, ops), res in zip(json.loads(out.stdout), jitted):
@@ -227,7 +227,7 @@ def test_lean_table_equals_the_naive_dense_table(seed):
     floor, top = chain.stage_memory_floor(), keep_all_peak(chain)
     memory = int(floor + rng.uniform(-0.1, 1.1) * (top - floor))
     sl = slots_for(chain, memory, int(rng.integers(5, 90)))
-    # Blocks of 1..3 columns put left parts in earlier blocks and inside the block alike.
+    # Tiles of 1..3 segments a side put both parts of an option outside the tile, one inside, or both.
     assert_same_table(chain, sl, block=int(rng.integers(1, 4)))
 
 
