@@ -73,6 +73,18 @@ def forward_phase(fwd_nosave, act, fwd_tmp, s, j, ftime, peak):
 
 
 @njit
+def keep_need(act, saved, fwd_tmp, bwd_tmp, s, t):
+    """Least budget of F_s keeping unit s in segment (s, t) (and of s..s): F_s's peak with g_t, or B_s's own.
+
+    NOTE [ rotor recurrence ] in :mod:`chainoffload.solvers.rotor`: max(g(t) + saved[s] +
+    fwd_tmp[s], usage_B(s)), with g(L) = 0 since B_L makes g_L itself.
+    """
+    g_t = act[t] if t < fwd_tmp.shape[0] else 0
+    usage_b = saved[s - 1] + act[s] + act[s - 1] + bwd_tmp[s - 1]
+    return max(g_t + saved[s - 1] + fwd_tmp[s - 1], usage_b)
+
+
+@njit
 def rotor_table(fwd, bwd, fwd_nosave, act, saved, fwd_tmp, bwd_tmp, slots):
     """Fill the dense rotor table for every segment and every budget 0..``slots``.
 
@@ -88,8 +100,7 @@ def rotor_table(fwd, bwd, fwd_nosave, act, saved, fwd_tmp, bwd_tmp, slots):
         for s in range(1, n - d + 1):
             t = s + d
             g_t = act[t] if t < n else 0
-            usage_b = saved[s - 1] + act[s] + act[s - 1] + bwd_tmp[s - 1]
-            need_a = max(g_t + saved[s - 1] + fwd_tmp[s - 1], usage_b)
+            need_a = keep_need(act, saved, fwd_tmp, bwd_tmp, s, t)
             if d == 0:
                 for m in range(max(need_a, 0), slots + 1):
                     opt[s, t, m] = fwd[s - 1] + bwd[s - 1]
@@ -258,12 +269,10 @@ def rotor_lean(fwd, bwd, fwd_nosave, act, saved, fwd_tmp, bwd_tmp, slots, block)
             # (j ascending), each row stored once its last option is in, just before it serves as
             # a left part.
             for s in range(s_hi, s_lo - 1, -1):
-                usage_b = saved[s - 1] + act[s] + act[s - 1] + bwd_tmp[s - 1]
                 first_t = max(s, t0)
                 if s >= t0:
                     # s..s: F_s then B_s.
-                    g_s = act[s] if s < n else 0
-                    need_a = max(g_s + saved[s - 1] + fwd_tmp[s - 1], usage_b)
+                    need_a = keep_need(act, saved, fwd_tmp, bwd_tmp, s, s)
                     if need_a <= slots:
                         lo[s, s] = need_a
                         top[s, s] = need_a
@@ -274,8 +283,7 @@ def rotor_lean(fwd, bwd, fwd_nosave, act, saved, fwd_tmp, bwd_tmp, slots, block)
                 for t in range(first_t, t1):
                     # F_all on s: unit s stays while s+1..t runs at m - saved[s].
                     row = best[s - s_lo, t - t0]
-                    g_t = act[t] if t < n else 0
-                    need_a = max(g_t + saved[s - 1] + fwd_tmp[s - 1], usage_b)
+                    need_a = keep_need(act, saved, fwd_tmp, bwd_tmp, s, t)
                     sv = saved[s - 1]
                     lo_sub = lo[s + 1, t]
                     first = max(need_a, sv + lo_sub)
@@ -343,8 +351,7 @@ def rotor_argmin(fwd, bwd, fwd_nosave, act, saved, fwd_tmp, bwd_tmp, store, lo, 
     if s == t:
         return 0
     g_t = act[t] if t < n else 0
-    usage_b = saved[s - 1] + act[s] + act[s - 1] + bwd_tmp[s - 1]
-    need_a = max(g_t + saved[s - 1] + fwd_tmp[s - 1], usage_b)
+    need_a = keep_need(act, saved, fwd_tmp, bwd_tmp, s, t)
     if m >= need_a:
         sub = rotor_value(store, lo, top, off, s + 1, t, m - saved[s - 1])
         if sub < np.inf and fwd[s - 1] + sub + bwd[s - 1] == target:
