@@ -285,3 +285,34 @@ def test_table_is_lean():
     table = fill_rotor_table(chain, sl)
     dense = (chain.length + 2) ** 2 * (sl.budget + 1) * (8 + 4)
     assert table.nbytes < dense / 4
+
+
+def test_solve_prepares_rotors_kernels_before_its_clock():
+    # NOTE [ lazy kernels ]: importing the solver does not import Numba; solve()'s prepare
+    # step makes rotor's kernels ready (compiled or loaded) before the method's clock starts.
+    code = (
+        "import sys; from chainoffload.solvers import rotor as r;"
+        "assert 'numba' not in sys.modules;"
+        "from chainoffload import _compile;"
+        "cm = _compile.prepare('rotor', 9); cm.__enter__();"
+        "print(_compile._loaded('rotor'))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "True"
+
+
+def test_interpreted_kernels_give_the_same_rotor_answer():
+    # A cold start may run interpreted copies of the kernel modules (NOTE [ lazy kernels ]).
+    from chainoffload import solve
+    from chainoffload._kernels import INTERPRETED
+
+    chain = random_chain(np.random.default_rng(5), 9)
+    platform = Platform(memory=int(0.5 * chain.saved.sum()), bandwidth_d2h=0.0, bandwidth_h2d=0.0)
+    jitted = solve(chain, platform, "rotor", slots=60)
+    INTERPRETED[0] = True
+    try:
+        interpreted = solve(chain, platform, "rotor", slots=60)
+    finally:
+        INTERPRETED[0] = False
+    assert jitted.info["source"] == "dp"
+    assert interpreted.schedule == jitted.schedule and interpreted.makespan == jitted.makespan

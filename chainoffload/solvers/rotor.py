@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._kernels.rotor import BLOCK, rotor_argmin, rotor_lean, rotor_value
+from .._kernels import lazy
 from ..chain import Chain
 from ..platform import Platform
 from ..result import Result, Status
@@ -47,6 +47,8 @@ from . import OptionError
 from .remat_baselines import recompute_all_schedule
 
 __all__ = ["rotor", "Slots", "slots_for", "rotor_schedule", "RotorTable", "fill_rotor_table", "default_slots", "DEFAULT_SLOTS"]
+
+_krot = lazy("rotor")  # imports Numba on first use only
 
 #: Memory slots of the dynamic programs when none are given.
 DEFAULT_SLOTS = 500
@@ -144,7 +146,7 @@ class RotorTable:
 
     def value(self, s: int, t: int, m: int) -> float:
         """Least time of segment s..t with budget ``m`` slots (``inf`` when it cannot run)."""
-        return float(rotor_value(self.store, self.lo, self.top, self.off, s, t, m))
+        return float(_krot.rotor_value(self.store, self.lo, self.top, self.off, s, t, m))
 
     def least_budget(self, s: int = 1, t: int | None = None) -> int | None:
         """Least budget (slots) at which segment s..t runs, ``None`` if none up to the budget."""
@@ -173,7 +175,7 @@ class _Choice:
         s, t, m = (int(k) for k in key)
         tb, ch, sl = self._table, self._table.chain, self._table.slots
         return int(
-            rotor_argmin(
+            _krot.rotor_argmin(
                 ch.fwd, ch.bwd, ch.fwd_nosave, sl.act, sl.saved, sl.fwd_tmp, sl.bwd_tmp,
                 tb.store, tb.lo, tb.top, tb.off, sl.budget, s, t, m,
             )
@@ -196,10 +198,23 @@ def fill_rotor_table(chain: Chain, sl: Slots) -> RotorTable:
         ``value(1, L, sl.budget)`` is the optimum; ``choice`` rebuilds the schedule with
         :func:`rotor_schedule` or :func:`emit_segment`.
     """
-    store, used, lo, top, off = rotor_lean(
-        chain.fwd, chain.bwd, chain.fwd_nosave, sl.act, sl.saved, sl.fwd_tmp, sl.bwd_tmp, sl.budget, BLOCK
+    store, used, lo, top, off = _krot.rotor_lean(
+        chain.fwd, chain.bwd, chain.fwd_nosave, sl.act, sl.saved, sl.fwd_tmp, sl.bwd_tmp, sl.budget, _krot.BLOCK
     )
     return RotorTable(chain, sl, store, int(used), lo, top, off)
+
+
+def _warm_up(chain: Chain, platform: Platform) -> None:
+    """Run rotor's kernels once on a small ``chain`` with the argument types real calls use.
+
+    :func:`chainoffload._compile.prepare` calls it before a solve's clock starts, so that
+    compiling (or loading) the kernels is not counted in ``rotor``'s runtime. A table is
+    filled whatever the memory (``rotor`` itself returns keep-all without one when it fits).
+    """
+    sl = slots_for(chain, platform.memory, 8)
+    table = fill_rotor_table(chain, sl)
+    table.value(1, chain.length, sl.budget)
+    table.choice[1, chain.length, sl.budget]
 
 
 def emit_segment(ops: list[tuple[str, int]], choice, sl: Slots, s: int, t: int, m: int) -> None:
