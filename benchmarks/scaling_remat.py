@@ -1,4 +1,4 @@
-"""How rotor's time and memory grow with the chain's length L: the lean table against the dense one.
+"""How rotor's time and memory grow with the chain's length L: the tiled lean table against the earlier ones.
 
 For each L (10, 30, 100, 300, 1000 by default) a random chain (``remat.random_chain``, the
 chains of ``benchmarks/remat.py``) is solved by ``rotor`` at S = 500 slots with memory 30 % of
@@ -12,13 +12,15 @@ process:
 * **cold**: the first call in a process with an empty Numba cache (compile + run), for
   L <= ``--cold-max``.
 
-The old code (dense (L + 2)^2 (S + 1) table with a choice per entry) runs from a temporary
-copy of ``chainoffload/`` at ``--old-ref`` (the last commit before the lean table), for
-L <= ``--old-max``; both report the table's makespan, which must agree. The growth exponent is
-the slope of log(time) and log(memory rise) against log(L), fitted over L >= 100.
+Two earlier revisions run from temporary copies of ``chainoffload/``: ``dense`` at
+``--old-ref`` (the last commit before the lean table: a dense (L + 2)^2 (S + 1) table with a
+choice per entry), for L <= ``--old-max``; ``untiled`` at ``--untiled-ref`` (the lean table
+before it was filled in tiles), for L in ``--untiled-lengths``. Every run reports the table's
+makespan, and they must all agree. The growth exponent is the slope of log(time) and
+log(memory rise) against log(L), fitted over L >= 100.
 
     python benchmarks/scaling_remat.py                     # benchmarks/results/scaling-remat.md and .png
-    python benchmarks/scaling_remat.py --old-max 1000      # the old code at L = 1000 too (minutes, 6 GB)
+    python benchmarks/scaling_remat.py --old-max 1000      # the dense table at L = 1000 too (minutes, 6 GB)
     python benchmarks/scaling_remat.py --lengths 10 30 100 --quick
 """
 
@@ -44,6 +46,8 @@ REPO = HERE.parent
 
 #: The last commit whose rotor filled the dense table (what the lean table replaced).
 OLD_REF = "c9e63eca37ad16466893273cf8864c7a00717387"
+#: The last commit whose lean table was filled column block by column block, without tiles.
+UNTILED_REF = "a190b1a"
 SLOTS = 500
 FRACTION = 0.3
 
@@ -123,6 +127,9 @@ def slope(lengths, values, least: int = 100) -> float:
     return float(np.polyfit(x, y, 1)[0])
 
 
+SERIES = ("new", "untiled", "dense")
+
+
 def plot(rows: dict, path: Path) -> None:
     import matplotlib
 
@@ -130,7 +137,7 @@ def plot(rows: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for name, style in (("new", "o-"), ("old", "s--")):
+    for name, style in zip(SERIES, ("o-", "^-.", "s--")):
         pts = rows.get(name, [])
         if not pts:
             continue
@@ -159,9 +166,12 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--lengths", type=int, nargs="+", default=[10, 30, 100, 300, 1000])
-    parser.add_argument("--old-max", type=int, default=300, help="largest L the old code runs at (default 300)")
+    parser.add_argument("--old-max", type=int, default=300, help="largest L the dense table runs at (default 300)")
     parser.add_argument("--cold-max", type=int, default=100, help="largest L timed cold (default 100)")
-    parser.add_argument("--old-ref", default=OLD_REF, help="git ref of the old code")
+    parser.add_argument("--old-ref", default=OLD_REF, help="git ref of the dense table")
+    parser.add_argument("--untiled-ref", default=UNTILED_REF, help="git ref of the lean table before tiles")
+    parser.add_argument("--untiled-lengths", type=int, nargs="*", default=[300, 1000],
+                        help="lengths the untiled lean table runs at (default 300 1000)")
     parser.add_argument("--fraction", type=float, default=FRACTION, help="memory between the floor (0) and keep-all (1)")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per point")
     parser.add_argument("--quick", action="store_true", help="one repeat everywhere; no files written")
@@ -171,25 +181,29 @@ def main(argv=None) -> None:
         return
 
     load = os.getloadavg()[0]
-    rows: dict[str, list[dict]] = {"new": [], "old": []}
-    cold: dict[str, dict[int, float]] = {"new": {}, "old": {}}
+    refs = {"new": None, "untiled": args.untiled_ref, "dense": args.old_ref}
+    runs_at = {"new": lambda n: True, "untiled": lambda n: n in args.untiled_lengths, "dense": lambda n: n <= args.old_max}
+    rows: dict[str, list[dict]] = {name: [] for name in SERIES}
+    cold: dict[str, dict[int, dict]] = {name: {} for name in SERIES}
     with tempfile.TemporaryDirectory() as tmp:
-        old_root = old_copy(args.old_ref, os.path.join(tmp, "old"))
-        caches = {name: os.path.join(tmp, f"cache-{name}") for name in ("new", "old")}
-        for name, root in (("new", None), ("old", old_root)):
-            if name == "new" or root is not None:
+        roots = {name: None if ref is None else old_copy(ref, os.path.join(tmp, name)) for name, ref in refs.items()}
+        live = [name for name in SERIES if name == "new" or roots[name] is not None]
+        caches = {name: os.path.join(tmp, f"cache-{name}") for name in SERIES}
+        for name in live:
+            if any(runs_at[name](n) for n in args.lengths):
                 # Fill the Numba cache once, so that every warm point only loads it.
-                run_point(5, old_root=root, cache=caches[name], cold=False, repeat=1, fraction=args.fraction, timeout=args.timeout)
+                run_point(5, old_root=roots[name], cache=caches[name], cold=False, repeat=1, fraction=args.fraction,
+                          timeout=args.timeout)
         for length in sorted(args.lengths):
-            for name, root in (("new", None), ("old", old_root)):
-                if name == "old" and (root is None or length > args.old_max):
+            for name in live:
+                if not runs_at[name](length):
                     continue
-                if length <= args.cold_max:
+                if length <= args.cold_max and name != "untiled":
                     empty = tempfile.mkdtemp(dir=tmp)
-                    cold[name][length] = run_point(length, old_root=root, cache=empty, cold=True, repeat=1,
-                                                   fraction=args.fraction, timeout=args.timeout)["wall"]
+                    cold[name][length] = run_point(length, old_root=roots[name], cache=empty, cold=True, repeat=1,
+                                                   fraction=args.fraction, timeout=args.timeout)
                 repeat = 1 if args.quick or length > 100 else 3
-                point = run_point(length, old_root=root, cache=caches[name], cold=False, repeat=repeat,
+                point = run_point(length, old_root=roots[name], cache=caches[name], cold=False, repeat=repeat,
                                   fraction=args.fraction, timeout=args.timeout)
                 point["length"] = length
                 rows[name].append(point)
@@ -197,23 +211,24 @@ def main(argv=None) -> None:
                       f"{point['rss_peak_kb'] / 1024:.0f} MiB (+{(point['rss_peak_kb'] - point['rss_before_kb']) / 1024:.0f}), "
                       f"makespan {point['makespan']!r}", file=sys.stderr, flush=True)
 
-    new = {p["length"]: p for p in rows["new"]}
-    old = {p["length"]: p for p in rows["old"]}
-    for length, p in old.items():
-        if p["dp_makespan"] != new[length]["dp_makespan"]:
-            raise SystemExit(f"L = {length}: the tables disagree: old {p['dp_makespan']!r}, new {new[length]['dp_makespan']!r}")
+    by = {name: {p["length"]: p for p in rows[name]} for name in SERIES}
+    new, old = by["new"], by["dense"]
+    for name in ("untiled", "dense"):
+        for length, p in by[name].items():
+            if p["dp_makespan"] != new[length]["dp_makespan"]:
+                raise SystemExit(f"L = {length}: the tables disagree: {name} {p['dp_makespan']!r}, new {new[length]['dp_makespan']!r}")
 
     def cell(p: dict | None, key: str, scale: float = 1.0, fmt: str = "{:.3f}") -> str:
         return "—" if p is None or p.get(key) is None else fmt.format(p[key] / scale)
-
-    def mib(p: dict | None, key: str) -> str:
-        return cell(p, key, 1024, "{:.0f}")
 
     def rise_of(p: dict | None) -> str:
         return "—" if p is None else f"{(p['rss_peak_kb'] - p['rss_before_kb']) / 1024:.0f}"
 
     def ratio(q: dict | None, p: dict) -> str:
         return "—" if q is None else f"{q['cpu'] / p['cpu']:.1f}x"
+
+    def cold_cell(c: dict | None) -> str:
+        return "—" if c is None else f"{c['wall']:.1f} / {c['cpu']:.1f}"
 
     lines = [
         "# rotor at scale: time and memory against the chain's length",
@@ -222,24 +237,25 @@ def main(argv=None) -> None:
         f"{os.cpu_count()} CPU cores (1-minute load average {load:.1f} at the start: the cores are shared, so CPU "
         f"time is the figure to compare; wall time is shown too). Random chains of `benchmarks/remat.py`, S = {SLOTS} "
         f"slots, memory {int(100 * args.fraction)} % of the way from the least any stage needs to the keep-all peak. "
-        f"Old: `rotor` at {args.old_ref[:7]} (dense (L + 2)^2 (S + 1) table and a choice per entry), run from a "
-        "temporary copy; new: this checkout. Each point is a fresh process; warm = Numba cache filled and kernels "
-        "loaded first; cold = empty Numba cache (compile + run). Peak = `ru_maxrss`; rise = peak minus the "
-        "process's peak before the call (imports and warm-up).",
+        "new: this checkout (lean table filled in tiles); untiled: the lean table before tiles, at "
+        f"{args.untiled_ref[:7]}; dense: `rotor` at {args.old_ref[:7]} (dense (L + 2)^2 (S + 1) table and a choice per "
+        "entry); the earlier two run from temporary copies. Each point is a fresh process; warm = Numba cache filled "
+        "and kernels loaded first; cold = empty Numba cache, the first call (compile + run), wall / CPU seconds. "
+        "Peak = `ru_maxrss`; rise = peak minus the process's peak before the call (imports and warm-up).",
         "",
-        "| L | new warm CPU (s) | new warm wall (s) | new cold (s) | new peak RSS (MiB) | new rise (MiB) | new table (MiB) "
-        "| old warm CPU (s) | old warm wall (s) | old cold (s) | old peak RSS (MiB) | old rise (MiB) | CPU old / new | table makespan |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| L | new warm CPU (s) | new warm wall (s) | new cold wall / CPU (s) | new peak RSS (MiB) | new rise (MiB) "
+        "| new table (MiB) | untiled warm CPU (s) | untiled peak RSS (MiB) | CPU untiled / new | dense warm CPU (s) "
+        "| dense cold wall / CPU (s) | dense peak RSS (MiB) | dense rise (MiB) | CPU dense / new | table makespan |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for length in sorted(new):
-        p, q = new[length], old.get(length)
-        rise = (p["rss_peak_kb"] - p["rss_before_kb"]) / 1024
-        oc, nc = cold["old"].get(length), cold["new"].get(length)
+        p, u, q = new[length], by["untiled"].get(length), old.get(length)
         lines.append(
-            f"| {length} | {p['cpu']:.3f} | {p['wall']:.3f} | {'—' if nc is None else f'{nc:.2f}'} | "
-            f"{p['rss_peak_kb'] / 1024:.0f} | {rise:.0f} | {cell(p, 'table_bytes', 2**20, '{:.1f}')} | "
-            f"{cell(q, 'cpu')} | {cell(q, 'wall')} | {'—' if oc is None else f'{oc:.2f}'} | "
-            f"{mib(q, 'rss_peak_kb')} | {rise_of(q)} | {ratio(q, p)} | {p['dp_makespan']!r} |"
+            f"| {length} | {p['cpu']:.3f} | {p['wall']:.3f} | {cold_cell(cold['new'].get(length))} | "
+            f"{p['rss_peak_kb'] / 1024:.0f} | {rise_of(p)} | {cell(p, 'table_bytes', 2**20, '{:.1f}')} | "
+            f"{cell(u, 'cpu')} | {cell(u, 'rss_peak_kb', 1024, '{:.0f}')} | {ratio(u, p)} | "
+            f"{cell(q, 'cpu')} | {cold_cell(cold['dense'].get(length))} | {cell(q, 'rss_peak_kb', 1024, '{:.0f}')} | "
+            f"{rise_of(q)} | {ratio(q, p)} | {p['dp_makespan']!r} |"
         )
     lengths = sorted(new)
 
@@ -254,10 +270,10 @@ def main(argv=None) -> None:
     lines += [
         "",
         f"Growth exponents (log-log slope over L >= 100): new: CPU time {ts:.2f}, memory rise {ms:.2f}"
-        + (", old: CPU time {:.2f}, memory rise {:.2f}".format(*slopes(old)) if len([n for n in old if n >= 100]) >= 2 else "")
+        + (", dense: CPU time {:.2f}, memory rise {:.2f}".format(*slopes(old)) if len([n for n in old if n >= 100]) >= 2 else "")
         + f". Over every L measured (L = {lengths[0]}..{lengths[-1]}): new CPU time {everywhere[0]:.2f}, new peak RSS "
-        f"{everywhere[1]:.2f} (flattened by the ~160 MiB of the interpreter, NumPy and Numba). Where both ran, the two "
-        "tables' makespans are equal (checked by the script).",
+        f"{everywhere[1]:.2f} (flattened by the ~160 MiB of the interpreter, NumPy and Numba). Where several ran, "
+        "their tables' makespans are equal (checked by the script).",
     ]
     if 1000 in new:
         p = new[1000]
@@ -266,12 +282,14 @@ def main(argv=None) -> None:
             f"Target at L = 1000 (under 10 s and 1 GiB): CPU time {p['cpu']:.1f} s ({'met' if p['cpu'] < 10 else 'missed'}), "
             f"peak RSS {p['rss_peak_kb'] / 1024:.0f} MiB ({'met' if p['rss_peak_kb'] < 2**20 else 'missed'}).",
         ]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if not args.quick:
-        RESULTS.mkdir(exist_ok=True)
-        (RESULTS / "scaling-remat.md").write_text(text)
-        plot({"new": [new[n] for n in lengths], "old": [old[n] for n in sorted(old)]}, RESULTS / "scaling-remat.png")
+    if args.quick:
+        print("\n".join(lines))
+        return
+    sys.path.insert(0, str(HERE))
+    from _common import write_report
+
+    write_report(lines, RESULTS / "scaling-remat.md")
+    plot({name: [by[name][n] for n in sorted(by[name])] for name in SERIES}, RESULTS / "scaling-remat.png")
 
 
 if __name__ == "__main__":

@@ -36,10 +36,10 @@ the dense one bit for bit (the same float expressions, evaluated in the same ass
   parts lie outside the tile (j - 1 < t0 and j > every s of the tile), all final already:
   for each such j, every right row (j, t) serves every s of the tile and every left row
   (s, j-1) every t, as in a blocked matrix product (min-plus, with rows for entries); this
-  cut the fill's CPU time 2.3x at L = 1000 against reading one right row per option, the
-  rows being read from main memory. Then each s of the tile (descending) takes F_all and
-  the options inside the tile, j ascending; row (s, j-1) of the tile is final, and stored,
-  just before it serves as a left part. The order in which options are applied does not
+  halved the fill's CPU time at L = 1000 (72 s to 37 s in one run) against reading one right
+  row per option, the rows being read from main memory. Then each s of the tile
+  (descending) takes F_all and the options inside the tile, j ascending; row (s, j-1) of the
+  tile is final, and stored, just before it serves as a left part. The order in which options are applied does not
   change the table (the minimum is exact; only the work the cut above saves does). The
   inner loops run over contiguous slices so that LLVM vectorizes them; the minimum is
   written as ``(v if v < x else x) + 0.0``: without the ``+ 0.0`` LLVM turns the store into
@@ -47,7 +47,13 @@ the dense one bit for bit (the same float expressions, evaluated in the same ass
   -0.0, so adding 0.0 changes none).
 
 Work is still O(S L^3) in the worst case and storage O(S L^2): on random chains at 30 % of
-the way from the memory floor to keep-all, storage is about 80 % of the dense float64 part.
+the way from the memory floor to keep-all, storage is about 80 % of the dense float64 part
+(rows hold a distinct value at nearly every budget, so they do not compress into steps).
+Measured and not kept, all exact: skipping 32 budgets at once where the option's value at
+the last is no better than ``best`` at the first (skips ~45 % of the work, costs more than
+it saves); dropping entries whose recompute overhead exceeds the optimum's (they cannot lie
+on an optimal path, but 94 % of the table stays); tiles cut along m as well (the per-option
+setup, ~80 ns, then doubles the time).
 """
 
 from __future__ import annotations

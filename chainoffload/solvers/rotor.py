@@ -25,8 +25,8 @@ allocations), so the table's value is the simulated makespan. Sizes are rounded 
 slots and the budget *down*, so every schedule rebuilt from the table fits in bytes. Ties go
 to "F_all", so a budget that holds everything recomputes nothing. O(S L^3) time, O(S L^2)
 memory; the table is kept lean (trimmed rows, no choice table, options cut where they cannot
-improve: ``NOTE [ lean rotor table ]`` in :mod:`chainoffload._kernels.rotor`), equal bit for
-bit to the dense table of the recurrence.
+improve, filled in tiles: ``NOTE [ lean rotor table ]`` in :mod:`chainoffload._kernels.rotor`),
+equal bit for bit to the dense table of the recurrence.
 """
 
 from __future__ import annotations
@@ -271,9 +271,10 @@ def rotor(chain: Chain, platform: Platform, *, slots: int | None = None) -> Resu
     Notes
     -----
     The table costs O(S L^3) time and O(S L^2) memory. Measured on random chains at S = 500
-    (``benchmarks/results/scaling-remat.md``): 0.04 s at L = 100, 1.7 s at L = 300, 100 s
-    and 1.5 GiB at L = 1000 on one shared core; growth exponents about 3.3 (time) and 2.1
-    (memory). Keep-all, when it fits, is returned without a table.
+    (``benchmarks/results/scaling-remat.md``): 0.05 s at L = 100, 1.1 s at L = 300, 37 s
+    and 1.6 GiB at L = 1000 of CPU on a shared core; growth exponents about 2.9 (time) and
+    2.1 (memory). Keep-all, when it fits, is returned without a table. Through
+    :func:`chainoffload.solve`, the kernels' one-time compile happens before the clock starts.
 
     Returns
     -------
