@@ -16,7 +16,8 @@ from typing import Iterator
 from .chain import Chain
 from .platform import Platform
 from .result import Result, Status
-from .schedule import Schedule, Transfer, fixed_order
+from .order import fixed_order, transfer_events, trigger, wait_ops
+from .schedule import Schedule, Transfer
 from .simulate import simulate
 
 __all__ = ["brute_force", "enumerate_schedules"]
@@ -40,22 +41,6 @@ __all__ = ["brute_force", "enumerate_schedules"]
 # * an offload with no prefetch, or a prefetch before its offload, is malformed and skipped.
 
 
-def _pos_b(length: int, j: int) -> int:
-    return 2 * length - j
-
-
-def _unit_range(length: int, u: int) -> tuple[int, int]:
-    lo = 2 * (u - 1) + 1
-    reader = _pos_b(length, u + 1) if u < length else _pos_b(length, length)
-    return lo, 2 * reader - 1
-
-
-def _wait_targets(length: int, u: int) -> list[int]:
-    if u >= length:
-        return []
-    return list(range(u, _pos_b(length, u + 1)))
-
-
 def enumerate_schedules(chain: Chain, platform: Platform) -> Iterator[Schedule]:
     """Every candidate schedule of NOTE [ brute force: what is enumerated ], lazily."""
     length = chain.length
@@ -64,7 +49,7 @@ def enumerate_schedules(chain: Chain, platform: Platform) -> Iterator[Schedule]:
     units = list(range(1, length + 1)) if platform.can_transfer else []
     channel = {"offload": 0, "prefetch": 1 if platform.duplex else 0}
     # 1. offload set and the explicit waits.
-    per_unit_waits = [[None] + _wait_targets(length, u) for u in units]
+    per_unit_waits = [[None, *wait_ops(length, u)] for u in units]
     for chosen in itertools.product((False, True), repeat=len(units)):
         off = [u for u, c in zip(units, chosen) if c]
         wait_options = [per_unit_waits[u - 1] for u in off]
@@ -82,7 +67,7 @@ def enumerate_schedules(chain: Chain, platform: Platform) -> Iterator[Schedule]:
                     certain.add(2 * k)
             event_options = []
             for u in off:
-                lo, hi = _unit_range(length, u)
+                lo, hi = transfer_events(length, u)
                 events = [e for e in range(lo, hi + 1) if e not in certain]
                 b = before[u]
                 pairs = [
@@ -95,8 +80,8 @@ def enumerate_schedules(chain: Chain, platform: Platform) -> Iterator[Schedule]:
             for events in itertools.product(*event_options):
                 transfers = []
                 for u, (eo, ep) in zip(off, events):
-                    transfers.append(Transfer("offload", u, eo // 2, "end" if eo % 2 else "start", before[u]))
-                    transfers.append(Transfer("prefetch", u, ep // 2, "end" if ep % 2 else "start"))
+                    transfers.append(Transfer("offload", u, *trigger(eo), before[u]))
+                    transfers.append(Transfer("prefetch", u, *trigger(ep)))
                 yield from _tie_orders(ops, transfers, channel)
 
 
