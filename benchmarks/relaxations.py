@@ -1,4 +1,4 @@
-"""The relaxation heuristics against the lower bound and the baselines, on random chains.
+"""The relaxation heuristics against the lower bounds and the baselines, on random chains.
 
     python benchmarks/relaxations.py           # 200 chains x 3 memories x 2 bandwidths, runtimes at L=100/1000
     python benchmarks/relaxations.py --quick   # 20 chains, L <= 30, runtimes at L = 100 only
@@ -8,8 +8,10 @@ Instances: chains from :func:`chainoffload.generators.random_chain` (L uniform i
 pure-offloading schedule needs (:func:`chainoffload.bounds.offload_memory_floor`, "fits nothing
 extra") to the keep-all peak, and at two bandwidths, 0.5x and 2x the chain's "balance" rate
 (total saved bytes / compute time: the rate at which offloading everything would just keep up).
-Latency 10 us, duplex. The lower bound is :func:`chainoffload.bounds.lower_bound`
-(max(sum(fwd)+sum(bwd), fluid LP)). Writes a Markdown report to benchmarks/results/.
+Latency 10 us, duplex. Two lower bounds: "before", :func:`chainoffload.bounds.lower_bound`
+(max(sum(fwd)+sum(bwd), fluid LP)), and "after", :func:`chainoffload.bounds.stronger_bound`
+(also the whole-unit relaxation, ``--bound-time`` seconds each, default 10). Writes a Markdown
+report to benchmarks/results/.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 import chainoffload as co
-from chainoffload.bounds import lower_bound, offload_memory_floor
+from chainoffload.bounds import lower_bound, offload_memory_floor, stronger_bound
 from chainoffload.generators import random_chain
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -52,22 +54,40 @@ def instances(count: int, max_length: int):
                 yield (seed, level, rate), chain, co.Platform(memory=memory, bandwidth_d2h=bw, bandwidth_h2d=bw, latency=LATENCY)
 
 
-def quality(count: int, max_length: int) -> dict:
+def quality(count: int, max_length: int, bound_time: float) -> dict:
     methods = BASELINES + HEURISTICS
     records = []
     for label, chain, platform in instances(count, max_length):
-        bound = lower_bound(chain, platform)
-        rec = {"label": label, "L": chain.length, "bound": bound, "trivial": chain.compute_time}
+        before = lower_bound(chain, platform)
+        after = stronger_bound(chain, platform, time_limit=bound_time)
+        rec = {
+            "label": label,
+            "L": chain.length,
+            "before": before,
+            "bound": max(before, after.value),
+            "kind": after.kind,
+            "bound_t": after.seconds,
+            "trivial": chain.compute_time,
+        }
         for m in methods:
             r = co.solve(chain, platform, m)
             rec[m] = r.makespan if r.feasible else math.inf
             rec[m + "_t"] = r.runtime
         records.append(rec)
-    return {"records": records, "methods": methods}
+        print(f"{label} L={chain.length} best/before={rec['best'] / before:.4f} best/after={rec['best'] / rec['bound']:.4f} "
+              f"({after.kind}, {after.seconds:.1f} s)", file=sys.stderr, flush=True)
+    return {"records": records, "methods": methods, "bound_time": bound_time}
 
 
 def _stats(xs: list[float]) -> tuple[float, float]:
     return (float(np.mean(xs)), float(np.max(xs))) if xs else (math.nan, math.nan)
+
+
+def _bucket(length: int) -> str:
+    for lo, hi in ((5, 12), (13, 20), (21, 35), (36, 60)):
+        if lo <= length <= hi:
+            return f"{lo}-{hi}"
+    return f"{length}"
 
 
 def quality_tables(data: dict) -> list[str]:
@@ -76,19 +96,44 @@ def quality_tables(data: dict) -> list[str]:
     lines = [
         f"### Makespan / lower bound ({n} instances)",
         "",
-        "| method | feasible | mean | max | mean runtime (ms) |",
-        "|---|---:|---:|---:|---:|",
+        "Before: the fluid LP bound (`lower_bound`). After: `stronger_bound` with "
+        f"`time_limit={data['bound_time']:g}` (the larger of the fluid LP and the whole-unit relaxation).",
+        "",
+        "| method | feasible | mean, before | max, before | mean, after | max, after | mean runtime (ms) |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for m in methods:
-        ratios = [r[m] / r["bound"] for r in recs if math.isfinite(r[m])]
-        mean, mx = _stats(ratios)
+        before = [r[m] / r["before"] for r in recs if math.isfinite(r[m])]
+        after = [r[m] / r["bound"] for r in recs if math.isfinite(r[m])]
+        (mb, xb), (ma, xa) = _stats(before), _stats(after)
         rt = 1e3 * float(np.mean([r[m + "_t"] for r in recs]))
-        lines.append(f"| {m} | {len(ratios)} | {mean:.4f} | {mx:.4f} | {rt:.1f} |")
-    lb_gain = [r["bound"] / r["trivial"] for r in recs]
+        lines.append(f"| {m} | {len(after)} | {mb:.4f} | {xb:.4f} | {ma:.4f} | {xa:.4f} | {rt:.1f} |")
+    lines += [
+        "",
+        "### `best` / lower bound by chain length",
+        "",
+        "| L | instances | mean, before | mean, after | max, after | unit MILP solved to optimality | unit MILP stopped by its limit | mean bound time (s) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for bucket in sorted({_bucket(r["L"]) for r in recs}, key=lambda b: int(b.split("-")[0])):
+        rs = [r for r in recs if _bucket(r["L"]) == bucket and math.isfinite(r["best"])]
+        before = [r["best"] / r["before"] for r in rs]
+        after = [r["best"] / r["bound"] for r in rs]
+        opt = sum(r["kind"] == "unit MILP, optimal" for r in rs)
+        limit = sum(r["kind"] == "unit MILP" for r in rs)
+        lines.append(
+            f"| {bucket} | {len(rs)} | {np.mean(before):.4f} | {np.mean(after):.4f} | {np.max(after):.4f} | {opt} | {limit} | "
+            f"{np.mean([r['bound_t'] for r in rs]):.2f} |"
+        )
+    lb_gain = [r["before"] / r["trivial"] for r in recs]
+    unit_gain = [r["bound"] / r["before"] for r in recs]
+    kinds = {k: sum(r["kind"] == k for r in recs) for k in ("compute time", "fluid LP", "unit MILP", "unit MILP, optimal")}
     lines += [
         "",
         f"The LP bound is above the trivial bound sum(fwd)+sum(bwd) on {sum(g > 1 + 1e-9 for g in lb_gain)} of {n} "
-        f"instances (mean bound / trivial {np.mean(lb_gain):.4f}, max {np.max(lb_gain):.4f}).",
+        f"instances (mean bound / trivial {np.mean(lb_gain):.4f}, max {np.max(lb_gain):.4f}). The stronger bound is above "
+        f"the LP bound on {sum(g > 1 + 1e-9 for g in unit_gain)} (mean after / before {np.mean(unit_gain):.4f}, max "
+        f"{np.max(unit_gain):.4f}); it came from: " + ", ".join(f"{k} {v}" for k, v in kinds.items()) + ".",
         "",
         "### Heuristics against each baseline (where both are feasible)",
         "",
@@ -182,6 +227,7 @@ def main(argv=None) -> int:
     parser.add_argument("--chains", type=int, default=None, help="number of random chains (default 200, quick 20)")
     parser.add_argument("--out", type=Path, default=None, help="Markdown report path")
     parser.add_argument("--runtime-only", action="store_true", help="only the runtime tables (results/relaxations-runtime.md)")
+    parser.add_argument("--bound-time", type=float, default=10.0, help="seconds for stronger_bound per instance (default 10)")
     args = parser.parse_args(argv)
     count = args.chains or (20 if args.quick else 200)
     max_length = 30 if args.quick else 60
@@ -195,18 +241,22 @@ def main(argv=None) -> int:
             "",
         ] + runtime_tables(args.quick)
         return _write(lines, t0, args.out or RESULTS / "relaxations-runtime.md")
-    data = quality(count, max_length)
+    load_start = os.getloadavg()[0]
+    data = quality(count, max_length, args.bound_time)
+    command = "python benchmarks/relaxations.py " + " ".join(argv if argv is not None else sys.argv[1:])
     lines = [
-        "# Relaxation heuristics, lower bound and baselines",
+        "# Relaxation heuristics, lower bounds and baselines",
         "",
-        f"`python benchmarks/relaxations.py{' --quick' if args.quick else ''}`, {time.strftime('%Y-%m-%d')}, "
-        f"{os.cpu_count()} CPU cores (shared). {count} random chains, L in 5..{max_length}, memory at "
+        f"`{command.strip()}`, {time.strftime('%Y-%m-%d')}, "
+        f"{os.cpu_count()} CPU cores (shared; 1-minute load average {load_start:.1f} at the start, "
+        f"{{load_end}} at the end). {count} random chains, L in 5..{max_length}, memory at "
         f"{', '.join(f'{int(100 * x)} %' for x in LEVELS)} from the offload floor to keep-all, bandwidth "
         f"{' and '.join(f'{x}x' for x in RATES)} the balance rate; see the script's docstring.",
         "",
     ]
     lines += quality_tables(data)
     lines += [""] + runtime_tables(args.quick)
+    lines[2] = lines[2].replace("{load_end}", f"{os.getloadavg()[0]:.1f}")
     return _write(lines, t0, args.out or RESULTS / ("relaxations-quick.md" if args.quick else "relaxations.md"))
 
 
