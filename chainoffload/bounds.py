@@ -59,6 +59,11 @@ def _check_pair(chain: Chain, platform: Platform, who: str) -> None:
         raise TypeError(f"{who}: platform must be a Platform, got {type(platform).__name__}")
 
 
+def _check_time_limit(time_limit: object) -> None:
+    if isinstance(time_limit, bool) or not isinstance(time_limit, (int, float)) or not time_limit > 0:
+        raise ValueError(f"time_limit: {time_limit!r} must be a number of seconds > 0")
+
+
 def _check_solver(solver: object) -> str:
     if not isinstance(solver, str) or solver.lower() not in LP_SOLVERS:
         raise ValueError(f"solver: unknown LP solver {solver!r}; known: {', '.join(LP_SOLVERS)}")
@@ -751,8 +756,7 @@ def unit_milp(chain: Chain, platform: Platform, *, time_limit: float = 10.0) -> 
         If ``time_limit`` is not a number of seconds > 0.
     """
     _check_pair(chain, platform, "unit_milp")
-    if isinstance(time_limit, bool) or not isinstance(time_limit, (int, float)) or not time_limit > 0:
-        raise ValueError(f"time_limit: {time_limit!r} must be a number of seconds > 0")
+    _check_time_limit(time_limit)
     t0 = time.perf_counter()
     length = chain.length
     n = 2 * length
@@ -924,8 +928,7 @@ def stronger_bound(chain: Chain, platform: Platform, *, time_limit: float = 10.0
         If ``time_limit`` is not a number of seconds > 0.
     """
     _check_pair(chain, platform, "stronger_bound")
-    if isinstance(time_limit, bool) or not isinstance(time_limit, (int, float)) or not time_limit > 0:
-        raise ValueError(f"time_limit: {time_limit!r} must be a number of seconds > 0")
+    _check_time_limit(time_limit)
     t0 = time.perf_counter()
     best = Bound(chain.compute_time, "compute time", 0.0)
     fluid = fluid_lower_bound(chain, platform)
