@@ -1,12 +1,16 @@
 """The paper-style comparison: every registered method on chains of real networks.
 
-For each network, memory limits from the least any schedule needs (``stage_memory_floor``) to
-what keep-all needs, and link bandwidths of PCIe 3/4/5 and NVLink-C2C class, it runs every method
-of the registry and records the makespan normalised by sum(fwd) + sum(bwd), the lower bound, the
-smallest memory of the sweep at which each method is feasible, and the solver's runtime.
+For each network and link class it runs :func:`chainoffload.tradeoff` (every method of the
+registry at memory limits from the least any schedule needs, ``stage_memory_floor``, through the
+proven pure-offloading floor, to what keep-all needs) and records the makespan normalised by
+sum(fwd) + sum(bwd), the lower bound, the smallest memory of the sweep at which each method is
+feasible, and the solver's runtime. The tables (compare.md), the figures (one per network and
+link, drawn by :func:`chainoffload.plot.plot_tradeoff`) and the raw data (compare.json) come
+from one run; ``--replot`` redraws the tables and figures from compare.json without solving.
 
-    python benchmarks/compare.py            # full sweep, writes benchmarks/results/compare.md and PNGs
+    python benchmarks/compare.py            # full sweep, writes benchmarks/results/compare.{md,json} and PNGs
     python benchmarks/compare.py --quick    # CI-sized: 2 networks, 4 memory points, 1 bandwidth
+    python benchmarks/compare.py --replot   # tables and PNGs again from benchmarks/results/compare.json
 
 Bandwidths are per direction, effective (what pinned-memory copies reach, not the signalling
 rate): PCIe 3.0 x16 ~12 GB/s, PCIe 4.0 x16 ~25 GB/s, PCIe 5.0 x16 ~50 GB/s, and NVLink-C2C
@@ -16,7 +20,7 @@ rate): PCIe 3.0 x16 ~12 GB/s, PCIe 4.0 x16 ~25 GB/s, PCIe 5.0 x16 ~50 GB/s, and 
 from __future__ import annotations
 
 import argparse
-import inspect
+import json
 import math
 import os
 import sys
@@ -26,13 +30,17 @@ from pathlib import Path
 import numpy as np
 
 import chainoffload as co
+from chainoffload.plot import plot_tradeoff
 from chainoffload.solvers import spec
+from chainoffload.tradeoff import Tradeoff
 from chainoffload.units import format_bytes
 
 RESULTS = Path(__file__).resolve().parent / "results"
 BANDWIDTHS = {"PCIe3": 12e9, "PCIe4": 25e9, "PCIe5": 50e9, "NVLink-C2C": 450e9}
 LATENCY = 10e-6  # a typical cudaMemcpyAsync launch-to-start latency
 SLOW = {"cpsat": 30}  # methods run only up to this many stages (exact, exponential worst case)
+HEADLINE_LINK = "PCIe4"
+BASELINES = ("offload-all", "first-k", "largest-first")
 
 
 def chains(names: list[str] | None, quick: bool) -> list[co.Chain]:
@@ -45,7 +53,7 @@ def chains(names: list[str] | None, quick: bool) -> list[co.Chain]:
     except ImportError:
         from chainoffload.examples import example
 
-        available, loader = ["resnet18"], example
+        available, loader = ["resnet18-formula"], example
     if names:
         unknown = sorted(set(names) - set(available))
         if unknown:
@@ -56,120 +64,188 @@ def chains(names: list[str] | None, quick: bool) -> list[co.Chain]:
     return [loader(n) for n in available]
 
 
-def run_method(name: str, chain: co.Chain, platform: co.Platform, time_limit: float) -> co.Result:
-    func = spec(name).load()
-    params = inspect.signature(func).parameters
-    options = {"time_limit": time_limit} if "time_limit" in params else {}
-    return co.solve(chain, platform, name, **options)
+def run(chain: co.Chain, bandwidth: float, points: int, methods: list[str], time_limit: float) -> Tradeoff:
+    """One network on one link: the library's sweep, less the methods too slow for its length."""
+    link = co.Platform(memory=0, bandwidth_d2h=bandwidth, bandwidth_h2d=bandwidth, latency=LATENCY)
+    runnable = [m for m in methods if not (m in SLOW and chain.length > SLOW[m])]
+    return co.tradeoff(chain, link, runnable, points=points, time_limit=time_limit)
 
 
-def sweep(chain: co.Chain, bandwidth: float, points: int, methods: list[str], time_limit: float) -> dict:
-    floor, peak = chain.stage_memory_floor(), co.keep_all_peak(chain)
-    memories = sorted({int(m) for m in np.linspace(floor, max(peak, floor), points)})
-    rows: dict[str, list[co.Result | None]] = {m: [] for m in methods}
-    for memory in memories:
-        platform = co.Platform(memory=memory, bandwidth_d2h=bandwidth, bandwidth_h2d=bandwidth, latency=LATENCY)
-        for m in methods:
-            if m in SLOW and chain.length > SLOW[m]:
-                rows[m].append(None)
-                continue
-            rows[m].append(run_method(m, chain, platform, time_limit))
-    return {"memories": memories, "rows": rows, "base": chain.compute_time}
-
-
-def overhead(r: co.Result | None, base: float) -> float:
-    return math.nan if r is None or not r.feasible else r.makespan / base
-
-
-def table(chain: co.Chain, label: str, data: dict) -> list[str]:
-    mem = data["memories"]
-    base = data["base"]
-    pure = [m for m in data["rows"] if not spec(m).remat]
-    lbs = [max((r.lower_bound for r in (data["rows"][m][j] for m in pure) if r is not None and r.feasible), default=math.nan) for j in range(len(mem))]
-    head = "| method | " + " | ".join(format_bytes(m) for m in mem) + " | min memory | mean runtime |"
-    lines = [f"### {chain.name}, {label}", "", "makespan / (sum fwd + sum bwd); `-` = infeasible at that memory", "", head, "|---|" + "---:|" * (len(mem) + 2)]
-    for m, results in data["rows"].items():
-        cells, feasible_mem, runtimes = [], None, []
-        for j, r in enumerate(results):
-            if r is None:
-                cells.append("n/a")
-                continue
-            runtimes.append(r.runtime)
-            if r.feasible:
-                cells.append(f"{r.makespan / base:.3f}" + ("*" if r.status == co.Status.OPTIMAL else ""))
-                feasible_mem = mem[j] if feasible_mem is None else feasible_mem
+def table(tr: Tradeoff, label: str, methods: list[str]) -> list[str]:
+    mem = tr.memories
+    base = tr.compute_time
+    head = (
+        "| method | "
+        + " | ".join(("offload floor " if m == tr.offload_floor else "") + format_bytes(m) for m in mem)
+        + " | min memory | mean runtime |"
+    )
+    lines = [
+        f"### {tr.chain_name}, {label}",
+        "",
+        f"makespan / (sum fwd + sum bwd); `-` = infeasible at that memory; offload floor {format_bytes(tr.offload_floor)}, "
+        f"keep-all peak {format_bytes(tr.keep_all_peak)}",
+        "",
+        head,
+        "|---|" + "---:|" * (len(mem) + 2),
+    ]
+    for m in methods:
+        if m not in tr.curves:
+            lines.append(f"| {m} | " + " | ".join("n/a" for _ in mem) + " | n/a | n/a |")
+            continue
+        cells = []
+        for p in tr.curves[m]:
+            if p.feasible:
+                cells.append(f"{p.makespan / base:.3f}" + ("*" if p.status == co.Status.OPTIMAL else ""))
             else:
                 cells.append("-")
-        mm = format_bytes(feasible_mem) if feasible_mem is not None else "> sweep"
-        rt = f"{1e3 * float(np.mean(runtimes)):.1f} ms" if runtimes else "n/a"
+        least = tr.min_memory(m)
+        mm = format_bytes(least) if least is not None else "> sweep"
+        rt = f"{1e3 * float(np.mean([p.runtime for p in tr.curves[m]])):.1f} ms"
         lines.append(f"| {m} | " + " | ".join(cells) + f" | {mm} | {rt} |")
-    lines.append("| *lower bound (pure offload)* | " + " | ".join("-" if math.isnan(x) else f"{x / base:.3f}" for x in lbs) + " | | |")
+    lines.append(
+        "| *lower bound (pure offload)* | " + " | ".join("-" if not math.isfinite(x) else f"{x / base:.3f}" for x in tr.lower_bound) + " | | |"
+    )
     lines += ["", "`*` proven optimal. Remat methods (rotor, joint, ...) recompute, so the pure-offloading bound does not bind them.", ""]
     return lines
 
 
-def plot(chain: co.Chain, label: str, data: dict, path: Path) -> None:
-    import matplotlib
+def headline(runs: dict[str, dict[str, Tradeoff]], methods: list[str]) -> list[str]:
+    """The README's table: each network at the middle memory of its sweep on the headline link."""
+    shown = [m for m in methods if m not in ("keep-all", "sqrt-checkpoint", "recompute-all")]
+    pure = [m for m in shown if not spec(m).remat]
+    remat = [m for m in shown if spec(m).remat]
+    cols = pure + ["lower bound"] + remat
+    lines = [
+        f"## Headline: the middle of each sweep, {HEADLINE_LINK} ({BANDWIDTHS[HEADLINE_LINK] / 1e9:g} GB/s per direction, "
+        f"{LATENCY * 1e6:g} us latency)",
+        "",
+        "| network | memory | " + " | ".join(cols) + " |",
+        "|---|---:|" + "---:|" * len(cols),
+    ]
+    for name, links in runs.items():
+        tr = links.get(HEADLINE_LINK)
+        if tr is None:
+            continue
+        j = len(tr.memories) // 2
+        cells = []
+        for m in cols:
+            if m == "lower bound":
+                x = tr.lower_bound[j]
+                cells.append(f"{x / tr.compute_time:.3f}" if math.isfinite(x) else "-")
+            elif m not in tr.curves:
+                cells.append("n/a")
+            else:
+                p = tr.curves[m][j]
+                cells.append(f"{p.makespan / tr.compute_time:.3f}" if p.feasible else "-")
+        lines.append(f"| {name} | {format_bytes(tr.memories[j])} | " + " | ".join(cells) + " |")
+    return lines + [""]
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    mem = np.array(data["memories"], dtype=float) / 2**30
-    base = data["base"]
-    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
-    pure = [m for m in data["rows"] if not spec(m).remat]
-    lbs = np.array(
-        [max((r.lower_bound for r in (data["rows"][m][j] for m in pure) if r is not None and r.feasible), default=math.nan) for j in range(len(mem))]
-    )
-    ax.fill_between(mem, 0, 100 * (lbs / base - 1), color="#999999", alpha=0.25, label="below the lower bound (pure offload)")
-    markers = "os^vD<>pPX*h"
-    for i, (m, results) in enumerate(data["rows"].items()):
-        y = 100 * (np.array([overhead(r, base) for r in results]) - 1)
-        # tab20 and a marker per method: a dozen lines stay distinguishable in print.
-        ax.plot(mem, y, marker=markers[i % len(markers)], markersize=3.5, linewidth=1.2, color=plt.cm.tab20(i % 20),
-                linestyle="--" if spec(m).remat else "-", label=m)
-    ax.set_xlabel("GPU memory for activations (GiB)")
-    ax.set_ylabel("overhead over compute (%)")
-    ax.set_title(f"{chain.name}, {label}", fontsize=10)
-    ax.set_ylim(bottom=0)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="upper right", ncol=2)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+def best_against(runs: dict[str, dict[str, Tradeoff]], time_limit: float | None) -> list[str]:
+    """How best compares with the exact method and with the baselines, over every sweep point."""
+    both = optimal = equal = better = worse = 0
+    worst = 0.0
+    ratios = {b: (0.0, "") for b in BASELINES}
+    for name, links in runs.items():
+        for label, tr in links.items():
+            if "best" not in tr.curves:
+                continue
+            for j, p in enumerate(tr.curves["best"]):
+                if not p.feasible:
+                    continue
+                if "cpsat" in tr.curves and tr.curves["cpsat"][j].feasible:
+                    q = tr.curves["cpsat"][j]
+                    both += 1
+                    optimal += q.status == co.Status.OPTIMAL
+                    gap = p.makespan / q.makespan - 1
+                    if abs(gap) <= 1e-9:
+                        equal += 1
+                    elif gap < 0:
+                        better += 1
+                    else:
+                        worse += 1
+                        worst = max(worst, gap)
+                if tr.memories[j] >= tr.keep_all_peak:
+                    continue  # nothing needs to move there: no contest
+                for b in BASELINES:
+                    if b in tr.curves and tr.curves[b][j].feasible:
+                        r = tr.curves[b][j].makespan / p.makespan
+                        if r > ratios[b][0]:
+                            ratios[b] = (r, f"{name}, {label}, {format_bytes(tr.memories[j])}")
+    lines = ["## best against the exact method and the baselines", ""]
+    if both:
+        limit = f"{time_limit:g} s per point" if time_limit else "its default time limit"
+        text = (
+            f"Of the {both} sweep points where CP-SAT ({limit}) found a schedule ({optimal} of them proven optimal), "
+            f"best's makespan equals CP-SAT's on {equal}"
+        )
+        if better:
+            text += f", is shorter on {better} (where CP-SAT's time ran out)"
+        text += f", and is longer on {worse}" + (f", by at most {100 * worst:.1f}%." if worse else ".")
+        lines.append(text)
+        lines.append("")
+    lines.append("Largest ratio of a baseline's makespan to best's, below the keep-all peak:")
+    lines.append("")
+    for b, (r, where) in ratios.items():
+        if r > 0:
+            lines.append(f"- {b}: {r:.2f}x ({where})")
+    return lines + [""]
+
+
+def report(
+    runs: dict[str, dict[str, Tradeoff]], methods: list[str], out: Path, quick: bool, stamp: str, time_limit: float | None
+) -> str:
+    lines = [
+        "# Method comparison",
+        "",
+        f"`python benchmarks/compare.py{' --quick' if quick else ''}`, {stamp} (runtimes are from that machine; makespans are "
+        f"from the chains' time model). Raw data: {'compare-quick' if quick else 'compare'}.json.",
+        "",
+    ]
+    if not quick:
+        lines += headline(runs, methods) + best_against(runs, time_limit)
+    for name, links in runs.items():
+        for label, tr in links.items():
+            bw = BANDWIDTHS[label]
+            lines += table(tr, f"{label} ({bw / 1e9:g} GB/s)", methods)
+            png = f"compare-{name}-{label}.png".replace("/", "_")
+            plot_tradeoff(tr, out / png, title=f"{name}, {label} ({bw / 1e9:g} GB/s per direction, {LATENCY * 1e6:g} us latency)")
+            lines += [f"![{name} {label}]({png})", ""]
+    return "\n".join(lines)
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="2 networks, 4 memory points, PCIe4 only, no exact method")
     parser.add_argument("--networks", nargs="*", help="network names (default: all shipped)")
-    parser.add_argument("--points", type=int, default=None, help="memory points per sweep (default 10; quick 4)")
+    parser.add_argument("--points", type=int, default=None, help="memory points per sweep, besides the offload floor (default 10; quick 4)")
     parser.add_argument("--time-limit", type=float, default=5.0, help="seconds for methods that take a time limit")
     parser.add_argument("--out", type=Path, default=RESULTS, help="output folder")
+    parser.add_argument("--replot", action="store_true", help="redraw tables and PNGs from OUT/compare.json (or compare-quick.json) without solving")
     args = parser.parse_args(argv)
-    points = args.points or (4 if args.quick else 10)
-    bandwidths = {"PCIe4": BANDWIDTHS["PCIe4"]} if args.quick else BANDWIDTHS
-    methods = [m for m in co.methods() if not (args.quick and m in SLOW)]
-    time_limit = min(args.time_limit, 1.0) if args.quick else args.time_limit
+    stem = "compare-quick" if args.quick else "compare"
     args.out.mkdir(parents=True, exist_ok=True)
-    t0 = time.perf_counter()
-    lines = [
-        "# Method comparison",
-        "",
-        f"`python benchmarks/compare.py{' --quick' if args.quick else ''}`, {time.strftime('%Y-%m-%d')}, "
-        f"{os.cpu_count()} CPU cores (runtimes are from this machine; makespans are from the chains' time model).",
-        "",
-    ]
-    for chain in chains(args.networks, args.quick):
-        for label, bw in bandwidths.items():
-            data = sweep(chain, bw, points, methods, time_limit)
-            lines += table(chain, f"{label} ({bw / 1e9:g} GB/s)", data)
-            name = f"compare-{chain.name}-{label}.png".replace("/", "_")
-            plot(chain, f"{label} ({bw / 1e9:g} GB/s)", data, args.out / name)
-            lines += [f"![{chain.name} {label}]({name})", ""]
-            print(f"{chain.name} {label}: done ({time.perf_counter() - t0:.1f} s)", file=sys.stderr)
-    text = "\n".join(lines)
-    (args.out / ("compare-quick.md" if args.quick else "compare.md")).write_text(text + "\n")
+    if args.replot:
+        data = json.loads((args.out / f"{stem}.json").read_text())
+        methods = data["methods"]
+        runs = {n: {lb: Tradeoff.from_dict(d) for lb, d in links.items()} for n, links in data["runs"].items()}
+        stamp, time_limit = data["stamp"], data.get("time_limit")
+    else:
+        points = args.points or (4 if args.quick else 10)
+        bandwidths = {HEADLINE_LINK: BANDWIDTHS[HEADLINE_LINK]} if args.quick else BANDWIDTHS
+        methods = [m for m in co.methods() if not (args.quick and m in SLOW)]
+        time_limit = min(args.time_limit, 1.0) if args.quick else args.time_limit
+        stamp = f"{time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPU cores"
+        runs: dict[str, dict[str, Tradeoff]] = {}
+        t0 = time.perf_counter()
+        for chain in chains(args.networks, args.quick):
+            for label, bw in bandwidths.items():
+                runs.setdefault(chain.name, {})[label] = run(chain, bw, points, methods, time_limit)
+                print(f"{chain.name} {label}: done ({time.perf_counter() - t0:.1f} s)", file=sys.stderr)
+        raw = {"stamp": stamp, "time_limit": time_limit, "methods": methods, "runs": {n: {lb: tr.to_dict() for lb, tr in links.items()} for n, links in runs.items()}}
+        (args.out / f"{stem}.json").write_text(json.dumps(raw) + "\n")
+    text = report(runs, methods, args.out, args.quick, stamp, time_limit)
+    (args.out / f"{stem}.md").write_text(text + "\n")
     print(text)
     return 0
 

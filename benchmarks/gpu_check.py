@@ -1,21 +1,33 @@
-"""Does the executor do on a GPU what the simulator says? Measured against predicted, per schedule.
+"""Does the executor do on a GPU what the simulator says? Measured against predicted, per plan.
 
-For a ResNet-like and a GPT-like chain it profiles the chain on the device, solves with the
-default method at three memory limits (the keep-all peak, the peak of offloading every unit
-that may be offloaded, and halfway between), trains 20 steps under each schedule, and prints one Markdown table:
-measured step time against the simulated makespan, measured peak (``max_memory_allocated``)
-against the predicted one, and the largest gradient difference from plain training. Plain
-training and ``torch.autograd.graph.save_on_cpu`` are measured alongside for comparison.
+Four workloads, each trained under three memory limits (the keep-all peak, a limit near the
+least at which offloading fits, and halfway between), with plain training and
+``torch.autograd.graph.save_on_cpu`` measured alongside:
 
-    python benchmarks/gpu_check.py                      # CUDA (the default device when present)
-    python benchmarks/gpu_check.py --device cpu --quick # a dry run: small models, few steps
+* ``resnet-like`` and ``gpt-like``: chains written as ``nn.Sequential`` stages, profiled once;
+  each limit is solved (``chainoffload.solve``) and run with ``ct.Offloader`` (a plan of your own).
+* ``resnet50`` (torchvision's ResNet-50 layout, batch 64 at 224 px) and ``gpt2`` (Hugging Face
+  GPT-2 small: 12 layers, d 768, batch 8 x 1024 tokens): real models offloaded in place with the
+  one-liner ``ct.offload(model, batch, memory=...)``, trained as their documentation shows.
 
-Targets (CUDA): step time <= 1.05 x the simulated makespan; peak within 2 % of the prediction.
-On CPU there is no allocator peak and no copy engine, so the targets are not judged there.
+One Markdown table: measured step time against the simulated makespan, measured peak
+(``max_memory_allocated`` during the step, as the executor reports it) against the predicted
+one, bytes moved against the plan's, and the largest gradient difference from plain training.
 
-What a step is: forward of the chain, ``y.sum()`` as the loss, backward: the F_1..F_L, B_L..B_1
-of the chain model, without an optimizer step. Gradients persist between steps (zeroed, not
-freed), so the measured peak is activation memory, as the model counts it.
+    python benchmarks/gpu_check.py                        # CUDA, every workload: about 3-5 minutes on one H100/H200
+    python benchmarks/gpu_check.py --only gpt2,resnet50   # the real models only
+    python benchmarks/gpu_check.py --device cpu --quick   # the dry run the test suite runs (tiny models)
+
+The CUDA command needs ``pip install -e '.[torch,dev]'`` (transformers for GPT-2) and no download.
+Targets (CUDA): step time <= 1.05 x the simulated makespan; peak within 2 % of the prediction
+(``--strict`` exits 1 when one is missed). On CPU there is no allocator peak and no copy
+engine, so the targets are not judged there; every other code path runs.
+
+What a step is: the forward of the model, its loss (``y.sum()`` for the chains, the model's own
+loss for GPT-2, cross-entropy for ResNet-50) and the backward, without an optimizer step.
+Gradients persist between steps (zeroed, not freed), so the measured peak is activation
+memory, as the chain model counts it. Dropout masks come from a seed per step, so every run
+computes the same gradients.
 """
 
 from __future__ import annotations
@@ -27,11 +39,14 @@ import sys
 import time
 import warnings
 from pathlib import Path
+from typing import Any, Callable
 
 # Deterministic kernels, so that "gradients equal plain training" is a fair check on a GPU.
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
@@ -40,93 +55,67 @@ import chainoffload as co  # noqa: E402
 import chainoffload_torch as ct  # noqa: E402
 from chainoffload.planner import plan_transfers  # noqa: E402
 from chainoffload.units import format_bytes  # noqa: E402
+from torch_models import ResNet, gpt2, gpt_like, resnet_like  # noqa: E402
 
 STEP_TARGET = 1.05
 PEAK_TARGET = 0.02
+WORKLOADS = ("resnet-like", "gpt-like", "resnet50", "gpt2")
 
 
-# -- models ----------------------------------------------------------------------------------
+class Workload:
+    """A model, a batch, and how one training step runs on it."""
+
+    def __init__(self, name: str, model: nn.Module, batch: Any, loss: Callable[[nn.Module, Any], torch.Tensor], in_place: bool):
+        self.name = name
+        self.model = model
+        self.batch = batch
+        self.loss = loss
+        self.in_place = in_place  # offloaded with ct.offload (else: a chain and ct.Offloader)
+
+    def step(self, seed: int) -> None:
+        torch.manual_seed(seed)
+        self.loss(self.model, self.batch).backward()
 
 
-class BasicBlock(nn.Module):
-    """ResNet's basic block: two 3x3 convolutions with batch norm and a residual."""
-
-    def __init__(self, cin: int, cout: int, stride: int) -> None:
-        super().__init__()
-        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
-        self.bn1 = nn.BatchNorm2d(cout)
-        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
-        self.bn2 = nn.BatchNorm2d(cout)
-        self.down = None
-        if stride != 1 or cin != cout:
-            self.down = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = torch.relu(self.bn1(self.conv1(x)))
-        y = self.bn2(self.conv2(y))
-        return torch.relu(y + (x if self.down is None else self.down(x)))
+def _sum_loss(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return model(x).sum()
 
 
-def resnet_like(width: int, blocks_per_stage: int, classes: int) -> nn.Sequential:
-    """A ResNet-18-shaped chain: stem, four stages of basic blocks, pooled linear head."""
-    stages: list[nn.Module] = [nn.Sequential(nn.Conv2d(3, width, 7, 2, 3, bias=False), nn.BatchNorm2d(width), nn.ReLU(), nn.MaxPool2d(3, 2, 1))]
-    cin = width
-    for level in range(4):
-        cout = width * 2**level
-        for b in range(blocks_per_stage):
-            stages.append(BasicBlock(cin, cout, 2 if (b == 0 and level > 0) else 1))
-            cin = cout
-    stages.append(nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(cin, classes)))
-    return nn.Sequential(*stages)
+def _hf_loss(model: nn.Module, batch: dict) -> torch.Tensor:
+    return model(**batch).loss
 
 
-class GPTBlock(nn.Module):
-    """A pre-norm causal transformer block."""
-
-    def __init__(self, d: int, heads: int) -> None:
-        super().__init__()
-        self.heads = heads
-        self.ln1 = nn.LayerNorm(d)
-        self.qkv = nn.Linear(d, 3 * d)
-        self.proj = nn.Linear(d, d)
-        self.ln2 = nn.LayerNorm(d)
-        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, d = x.shape
-        q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
-        att = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.proj(att.transpose(1, 2).reshape(b, t, d))
-        return x + self.mlp(self.ln2(x))
+def _ce_loss(model: nn.Module, batch: tuple) -> torch.Tensor:
+    x, y = batch
+    return nn.functional.cross_entropy(model(x), y)
 
 
-class Embed(nn.Module):
-    """Token and position embeddings."""
-
-    def __init__(self, vocab: int, seq: int, d: int) -> None:
-        super().__init__()
-        self.tok = nn.Embedding(vocab, d)
-        self.pos = nn.Parameter(torch.zeros(seq, d))
-
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        return self.tok(idx) + self.pos
-
-
-def gpt_like(vocab: int, seq: int, d: int, heads: int, layers: int) -> nn.Sequential:
-    """Embedding, ``layers`` blocks, final norm and vocabulary head."""
-    return nn.Sequential(Embed(vocab, seq, d), *[GPTBlock(d, heads) for _ in range(layers)], nn.Sequential(nn.LayerNorm(d), nn.Linear(d, vocab)))
-
-
-def workloads(quick: bool, device: torch.device):
-    """(name, model, sample) pairs; small for --quick."""
-    torch.manual_seed(0)
-    if quick:
-        res = resnet_like(8, 1, 10), torch.randn(2, 3, 32, 32)
-        gpt = gpt_like(64, 16, 32, 4, 2), torch.randint(0, 64, (2, 16))
-    else:
-        res = resnet_like(64, 2, 1000), torch.randn(64, 3, 224, 224)
-        gpt = gpt_like(8192, 1024, 1024, 16, 12), torch.randint(0, 8192, (8, 1024))
-    return [("resnet-like", res[0].to(device), res[1].to(device)), ("gpt-like", gpt[0].to(device), gpt[1].to(device))]
+def workloads(names: list[str], quick: bool, device: torch.device) -> list[Workload]:
+    """The workloads named, on ``device``; tiny for --quick."""
+    out = []
+    for name in names:
+        torch.manual_seed(0)
+        if name == "resnet-like":
+            model, x = (resnet_like(8, 1, 10), torch.randn(2, 3, 32, 32)) if quick else (resnet_like(64, 2, 1000), torch.randn(64, 3, 224, 224))
+            out.append(Workload(name, model.to(device), x.to(device), _sum_loss, False))
+        elif name == "gpt-like":
+            args = (64, 16, 32, 4, 2) if quick else (8192, 1024, 1024, 16, 12)
+            model = gpt_like(*args)
+            x = torch.randint(0, args[0], (2, 16) if quick else (8, 1024))
+            out.append(Workload(name, model.to(device), x.to(device), _sum_loss, False))
+        elif name == "resnet50":
+            layers, width, classes, batch, px = ([3, 4, 6, 3], 4, 10, 2, 32) if quick else ([3, 4, 6, 3], 64, 1000, 64, 224)
+            model = ResNet(layers, width, classes)
+            data = (torch.randn(batch, 3, px, px, device=device), torch.randint(0, classes, (batch,), device=device))
+            out.append(Workload(name, model.to(device), data, _ce_loss, True))
+        elif name == "gpt2":
+            layers, d, heads, vocab, seq, batch = (6, 32, 4, 64, 32, 2) if quick else (12, 768, 12, 50257, 1024, 8)
+            model = gpt2(layers, d, heads, vocab, seq)
+            ids = torch.randint(0, vocab, (batch, seq), device=device)
+            out.append(Workload(name, model.to(device), {"input_ids": ids, "labels": ids}, _hf_loss, True))
+        else:
+            raise SystemExit(f"gpu_check: unknown workload {name!r}; known: {', '.join(WORKLOADS)}")
+    return out
 
 
 # -- measuring ----------------------------------------------------------------------------
@@ -137,11 +126,15 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def run_steps(step, model: nn.Module, device: torch.device, steps: int, warmup: int) -> tuple[float, int | None]:
-    """Median step seconds and the activation peak (CUDA) of ``step()`` over ``steps`` runs."""
+def run_steps(w: Workload, device: torch.device, steps: int, warmup: int, a0_before: int) -> tuple[float, int | None]:
+    """Median step seconds, and the activation peak (CUDA) of plain steps over ``steps`` runs.
+
+    The peak is the allocator's peak above what was allocated when the step began, plus the
+    input a_0 when the model's input is a_0 (allocated before the step, counted by the chain).
+    """
     times, peaks = [], []
     for i in range(warmup + steps):
-        for p in model.parameters():
+        for p in w.model.parameters():
             if p.grad is not None:
                 p.grad.zero_()
         _sync(device)
@@ -149,82 +142,93 @@ def run_steps(step, model: nn.Module, device: torch.device, steps: int, warmup: 
             torch.cuda.reset_peak_memory_stats(device)
             base = torch.cuda.memory_allocated(device)
         t0 = time.perf_counter()
-        step()
+        w.step(i)
         _sync(device)
         elapsed = time.perf_counter() - t0
         if i >= warmup:
             times.append(elapsed)
             if device.type == "cuda":
-                peaks.append(torch.cuda.max_memory_allocated(device) - base)
+                peaks.append(torch.cuda.max_memory_allocated(device) - base + a0_before)
     return statistics.median(times), (max(peaks) if peaks else None)
 
 
 def grads_of(model: nn.Module) -> list[torch.Tensor]:
-    return [p.grad.detach().clone() for p in model.parameters()]
+    return [p.grad.detach().clone() for p in model.parameters() if p.grad is not None]
 
 
 def max_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
     return max((x.float() - y.float()).abs().max().item() for x, y in zip(a, b))
 
 
-def check(name: str, model: nn.Module, sample: torch.Tensor, device: torch.device, steps: int, warmup: int, repeats: int) -> list[dict]:
-    """All rows for one workload."""
-    rows = []
-    prof = ct.profile_full(model, sample, repeats=repeats, name=name)
+def limits(prof: ct.Profile) -> list[int]:
+    """The keep-all peak, halfway, and (2 % above) the peak of offloading every unit that may
+    move as soon as it is made: a limit at which a pure-offloading schedule is known to exist."""
     chain, platform = prof.chain, prof.platform
     full = co.keep_all_peak(chain)
-    # The low end: the peak of offloading every unit that may be offloaded (vDNN timing), a
-    # memory at which a pure-offloading schedule is known to exist.
-    units = [u for u in range(1, chain.length) if u not in prof.sizes.aliased]
-    eager = plan_transfers(chain, platform, units) if units else co.Schedule.keep_all(chain.length)
-    low = co.simulate(chain, platform.with_memory(2**62), eager).peak_memory
-    a0 = int(chain.act[0])
+    units = [u for u in range(1, chain.length) if u not in prof.sizes.resident]
+    eager = plan_transfers(chain, platform.with_memory(2**62), units) if units else co.Schedule.keep_all(chain.length)
+    low = min(full, int(1.02 * co.simulate(chain, platform.with_memory(2**62), eager).peak_memory))
+    return [int(low + frac * (full - low)) for frac in (1.0, 0.5, 0.0)]
 
-    def plain_step() -> None:
-        model(sample).sum().backward()
 
-    # Activation peak = allocator peak above the step's start + the input a_0 (resident before).
-    t_plain, peak_plain = run_steps(plain_step, model, device, steps, warmup)
-    plain_grads = grads_of(model)
-    keep_all = co.simulate(chain, platform.with_memory(full), co.Schedule.keep_all(chain.length))
-    rows.append(_row(name, "plain training", None, keep_all.makespan, t_plain, full, None if peak_plain is None else peak_plain + a0, 0.0, 0))
+def check(w: Workload, device: torch.device, steps: int, warmup: int, repeats: int) -> list[dict]:
+    """All rows for one workload."""
+    rows = []
+    sample = w.batch[0] if isinstance(w.batch, tuple) else w.batch  # what the model is called with
+    prof = ct.profile_full(w.model, sample, repeats=repeats, name=w.name)
+    chain = prof.chain
+    full = co.keep_all_peak(chain)
+    a0_before = int(chain.act[0]) if not w.in_place else 0  # a chain's input is its a_0
 
-    def soc_step() -> None:
+    t_plain, peak_plain = run_steps(w, device, steps, warmup, a0_before)
+    plain_grads = grads_of(w.model)
+    keep_all = co.simulate(chain, prof.platform.with_memory(full), co.Schedule.keep_all(chain.length))
+    rows.append(_row(w.name, "plain training", None, keep_all.makespan, t_plain, full, peak_plain, 0.0, 0))
+
+    soc = Workload(w.name, w.model, w.batch, w.loss, w.in_place)
+
+    def soc_step(seed: int) -> None:
         with torch.autograd.graph.save_on_cpu(pin_memory=device.type == "cuda"):
-            y = model(sample)
-        y.sum().backward()
+            torch.manual_seed(seed)
+            loss = w.loss(w.model, w.batch)
+        loss.backward()
 
-    t_soc, peak_soc = run_steps(soc_step, model, device, steps, warmup)
-    rows.append(_row(name, "save_on_cpu", None, None, t_soc, None, None if peak_soc is None else peak_soc + a0, max_diff(grads_of(model), plain_grads), None))
+    soc.step = soc_step  # type: ignore[method-assign]
+    t_soc, peak_soc = run_steps(soc, device, steps, warmup, a0_before)
+    rows.append(_row(w.name, "save_on_cpu", None, None, t_soc, None, peak_soc, max_diff(grads_of(w.model), plain_grads), None))
 
-    for frac in (1.0, 0.5, 0.0):
-        memory = int(low + frac * (full - low))
-        plat = platform.with_memory(memory)
+    for memory in limits(prof):
         try:
-            result = ct.choose_schedule(chain, plat, keep=prof.sizes.aliased)
+            if w.in_place:
+                # The one-liner, as a user writes it (it profiles again, with the measured link).
+                handle = ct.offload(w.model, sample, memory=memory, platform=prof.platform, repeats=repeats)
+                method = handle.result.method
+            else:
+                plat = prof.platform.with_memory(memory)
+                result = ct.plans.solve_for(chain, plat, None, (), prof.sizes, {})
+                handle = ct.Offloader(w.model, chain, result.schedule, platform=plat, blocks=prof.blocks)
+                method = result.method
         except ValueError as exc:
-            rows.append({"workload": name, "run": f"limit {format_bytes(memory)}", "note": str(exc)})
+            rows.append({"workload": w.name, "run": f"limit {format_bytes(memory)}", "note": str(exc)})
             continue
-        off = ct.Offloader(model, chain, result.schedule, platform=plat, result=result, aliased=prof.sizes.aliased)
-
-        def off_step() -> None:
-            off(sample).sum().backward()
-
-        t_off, _ = run_steps(off_step, off, device, steps, warmup)
-        measured_peak = off.measured_peak
-        rows.append(
-            _row(
-                name,
-                f"{result.method} @ {format_bytes(memory)}",
-                result.schedule.offloaded_bytes(chain),
-                result.makespan,
-                t_off,
-                result.peak_memory,
-                measured_peak,
-                max_diff(grads_of(off), plain_grads),
-                off.offloaded_bytes,
+        try:
+            t_off, _ = run_steps(w, device, steps, warmup, 0)
+            plan = handle.plan
+            rows.append(
+                _row(
+                    w.name,
+                    f"{method} @ {format_bytes(memory)}",
+                    plan.offloaded_bytes,
+                    plan.makespan,
+                    t_off,
+                    plan.predicted_peak,
+                    handle.measured_peak,
+                    max_diff(grads_of(w.model), plain_grads),
+                    handle.offloaded_bytes,
+                )
             )
-        )
+        finally:
+            handle.remove()
     return rows
 
 
@@ -270,9 +274,7 @@ def table(rows: list[dict], cuda: bool) -> str:
             if not cuda:
                 verdict = "not judged on CPU"
             else:
-                ok_t = ratio is not None and ratio <= STEP_TARGET
-                ok_m = err is not None and abs(err) <= PEAK_TARGET
-                verdict = f"step {'ok' if ok_t else 'MISSED'}, peak {'ok' if ok_m else 'MISSED'}"
+                verdict = f"step {'ok' if _step_ok(r) else 'MISSED'}, peak {'ok' if _peak_ok(r) else 'MISSED'}"
         off = "-" if r["offloaded"] is None else f"{_fmt_b(r['offloaded'])} / {_fmt_b(r['moved'])}"
         ratio_s = "-" if ratio is None else f"{ratio:.3f}x"
         err_s = "-" if err is None else f"{err * 100:+.2f} %"
@@ -284,10 +286,19 @@ def table(rows: list[dict], cuda: bool) -> str:
     return "\n".join(lines)
 
 
+def _step_ok(r: dict) -> bool:
+    return bool(r["simulated"]) and r["measured"] / r["simulated"] <= STEP_TARGET
+
+
+def _peak_ok(r: dict) -> bool:
+    return r["measured_peak"] is not None and bool(r["predicted_peak"]) and abs(r["measured_peak"] / r["predicted_peak"] - 1) <= PEAK_TARGET
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--quick", action="store_true", help="small models, few steps (a dry run)")
+    parser.add_argument("--quick", action="store_true", help="tiny models, few steps (a dry run)")
+    parser.add_argument("--only", default=",".join(WORKLOADS), help=f"comma-separated workloads (default: {','.join(WORKLOADS)})")
     parser.add_argument("--steps", type=int, default=None, help="timed steps per run (default 20; 3 with --quick)")
     parser.add_argument("--strict", action="store_true", help="exit 1 if a target is missed (CUDA)")
     args = parser.parse_args(argv)
@@ -295,9 +306,10 @@ def main(argv: list[str] | None = None) -> int:
     if device.type == "cuda" and not torch.cuda.is_available():
         print("gpu_check: --device cuda but CUDA is not available", file=sys.stderr)
         return 2
+    names = [n.strip() for n in args.only.split(",") if n.strip()]
     steps = args.steps or (3 if args.quick else 20)
     warmup = 1 if args.quick else 3
-    repeats = 3 if args.quick else 5
+    repeats = 1 if args.quick else 5
     if device.type == "cpu" and args.quick:
         torch.set_num_threads(1)  # tiny models: threads only contend
     if device.type == "cuda":
@@ -307,22 +319,19 @@ def main(argv: list[str] | None = None) -> int:
     # An op without a deterministic kernel warns at every call; the grad-diff column says it.
     warnings.filterwarnings("ignore", message=".*deterministic.*")
     rows: list[dict] = []
-    for name, model, sample in workloads(args.quick, device):
-        rows.extend(check(name, model, sample, device, steps, warmup, repeats))
+    t0 = time.perf_counter()
+    for w in workloads(names, args.quick, device):
+        rows.extend(check(w, device, steps, warmup, repeats))
     cuda = device.type == "cuda"
     name = torch.cuda.get_device_name(device) if cuda else "CPU"
-    print(f"## gpu_check on {name} ({steps} steps per run, median step time)\n")
+    print(f"## gpu_check on {name} ({steps} steps per run, median step time; {time.perf_counter() - t0:.0f} s in all)\n")
     print(table(rows, cuda))
     print(
         f"\nTargets: step time <= {STEP_TARGET:.2f}x the simulated makespan; measured peak within "
         f"{PEAK_TARGET * 100:.0f} % of the predicted peak" + ("" if cuda else " (not judged on CPU)") + "."
     )
     if args.strict and cuda:
-        missed = [r for r in rows if r.get("offloaded") is not None and r["simulated"] and (
-            r["measured"] / r["simulated"] > STEP_TARGET
-            or r["measured_peak"] is None
-            or abs(r["measured_peak"] / r["predicted_peak"] - 1) > PEAK_TARGET
-        )]
+        missed = [r for r in rows if r.get("offloaded") is not None and not (_step_ok(r) and _peak_ok(r))]
         return 1 if missed else 0
     return 0
 

@@ -13,6 +13,9 @@ For each L, on a fixed-order schedule that offloads every other unit (``instance
 * the kernel as plain Python (``NUMBA_DISABLE_JIT=1``), and the first ``simulate()`` of a fresh
   process with an empty Numba cache (cold: compile) and with the cache filled (warm: load).
 
+Each figure is measured in a child process; the jitted throughputs are the best of ``--rounds``
+rounds, alternating between the trees, so that a change in a shared machine's load hits both.
+
 ``--compare REV`` measures the code of git revision REV (extracted to a temporary directory and
 put first on ``PYTHONPATH`` of a child process) in the same run, one after the other, and adds
 the ratios: this is how the rewrite was checked not to slow the fixed order down.
@@ -60,15 +63,27 @@ def instance(length: int, seed: int = 0):
     return chain, platform, schedule
 
 
-def throughput(func, min_time: float = 1.0) -> float:
+def throughput(func, min_time: float = 1.0, batch: float = 0.05) -> float:
+    """Calls per second of ``func``: the best batch of about ``batch`` seconds within ``min_time``
+    (the least disturbed one, on a machine shared with other work)."""
     func()
-    n, t0 = 0, time.perf_counter()
+    t0 = time.perf_counter()
+    per_batch = 1
     while True:
-        func()
-        n += 1
-        elapsed = time.perf_counter() - t0
-        if elapsed >= min_time and n >= 5:
-            return n / elapsed
+        b0 = time.perf_counter()
+        for _ in range(per_batch):
+            func()
+        if time.perf_counter() - b0 >= batch / 4:
+            break
+        per_batch *= 2
+    best = 0.0
+    while True:
+        b0 = time.perf_counter()
+        for _ in range(per_batch):
+            func()
+        best = max(best, per_batch / (time.perf_counter() - b0))
+        if time.perf_counter() - t0 >= min_time:
+            return best
 
 
 def _kernels(chain, platform, schedule):
@@ -129,19 +144,43 @@ def first_call(env: dict, cache_dir: str) -> float:
     return float(out.stdout.strip().splitlines()[-1])
 
 
-def measure_tree(env: dict, min_time: float) -> dict:
-    """Every figure for the code that ``env`` imports, each in its own child process."""
-    def child(extra: dict) -> list:
-        out = subprocess.run(
-            [sys.executable, __file__, "--child", "--min-time", str(min_time)],
-            env=dict(env, **extra), capture_output=True, text=True, check=True,
-        )
-        return json.loads(out.stdout)
+def child(env: dict, min_time: float, plain: bool = False) -> list:
+    """The throughput figures of the code ``env`` imports, measured in a child process."""
+    extra = {"NUMBA_DISABLE_JIT": "1"} if plain else {}
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", "--min-time", str(min_time)],
+        env=dict(env, **extra), capture_output=True, text=True, check=True,
+    )
+    return json.loads(out.stdout)
 
-    with tempfile.TemporaryDirectory() as cache:
-        cold = first_call(env, cache)
-        warm = first_call(env, cache)
-    return {"jit": child({}), "plain": child({"NUMBA_DISABLE_JIT": "1"}), "cold": cold, "warm": warm}
+
+def best_of(rounds: list[list[dict]]) -> list[dict]:
+    """Per L, the highest throughput of each figure over the rounds (the least disturbed one)."""
+    out = []
+    for rows in zip(*rounds):
+        merged = dict(rows[0])
+        for key in merged:
+            if key.endswith("_per_s"):
+                merged[key] = max(r[key] for r in rows)
+        out.append(merged)
+    return out
+
+
+def measure_trees(envs: list[dict], min_time: float, rounds: int) -> list[dict]:
+    """Every figure for each tree; the jitted throughputs alternate between trees, round by round,
+    so that a change in the machine's load hits every tree alike."""
+    results = []
+    for env in envs:
+        with tempfile.TemporaryDirectory() as cache:
+            cold = first_call(env, cache)
+            warm = first_call(env, cache)
+        results.append({"cold": cold, "warm": warm, "plain": child(env, min_time, plain=True), "rounds": []})
+    for _ in range(rounds):
+        for env, res in zip(envs, results):
+            res["rounds"].append(child(env, min_time))
+    for res in results:
+        res["jit"] = best_of(res.pop("rounds"))
+    return results
 
 
 def extract(rev: str, dest: str) -> str:
@@ -177,6 +216,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--min-time", type=float, default=1.0, help="seconds per throughput measurement")
     parser.add_argument("--compare", metavar="REV", help="also measure git revision REV, in the same run")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds of the jitted figures (best kept)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -185,13 +225,16 @@ def main(argv=None) -> int:
         return 0
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    here = measure_tree(env, args.min_time)
+    with tempfile.TemporaryDirectory() as tmp:
+        envs = [env]
+        if args.compare:
+            commit = extract(args.compare, tmp)
+            envs.append(dict(os.environ, PYTHONPATH=tmp))
+        measured = measure_trees(envs, args.min_time, args.rounds)
+    here = measured[0]
     lines = table("this tree", here)
     if args.compare:
-        with tempfile.TemporaryDirectory() as tmp:
-            commit = extract(args.compare, tmp)
-            other_env = dict(os.environ, PYTHONPATH=tmp)
-            other = measure_tree(other_env, args.min_time)
+        other = measured[1]
         lines = table(f"revision {args.compare} ({commit})", other) + lines
         lines += [
             f"**this tree / {args.compare}** (above 1: faster now)",
@@ -210,9 +253,11 @@ def main(argv=None) -> int:
     print(text)
     RESULTS.mkdir(exist_ok=True)
     command = "python benchmarks/simulator.py" + (f" --compare {args.compare}" if args.compare else "")
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     (RESULTS / "simulator.md").write_text(
-        f"# Simulator speed\n\n`{command}`, {time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPU cores "
-        f"(shared: compare ratios measured in one run, not absolute figures across runs)\n\n{text}"
+        f"# Simulator speed\n\n`{command}`, {time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPU cores, load average "
+        f"{load:.1f} at the end (shared: compare ratios measured in one run, not absolute figures across runs; "
+        f"the jitted figures are the best of {args.rounds} rounds that alternate between the trees)\n\n{text}"
     )
     return 0
 

@@ -2,7 +2,8 @@
 network in less GPU memory at the least cost in time; verify the plan; carry it out.
 
 The framework-independent core: the chain model (:class:`Chain`, :class:`Platform`), the one
-schedule format (:class:`Schedule`, :class:`Transfer`), the one simulator (:func:`simulate`),
+schedule format (:class:`Schedule`, :class:`Transfer`; :class:`ScheduleFile` adds what a saved
+schedule was made for), the one simulator (:func:`simulate`),
 and solvers behind one front door (:func:`solve`).
 """
 
@@ -10,8 +11,11 @@ from .chain import Chain, ChainError
 from .platform import Platform, PlatformError
 from .schedule import Schedule, ScheduleError, Transfer, fixed_order
 from .simulate import Timeline, Violation, simulate, keep_all_peak
+from .stalls import Stall, stalls
 from .result import Result, Status
 from .solvers import solve, methods, register, minimum_memory
+from .schedule_file import ScheduleFile
+from .tradeoff import Tradeoff, tradeoff
 
 __version__ = "0.1.0"
 
@@ -23,15 +27,20 @@ __all__ = [
     "Schedule",
     "ScheduleError",
     "Transfer",
+    "ScheduleFile",
     "fixed_order",
     "Timeline",
     "Violation",
     "simulate",
     "keep_all_peak",
+    "Stall",
+    "stalls",
     "Result",
     "Status",
     "solve",
     "methods",
     "register",
     "minimum_memory",
+    "Tradeoff",
+    "tradeoff",
 ]

@@ -22,6 +22,7 @@ import time
 import numpy as np
 
 from .chain import Chain
+from .order import b_pos
 from .platform import Platform
 
 __all__ = [
@@ -378,6 +379,26 @@ def fluid_lp(chain: Chain, platform: Platform, *, solver: str = "glop") -> Fluid
 _LP_CACHE: dict[tuple[int, Platform, str], tuple[Chain, FluidLP]] = {}
 
 
+# NOTE [ fluid LP at extreme links ]
+# GLOP refuses a model whose coefficients span too many orders of magnitude ("model_invalid" at
+# 1e-300 or 1e300 B/s, "abnormal" already at 1e-40 or 1e40 on the scaled model). Each scaled
+# rate is therefore kept in [1e-12, 1e12]: a rate above is taken as infinite and one below is
+# raised to 1e-12, and the scaled latency is capped at 1e12. Every such change makes the link
+# faster or its latency smaller, which only adds schedules to the relaxation (the transfer rows
+# and the windows (6) loosen), so the optimum can only drop and stays a lower bound. It matters
+# only for links no machine has: 1e-12 scaled bytes per scaled second is a transfer of the
+# largest unit taking 1e12 times the mean op.
+_RATE_RANGE = (1e-6, 1e6)
+
+
+def _relaxed_rate(rate: float) -> float:
+    if rate > _RATE_RANGE[1]:
+        return math.inf
+    if 0 < rate < _RATE_RANGE[0]:
+        return _RATE_RANGE[0]
+    return rate
+
+
 def _solve_fluid_lp(chain: Chain, platform: Platform, solver: str) -> FluidLP:
     t0 = time.perf_counter()
     length = chain.length
@@ -394,8 +415,8 @@ def _solve_fluid_lp(chain: Chain, platform: Platform, solver: str) -> FluidLP:
     d_dur = dur / time_unit
     mem_rhs = (float(platform.memory) - keep.astype(np.float64)) / byte_unit
     can = platform.can_transfer and length >= 2
-    bw_d = platform.bandwidth_d2h * time_unit / byte_unit  # scaled bytes per scaled second
-    bw_h = platform.bandwidth_h2d * time_unit / byte_unit
+    bw_d = _relaxed_rate(platform.bandwidth_d2h * time_unit / byte_unit)  # scaled bytes per scaled second
+    bw_h = _relaxed_rate(platform.bandwidth_h2d * time_unit / byte_unit)
     sv = saved / byte_unit
 
     # nz[k]: least k' >= k with dur_k' > 0 (n if none).
@@ -449,7 +470,7 @@ def _solve_fluid_lp(chain: Chain, platform: Platform, solver: str) -> FluidLP:
                 m.row(-math.inf, 0.0, [O[k], X[avail]], [1.0, -1.0])
             m.row(-math.inf, 0.0, [P[k], O[k]], [1.0, -1.0])  # (4)
         for i in range(1, length):
-            b = 2 * length - i - 1  # op index of B_{i+1}
+            b = b_pos(length, i + 1)
             m.row(0.0, math.inf, [P[b], X[last], X[i - 1]], [1.0, -1.0, 1.0])
         m.row(0.0, 0.0, [O[n], X[last]], [1.0, -1.0])
         m.row(0.0, 0.0, [P[n], X[last]], [1.0, -1.0])
@@ -472,7 +493,7 @@ def _solve_fluid_lp(chain: Chain, platform: Platform, solver: str) -> FluidLP:
         # (6) windows: W[i] = tau over ops f(i) .. b(i+1) - 1 = i-1 .. 2L-i-2, nested in i.
         # sum_{j >= i} x_j saved_j is X_last - X_{i-1}; the count sum_{j >= i} x_j (for the
         # latency) is N_last - N_{i-1}, N a prefix sum of the increments of X over saved.
-        lat = platform.latency / time_unit
+        lat = min(platform.latency / time_unit, _RATE_RANGE[1])  # a smaller latency relaxes (6)
         inv_d = 1.0 / bw_d if math.isfinite(bw_d) else 0.0
         inv_h = 1.0 / bw_h if math.isfinite(bw_h) else 0.0
         per_byte = [inv_d, inv_h] if platform.duplex else [inv_d + inv_h]
@@ -485,7 +506,7 @@ def _solve_fluid_lp(chain: Chain, platform: Platform, solver: str) -> FluidLP:
                 if i == last:
                     m.row(0.0, 0.0, [W[i], tau[i - 1], tau[i]], [1.0, -1.0, -1.0])
                 else:
-                    m.row(0.0, 0.0, [W[i], W[i + 1], tau[i - 1], tau[2 * length - i - 2]], [1.0, -1.0, -1.0, -1.0])
+                    m.row(0.0, 0.0, [W[i], W[i + 1], tau[i - 1], tau[b_pos(length, i + 1) - 1]], [1.0, -1.0, -1.0, -1.0])
             N = None
             if lat > 0:
                 N = [m.var(0.0, 0.0)]

@@ -7,14 +7,42 @@ construction; its arrays are contiguous and read-only, so kernels can trust them
 
 from __future__ import annotations
 
+import hashlib
 import math
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ._jsonio import JsonIO
+from ._jsonio import JsonIO, is_number
 
-__all__ = ["Chain", "ChainError"]
+__all__ = ["Chain", "ChainError", "MAX_TOTAL_BYTES"]
+
+#: The sizes of a chain (act, saved, fwd_tmp, bwd_tmp, all stages) must add up to less than
+#: this, 2^60 B (1 EiB), so that no memory sum the simulator or a solver forms can wrap in int64
+#: (``NOTE [ memory sums fit int64 ]``).
+MAX_TOTAL_BYTES = 2**60
+
+# NOTE [ memory sums fit int64 ]
+# The kernels count memory in int64; a sum that wraps turns a huge peak into a small or
+# negative one, and a schedule that cannot fit into an "optimal" one. So a chain is refused
+# unless T = sum(act) + sum(saved) + sum(fwd_tmp) + sum(bwd_tmp) < 2^60, and a platform's
+# memory must fit int64 (< 2^63). Then every sum formed stays below 2^63:
+# * Memory in use at any instant, by the rules of the model, holds at most: a_0 once; each
+#   gradient g_j once (B_{j+1}, or B_L for g_L, allocates it, and every B runs once); per unit i
+#   at most three copies of at most saved[i] bytes (the copy a forward makes, a lone a_i that
+#   the F_i re-run over it frees at its end, and the copy a prefetch brings back while the
+#   offloaded copy is still held for its reader); and the transients of at most two compute
+#   ops (one that ends and one that starts at one instant). That is at most
+#   act[0] + sum(act) + 3 sum(saved) + 2 max(tmp) <= 3T, and the kernels' running sums are
+#   these amounts at event boundaries.
+# * A memory check compares such an amount with the limit (< 2^63) or subtracts one from the
+#   other (both >= 0): no new magnitude. The solvers' own sums (keep-all's memory at each op,
+#   CP-SAT's cumulative demands over every interval: each allocation of the fixed order once,
+#   plus the prefetches) are at most 2T.
+# So the largest magnitude is below 3T < 3 * 2^60, and a sum of two of them below 2^63. The
+# same holds for times: every time is finite and so are sum(fwd) + sum(bwd) and
+# sum(fwd_nosave) + sum(bwd); a makespan that still overflows to inf (transfers over a link of
+# 1e-300 B/s, recomputation repeated) is never reported feasible (`solvers.judge`).
 
 _TIME_FIELDS = ("fwd", "bwd")
 _SIZE_FIELDS = ("saved", "fwd_tmp", "bwd_tmp")
@@ -24,43 +52,89 @@ class ChainError(ValueError):
     """A chain's data is malformed; the message names the field and the stage."""
 
 
+def _as_list(name: str, values: Any, what: str) -> list:
+    if isinstance(values, (str, bytes, Mapping)) or not hasattr(values, "__len__"):
+        raise ChainError(f"chain.{name}: expected a list of {what}, got {values!r:.80}")
+    return list(values.tolist() if isinstance(values, np.ndarray) else values)
+
+
 def _as_times(name: str, values: Any, length: int | None) -> np.ndarray:
-    try:
-        arr = np.array(values, dtype=np.float64)
-    except (TypeError, ValueError):
-        raise ChainError(f"chain.{name}: expected a list of numbers, got {values!r:.80}") from None
-    if arr.ndim != 1:
-        raise ChainError(f"chain.{name}: expected a flat list, got shape {arr.shape}")
-    if length is not None and arr.shape[0] != length:
-        raise ChainError(f"chain.{name}: expected {length} values (one per stage), got {arr.shape[0]}")
-    for idx, v in enumerate(arr):
-        if not math.isfinite(v) or v < 0:
-            raise ChainError(f"chain.{name}: stage {idx + 1} has {name}={float(v)!r}; times must be finite and >= 0")
-    return arr
+    raw = _as_list(name, values, "numbers (seconds)")
+    if length is not None and len(raw) != length:
+        raise ChainError(f"chain.{name}: expected {length} values (one per stage), got {len(raw)}")
+    if all(type(v) is float or type(v) is int for v in raw):  # what JSON gives: one vectorised check
+        try:
+            arr = np.array(raw, dtype=np.float64)
+        except OverflowError:
+            arr = None
+        if arr is not None and bool(np.all(np.isfinite(arr) & (arr >= 0))):
+            return arr + 0.0  # -0.0 becomes 0.0: one encoding per value (see Chain.fingerprint)
+    for idx, v in enumerate(raw):  # name the first bad stage
+        if not is_number(v):
+            raise ChainError(f"chain.{name}: stage {idx + 1} has {name}={v!r:.40}; times must be numbers (seconds)")
+        try:
+            fv = float(v)
+        except OverflowError:
+            fv = math.inf
+        if not math.isfinite(fv) or fv < 0:
+            raise ChainError(f"chain.{name}: stage {idx + 1} has {name}={v!r:.40}; times must be finite and >= 0")
+    return np.array(raw, dtype=np.float64) + 0.0
 
 
 def _as_sizes(name: str, values: Any, length: int, *, first_stage: int = 1) -> np.ndarray:
-    try:
-        raw = list(values)
-    except TypeError:
-        raise ChainError(f"chain.{name}: expected a list of integers, got {values!r:.80}") from None
+    raw = _as_list(name, values, "integers (bytes)")
     if len(raw) != length:
         what = "one per stage plus the input a_0" if first_stage == 0 else "one per stage"
         raise ChainError(f"chain.{name}: expected {length} values ({what}), got {len(raw)}")
+    if all(type(v) is int for v in raw) and 0 <= min(raw) and max(raw) < MAX_TOTAL_BYTES:
+        return np.array(raw, dtype=np.int64)  # what JSON gives: checked by two builtins
     out = np.empty(length, dtype=np.int64)
-    for idx, v in enumerate(raw):
+    for idx, v in enumerate(raw):  # name the first bad stage
         stage = idx + first_stage
-        if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
-            raise ChainError(f"chain.{name}: stage {stage} has {name}={v!r}; sizes must be integers (bytes)")
-        fv = float(v)
-        if not math.isfinite(fv) or fv < 0:
-            raise ChainError(f"chain.{name}: stage {stage} has {name}={v!r}; sizes must be finite and >= 0")
-        if fv != math.floor(fv):
-            raise ChainError(f"chain.{name}: stage {stage} has {name}={v!r}; sizes must be whole bytes")
-        if fv >= 2**62:
-            raise ChainError(f"chain.{name}: stage {stage} has {name}={v!r}; too large")
-        out[idx] = int(v)
+        if not is_number(v):
+            raise ChainError(f"chain.{name}: stage {stage} has {name}={v!r:.40}; sizes must be integers (bytes)")
+        if not isinstance(v, (int, np.integer)):
+            fv = float(v)
+            if not math.isfinite(fv) or fv != math.floor(fv):
+                raise ChainError(f"chain.{name}: stage {stage} has {name}={v!r}; sizes must be finite, whole bytes")
+            v = int(fv)
+        v = int(v)
+        if v < 0:
+            raise ChainError(f"chain.{name}: stage {stage} has {name}={v!r}; sizes must be >= 0")
+        if v >= MAX_TOTAL_BYTES:
+            raise ChainError(f"chain.{name}: stage {stage} has {name}={v!r}; sizes must stay below 2^60 B (1 EiB)")
+        out[idx] = v
     return out
+
+
+# NOTE [ chain fingerprint ]
+# A schedule file records the fingerprint of the chain it was solved for, so that replaying it
+# on another chain is refused rather than silently wrong. The hash covers the numbers only, in
+# a fixed byte order, so it is stable across processes, machines and numpy versions; a float
+# is hashed by its bits (JSON's shortest round-trip repr reads back to the same bits, and -0.0
+# is stored as 0.0 on construction), so a chain saved and loaded again keeps its fingerprint.
+_FINGERPRINT_FIELDS = ("fwd", "bwd", "fwd_nosave", "act", "saved", "fwd_tmp", "bwd_tmp")
+
+
+def _check_sums(fwd: np.ndarray, bwd: np.ndarray, nosave: np.ndarray, sizes: dict[str, np.ndarray]) -> None:
+    """Refuse sums that overflow: ``NOTE [ memory sums fit int64 ]``."""
+    totals = {name: sum(arr.tolist()) for name, arr in sizes.items()}  # Python ints: exact
+    total = sum(totals.values())
+    if total >= MAX_TOTAL_BYTES:
+        field = max(totals, key=totals.get)
+        parts = ", ".join(f"{name} {value:.3g}" for name, value in totals.items())
+        raise ChainError(
+            f"chain.{field}: the sizes add up to {total} B ({parts}); they must stay below 2^60 B (1 EiB) "
+            "so that every memory sum fits int64"
+        )
+    sum_bwd = sum(bwd.tolist())  # plain floats: inf without numpy's overflow warning
+    for name, arr in (("fwd", fwd), ("fwd_nosave", nosave)):
+        own = sum(arr.tolist())
+        if not math.isfinite(own) or not math.isfinite(own + sum_bwd):
+            who = name if not math.isfinite(own) else f"{name} + chain.bwd"
+            raise ChainError(f"chain.{who}: the times sum to {own + sum_bwd!r}; sum({name}) + sum(bwd) must be finite")
+    if not math.isfinite(sum_bwd):
+        raise ChainError(f"chain.bwd: the times sum to {sum_bwd!r}; sum(fwd) + sum(bwd) must be finite")
 
 
 def _readonly(arr: np.ndarray) -> np.ndarray:
@@ -131,6 +205,7 @@ class Chain(JsonIO):
         fwd_tmp_arr = _as_sizes("fwd_tmp", [0] * length if fwd_tmp is None else fwd_tmp, length)
         bwd_tmp_arr = _as_sizes("bwd_tmp", [0] * length if bwd_tmp is None else bwd_tmp, length)
         nosave_arr = fwd_arr.copy() if fwd_nosave is None else _as_times("fwd_nosave", fwd_nosave, length)
+        _check_sums(fwd_arr, bwd_arr, nosave_arr, {"saved": saved_arr, "act": act_arr, "fwd_tmp": fwd_tmp_arr, "bwd_tmp": bwd_tmp_arr})
         for i in range(length):
             if saved_arr[i] < act_arr[i + 1]:
                 raise ChainError(
@@ -201,6 +276,24 @@ class Chain(JsonIO):
             )
             best = max(best, f_need, b_need)
         return best
+
+    def fingerprint(self) -> str:
+        """A hash of the chain's numbers, to tell which chain a schedule file was made for.
+
+        ``"sha256:"`` and the hex SHA-256 digest of this encoding, the same on every machine
+        and in every process (``NOTE [ chain fingerprint ]``): the ASCII line
+        ``chainoffload.chain.v1\\n``, then for each field in the order ``fwd``, ``bwd``,
+        ``fwd_nosave``, ``act``, ``saved``, ``fwd_tmp``, ``bwd_tmp`` the ASCII line
+        ``NAME LENGTH\\n`` followed by its values as little-endian IEEE-754 binary64 (times) or
+        two's-complement int64 (sizes). The name is left out (renaming a chain does not change
+        its schedules); ``fwd_nosave`` is its value, explicit or defaulted to ``fwd``.
+        """
+        digest = hashlib.sha256(b"chainoffload.chain.v1\n")
+        for name in _FINGERPRINT_FIELDS:
+            arr = getattr(self, name)
+            digest.update(f"{name} {arr.shape[0]}\n".encode("ascii"))
+            digest.update(arr.astype("<i8" if arr.dtype.kind == "i" else "<f8").tobytes())
+        return "sha256:" + digest.hexdigest()
 
     # -- equality, repr --------------------------------------------------------------------
 

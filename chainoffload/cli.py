@@ -1,12 +1,16 @@
-"""The command line: ``chainoffload solve | simulate | verify | plot | methods | example``.
+"""The command line: ``chainoffload solve | simulate | verify | plot | tradeoff | methods | example``.
 
 Every subcommand is defined here, at the top of the import graph (model -> schedule -> simulate
 -> solvers -> cli); the modules that do the work (:mod:`chainoffload.verify`,
 :mod:`chainoffload.plot`) are imported inside the command functions, so matplotlib stays
 optional and a broken module fails loudly when its command runs instead of silently losing it.
 
-Errors go to stderr as one line and exit with code 2, without a traceback, for people and
-scripts alike. ``--json`` prints exactly one JSON object on stdout.
+The contract, for people and scripts alike (``NOTE [ cli contract ]``): an error is one line on
+stderr and exit code 2, without a traceback and without any file written; ``--json`` prints
+exactly one JSON object on stdout; every file is written atomically; Ctrl-C ends any command
+within a second with exit code 130 and no partial output. A command function therefore never
+prints or writes itself: it computes everything, then hands its stdout text and its files to
+an :class:`Output`, which the CLI writes only once the command has returned.
 """
 
 from __future__ import annotations
@@ -14,22 +18,110 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import signal
 import sys
-from typing import Any, Sequence
+import threading
+from typing import Any, Callable, Sequence
 
+from ._jsonio import atomic_write
 from .chain import Chain
-from .platform import Platform
-from .schedule import Schedule
-from .units import format_bytes, format_seconds, parse_bandwidth, parse_bytes, parse_seconds
+from .platform import Platform, PlatformError
+from .schedule_file import ScheduleFile
+from .units import format_bytes, format_percent, format_seconds, parse_bandwidth, parse_bytes, parse_seconds
 
-__all__ = ["main", "build_parser", "add_platform_flags", "load_platform", "CliError"]
+__all__ = ["main", "build_parser", "add_platform_flags", "load_platform", "CliError", "Output", "EXIT_CODES"]
 
-#: Used when neither --platform nor --bandwidth* is given: an effective PCIe 3.0 x16 link.
+#: Used when neither --platform, a schedule file nor --bandwidth* gives one: an effective PCIe 3.0 x16 link.
 DEFAULT_BANDWIDTH = "12GB/s"
+
+#: What the exit code says (also in ``chainoffload --help``).
+EXIT_CODES = {
+    0: "success; for solve, a schedule was found; for simulate and verify, the schedule is feasible",
+    1: "solve found no schedule (status infeasible, timeout or error); simulate or verify: the schedule is infeasible",
+    2: "misuse: bad arguments or input files, or a schedule made for another chain (one line on stderr, nothing written)",
+    130: "interrupted (Ctrl-C): nothing written",
+}
+
+_EPILOG = "exit codes:\n" + "\n".join(f"  {code:<4} {text}" for code, text in EXIT_CODES.items())
+
+# NOTE [ cli contract ]
+# * One line, exit 2, no traceback: CliError, ValueError (every model error subclasses it),
+#   OSError and ImportError (a missing extra) are printed as one line; any other exception is a
+#   bug, printed as one line too (CHAINOFFLOAD_DEBUG=1 shows its traceback).
+# * Nothing written on an error, no partial output: commands record their stdout and files in
+#   an Output; `main` writes the files (each atomically: temporary file beside it, fsync,
+#   rename) and then the text, only after the command returned without error.
+# * Ctrl-C: the command runs in a worker thread while the main thread waits in short,
+#   interruptible joins. Python runs signal handlers only in the main thread, between bytecodes,
+#   so a SIGINT that arrives during a long Numba call (the kernels release the GIL: nogil=True)
+#   or an OR-Tools solve is handled at once, instead of after the call returns (tens of
+#   seconds) or inside it (numba's dispatcher then raised SystemError). The main thread then
+#   exits with os._exit(130): the worker cannot be stopped, and nothing it would still do
+#   matters. If the interrupt comes while the output is being written, that write (short) is
+#   let finish first, so a file is never left half-written or as a stray temporary file.
+#   Before `main` runs, while Python imports numpy and Numba (about a second), Ctrl-C is still
+#   Python's own: a KeyboardInterrupt traceback and death by SIGINT (130 in a shell); nothing
+#   has been read or written by then.
 
 
 class CliError(Exception):
     """A usage error with a one-line message (exit code 2)."""
+
+
+class Output:
+    """What a command leaves behind, written by :func:`main` only once the command has returned.
+
+    Commands call :meth:`print` for stdout, :meth:`note` for stderr lines and :meth:`file` for
+    each file to write; nothing reaches the terminal or the disk before the command is done.
+    """
+
+    def __init__(self) -> None:
+        self.text: list[str] = []
+        self.notes: list[str] = []
+        self.files: list[tuple[str, Callable[[str], None]]] = []
+
+    def print(self, *parts: Any) -> None:
+        """A line of stdout, as ``print`` would write it."""
+        self.text.append(" ".join(str(p) for p in parts) + "\n")
+
+    def note(self, line: str) -> None:
+        """A line of stderr (``chainoffload: `` is prepended)."""
+        self.notes.append(f"chainoffload: {line}\n")
+
+    def file(self, path: str, content: str | Callable[[str], None]) -> None:
+        """Write ``path`` atomically: ``content`` is the text, or ``content(tmp)`` writes the
+        file at the temporary path ``tmp`` (for writers that take a path, like matplotlib's)."""
+        if isinstance(content, str):
+            text = content
+
+            def content(tmp: str) -> None:
+                with open(tmp, "w", encoding="utf-8") as fh:
+                    fh.write(text)
+
+        self.files.append((path, content))
+
+    def json(self, obj: Any) -> None:
+        """One JSON object on stdout: non-finite numbers become ``null`` (strict JSON)."""
+        self.print(json.dumps(_json_safe(obj), allow_nan=False))
+
+    def commit(self) -> None:
+        for path, write in self.files:
+            atomic_write(path, write)
+        sys.stdout.write("".join(self.text))
+        sys.stdout.flush()
+        sys.stderr.write("".join(self.notes))
+        sys.stderr.flush()
+
+
+def _json_safe(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {k: _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_json_safe(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
 
 
 class _Parser(argparse.ArgumentParser):
@@ -37,71 +129,134 @@ class _Parser(argparse.ArgumentParser):
         raise CliError(f"{message} (see `{self.prog} --help`)")
 
 
-def add_platform_flags(parser: argparse.ArgumentParser) -> None:
-    """Add the platform flags (README, "Command line") to a subcommand's parser."""
-    g = parser.add_argument_group("platform")
+def add_platform_flags(parser: argparse.ArgumentParser, *, recorded: bool = False) -> None:
+    """Add the platform flags to a subcommand's parser.
+
+    ``recorded``: the command reads a schedule file, whose recorded platform the flags override.
+    """
+    g = parser.add_argument_group(
+        "platform",
+        "the schedule file's recorded platform, then --platform, then each flag, the later overriding the earlier field by field"
+        if recorded
+        else "--platform, then each flag overriding its field",
+    )
     g.add_argument("--platform", metavar="PLATFORM.json", help="platform JSON; the flags below override its fields")
     g.add_argument("--memory", help="GPU memory for activations, e.g. 6GiB, 900MB, 123456")
     g.add_argument("--bandwidth", help=f"both directions, e.g. 12GB/s, 16GiB/s (default {DEFAULT_BANDWIDTH})")
     g.add_argument("--bandwidth-d2h", help="device-to-host bandwidth")
     g.add_argument("--bandwidth-h2d", help="host-to-device bandwidth")
     g.add_argument("--latency", help="per-transfer latency, e.g. 10us, 0.2ms (default 0)")
-    g.add_argument("--half-duplex", action="store_true", help="one shared channel for both directions")
+    duplex = g.add_mutually_exclusive_group()
+    duplex.add_argument("--half-duplex", dest="duplex", action="store_false", default=None, help="one shared channel for both directions")
+    duplex.add_argument("--duplex", dest="duplex", action="store_true", default=None, help="two independent channels (the default)")
 
 
-def load_platform(args: argparse.Namespace) -> Platform:
-    """Build the platform from ``--platform`` and the flags (flags win)."""
-    data: dict[str, Any] = {}
-    if args.platform:
-        data = Platform.load(args.platform).to_dict()
-    if args.memory is not None:
-        data["memory"] = parse_bytes(args.memory, field="--memory")
+# Platform fields each flag sets, to name the flag in an error about that field.
+_FLAG_FIELDS = (
+    ("memory", "memory", parse_bytes),
+    ("bandwidth", ("bandwidth_d2h", "bandwidth_h2d"), parse_bandwidth),
+    ("bandwidth_d2h", "bandwidth_d2h", parse_bandwidth),
+    ("bandwidth_h2d", "bandwidth_h2d", parse_bandwidth),
+    ("latency", "latency", parse_seconds),
+)
+
+
+def load_platform(args: argparse.Namespace, recorded: Platform | None = None) -> Platform:
+    """Build the platform: ``recorded`` (a schedule file's), then ``--platform``, then the flags.
+
+    Each later source overrides the earlier ones field by field.
+    """
+    data: dict[str, Any] = {} if recorded is None else recorded.to_dict()
+    if getattr(args, "platform", None):
+        data.update(Platform.load(args.platform).to_dict())
+    by_flag: dict[str, str] = {}
+    for attr, fields, parse in _FLAG_FIELDS:
+        text = getattr(args, attr, None)
+        if text is None:
+            continue
+        flag = "--" + attr.replace("_", "-")
+        value = parse(text, field=flag)
+        for field in (fields,) if isinstance(fields, str) else fields:
+            data[field] = value
+            by_flag[field] = flag
+    if getattr(args, "duplex", None) is not None:
+        data["duplex"] = bool(args.duplex)
     if "memory" not in data:
         raise CliError("--memory is required (or --platform PLATFORM.json)")
-    if args.bandwidth is not None:
-        bw = parse_bandwidth(args.bandwidth, field="--bandwidth")
-        data["bandwidth_d2h"] = data["bandwidth_h2d"] = bw
-    if args.bandwidth_d2h is not None:
-        data["bandwidth_d2h"] = parse_bandwidth(args.bandwidth_d2h, field="--bandwidth-d2h")
-    if args.bandwidth_h2d is not None:
-        data["bandwidth_h2d"] = parse_bandwidth(args.bandwidth_h2d, field="--bandwidth-h2d")
     default_bw = parse_bandwidth(DEFAULT_BANDWIDTH)
     data.setdefault("bandwidth_d2h", default_bw)
     data.setdefault("bandwidth_h2d", default_bw)
-    if args.latency is not None:
-        data["latency"] = parse_seconds(args.latency, field="--latency")
-    if args.half_duplex:
-        data["duplex"] = False
-    return Platform.from_dict(data)
+    try:
+        return Platform.from_dict(data)
+    except PlatformError as exc:
+        field = str(exc).partition(":")[0].removeprefix("platform.")
+        if field in by_flag:
+            raise CliError(f"{by_flag[field]}: {str(exc).partition(': ')[2]}") from None
+        raise
 
 
-def _fmt_bw(bw: float) -> str:
-    return "inf" if math.isinf(bw) else f"{bw / 1e9:.3g} GB/s"
+def _platform_source(args: argparse.Namespace, record: ScheduleFile) -> str:
+    """Where the platform came from, for the table: '' unless the schedule file's was used."""
+    if record.platform is None:
+        return ""
+    flags = [a for a in ("platform", "memory", "bandwidth", "bandwidth_d2h", "bandwidth_h2d", "latency") if getattr(args, a, None) is not None]
+    if getattr(args, "duplex", None) is not None:
+        flags.append("duplex")
+    return f"  (recorded in {args.schedule}" + (", overridden by " + ", ".join("--" + f.replace("_", "-") for f in flags) if flags else "") + ")"
 
 
-def _platform_line(p: Platform) -> str:
-    duplex = "duplex" if p.duplex else "half duplex"
-    if p.bandwidth_d2h == p.bandwidth_h2d:
-        bw = _fmt_bw(p.bandwidth_d2h)
-    else:
-        bw = f"D2H {_fmt_bw(p.bandwidth_d2h)}, H2D {_fmt_bw(p.bandwidth_h2d)}"
-    return f"{format_bytes(p.memory)}, {bw}, latency {format_seconds(p.latency)}, {duplex}"
-
-
-def _instance_rows(chain: Chain, platform: Platform) -> list[tuple[str, str]]:
+def _instance_rows(chain: Chain, platform: Platform, source: str = "") -> list[tuple[str, str]]:
     return [
         ("chain", f"{chain.name} ({chain.length} stages, compute {format_seconds(chain.compute_time)})"),
-        ("platform", _platform_line(platform)),
+        ("platform", platform.describe() + source),
     ]
 
 
-def _print_table(rows: Sequence[tuple[str, str]]) -> None:
+def _idle_text(timeline: Any) -> str:
+    """Where compute waits, by cause (see :func:`chainoffload.stalls`), for the tables."""
+    from .stalls import stalls
+
+    found = stalls(timeline)
+    if not found:
+        return "never (every copy is hidden behind compute)"
+
+    def names(cause: str) -> str:
+        seen = list(dict.fromkeys(s.transfer_name for s in found if s.cause == cause))
+        return ", ".join(seen[:6]) + (", ..." if len(seen) > 6 else "")
+
+    idle = sum(s.duration for s in found)
+    parts = []
+    for cause, what in (("offload", "for offloads to free memory"), ("prefetch", "for prefetches to arrive")):
+        total = sum(s.duration for s in found if s.cause == cause)
+        if total > 0:
+            parts.append(f"{format_seconds(total)} {what} ({names(cause)})")
+    share = f" ({format_percent(idle / timeline.makespan)} of the makespan)" if timeline.makespan > 0 else ""
+    return f"{format_seconds(idle)}{share} in {len(found)} stall{'' if len(found) == 1 else 's'}: " + "; ".join(parts)
+
+
+def _table(out: Output, rows: Sequence[tuple[str, str]]) -> None:
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
-        print(f"{key:<{width}}  {value}")
+        out.print(f"{key:<{width}}  {value}")
 
 
-def _cmd_solve(args: argparse.Namespace) -> int:
+def _over_compute(makespan: float, compute: float) -> str:
+    """'(+x% over compute)', or what stands for it when compute takes no time."""
+    if not math.isfinite(makespan):
+        return ""
+    if compute > 0:
+        return f"  (+{100 * (makespan / compute - 1):.2f}% over compute)"
+    return "  (compute takes no time)" if makespan == 0 else "  (all of it waiting: compute takes no time)"
+
+
+def _load_schedule(args: argparse.Namespace, chain: Chain) -> tuple[ScheduleFile, Platform]:
+    """The schedule file of ``args.schedule``, checked against ``chain``, and its platform."""
+    record = ScheduleFile.load(args.schedule)
+    record.check_chain(chain)
+    return record, load_platform(args, record.platform)
+
+
+def _cmd_solve(args: argparse.Namespace, out: Output) -> int:
     from .solvers import DEFAULT_METHOD, solve
 
     chain = Chain.load(args.chain)
@@ -113,7 +268,7 @@ def _cmd_solve(args: argparse.Namespace) -> int:
             raise CliError(f"--option: expected KEY=VALUE, got {item!r}")
         try:
             options[key.replace("-", "_")] = json.loads(value)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             options[key.replace("-", "_")] = value
     if args.time_limit is not None:
         options["time_limit"] = args.time_limit
@@ -125,25 +280,28 @@ def _cmd_solve(args: argparse.Namespace) -> int:
 
         least = minimum_memory(chain, platform, args.method, **options)
         floor = offload_memory_floor(chain)
+    code = 0 if result.feasible else 1
     if args.out:
-        if result.schedule is None:
-            raise CliError(f"--out: method {result.method!r} found no schedule ({result.status}); nothing written")
-        result.schedule.save(args.out)
+        if result.feasible:
+            record = ScheduleFile.from_result(chain, platform, result)
+            out.file(args.out, record.to_json() + "\n")
+        else:
+            out.note(f"no schedule written to {args.out}: method {result.method!r} found none ({result.status})")
     if args.json:
-        out = result.to_dict()
+        data = result.to_dict()
         if args.min_memory:
-            out.update(min_memory=least, memory_floor=floor)
-        print(json.dumps(out))
-        return 0
-    base = chain.compute_time
+            data.update(min_memory=least, memory_floor=floor)
+        out.json(data)
+        return code
     rows = _instance_rows(chain, platform) + [
         ("method", result.method + ("" if args.method else f" (default: {DEFAULT_METHOD})")),
         ("status", str(result.status)),
     ]
     if result.feasible:
         rows += [
-            ("makespan", f"{format_seconds(result.makespan)}  (+{100 * (result.makespan / base - 1):.2f}% over compute)"),
+            ("makespan", format_seconds(result.makespan) + _over_compute(result.makespan, chain.compute_time)),
             ("lower bound", f"{format_seconds(result.lower_bound)}  (gap {100 * result.gap:.2f}%)"),
+            ("compute idle", _idle_text(result.timeline)),
             ("peak memory", f"{format_bytes(result.peak_memory)} of {format_bytes(platform.memory)}"),
             (
                 "offloaded",
@@ -162,36 +320,60 @@ def _cmd_solve(args: argparse.Namespace) -> int:
             ("memory floor", f"{format_bytes(floor)} ({floor} B): no offloading schedule fits below (proven)"),
         ]
     rows.append(("runtime", format_seconds(result.runtime)))
-    if args.out:
-        rows.append(("schedule", f"written to {args.out}"))
-    _print_table(rows)
-    return 0
+    if args.out and result.feasible:
+        rows.append(("schedule", f"written to {args.out} (with the chain's fingerprint, the platform and these figures)"))
+    _table(out, rows)
+    return code
 
 
-def _cmd_simulate(args: argparse.Namespace) -> int:
+def _recorded_row(record: ScheduleFile) -> list[tuple[str, str]]:
+    if record.method is None:
+        return []
+    figures = [f"{record.method} ({record.status})"]
+    if record.makespan is not None:
+        figures.append(f"makespan {format_seconds(record.makespan)}")
+    if record.lower_bound is not None:
+        figures.append(f"lower bound {format_seconds(record.lower_bound)}")
+    return [("solved by", ", ".join(figures))]
+
+
+def _cmd_simulate(args: argparse.Namespace, out: Output) -> int:
     from .simulate import simulate
 
     chain = Chain.load(args.chain)
-    schedule = Schedule.load(args.schedule)
-    platform = load_platform(args)
+    record, platform = _load_schedule(args, chain)
+    schedule = record.schedule
     timeline = simulate(chain, platform, schedule)
+    summary = timeline.summary()
+    if timeline.feasible and not math.isfinite(timeline.makespan):
+        # No rule is broken, but the iteration never ends: a transfer or the times overflow.
+        summary["feasible"] = False
+        summary["violation"] = {
+            "rule": "makespan",
+            "op": schedule.op_name(len(schedule.compute) - 1),
+            "time": None,
+            "bytes": 0,
+            "message": f"the makespan is not finite ({timeline.makespan!r}): times or transfer times overflow float64",
+        }
+    feasible = bool(summary["feasible"])
     if args.json:
-        print(json.dumps(timeline.summary()))
-        return 0
-    v = timeline.violation
-    rows = _instance_rows(chain, platform) + [
-        ("feasible", "yes" if v is None else f"no: {v.rule} rule broken by {v.op}"),
-        ("makespan", f"{format_seconds(timeline.makespan)}  (+{100 * timeline.overhead:.2f}% over compute)"),
+        out.json(summary)
+        return 0 if feasible else 1
+    v = summary["violation"]
+    rows = _instance_rows(chain, platform, _platform_source(args, record)) + _recorded_row(record) + [
+        ("feasible", "yes" if v is None else f"no: {v['rule']} rule broken by {v['op']}"),
+        ("makespan", format_seconds(timeline.makespan) + _over_compute(timeline.makespan, chain.compute_time)),
+        ("compute idle", _idle_text(timeline)),
         ("peak memory", f"{format_bytes(timeline.peak_memory)} of {format_bytes(platform.memory)}"),
         ("offloaded", f"{format_bytes(timeline.offloaded_bytes)} in units {list(schedule.offloaded_units)}"),
     ]
     if v is not None:
-        rows.append(("violation", v.message))
-    _print_table(rows)
-    return 0
+        rows.append(("violation", v["message"]))
+    _table(out, rows)
+    return 0 if feasible else 1
 
 
-def _cmd_verify(args: argparse.Namespace) -> int:
+def _cmd_verify(args: argparse.Namespace, out: Output) -> int:
     from .verify import verify
 
     if not args.time_limit > 0 or not math.isfinite(args.time_limit):
@@ -199,15 +381,15 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     if args.workers is not None and args.workers < 1:
         raise CliError(f"--workers: {args.workers!r} must be an integer >= 1")
     chain = Chain.load(args.chain)
-    schedule = Schedule.load(args.schedule)
-    platform = load_platform(args)
-    report = verify(chain, platform, schedule, time_limit=args.time_limit, workers=args.workers)
+    record, platform = _load_schedule(args, chain)
+    report = verify(chain, platform, record.schedule, time_limit=args.time_limit, workers=args.workers)
+    code = 0 if report["feasible"] and report["makespan"] is not None else 1
     if args.json:
-        print(json.dumps(report))
-        return 0
+        out.json(report)
+        return code
     v = report["violation"]
-    rows = _instance_rows(chain, platform) + [
-        ("feasible", "yes" if v is None else f"no: {v['rule']} rule broken by {v['op']}"),
+    rows = _instance_rows(chain, platform, _platform_source(args, record)) + _recorded_row(record) + [
+        ("feasible", "yes" if code == 0 else "no: the makespan is not finite" if v is None else f"no: {v['rule']} rule broken by {v['op']}"),
         ("makespan", format_seconds(report["makespan"]) if report["makespan"] is not None else "-"),
         ("peak memory", f"{format_bytes(report['peak_memory'])} of {format_bytes(platform.memory)}"),
     ]
@@ -222,62 +404,136 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         rows.append(("gap", f"{100 * report['gap']:.3f}% over the {report['gap_reference'].replace('_', ' ')}"))
     if report["message"]:
         rows.append(("message", report["message"]))
-    _print_table(rows)
-    return 0
+    _table(out, rows)
+    return code
 
 
-def _cmd_plot(args: argparse.Namespace) -> int:
+def _cmd_plot(args: argparse.Namespace, out: Output) -> int:
     from .plot import plot_timeline
     from .simulate import simulate
 
     chain = Chain.load(args.chain)
-    schedule = Schedule.load(args.schedule)
-    timeline = simulate(chain, load_platform(args), schedule)
-    plot_timeline(timeline, args.out, width=args.width, height=args.height, dpi=args.dpi)
-    print(f"wrote {args.out}")
+    record, platform = _load_schedule(args, chain)
+    schedule = record.schedule
+    timeline = simulate(chain, platform, schedule)
+    bound = None
+    if not args.no_bound:
+        if schedule.has_remat:
+            bound = chain.compute_time  # every schedule runs each F and B at least once
+        else:
+            from .bounds import lower_bound
+
+            bound = lower_bound(chain, platform)
+    method = args.method or record.method
+    # Drawn at the temporary path when the output is written (the extension picks the format).
+    out.file(
+        args.out,
+        lambda tmp: plot_timeline(
+            timeline, tmp, width=args.width, height=args.height, dpi=args.dpi, lower_bound=bound,
+            method=method, stalls=not args.no_stalls, title=args.title,
+        ),
+    )
+    out.print(
+        f"wrote {args.out}: makespan {format_seconds(timeline.makespan)}"
+        + ("" if bound is None else f", lower bound {format_seconds(bound)}")
+        + f"; compute idle {_idle_text(timeline)}"
+    )
     return 0
 
 
-def _cmd_methods(args: argparse.Namespace) -> int:
+def _cmd_tradeoff(args: argparse.Namespace, out: Output) -> int:
+    from .tradeoff import tradeoff
+
+    chain = Chain.load(args.chain)
+    if args.memory is None and args.platform is None:
+        args.memory = "0"  # the sweep sets the memory; only the link matters here
+    link = load_platform(args)
+    memories = None
+    if args.memories:
+        memories = [parse_bytes(m.strip(), field="--memories") for m in args.memories.split(",") if m.strip()]
+    curve = tradeoff(chain, link, args.methods, memories, points=args.points, time_limit=args.time_limit)
+    if args.out:
+        out.file(args.out, lambda tmp: curve.plot(tmp, width=args.width, height=args.height, dpi=args.dpi))
+    if args.json:
+        out.json(curve.to_dict())
+        return 0
+    rows = [
+        ("chain", f"{chain.name} ({chain.length} stages, compute {format_seconds(chain.compute_time)})"),
+        ("link", link.describe(memory=False)),
+        ("stage floor", f"{format_bytes(curve.stage_floor)}: no schedule fits below (proven)"),
+        ("offload floor", f"{format_bytes(curve.offload_floor)}: no schedule without recomputation fits below (proven)"),
+        ("keep-all peak", f"{format_bytes(curve.keep_all_peak)}: everything fits, no overhead"),
+    ]
+    _table(out, rows)
+    out.print("\noverhead over compute at each memory ('-': no schedule found; lower bound: pure offloading)")
+    cols = list(curve.methods) + ["lower bound"]
+    cells = [[format_bytes(m)] for m in curve.memories]
+    for j in range(len(curve.memories)):
+        for m in curve.methods:
+            p = curve.curves[m][j]
+            cells[j].append(f"{100 * p.overhead:.1f}%" if p.feasible else "-")
+        lb = curve.lower_bound_overheads()[j]
+        cells[j].append(f"{100 * lb:.1f}%" if math.isfinite(lb) else "-")
+    header = ["memory"] + cols
+    widths = [max(len(h), *(len(r[c]) for r in cells)) for c, h in enumerate(header)]
+    out.print("  ".join(h.rjust(w) for h, w in zip(header, widths)))
+    for r in cells:
+        out.print("  ".join(x.rjust(w) for x, w in zip(r, widths)))
+    if args.out:
+        out.print(f"wrote {args.out}")
+    return 0
+
+
+def _cmd_methods(args: argparse.Namespace, out: Output) -> int:
     from .solvers import DEFAULT_METHOD, methods
 
     listing = methods()
     if args.json:
-        print(json.dumps({"default": DEFAULT_METHOD, "methods": listing}))
+        out.json({"default": DEFAULT_METHOD, "methods": listing})
         return 0
     width = max(len(n) for n in listing)
     for name, summary in listing.items():
         mark = "*" if name == DEFAULT_METHOD else " "
-        print(f"{mark} {name:<{width}}  {summary}")
-    print("(* the default method)")
+        out.print(f"{mark} {name:<{width}}  {summary}")
+    out.print("(* the default method)")
     return 0
 
 
-def _cmd_example(args: argparse.Namespace) -> int:
+def _cmd_example(args: argparse.Namespace, out: Output) -> int:
     from .examples import example, example_names
 
     if args.name is None or args.list:
         names = example_names()
         width = max(len(n) for n in names)
         for name, desc in names.items():
-            print(f"{name:<{width}}  {desc}")
+            out.print(f"{name:<{width}}  {desc}")
         return 0
     chain = example(args.name)
     if args.out:
-        chain.save(args.out)
-        print(f"wrote {args.out}: {chain.name}, {chain.length} stages", file=sys.stderr)
+        out.file(args.out, chain.to_json() + "\n")
+        out.note(f"wrote {args.out}: {chain.name}, {chain.length} stages")
     else:
-        print(chain.to_json())
+        out.print(chain.to_json())
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every subcommand."""
-    parser = _Parser(prog="chainoffload", description="Offloading schedules for training deep networks in less GPU memory.")
+    parser = _Parser(
+        prog="chainoffload",
+        description="Offloading schedules for training deep networks in less GPU memory.",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
 
-    p = sub.add_parser("solve", help="compute a schedule for a chain under a memory limit")
+    def command(name: str, help: str, func: Callable[[argparse.Namespace, Output], int]) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help, description=help, epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+        p.set_defaults(func=func)
+        return p
+
+    p = command("solve", "compute a schedule for a chain under a memory limit", _cmd_solve)
     p.add_argument("chain", metavar="CHAIN.json")
     add_platform_flags(p)
     p.add_argument("--method", default=None, help="a method of `chainoffload methods` (default: the starred one)")
@@ -285,66 +541,142 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--option", action="append", metavar="KEY=VALUE", help="a method option (repeatable)")
     p.add_argument("--min-memory", action="store_true", help="also find the least memory this method needs (bisection) and the proven floor")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--out", metavar="SCHEDULE.json", help="write the schedule here")
-    p.set_defaults(func=_cmd_solve)
+    p.add_argument("--out", metavar="SCHEDULE.json", help="write the schedule here, with the chain's fingerprint, the platform and the figures")
 
-    p = sub.add_parser("simulate", help="replay a schedule and report feasibility, makespan and peak memory")
+    p = command("simulate", "replay a schedule and report feasibility, makespan and peak memory", _cmd_simulate)
     p.add_argument("chain", metavar="CHAIN.json")
     p.add_argument("schedule", metavar="SCHEDULE.json")
-    add_platform_flags(p)
+    add_platform_flags(p, recorded=True)
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.set_defaults(func=_cmd_simulate)
 
-    p = sub.add_parser("methods", help="list the registered methods")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.set_defaults(func=_cmd_methods)
-
-    p = sub.add_parser("example", help="write a shipped example or network chain as JSON (no NAME: list them)")
-    p.add_argument("name", nargs="?", metavar="NAME")
-    p.add_argument("--list", action="store_true", help="list the examples")
-    p.add_argument("-o", "--out", metavar="CHAIN.json", help="write to this file instead of stdout")
-    p.set_defaults(func=_cmd_example)
-
-    p = sub.add_parser("verify", help="check a schedule by the simulator and its optimality gap by CP-SAT")
+    p = command("verify", "check a schedule by the simulator and its optimality gap by CP-SAT", _cmd_verify)
     p.add_argument("chain", metavar="CHAIN.json")
     p.add_argument("schedule", metavar="SCHEDULE.json")
-    add_platform_flags(p)
+    add_platform_flags(p, recorded=True)
     p.add_argument("--time-limit", type=float, default=60.0, help="seconds CP-SAT may search (default 60)")
     p.add_argument("--workers", type=int, default=None, help="CP-SAT search workers (default: every core)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.set_defaults(func=_cmd_verify)
 
-    p = sub.add_parser("plot", help="draw a schedule: Gantt chart of compute and transfers over the memory curve")
+    p = command(
+        "plot",
+        "draw a schedule: Gantt chart of compute and transfers over the memory curve, stalls explained. Every "
+        "interval in which compute idles is shaded and labelled with the copy it waits for (an offload that must "
+        "free memory, or a prefetch that must arrive), with an arrow from that copy to the op it holds back; the "
+        "title gives the platform, the makespan, the lower bound and the share of idle time per cause",
+        _cmd_plot,
+    )
     p.add_argument("chain", metavar="CHAIN.json")
     p.add_argument("schedule", metavar="SCHEDULE.json")
+    add_platform_flags(p, recorded=True)
+    p.add_argument(
+        "-o", "--out", required=True, metavar="OUT",
+        help="file to write: PNG, SVG or PDF, or .html for an interactive chart (self-contained; hover for each op's and copy's figures)",
+    )
+    p.add_argument("--method", help="the method that made the schedule, for the title (default: the one the schedule file records)")
+    p.add_argument("--title", help="replace the title")
+    p.add_argument("--no-bound", action="store_true", help="leave the lower bound out (it costs one LP solve for offloading schedules)")
+    p.add_argument("--no-stalls", action="store_true", help="do not shade the stalls nor draw the wait arrows")
+    p.add_argument("--width", type=float, default=12.0, help="inches, for images (default 12)")
+    p.add_argument("--height", type=float, default=6.0, help="inches, for images (default 6)")
+    p.add_argument("--dpi", type=int, default=100, help="dots per inch, for images (default 100)")
+
+    p = command(
+        "tradeoff",
+        "overhead against memory per method, from the proven floor to the keep-all peak: run methods at memory "
+        "limits from the least any schedule needs to what keeping every activation needs, and print (or plot, or "
+        "give as JSON) each method's overhead over compute, with the proven floors, the keep-all peak and the "
+        "pure-offloading lower bound; --memory is not needed, the sweep sets it",
+        _cmd_tradeoff,
+    )
+    p.add_argument("chain", metavar="CHAIN.json")
     add_platform_flags(p)
-    p.add_argument("-o", "--out", required=True, metavar="OUT.png", help="image to write (PNG, SVG or PDF by extension)")
-    p.add_argument("--width", type=float, default=12.0, help="inches (default 12)")
-    p.add_argument("--height", type=float, default=6.0, help="inches (default 6)")
+    p.add_argument("--methods", nargs="+", metavar="NAME", help="methods to run (default: offload-all first-k largest-first best rotor joint)")
+    p.add_argument("--points", type=int, default=10, help="memory limits evenly from the stage floor to the keep-all peak, plus the offload floor (default 10)")
+    p.add_argument("--memories", metavar="M1,M2,...", help="these memory limits instead, e.g. 2GiB,3GiB,4.5GiB")
+    p.add_argument("--time-limit", type=float, default=5.0, help="seconds per run, for methods that take a time limit (default 5)")
+    p.add_argument("-o", "--out", metavar="OUT.png", help="also draw the curves (PNG, SVG or PDF by extension)")
+    p.add_argument("--json", action="store_true", help="print the table as one JSON object")
+    p.add_argument("--width", type=float, default=11.0, help="inches (default 11)")
+    p.add_argument("--height", type=float, default=5.6, help="inches (default 5.6)")
     p.add_argument("--dpi", type=int, default=100, help="dots per inch (default 100)")
-    p.set_defaults(func=_cmd_plot)
+
+    p = command("methods", "list the registered methods", _cmd_methods)
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+    p = command("example", "write a shipped example or network chain as JSON (no NAME: list them)", _cmd_example)
+    p.add_argument("name", nargs="?", metavar="NAME")
+    p.add_argument("--list", action="store_true", help="list the examples")
+    p.add_argument("-o", "--out", metavar="CHAIN.json", help="write to this file instead of stdout")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``chainoffload`` console script. Returns the exit code."""
+    """Entry point of the ``chainoffload`` console script. Returns the exit code.
+
+    Exit codes are :data:`EXIT_CODES`. On Ctrl-C (from the main thread) the process ends at
+    once with ``os._exit(130)`` (``NOTE [ cli contract ]``).
+    """
+    if threading.current_thread() is not threading.main_thread():
+        # Signals reach only the main thread: nothing to wait for interruptibly.
+        try:
+            args = build_parser().parse_args(argv)
+        except CliError as exc:
+            return _error(exc)
+        return _run(args, threading.Lock())
+    committing = threading.Lock()
+    box: dict[str, int] = {}
+    worker = None
     try:
-        parser = build_parser()
-        args = parser.parse_args(argv)
-        return int(args.func(args) or 0)
-    except CliError as exc:
-        print(f"chainoffload: error: {_one_line(exc)}", file=sys.stderr)
-        return 2
-    except (ValueError, OSError) as exc:
-        print(f"chainoffload: error: {_one_line(exc)}", file=sys.stderr)
-        return 2
+        try:
+            args = build_parser().parse_args(argv)
+        except CliError as exc:
+            return _error(exc)
+        worker = threading.Thread(target=lambda: box.update(code=_run(args, committing)), name="chainoffload", daemon=True)
+        worker.start()
+        while worker.is_alive():
+            worker.join(0.05)
     except KeyboardInterrupt:
-        print("chainoffload: interrupted", file=sys.stderr)
-        return 130
+        _interrupted(worker, committing)
+    return box.get("code", 2)
+
+
+def _run(args: argparse.Namespace, committing: threading.Lock) -> int:
+    """Run the command, then write its output; return the exit code (errors: one line, 2)."""
+    out = Output()
+    try:
+        code = int(args.func(args, out) or 0)
+        with committing:
+            out.commit()
+        return code
+    except (CliError, ValueError, OSError, ImportError) as exc:
+        return _error(exc)
+    except Exception as exc:  # a bug: still one line (NOTE [ cli contract ])
+        if os.environ.get("CHAINOFFLOAD_DEBUG"):
+            raise
+        return _error(exc, f"internal error {type(exc).__name__}: ", " (CHAINOFFLOAD_DEBUG=1 shows the traceback)")
+
+
+def _interrupted(worker: threading.Thread | None, committing: threading.Lock) -> None:
+    """Ctrl-C: end the process now with exit 130, unless the output is being written."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if worker is not None and not committing.acquire(blocking=False):
+        worker.join()  # the command had finished; let its (short) write finish whole
+    sys.stderr.write("chainoffload: interrupted\n")
+    sys.stderr.flush()
+    sys.stdout.flush()
+    os._exit(130)
+
+
+def _error(exc: BaseException, prefix: str = "", suffix: str = "") -> int:
+    print(f"chainoffload: error: {prefix}{_one_line(exc)}{suffix}", file=sys.stderr)
+    return 2
 
 
 def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split())
+    text = str(exc)
+    if isinstance(exc, OSError) and exc.strerror:  # not "[Errno 27] ...": the words say it
+        text = exc.strerror + (f": {exc.filename}" if exc.filename else "")
+    return " ".join(text.split())
 
 
 if __name__ == "__main__":  # pragma: no cover

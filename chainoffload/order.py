@@ -9,6 +9,8 @@ is the start of op k and ``2k + 1`` its end (the order in which triggers happen,
 
 from __future__ import annotations
 
+import functools
+
 __all__ = [
     "fixed_order",
     "f_pos",
@@ -22,8 +24,9 @@ __all__ = [
 ]
 
 
+@functools.lru_cache(maxsize=64)
 def fixed_order(length: int) -> tuple[tuple[str, int], ...]:
-    """The fixed compute order of pure offloading: F_1..F_L, B_L..B_1."""
+    """The fixed compute order of pure offloading: F_1..F_L, B_L..B_1 (one shared tuple per length)."""
     return tuple(("F", i) for i in range(1, length + 1)) + tuple(("B", i) for i in range(length, 0, -1))
 
 

@@ -6,10 +6,15 @@ import dataclasses
 import math
 from typing import Any, Mapping
 
-from ._jsonio import JsonIO
-from .units import parse_bandwidth, parse_bytes, parse_seconds
+import numpy as np
 
-__all__ = ["Platform", "PlatformError"]
+from ._jsonio import JsonIO, is_number
+from .units import format_bytes, format_seconds, parse_bandwidth, parse_bytes, parse_seconds
+
+__all__ = ["Platform", "PlatformError", "MAX_MEMORY"]
+
+#: The largest memory limit (bytes): int64's maximum, what the kernels count in.
+MAX_MEMORY = 2**63 - 1
 
 
 class PlatformError(ValueError):
@@ -50,22 +55,28 @@ class Platform(JsonIO):
 
     def __post_init__(self) -> None:
         mem = self.memory
-        if isinstance(mem, bool) or not isinstance(mem, (int, float)) or not math.isfinite(mem) or mem < 0:
-            raise PlatformError(f"platform.memory: {mem!r} must be a finite number of bytes >= 0")
+        if not is_number(mem) or not math.isfinite(mem) or mem < 0:
+            raise PlatformError(f"platform.memory: {mem!r:.40} must be a finite number of bytes >= 0")
         if float(mem) != math.floor(float(mem)):
             raise PlatformError(f"platform.memory: {mem!r} must be a whole number of bytes")
+        if int(mem) > MAX_MEMORY:
+            raise PlatformError(
+                f"platform.memory: {int(mem)} B is above 2^63 - 1 B, the largest limit int64 holds "
+                "(any limit above the chain's keep-all peak already means no limit)"
+            )
         object.__setattr__(self, "memory", int(mem))
         for name in ("bandwidth_d2h", "bandwidth_h2d"):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(v) or v < 0:
-                raise PlatformError(f"platform.{name}: {v!r} must be a bandwidth >= 0 (bytes/s; inf allowed)")
+            if not is_number(v) or math.isnan(v) or v < 0:
+                raise PlatformError(f"platform.{name}: {v!r:.40} must be a bandwidth >= 0 (bytes/s; inf allowed)")
             object.__setattr__(self, name, float(v))
         lat = self.latency
-        if isinstance(lat, bool) or not isinstance(lat, (int, float)) or not math.isfinite(lat) or lat < 0:
-            raise PlatformError(f"platform.latency: {lat!r} must be a finite time >= 0 (seconds)")
+        if not is_number(lat) or not math.isfinite(lat) or lat < 0:
+            raise PlatformError(f"platform.latency: {lat!r:.40} must be a finite time >= 0 (seconds)")
         object.__setattr__(self, "latency", float(lat))
-        if not isinstance(self.duplex, bool):
-            raise PlatformError(f"platform.duplex: {self.duplex!r} must be true or false")
+        if not isinstance(self.duplex, (bool, np.bool_)):
+            raise PlatformError(f"platform.duplex: {self.duplex!r:.40} must be true or false")
+        object.__setattr__(self, "duplex", bool(self.duplex))
 
     def d2h_time(self, nbytes: int) -> float:
         """Time of a device-to-host copy of ``nbytes``."""
@@ -88,6 +99,30 @@ class Platform(JsonIO):
         """A copy with another memory limit."""
         return dataclasses.replace(self, memory=int(memory))
 
+    def describe(self, *, memory: bool = True) -> str:
+        """One line for people, e.g. ``4.00 GiB, 25 GB/s, latency 10.0 us, duplex``.
+
+        Parameters
+        ----------
+        memory
+            Whether to start with the memory limit (a sweep over memories leaves it out).
+        """
+        def bw(x: float) -> str:
+            if math.isinf(x):
+                return "inf"
+            for factor, unit in ((1e9, "GB/s"), (1e6, "MB/s"), (1e3, "kB/s")):
+                if x >= factor:
+                    return f"{x / factor:.3g} {unit}"
+            return f"{x:.3g} B/s"
+
+        if self.bandwidth_d2h == self.bandwidth_h2d:
+            link = bw(self.bandwidth_d2h)
+        else:
+            link = f"D2H {bw(self.bandwidth_d2h)}, H2D {bw(self.bandwidth_h2d)}"
+        parts = [format_bytes(self.memory)] if memory else []
+        parts += [link, f"latency {format_seconds(self.latency)}", "duplex" if self.duplex else "half duplex"]
+        return ", ".join(parts)
+
     # -- JSON ------------------------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
@@ -102,7 +137,8 @@ class Platform(JsonIO):
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "Platform":
-        """Build a platform from its JSON object. Human units are accepted in strings."""
+        """Build a platform from its JSON object: numbers only (bytes, bytes/s, seconds), no
+        unknown or missing keys (``latency`` defaults to 0, ``duplex`` to true)."""
         if not isinstance(data, Mapping):
             raise PlatformError(f"platform: expected a JSON object, got {type(data).__name__}")
         known = {"memory", "bandwidth_d2h", "bandwidth_h2d", "latency", "duplex"}
@@ -112,22 +148,22 @@ class Platform(JsonIO):
         missing = [k for k in ("memory", "bandwidth_d2h", "bandwidth_h2d") if k not in data]
         if missing:
             raise PlatformError(f"platform: missing field(s) {', '.join(missing)}")
-        try:
-            memory = data["memory"]
-            if isinstance(memory, str):
-                memory = parse_bytes(memory, field="platform.memory")
-            d2h = data["bandwidth_d2h"]
-            if isinstance(d2h, str):
-                d2h = parse_bandwidth(d2h, field="platform.bandwidth_d2h")
-            h2d = data["bandwidth_h2d"]
-            if isinstance(h2d, str):
-                h2d = parse_bandwidth(h2d, field="platform.bandwidth_h2d")
-            latency = data.get("latency", 0.0)
-            if isinstance(latency, str):
-                latency = parse_seconds(latency, field="platform.latency")
-        except ValueError as exc:
-            raise PlatformError(str(exc)) from None
-        return cls(memory=memory, bandwidth_d2h=d2h, bandwidth_h2d=h2d, latency=latency, duplex=data.get("duplex", True))
+        for key, parse in (("memory", parse_bytes), ("bandwidth_d2h", parse_bandwidth), ("bandwidth_h2d", parse_bandwidth), ("latency", parse_seconds)):
+            value = data.get(key, 0.0)
+            if isinstance(value, str):
+                # Human units belong to the command line's flags; a file holds JSON numbers.
+                try:
+                    hint = f" (the number {parse(value, field=key)!r})"
+                except ValueError:
+                    hint = ""
+                raise PlatformError(f"platform.{key}: {value!r:.40} is a string; write a JSON number{hint}")
+        return cls(
+            memory=data["memory"],
+            bandwidth_d2h=data["bandwidth_d2h"],
+            bandwidth_h2d=data["bandwidth_h2d"],
+            latency=data.get("latency", 0.0),
+            duplex=data.get("duplex", True),
+        )
 
 
 def _transfer_time(nbytes: int, bandwidth: float, latency: float) -> float:

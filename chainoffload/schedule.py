@@ -27,7 +27,7 @@ from .order import fixed_order
 if TYPE_CHECKING:
     from .chain import Chain
 
-__all__ = ["Schedule", "ScheduleError", "Transfer", "OP_KINDS", "fixed_order", "Structure", "resolve"]
+__all__ = ["Schedule", "ScheduleError", "Transfer", "OP_KINDS", "fixed_order"]
 
 #: Compute op kinds: F (F_all, run with autograd), B, and the rematerialization ops Fck / Fn.
 OP_KINDS = ("F", "B", "Fck", "Fn")
@@ -90,13 +90,19 @@ class Transfer:
             raise ScheduleError(f"{where}: expected an object, got {data!r:.60}")
         unknown = sorted(set(data) - {"kind", "unit", "trigger", "before"})
         if unknown:
-            raise ScheduleError(f"{where}: unknown field(s) {', '.join(unknown)}")
+            raise ScheduleError(f"{where}: unknown field(s) {', '.join(map(str, unknown))}")
         for key in ("kind", "unit", "trigger"):
             if key not in data:
                 raise ScheduleError(f"{where}: missing field {key!r}")
         trig = data["trigger"]
         if not isinstance(trig, Mapping) or "op" not in trig or "at" not in trig:
             raise ScheduleError(f"{where}.trigger: expected {{\"op\": int, \"at\": \"start\"|\"end\"}}, got {trig!r:.60}")
+        unknown = sorted(set(trig) - {"op", "at"})
+        if unknown:
+            raise ScheduleError(f"{where}.trigger: unknown field(s) {', '.join(map(str, unknown))}")
+        for key, value in (("kind", data["kind"]), ("trigger.at", trig["at"])):
+            if not isinstance(value, str):
+                raise ScheduleError(f"{where}.{key}: expected a string, got {value!r:.40}")
         return cls(
             kind=data["kind"],
             unit=_int(data["unit"], f"{where}.unit"),
@@ -217,14 +223,15 @@ class Schedule(JsonIO):
 
     def _validate_fields(self, length: int) -> None:
         n = len(self.compute)
-        for idx, (kind, stage) in enumerate(self.compute):
+        fixed = not self.has_remat and self.compute == fixed_order(length)
+        for idx, (kind, stage) in enumerate(() if fixed else self.compute):
             if kind not in OP_CODE:
                 raise ScheduleError(f"schedule.compute[{idx}]: unknown op kind {kind!r}; known: {', '.join(OP_KINDS)}")
             if not 1 <= stage <= length:
                 raise ScheduleError(f"schedule.compute[{idx}]: stage {stage} is not in 1..{length}")
         if not self.has_remat:
             expected = fixed_order(length)
-            if self.compute != expected:
+            if not fixed:
                 for idx, (got, want) in enumerate(zip(self.compute, expected)):
                     if got != want:
                         raise ScheduleError(
@@ -300,10 +307,16 @@ class Schedule(JsonIO):
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "Schedule":
-        """Parse a schedule from its JSON object (structure only; see :meth:`validate`)."""
+        """Parse a schedule from its JSON object (structure only; see :meth:`validate`).
+
+        A schedule file's metadata keys (``chain``, ``platform``, ``solver``) are accepted and
+        not read: :class:`~chainoffload.ScheduleFile` reads and checks them.
+        """
         if not isinstance(data, Mapping):
             raise ScheduleError(f"schedule: expected a JSON object, got {type(data).__name__}")
-        unknown = sorted(set(data) - {"compute", "transfers"})
+        # A schedule file may also say what it was made for (chain, platform, solver): those
+        # keys are ScheduleFile's, which checks them; a bare Schedule does not read them.
+        unknown = sorted(set(map(str, data)) - {"compute", "transfers", "chain", "platform", "solver"})
         if unknown:
             raise ScheduleError(f"schedule: unknown field(s) {', '.join(unknown)}")
         if "compute" not in data:
@@ -413,9 +426,19 @@ def resolve(
 ) -> Structure:
     """Check a compute sequence and resolve it with its transfers (arrays of :meth:`Schedule.arrays`).
 
+    Private to the package: the array-level entry of search loops (see :mod:`chainoffload.simulate`).
     The fields must already be in range (what :meth:`Schedule.validate` checks before calling
     this; a search loop whose schedules are well formed by construction calls it directly).
-    Raises :class:`ScheduleError` when the sequence breaks a rematerialization rule.
+
+    Returns
+    -------
+    Structure
+        Read-only arrays, for :func:`chainoffload.simulate.replay` on any chain of ``length`` stages.
+
+    Raises
+    ------
+    ScheduleError
+        When the sequence breaks a rematerialization rule; the message names the op.
     """
     out = _ks.resolve_kernel(length, op_kind, op_stage, tr_kind, tr_unit, tr_op, tr_at, tr_before)
     err, k, arg = int(out[0]), int(out[1]), int(out[2])

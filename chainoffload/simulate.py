@@ -135,9 +135,10 @@ class Timeline:
         }
 
     def plot(self, path: str | None = None, **kwargs: Any):
-        """Draw a Gantt chart of compute and transfer channels over the memory curve.
+        """Draw a Gantt chart of compute and transfer channels over the memory curve, stalls explained.
 
-        Needs matplotlib (``pip install chainoffload[plot]``); see :mod:`chainoffload.plot`.
+        Needs matplotlib, or plotly for a ``.html`` path (``pip install chainoffload[plot]``);
+        the keyword arguments are :func:`chainoffload.plot.plot_timeline`'s.
         """
         from .plot import plot_timeline
 
@@ -150,6 +151,8 @@ def _describe(schedule: Schedule, code: int) -> str:
 
 def check_platform_for(schedule: Schedule, platform: Platform) -> None:
     """Raise :class:`PlatformError` if the schedule moves data over a link of bandwidth 0."""
+    if platform.bandwidth_d2h > 0 and platform.bandwidth_h2d > 0:
+        return
     for t in schedule.transfers:
         if t.kind == "offload" and platform.bandwidth_d2h <= 0:
             raise PlatformError(f"platform.bandwidth_d2h: 0 but the schedule offloads unit {t.unit}")

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import math
 import re
+from fractions import Fraction
 
-__all__ = ["parse_bytes", "parse_bandwidth", "parse_seconds", "format_bytes", "format_seconds"]
+__all__ = ["parse_bytes", "parse_bandwidth", "parse_seconds", "format_bytes", "format_seconds", "format_percent"]
 
 _SIZE_FACTORS = {
     "": 1,
@@ -79,6 +80,11 @@ def parse_bytes(value: str | int | float, *, field: str = "memory") -> int:
     number, factor = _split(value, field, "size", _SIZE_RE, _SIZE_FACTORS, "6GiB, 900MB, 1048576")
     if not math.isfinite(number) or number < 0:
         raise ValueError(f"{field}: {value!r} must be a finite size >= 0")
+    if isinstance(value, str):
+        # Exact: "9223372036854775807" is that many bytes, not the float nearest to it.
+        return int(round(Fraction(_SIZE_RE.match(value).group(1)) * factor))
+    if isinstance(value, int):
+        return value
     return int(round(number * factor))
 
 
@@ -126,8 +132,20 @@ def format_seconds(t: float) -> str:
     """Format a duration with a readable unit, e.g. ``12.3 ms``."""
     if not math.isfinite(t):
         return str(t)
+    if abs(t) >= 1e6:
+        return f"{t:.3g} s"
     if abs(t) >= 1:
         return f"{t:.3f} s"
     if abs(t) >= 1e-3:
         return f"{t * 1e3:.3f} ms"
     return f"{t * 1e6:.1f} us"
+
+
+def format_percent(fraction: float) -> str:
+    """Format a fraction as a percentage that never rounds a nonzero share to 0, e.g. ``57%``, ``0.013%``."""
+    if not math.isfinite(fraction):
+        return str(fraction)
+    pct = 100.0 * fraction
+    if pct == 0 or abs(pct) >= 1:
+        return f"{pct:.0f}%"
+    return f"{pct:.2g}%"

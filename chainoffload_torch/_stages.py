@@ -1,21 +1,34 @@
-"""Stages of a chain and the storage bookkeeping that the profiler and the executor share.
+"""Which storage belongs to which unit: the bookkeeping the profiler and the executor share.
 
-The profiler (:func:`chainoffload_torch.measure_sizes`) and the executor
-(:class:`chainoffload_torch.OffloadActivations`) decide which storage belongs to which unit with
-the same code, :class:`UnitLedger`, so that the bytes the chain predicts for a unit are the bytes
-the executor moves for it.
+The profiler (:func:`chainoffload_torch.profile`) and the executor decide which storage belongs
+to which unit with the same code, :class:`UnitLedger`, so that the bytes the chain predicts for
+a unit are the bytes the executor moves for it. An :class:`Entry` is one storage of a unit and
+its :class:`EntryState` (on the device, being offloaded, on the host, being prefetched, back).
 """
 
 from __future__ import annotations
 
 import contextlib
+import enum
 import weakref
 from typing import Any, Iterable, Iterator, Sequence
 
 import torch
 from torch import nn
 
-__all__ = ["as_stages", "UnitLedger", "Entry", "storage_of", "model_state"]
+from ._tree import held_tensors, tensors_in
+
+__all__ = [
+    "as_stages",
+    "UnitLedger",
+    "Entry",
+    "EntryState",
+    "storage_of",
+    "model_state",
+    "resident_storages",
+    "is_parameter_like",
+    "canonical_device",
+]
 
 
 def as_stages(model: Any) -> list[nn.Module]:
@@ -55,37 +68,99 @@ def as_stages(model: Any) -> list[nn.Module]:
     return stages
 
 
+def canonical_device(device: Any) -> torch.device | None:
+    """``device`` as tensors report theirs: ``"cuda"`` becomes ``cuda:<current>``, so that
+    comparing it with a tensor's device says whether the tensor is there."""
+    if device is None:
+        return None
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
 def storage_of(t: torch.Tensor) -> tuple[int, int]:
     """(data pointer, bytes) of the storage under ``t``: what a unit really holds for it."""
     st = t.untyped_storage()
     return st.data_ptr(), st.nbytes()
 
 
-def resident_storages(stages: Sequence[nn.Module]) -> set[int]:
-    """Data pointers of every parameter, buffer and plain tensor attribute of ``stages``.
+def resident_storages(modules: Iterable[nn.Module]) -> set[int]:
+    """Data pointers of every parameter, buffer and plain tensor attribute of ``modules``
+    (and of their submodules).
 
     These stay on the device whatever the schedule says: a copy of them would free nothing.
     """
     keys: set[int] = set()
-    for stage in stages:
-        for mod in stage.modules():
-            for t in list(mod.parameters(recurse=False)) + list(mod.buffers(recurse=False)):
-                if t is not None and t.layout == torch.strided:
-                    keys.add(t.untyped_storage().data_ptr())
-            for value in vars(mod).values():
-                if isinstance(value, torch.Tensor) and value.layout == torch.strided:
-                    keys.add(value.untyped_storage().data_ptr())
+    for root in modules:
+        for mod in root.modules():
+            tensors = list(mod.parameters(recurse=False)) + list(mod.buffers(recurse=False))
+            tensors += [v for v in vars(mod).values() if isinstance(v, torch.Tensor)]
+            for t in tensors:
+                key = _storage_key(t)
+                if key is not None:
+                    keys.add(key)
     return keys
 
 
-class Entry:
-    """One storage owned by a unit: the thing that is moved, once, however many tensors view it.
+def _storage_key(t: Any) -> int | None:
+    """The data pointer of ``t``'s storage; for a wrapper subclass (an FSDP2 DTensor), of its
+    local tensor; ``None`` when it has none."""
+    if t is None:
+        return None
+    if type(t) not in (torch.Tensor, nn.Parameter):
+        t = getattr(t, "_local_tensor", None)
+        if not isinstance(t, torch.Tensor):
+            return None
+    if t.layout != torch.strided:
+        return None
+    try:
+        return t.untyped_storage().data_ptr()
+    except RuntimeError:  # a storage Python cannot see (a fake or meta wrapper)
+        return None
 
-    ``state`` is one of ``"device"`` (the original is held), ``"offloading"`` (a D2H copy is
-    queued, the original still held), ``"host"`` (only the host copy exists), ``"prefetching"``
-    (an H2D copy into ``dev`` is queued), ``"restored"`` (the compute stream has waited for it)
-    and ``"dropped"`` (the step was aborted).
-    """
+
+def is_parameter_like(t: torch.Tensor) -> bool:
+    """Whether ``t`` is a parameter, wherever it is held: an ``nn.Parameter``, a view of one,
+    or the cast of one that autocast keeps for the whole forward (see NOTE [ never a parameter ])."""
+    if isinstance(t, nn.Parameter) or isinstance(t._base, nn.Parameter):
+        return True
+    fn = t.grad_fn
+    if fn is not None and fn.name() == "ToCopyBackward0":
+        nxt = fn.next_functions
+        src = getattr(nxt[0][0], "variable", None) if nxt else None
+        return isinstance(src, nn.Parameter)
+    return False
+
+
+# NOTE [ never a parameter ]
+# Moving a parameter to the host frees nothing (the module still holds it) and the next
+# optimizer step would read the host copy's stale twin. A unit therefore never owns: any
+# nn.Parameter, wherever it is held (a block's own, a parent's, a tied or shared weight, an
+# FSDP2 unsharded parameter, which is an nn.Parameter over a fresh all-gather buffer); a view of
+# one (w.t() saved by a matmul); the cast autocast makes of one (ToCopyBackward0 of a leaf
+# parameter), which autocast's cache holds until the autocast region exits; and any storage of a
+# parameter, buffer or tensor attribute of the model (resident_storages), views included. Nor
+# does it own a tensor passed to a block other than its hidden state (masks, position
+# embeddings): the caller holds those for the whole forward.
+
+
+class EntryState(str, enum.Enum):
+    """Where the data of one storage of a unit is, in one step."""
+
+    DEVICE = "device"  #: the original is held (or, for a unit kept resident, left alone)
+    OFFLOADING = "offloading"  #: a D2H copy is queued; the original is still held
+    HOST = "host"  #: only the host copy exists
+    PREFETCHING = "prefetching"  #: an H2D copy into ``dev`` is queued
+    RESTORED = "restored"  #: the compute stream has waited for the H2D copy
+    DROPPED = "dropped"  #: the step was aborted, or the unit's backward is over
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Entry:
+    """One storage owned by a unit: the thing that is moved, once, however many tensors view it."""
 
     __slots__ = ("unit", "key", "nbytes", "ref", "src", "host", "host_guard", "dev", "state", "d2h_event", "h2d_event", "__weakref__")
 
@@ -101,7 +176,7 @@ class Entry:
         self.host = None
         self.host_guard = None
         self.dev = None
-        self.state = "device"
+        self.state = EntryState.DEVICE
         self.d2h_event = None
         self.h2d_event = None
 
@@ -116,49 +191,68 @@ def _byte_view(t: torch.Tensor) -> torch.Tensor:
 
 
 class UnitLedger:
-    """Which unit owns which storage, in one forward pass of the chain.
+    """Which unit owns which storage, in one forward pass of the model.
 
     Rules (docs/model.md, the chain's "saved"): a storage belongs to the unit of the stage during whose forward
-    it is first seen, by the pack hook of ``saved_tensors_hooks`` or as the stage's output;
-    the chain's input a_0 is unit 0 (never offloaded); a stage that saves its input a_{i-1}
-    adds nothing to its own unit, since that storage is already unit i-1's. Parameters,
-    buffers and tensor attributes of the stages are never owned. Tensors on another device,
-    of another layout than strided, or of a tensor subclass are left alone.
+    it is first seen, by the pack hook of ``saved_tensors_hooks`` or as the stage's output.
+    The caller says which stage is running: 0 before the first block (the prefix: embeddings;
+    never offloaded, counted in a_0), i from the start of block i to the start of block i+1,
+    and L after the last block (the suffix: head and loss, counted in unit L). A stage that
+    saves its input a_{i-1} adds nothing to its own unit, since that storage is already unit
+    i-1's. Never owned (NOTE [ never a parameter ]): parameters wherever they are held, the
+    model's buffers and tensor attributes, the model's inputs and the extra inputs of a block.
+    Tensors on another device, of another layout than strided, or of a tensor subclass are
+    left alone.
 
     Parameters
     ----------
     device
-        The chain's device; only storages there are owned.
+        The model's device; only storages there are owned.
     resident
-        Data pointers never owned (see :func:`resident_storages`).
+        Data pointers never owned (see :func:`resident_storages`); the ledger adds to it.
     hold
         Units whose entries must hold their storage (the ones to be offloaded).
     """
 
     def __init__(self, device: torch.device, resident: set[int], hold: Iterable[int] = ()) -> None:
         self.device = device
-        self.resident = resident
+        self.resident = set(resident)
         self.hold = set(hold)
         self.by_key: dict[int, Entry] = {}
         self.units: dict[int, list[Entry]] = {}
+        #: Units that share storage across a stage boundary (NOTE [ aliasing stages ]).
         self.aliased: set[int] = set()
+        #: Units a later block or the model's output still holds (NOTE [ units held elsewhere ]).
+        self.held: set[int] = set()
+
+    def add_resident(self, obj: Any) -> None:
+        """Never own the storages of the tensors in ``obj`` (a call's inputs)."""
+        for t in tensors_in(obj):
+            if t.layout == torch.strided and t.device == self.device:
+                self.resident.add(t.untyped_storage().data_ptr())
 
     def owns(self, t: Any) -> bool:
         """Whether ``t`` is a tensor a unit could own (not resident, right device and kind)."""
         if not isinstance(t, torch.Tensor) or type(t) not in (torch.Tensor, nn.Parameter):
             return False
-        if isinstance(t, nn.Parameter) or t.layout != torch.strided or t.device != self.device:
+        if t.layout != torch.strided or t.device != self.device or is_parameter_like(t):
             return False
         st = t.untyped_storage()
         return st.nbytes() > 0 and st.data_ptr() not in self.resident
 
-    def lookup(self, t: torch.Tensor, stage: int) -> Entry:
-        """The entry of ``t``'s storage, made for ``stage``'s unit if no live unit owns it yet."""
+    def owner(self, t: torch.Tensor) -> Entry | None:
+        """The live entry of ``t``'s storage, if a unit owns it."""
         key, nbytes = storage_of(t)
         entry = self.by_key.get(key)
         if entry is not None and (not entry.alive() or entry.nbytes != nbytes):
-            entry = None  # a freed storage whose address was reused
+            return None  # a freed storage whose address was reused
+        return entry
+
+    def lookup(self, t: torch.Tensor, stage: int) -> Entry:
+        """The entry of ``t``'s storage, made for ``stage``'s unit if no live unit owns it yet."""
+        entry = self.owner(t)
         if entry is None:
+            key, nbytes = storage_of(t)
             entry = Entry(stage, key, nbytes, t, hold=stage in self.hold)
             self.by_key[key] = entry
             self.units.setdefault(stage, []).append(entry)
@@ -169,8 +263,19 @@ class UnitLedger:
         if self.by_key.get(entry.key) is entry:
             del self.by_key[entry.key]
 
-    def stage_start(self, stage: int, inp: Any) -> int | None:
-        """Note the input of ``stage`` (a_0 becomes unit 0); return its version for :meth:`stage_end`."""
+    def stage_start(self, stage: int, inp: Any, extras: Any = ()) -> int | None:
+        """Note the hidden input of ``stage`` (a_0 becomes unit 0) and its other inputs
+        ``extras``; return the input's version for :meth:`stage_end`."""
+        for t in tensors_in(extras):
+            if t is inp or not isinstance(t, torch.Tensor) or t.device != self.device or t.layout != torch.strided:
+                continue
+            entry = self.owner(t)
+            if entry is None:
+                self.resident.add(t.untyped_storage().data_ptr())
+            elif 1 <= entry.unit < stage - 1 or (1 <= entry.unit == stage - 1 and not _is_view_of(t, inp)):
+                # An earlier unit's storage handed to a later block: it stays alive beyond the
+                # unit's own backward use, so moving it would free nothing.
+                self.held.add(entry.unit)
         if not isinstance(inp, torch.Tensor):
             return None
         if stage == 1 and self.owns(inp):
@@ -178,7 +283,7 @@ class UnitLedger:
         return inp._version
 
     def pack(self, t: Any, stage: int | None) -> Entry | None:
-        """The entry a tensor saved during ``stage``'s forward belongs to, or ``None`` if no unit's."""
+        """The entry a tensor saved while ``stage`` runs belongs to, or ``None`` if no unit's."""
         if stage is None or not self.owns(t):
             return None
         return self.lookup(t, stage)
@@ -187,12 +292,20 @@ class UnitLedger:
         """Register ``stage``'s output a_i in its unit and check aliasing; return the output."""
         if not isinstance(out, torch.Tensor):
             raise TypeError(
-                f"stage {stage} returned a {type(out).__name__}; a chain's stages must each return one tensor"
+                f"stage {stage} returned a {type(out).__name__} with no tensor in it; a block must return its hidden state"
             )
         self.check_stage(stage, inp, version_before, out)
         if self.owns(out):
             self.lookup(out, stage)
         return out
+
+    def forward_end(self, outputs: Any, last: int) -> None:
+        """Mark units 1..last-1 whose storages the model's outputs still hold."""
+        for t in held_tensors(outputs):
+            if t.device == self.device and t.layout == torch.strided:
+                entry = self.owner(t)
+                if entry is not None and 1 <= entry.unit < last:
+                    self.held.add(entry.unit)
 
     def unit_bytes(self, unit: int) -> int:
         """Bytes of all storages ``unit`` owns."""
@@ -209,27 +322,49 @@ class UnitLedger:
             self.aliased.add(stage)
 
 
+def _is_view_of(t: torch.Tensor, inp: Any) -> bool:
+    return isinstance(inp, torch.Tensor) and t.untyped_storage().data_ptr() == inp.untyped_storage().data_ptr()
+
+
 # NOTE [ aliasing stages ]
 # A stage that modifies its input in place (nn.ReLU(inplace=True) as a stage of its own) or
 # returns a view of it shares one storage between units i-1 and i. Offloading unit i-1 would
 # copy that storage at its trigger, before stage i writes it, and bring back stale data; unit i
 # does not own the storage, so moving it would move fewer bytes than its saved[i] (which is at
-# least act[i]). Both units are therefore marked "aliased": measure_sizes reports them, offload()
+# least act[i]). Both units are therefore marked "aliased": the profile reports them, offload()
 # keeps them resident, and the executor refuses a schedule that offloads one.
+#
+# NOTE [ units held elsewhere ]
+# Offloading frees a unit's GPU memory only if nothing else holds its storages. Two holders the
+# ledger can see: a later block that takes an earlier unit's storage as an extra input (a skip
+# connection across blocks), and the model's output (Hugging Face's output_hidden_states=True
+# returns every hidden state; use_cache=True returns every layer's keys and values in a cache
+# object). Such units are marked "held" and kept resident, so the plan never counts on memory
+# that offloading would not free.
 
 
 @contextlib.contextmanager
-def model_state(stages: Sequence[nn.Module]) -> Iterator[None]:
+def model_state(modules: Sequence[nn.Module]) -> Iterator[None]:
     """Run profiling passes without leaving a trace: restore buffers, grads and the RNG after.
 
     Batch norm updates its running statistics in every training forward and profiling runs
-    backwards that accumulate into ``.grad``; a profile must not change the model it measures.
+    backwards that accumulate into ``.grad``; a profile must not change the model it measures
+    (nor a gradient accumulation in progress, nor the dropout masks of the next step).
     """
-    params = [p for s in stages for p in s.parameters()]
-    buffers = [b for s in stages for b in s.buffers()]
+    seen: set[int] = set()
+    params, buffers = [], []
+    for m in modules:
+        for p in m.parameters():
+            if id(p) not in seen:
+                seen.add(id(p))
+                params.append(p)
+        for b in m.buffers():
+            if id(b) not in seen:
+                seen.add(id(b))
+                buffers.append(b)
     saved_buffers = [b.detach().clone() for b in buffers]
     saved_grads = [None if p.grad is None else p.grad.detach().clone() for p in params]
-    devices = sorted({str(p.device) for p in params if p.device.type == "cuda"})
+    devices = sorted({p.device.index or 0 for p in params if p.device.type == "cuda"})
     with torch.random.fork_rng(devices=devices):
         try:
             yield

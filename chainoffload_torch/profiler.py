@@ -1,18 +1,24 @@
-"""Profile a chain of modules into a :class:`chainoffload.Chain` and its link into a Platform.
+"""Profile a model into a :class:`chainoffload.Chain` and its link into a Platform.
 
-What is measured, and how (see NOTE [ what the profiler measures ]):
+The chain's stages are the model's blocks (:func:`~chainoffload_torch._instrument.find_blocks`);
+everything is measured in whole training steps of the real model, through the same hooks the
+executor uses (see NOTE [ what the profiler measures ]):
 
-* ``act[i]``: bytes of the output a_i (numel x element size); ``act[0]`` is the sample's.
-* ``saved[i]``: bytes of the storages unit i owns after one forward of the whole chain under
-  ``saved_tensors_hooks`` (:class:`~chainoffload_torch._stages.UnitLedger`: what F_i saves
-  for its backward that is not an earlier unit's, a parameter or a buffer, plus its output),
-  each storage counted once, whole. The executor moves exactly these storages.
-* ``fwd[i]``, ``bwd[i]``, ``fwd_nosave[i]``: each stage alone on a detached copy of its input,
-  the median of ``repeats`` runs after ``warmup`` runs; CUDA events on a GPU, ``perf_counter``
-  on CPU.
+* ``act[i]``: bytes of block i's hidden output a_i (numel x element size). ``act[0]``: the
+  hidden input of block 1, plus the storages the code before it (embeddings) saves for its
+  backward (NOTE [ prefix and suffix ]).
+* ``saved[i]``: bytes of the storages unit i owns after one forward under
+  ``saved_tensors_hooks`` (:class:`~chainoffload_torch._stages.UnitLedger`: what is saved from
+  the start of block i to the start of block i+1 that is not an earlier unit's, a parameter,
+  a buffer or an input, plus its output; for the last block, also what the head and the loss
+  save), each storage counted once, whole. The executor moves exactly these storages.
+* ``fwd[i]``, ``bwd[i]``, ``fwd_nosave[i]``: the time between boundary events of whole steps
+  (forward and backward of the model), the median of ``repeats`` steps after ``warmup``; CUDA
+  events on a GPU, ``perf_counter`` on CPU. The code before block 1 is timed into stage 1 and
+  the code after block L into stage L, so the chain's compute time is the step's.
 * ``fwd_tmp[i]``, ``bwd_tmp[i]``: on CUDA, the allocator's peak during F_i above what is
-  allocated after it, and during B_i above what is allocated before it plus the input gradient
-  g_{i-1}. On CPU there is no allocator peak to read: both are 0.
+  allocated at its end, and during B_i above what is allocated at its start plus g_{i-1}.
+  On CPU there is no allocator peak to read: both are 0.
 * The link: on CUDA, pinned-host copies on a side stream, each direction alone at two sizes
   (latency + bytes / bandwidth fitted through them), then both at once on two streams
   (``duplex`` when together they take clearly less than one after the other). On CPU, the
@@ -24,16 +30,20 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import time
-from typing import Any, Callable, Sequence
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 from torch import nn
 
 import chainoffload as co
 
-from ._stages import UnitLedger, as_stages, model_state, resident_storages
+from ._copy import size_class
+from ._instrument import Blocks, Instrument, find_blocks
+from ._stages import UnitLedger, canonical_device, model_state, resident_storages
+from ._tree import tensors_in
 
-__all__ = ["Sizes", "measure_sizes", "measure_link", "profile", "profile_full", "Profile"]
+__all__ = ["Sizes", "measure_sizes", "measure_link", "profile", "profile_full", "Profile", "as_call"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,14 +59,31 @@ class Sizes:
     owned
         Bytes of the storages each unit really owns (what the executor moves for it).
     aliased
-        Stages whose units share storage with a neighbour (a stage that writes its input in
+        Stages whose units share storage with a neighbour (a block that writes its input in
         place or returns a view of it): they must stay resident.
+    held
+        Stages whose storages a later block or the model's output still holds (a skip
+        connection across blocks, ``output_hidden_states``, a key/value cache): offloading
+        them would free nothing, so they stay resident.
+    storages
+        Per unit 1..L, the bytes of each storage it owns (what the host pool must hold for it).
     """
 
     act: tuple[int, ...]
     saved: tuple[int, ...]
     owned: tuple[int, ...]
     aliased: frozenset[int]
+    held: frozenset[int] = frozenset()
+    storages: tuple[tuple[int, ...], ...] = ()
+
+    @property
+    def resident(self) -> frozenset[int]:
+        """Units that cannot be offloaded: aliased or held."""
+        return self.aliased | self.held
+
+    def host_bytes(self, units: Any) -> int:
+        """Bytes of host buffers (in the pool's size classes) that offloading ``units`` takes."""
+        return sum(size_class(n) for u in units for n in self.storages[u - 1])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,26 +94,296 @@ class Profile:
     platform: co.Platform
     sizes: Sizes
     device: torch.device
+    blocks: Blocks
 
 
-def _device_of(stages: Sequence[nn.Module], sample: torch.Tensor, device: Any) -> torch.device:
+def as_call(sample: Any) -> tuple[tuple, dict]:
+    """``(args, kwargs)`` of a sample: a tensor, a tuple of positional arguments, or a mapping
+    of keyword arguments (the Hugging Face way)."""
+    if isinstance(sample, tuple):
+        return sample, {}
+    if isinstance(sample, Mapping):
+        return (), dict(sample)
+    return (sample,), {}
+
+
+def _to_device(obj: Any, device: torch.device) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj if obj.device == device else obj.to(device)
+    if isinstance(obj, tuple):
+        return tuple(_to_device(v, device) for v in obj)
+    if isinstance(obj, list):
+        return [_to_device(v, device) for v in obj]
+    if isinstance(obj, dict):
+        return {k: _to_device(v, device) for k, v in obj.items()}
+    return obj
+
+
+def _nbytes(t: Any) -> int:
+    return t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0
+
+
+def _root_and_blocks(model: Any, args: tuple, kwargs: dict, blocks: Any) -> tuple[nn.Module, Blocks]:
+    """The module whose forward is a step, and its blocks; a list of stages becomes a Sequential."""
+    if isinstance(model, nn.Module):
+        return model, find_blocks(model, args, kwargs, blocks)
+    if isinstance(model, (list, tuple)):
+        root = nn.Sequential(*model)
+        return root, find_blocks(root, args, kwargs, list(root) if blocks is None else blocks)
+    raise TypeError(f"model: expected an nn.Module or a list of modules, got {type(model).__name__}")
+
+
+def _device_of(model: nn.Module, args: tuple, kwargs: dict, device: Any) -> torch.device:
     if device is not None:
-        return torch.device(device)
-    param = next((p for s in stages for p in s.parameters()), None)
-    return param.device if param is not None else sample.device
+        return canonical_device(device)
+    param = next(model.parameters(), None)
+    if param is not None:
+        return param.device
+    return next((t.device for t in tensors_in((args, kwargs))), torch.device("cpu"))
 
 
-def _check_sample(sample: Any) -> torch.Tensor:
-    if not isinstance(sample, torch.Tensor):
-        raise TypeError(f"sample: expected a tensor (the chain's input a_0), got {type(sample).__name__}")
-    return sample
+# -- the recorder -----------------------------------------------------------------------------
 
 
-def _nbytes(t: torch.Tensor) -> int:
-    return t.numel() * t.element_size()
+class _Timer:
+    """Boundary marks: CUDA events and allocator figures on a GPU, perf_counter on CPU."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.device = device
+
+    def mark(self) -> tuple[Any, int, int]:
+        """(time or event, bytes allocated now, peak bytes since the previous mark)."""
+        if not self.cuda:
+            return time.perf_counter(), 0, 0
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()
+        alloc = torch.cuda.memory_allocated(self.device)
+        peak = torch.cuda.max_memory_allocated(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        return ev, alloc, peak
+
+    def seconds(self, a: Any, b: Any) -> float:
+        if not self.cuda:
+            return max(0.0, b - a)
+        return max(0.0, a.elapsed_time(b) / 1e3)
+
+    def sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
 
 
-def measure_sizes(model: Any, sample: torch.Tensor) -> Sizes:
+class _Pass:
+    def __init__(self, ledger: UnitLedger) -> None:
+        self.ledger = ledger
+        self.current: int | None = 0
+        self.versions: dict[int, int | None] = {}
+        self.marks: dict[Any, tuple[Any, int, int]] = {}
+        self.act: dict[int, int] = {}
+
+
+class _Recorder:
+    """An instrument listener that measures: marks at every boundary, sizes through the ledger."""
+
+    def __init__(self, n: int, device: torch.device, roots: tuple[nn.Module, ...]) -> None:
+        self.n = n
+        self.device = device
+        self.roots = roots
+        self.timer = _Timer(device)
+        self.current: _Pass | None = None
+
+    def wants(self) -> bool:
+        return True
+
+    def forward_start(self, args: tuple, kwargs: dict) -> _Pass:
+        ledger = UnitLedger(self.device, resident_storages(self.roots))
+        ledger.add_resident((args, kwargs))
+        p = self.current = _Pass(ledger)
+        p.marks["start"] = self.timer.mark()
+        return p
+
+    def stage_start(self, p: _Pass, idx: int, hidden: Any, args: tuple, kwargs: dict) -> None:
+        if idx == 1:
+            p.act[0] = _nbytes(hidden)
+        p.versions[idx] = p.ledger.stage_start(idx, hidden, (args, kwargs))
+        p.current = idx
+
+    def stage_end(self, p: _Pass, idx: int, hidden_in: Any, hidden_out: Any) -> None:
+        p.ledger.stage_end(idx, hidden_in, p.versions.pop(idx, None), hidden_out)
+        p.act[idx] = _nbytes(hidden_out)
+        if idx < self.n:
+            p.marks[("f", idx)] = self.timer.mark()
+
+    def forward_end(self, p: _Pass, outputs: Any) -> None:
+        p.marks[("f", self.n)] = self.timer.mark()
+        p.ledger.forward_end(outputs, self.n)
+        p.current = None
+
+    def forward_failed(self, p: _Pass) -> None:
+        p.current = None
+
+    def backward_mark(self, p: _Pass, idx: int) -> None:
+        if idx < self.n:
+            p.marks.setdefault(("g", idx), self.timer.mark())
+
+    def backward_end(self, p: _Pass) -> None:
+        return None
+
+    def pack(self, p: _Pass, t: torch.Tensor) -> torch.Tensor:
+        p.ledger.pack(t, p.current)
+        return t
+
+    def unpack(self, t: Any) -> Any:
+        return t
+
+
+def _backward_roots(out: Any) -> tuple[list[torch.Tensor], list[torch.Tensor | None]]:
+    """What a profiling step backpropagates: the output's ``loss`` if it has one, else every
+    output tensor that requires grad (with a gradient of ones; the values do not change the work)."""
+    loss = out.get("loss") if isinstance(out, Mapping) else getattr(out, "loss", None)
+    if isinstance(loss, torch.Tensor) and loss.requires_grad:
+        return [loss], [None if loss.numel() == 1 else torch.ones_like(loss)]
+    roots = [t for t in tensors_in(out) if t.requires_grad]
+    if not roots:
+        raise ValueError("sample: the model's output has no tensor that requires grad, so a training step has no backward")
+    return roots, [torch.ones_like(t) for t in roots]
+
+
+def _times(timer: _Timer, marks: dict, n: int) -> tuple[list[float], list[float]]:
+    """Per-stage forward and backward seconds of one pass (NOTE [ what the profiler measures ])."""
+    ends = [marks["start"]] + [marks[("f", i)] for i in range(1, n + 1)]
+    fwd = [timer.seconds(ends[i - 1][0], ends[i][0]) for i in range(1, n + 1)]
+    if "bwd_start" not in marks:
+        return fwd, []
+    end = marks["bwd_end"]
+    # b[i]: when g_i is complete (B_i starts); b[n] the backward's start, b[0] its end. No mark
+    # for g_i (a_i needs no gradient): B_1..B_i have nothing to do, their time is 0.
+    b = [end] + [marks.get(("g", i), end) for i in range(1, n)] + [marks["bwd_start"]]
+    bwd = [timer.seconds(b[i][0], b[i - 1][0]) for i in range(1, n + 1)]
+    return fwd, bwd
+
+
+def _tmp(marks: dict, n: int, act: list[int]) -> tuple[list[int], list[int]]:
+    """CUDA: transient bytes of each F_i and B_i from the allocator marks."""
+    f_marks = [marks["start"]] + [marks[("f", i)] for i in range(1, n + 1)]
+    fwd_tmp = [max(0, f_marks[i][2] - f_marks[i][1]) for i in range(1, n + 1)]
+    end = marks["bwd_end"]
+    b = [end] + [marks.get(("g", i), end) for i in range(1, n)] + [marks["bwd_start"]]
+    bwd_tmp = [max(0, b[i - 1][2] - b[i][1] - act[i - 1]) for i in range(1, n + 1)]
+    return fwd_tmp, bwd_tmp
+
+
+def _sizes(p: _Pass, n: int) -> Sizes:
+    ledger = p.ledger
+    act = [max(p.act.get(0, 0), ledger.unit_bytes(0))] + [p.act.get(i, 0) for i in range(1, n + 1)]
+    owned = tuple(ledger.unit_bytes(i) for i in range(1, n + 1))
+    aliased = set(ledger.aliased)
+    saved = []
+    for i, own in enumerate(owned, start=1):
+        if own < act[i]:
+            aliased.add(i)  # its output is not a storage it owns: moving it would not move act[i]
+        saved.append(max(own, act[i]))
+    storages = tuple(tuple(e.nbytes for e in ledger.units.get(i, ())) for i in range(1, n + 1))
+    return Sizes(tuple(act), tuple(saved), owned, frozenset(aliased), frozenset(ledger.held), storages)
+
+
+def _measure(
+    instrument: Instrument,
+    root: nn.Module,
+    args: tuple,
+    kwargs: dict,
+    device: torch.device,
+    repeats: int,
+    warmup: int,
+    timed: bool = True,
+) -> tuple[Sizes, dict[str, list]]:
+    """Run profiling steps through ``instrument`` (its listener swapped for a recorder)."""
+    n = len(instrument.blocks)
+    rec = _Recorder(n, device, (root,))
+    before = instrument.listener
+    instrument.listener = rec
+    runs: dict[str, list] = {"fwd": [], "bwd": [], "nosave": [], "fwd_tmp": [], "bwd_tmp": []}
+    sizes = None
+    try:
+        with model_state([root]), torch.enable_grad():
+            for r in range(warmup + repeats if timed else 1):
+                out = root(*args, **kwargs)
+                p = rec.current
+                # The last step's: a first call may make what the model then caches (and so holds).
+                sizes = _sizes(p, n)
+                if not timed:
+                    break
+                roots, grads = _backward_roots(out)
+                p.marks["bwd_start"] = rec.timer.mark()
+                torch.autograd.backward(roots, grads)
+                p.marks["bwd_end"] = rec.timer.mark()
+                rec.timer.sync()
+                del out, roots, grads
+                fwd, bwd = _times(rec.timer, p.marks, n)
+                if r >= warmup:
+                    runs["fwd"].append(fwd)
+                    runs["bwd"].append(bwd)
+                if rec.timer.cuda:
+                    f_tmp, b_tmp = _tmp(p.marks, n, list(sizes.act))
+                    runs["fwd_tmp"].append(f_tmp)
+                    runs["bwd_tmp"].append(b_tmp)
+                with torch.no_grad():
+                    root(*args, **kwargs)
+                rec.timer.sync()
+                if r >= warmup:
+                    runs["nosave"].append(_times(rec.timer, rec.current.marks, n)[0])
+    finally:
+        instrument.listener = before
+        rec.current = None
+    return sizes, runs
+
+
+def _median(values: list[float]) -> float:
+    return float(statistics.median(values)) if values else 0.0
+
+
+def _median_rows(values: list[list[float]], n: int) -> list[float]:
+    return [_median([v[i] for v in values]) for i in range(n)]
+
+
+def _max(values: list[list[int]], n: int) -> list[int]:
+    return [int(max(v[i] for v in values)) if values else 0 for i in range(n)]
+
+
+def _check_counts(repeats: Any, warmup: Any) -> None:
+    for fname, v, least in (("repeats", repeats, 1), ("warmup", warmup, 0)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < least:
+            raise ValueError(f"{fname}: {v!r} must be an integer >= {least}")
+
+
+def measure_chain(
+    instrument: Instrument,
+    root: nn.Module,
+    args: tuple,
+    kwargs: dict,
+    device: torch.device,
+    *,
+    repeats: int,
+    warmup: int,
+    name: str,
+) -> tuple[co.Chain, Sizes]:
+    """The chain and sizes of one call, measured through an installed ``instrument``."""
+    sizes, runs = _measure(instrument, root, args, kwargs, device, repeats, warmup)
+    n = len(instrument.blocks)
+    chain = co.Chain(
+        _median_rows(runs["fwd"], n),
+        _median_rows(runs["bwd"], n),
+        list(sizes.act),
+        list(sizes.saved),
+        _max(runs["fwd_tmp"], n),
+        _max(runs["bwd_tmp"], n),
+        _median_rows(runs["nosave"], n),
+        name=name,
+    )
+    return chain, sizes
+
+
+def measure_sizes(model: Any, sample: Any, *, blocks: Any = None) -> Sizes:
     """The sizes (act, saved) of ``model``'s chain for input ``sample``, without timing.
 
     Runs one forward with autograd under ``saved_tensors_hooks``; the model's buffers, grads
@@ -95,136 +392,39 @@ def measure_sizes(model: Any, sample: torch.Tensor) -> Sizes:
     Parameters
     ----------
     model
-        An ``nn.Sequential`` or a list of modules (the stages).
+        An ``nn.Module`` (its blocks are found, or given by ``blocks``), an
+        ``nn.Sequential`` or a list of modules (the stages).
     sample
-        The chain's input a_0, on the model's device.
+        What the model is called with: a tensor, a tuple of positional arguments or a dict of
+        keyword arguments, on the model's device.
+    blocks
+        As for :func:`chainoffload_torch.offload`.
 
     Returns
     -------
     Sizes
     """
-    stages = as_stages(model)
-    sample = _check_sample(sample)
-    device = _device_of(stages, sample, None)
-    if sample.device != device:
-        raise ValueError(f"sample: is on {sample.device} but the model is on {device}")
-    ledger = UnitLedger(device, resident_storages(stages))
-    current: list[int | None] = [None]
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        ledger.pack(t, current[0])
-        return t
-
-    act = [_nbytes(sample)]
-    with model_state(stages), torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        x = sample
-        for i, stage in enumerate(stages, start=1):
-            version = ledger.stage_start(i, x)
-            current[0] = i
-            out = stage(x)
-            current[0] = None
-            ledger.stage_end(i, x, version, out)
-            act.append(_nbytes(out))
-            x = out
-        owned = tuple(ledger.unit_bytes(i) for i in range(1, len(stages) + 1))
-        del x, out
-    aliased = set(ledger.aliased)
-    saved = []
-    for i, own in enumerate(owned, start=1):
-        if own < act[i]:
-            aliased.add(i)  # its output is not a storage it owns: moving it would not move act[i]
-        saved.append(max(own, act[i]))
-    return Sizes(tuple(act), tuple(saved), owned, frozenset(aliased))
+    args, kwargs = as_call(_check_sample(sample))
+    root, blks = _root_and_blocks(model, args, kwargs, blocks)
+    device = _device_of(root, args, kwargs, None)
+    wrong = [t.device for t in tensors_in((args, kwargs)) if t.device != device]
+    if wrong:
+        raise ValueError(f"sample: is on {wrong[0]} but the model is on {device}")
+    instrument = Instrument(root, blks, _Recorder(len(blks), device, (root,)))
+    instrument.install()
+    try:
+        sizes, _ = _measure(instrument, root, args, kwargs, device, 1, 0, timed=False)
+    finally:
+        instrument.remove()
+    return sizes
 
 
-# -- timing ---------------------------------------------------------------------------------
-
-
-class _Timer:
-    """Times a callable on ``device``: CUDA events on a GPU, perf_counter on CPU."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.cuda = device.type == "cuda"
-        self.device = device
-
-    def __call__(self, fn: Callable[[], Any]) -> tuple[float, Any]:
-        if self.cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            out = fn()
-            end.record()
-            end.synchronize()
-            return start.elapsed_time(end) / 1e3, out
-        t0 = time.perf_counter()
-        out = fn()
-        return time.perf_counter() - t0, out
-
-
-def _median(values: list[float]) -> float:
-    return float(statistics.median(values)) if values else 0.0
-
-
-def _grad_like(y: torch.Tensor) -> torch.Tensor:
-    return torch.ones_like(y)
-
-
-def _time_stages(stages: Sequence[nn.Module], sample: torch.Tensor, device: torch.device, act: Sequence[int], repeats: int, warmup: int):
-    timer = _Timer(device)
-    cuda = device.type == "cuda"
-    fwd, bwd, nosave, fwd_tmp, bwd_tmp = [], [], [], [], []
-    x = sample.detach()
-    for i, stage in enumerate(stages, start=1):
-        needs_grad = sample.requires_grad if i == 1 else x.is_floating_point() or x.is_complex()
-        leaf = x.detach().requires_grad_(needs_grad)
-        f_times, b_times, n_times = [], [], []
-        f_tmp = b_tmp = 0
-        for r in range(warmup + repeats):
-            keep = r >= warmup
-            # A fresh non-leaf copy per run, made outside the timer: a stage may write its
-            # input in place (ReLU(inplace=True)), which autograd forbids on a leaf.
-            with torch.no_grad():
-                inp = leaf.detach().clone()
-                t, _ = timer(lambda: stage(inp))
-            if keep:
-                n_times.append(t)
-            with torch.enable_grad():
-                inp = leaf.clone()
-            if cuda:
-                torch.cuda.synchronize(device)
-                torch.cuda.reset_peak_memory_stats(device)
-            with torch.enable_grad():
-                t, y = timer(lambda: stage(inp))
-            if not isinstance(y, torch.Tensor):
-                raise TypeError(f"stage {i} returned a {type(y).__name__}; a chain's stages must each return one tensor")
-            if cuda:
-                after = torch.cuda.memory_allocated(device)
-                f_tmp = max(f_tmp, torch.cuda.max_memory_allocated(device) - after)
-            if keep:
-                f_times.append(t)
-            if y.requires_grad:
-                grad = _grad_like(y)
-                if cuda:
-                    torch.cuda.synchronize(device)
-                    torch.cuda.reset_peak_memory_stats(device)
-                    before = torch.cuda.memory_allocated(device)
-                t, _ = timer(lambda: torch.autograd.backward(y, grad))
-                if cuda:
-                    extra = torch.cuda.max_memory_allocated(device) - before - (act[i - 1] if needs_grad else 0)
-                    b_tmp = max(b_tmp, extra)
-                if keep:
-                    b_times.append(t)
-                del grad
-            elif keep:
-                b_times.append(0.0)
-            x_next = y.detach()
-            del y, inp
-        fwd.append(_median(f_times))
-        bwd.append(_median(b_times))
-        nosave.append(_median(n_times))
-        fwd_tmp.append(max(0, int(f_tmp)))
-        bwd_tmp.append(max(0, int(b_tmp)))
-        x = x_next
-    return fwd, bwd, nosave, fwd_tmp, bwd_tmp
+def _check_sample(sample: Any) -> Any:
+    if not any(True for _ in tensors_in(as_call(sample))):
+        raise TypeError(
+            f"sample: expected a tensor, a tuple of arguments or a dict of keyword arguments holding tensors, got {type(sample).__name__}"
+        )
+    return sample
 
 
 # -- the link -------------------------------------------------------------------------------
@@ -318,18 +518,33 @@ def measure_link(device: torch.device | str, *, nbytes: int | None = None, small
 
 
 # NOTE [ what the profiler measures ]
-# Sizes come from one forward of the whole chain, not of stages in isolation, because who owns
-# a storage depends on its neighbours (stage i saving its input a_{i-1} adds nothing to unit i).
-# Times come from stages in isolation, on detached inputs, because that is how the chain model
-# charges them (F_i and B_i one at a time). A stage's input then requires grad whenever it is
-# floating point (stage 1: as the sample does), as it would inside the chain. Each timed
-# backward gets a gradient of ones; the values do not change the work done.
+# Everything comes from whole steps of the real model, through the instrument the executor
+# uses, so a stage's boundaries in the profile are the ones the executor fires at. Sizes come
+# from one forward (who owns a storage depends on its neighbours: stage i saving its input
+# a_{i-1} adds nothing to unit i). Times come from the same steps: F_i runs from the end of
+# F_{i-1} (the start of the forward for i = 1) to the end of block i (the end of the model's
+# forward for i = L); B_L from the start of the backward to the moment g_{L-1} is complete,
+# B_i from g_i to g_{i-1}, B_1 to the end of the backward. A profiling step backpropagates the
+# output's loss when it has one, else every output that requires grad with a gradient of ones.
+# One step without autograd per repeat gives fwd_nosave. The model's buffers, gradients and
+# RNG are restored after (model_state), so profiling leaves no trace in training.
+#
+# NOTE [ prefix and suffix ]
+# The chain is the blocks; a model has code before the first block (embeddings, a ResNet's
+# stem) and after the last (final norm, head, loss). Neither is ever offloaded. The prefix's
+# time is counted in stage 1 and the suffix's in stage L (both ends of the compute sequence,
+# where no transfer can overlap them anyway), so the simulated makespan is a whole step's. The
+# storages the prefix saves are counted in a_0 (resident from the start to the end of B_1, as
+# they are); those the suffix saves in unit L, which the adapter keeps resident. a_0 is also
+# the size of g_0 in the chain model, so that gradient is over-counted by the prefix's saved
+# bytes at B_1: the predicted peak errs on the safe side there.
 
 
 def profile_full(
     model: Any,
-    sample_input: torch.Tensor,
+    sample_input: Any,
     *,
+    blocks: Any = None,
     device: torch.device | str | None = None,
     repeats: int = 5,
     warmup: int = 1,
@@ -338,40 +553,36 @@ def profile_full(
     measure_platform: bool = True,
     link_bytes: int | None = None,
 ) -> Profile:
-    """:func:`profile`, also returning the :class:`Sizes` (with the aliased stages) and device."""
-    stages = as_stages(model)
-    sample = _check_sample(sample_input)
-    for fname, v, least in (("repeats", repeats, 1), ("warmup", warmup, 0)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < least:
-            raise ValueError(f"{fname}: {v!r} must be an integer >= {least}")
-    dev = _device_of(stages, sample, device)
-    if sample.device != dev:
-        sample = sample.to(dev)
-    sizes = measure_sizes(stages, sample)
-    with model_state(stages):
-        fwd, bwd, nosave, fwd_tmp, bwd_tmp = _time_stages(stages, sample, dev, sizes.act, repeats, warmup)
-    chain = co.Chain(
-        fwd,
-        bwd,
-        list(sizes.act),
-        list(sizes.saved),
-        fwd_tmp,
-        bwd_tmp,
-        nosave,
-        name=name or (type(model).__name__ if isinstance(model, nn.Module) else "chain"),
-    )
+    """:func:`profile`, also returning the :class:`Sizes` (with the units that must stay
+    resident), the device and the blocks."""
+    _check_counts(repeats, warmup)
+    args, kwargs = as_call(_check_sample(sample_input))
+    probe = model if isinstance(model, nn.Module) else nn.Sequential(*model) if isinstance(model, (list, tuple)) else model
+    if isinstance(probe, nn.Module):
+        dev = _device_of(probe, args, kwargs, device)
+        args, kwargs = _to_device(args, dev), _to_device(kwargs, dev)
+    root, blks = _root_and_blocks(model, args, kwargs, blocks)
+    dev = _device_of(root, args, kwargs, device)
+    instrument = Instrument(root, blks, _Recorder(len(blks), dev, (root,)))
+    instrument.install()
+    try:
+        label = name or (type(model).__name__ if isinstance(model, nn.Module) else "chain")
+        chain, sizes = measure_chain(instrument, root, args, kwargs, dev, repeats=repeats, warmup=warmup, name=label)
+    finally:
+        instrument.remove()
     if measure_platform:
         link = measure_link(dev, nbytes=link_bytes, repeats=max(3, repeats))
     else:
         link = {"bandwidth_d2h": float("inf"), "bandwidth_h2d": float("inf"), "latency": 0.0, "duplex": True}
     mem = co.keep_all_peak(chain) if memory is None else int(memory)
-    return Profile(chain, co.Platform(memory=mem, **link), sizes, dev)
+    return Profile(chain, co.Platform(memory=mem, **link), sizes, dev, blks)
 
 
 def profile(
     model: Any,
-    sample_input: torch.Tensor,
+    sample_input: Any,
     *,
+    blocks: Any = None,
     device: torch.device | str | None = None,
     repeats: int = 5,
     warmup: int = 1,
@@ -383,13 +594,18 @@ def profile(
     Parameters
     ----------
     model
-        An ``nn.Sequential`` or a list of modules: the chain's stages, on their device.
+        Any ``nn.Module`` whose blocks are found (or given by ``blocks``), or a list of
+        modules (the stages, called one after the other); on its device.
     sample_input
-        A representative batch (moved to ``device`` if elsewhere).
+        What the model is called with: a tensor, a tuple of positional arguments, or a dict
+        of keyword arguments (``{"input_ids": ids, "labels": ids}``); moved to ``device`` if
+        elsewhere.
+    blocks
+        The chain's stages, as for :func:`chainoffload_torch.offload`: ``None`` finds them.
     device
         Where to profile; default the model's (first parameter's) device.
     repeats, warmup
-        Timed runs per stage (the median is kept) and untimed runs before them.
+        Timed steps (the median is kept) and untimed steps before them.
     memory
         The platform's memory; default the keep-all peak of the profiled chain (so every
         schedule that offloads nothing fits, and a smaller value asks for offloading).
@@ -401,6 +617,14 @@ def profile(
     (Chain, Platform)
         Both save as docs/model.md's JSON with ``.save(path)``. See the module docstring for what
         each field measures on CUDA and on CPU.
+
+    Raises
+    ------
+    ValueError
+        No blocks found (the message says which module lists were seen and how to pass
+        ``blocks=``), or bad ``repeats`` / ``warmup``.
     """
-    prof = profile_full(model, sample_input, device=device, repeats=repeats, warmup=warmup, memory=memory, name=name)
+    prof = profile_full(
+        model, sample_input, blocks=blocks, device=device, repeats=repeats, warmup=warmup, memory=memory, name=name
+    )
     return prof.chain, prof.platform

@@ -86,7 +86,9 @@ def test_platform_validation_and_round_trip(tmp_path):
     path = tmp_path / "p.json"
     p.save(path)
     assert Platform.load(path) == p
-    assert Platform.from_dict({"memory": "6GiB", "bandwidth_d2h": "12GB/s", "bandwidth_h2d": "12GB/s", "latency": "10us", "duplex": False}) == p
+    # A file holds JSON numbers; human units are for the command line's flags.
+    with pytest.raises(PlatformError, match=r"platform\.memory: '6GiB' is a string; write a JSON number \(the number 6442450944\)"):
+        Platform.from_dict({"memory": "6GiB", "bandwidth_d2h": 12e9, "bandwidth_h2d": 12e9})
     assert p.d2h_time(12_000) == pytest.approx(1e-5 + 1e-6)
     assert Platform(memory=1, bandwidth_d2h=0, bandwidth_h2d=1).can_transfer is False
     assert math.isinf(Platform(memory=1, bandwidth_d2h=0, bandwidth_h2d=1).d2h_time(5))
@@ -123,7 +125,13 @@ def test_platform_json_errors():
 
 
 def test_examples():
-    assert set(example_names()) >= {"resnet18", "tiny"}
+    assert set(example_names()) >= {"resnet18", "resnet18-formula", "tiny"}
+    # `chainoffload example resnet18` is the traced network chain, like every other network name;
+    # the formula-derived chain (V100 roofline) has its own name.
+    from chainoffload.networks import network
+
+    assert example("resnet18") == network("resnet18")
+    assert example("resnet18-formula") == resnet18() and "V100" in example_names()["resnet18-formula"]
     r = resnet18()
     assert r.length == 10
     # stem output: 64 x 64 x 56 x 56 float32

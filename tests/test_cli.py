@@ -45,22 +45,22 @@ def test_solve_json_and_simulate_agree(capsys, files):
     assert res["status"] == "optimal" and res["makespan"] == 12.0 and res["peak_memory"] == 192
     code, out, _ = run(capsys, "simulate", str(chain), str(sched), "--memory", "191", "--bandwidth", "25", "--json")
     sim = json.loads(out)
-    assert code == 0 and sim["feasible"] is False and sim["violation"]["rule"] == "memory"
+    assert code == 1 and sim["feasible"] is False and sim["violation"]["rule"] == "memory"
     assert sim["makespan"] == 12.0 and sim["peak_memory"] == 192
     code, out, _ = run(capsys, "simulate", str(chain), str(sched), "--memory", "192")
-    assert code == 0 and "feasible     yes" in out
+    assert code == 0 and "feasible      yes" in out and "compute idle  never (every copy is hidden behind compute)" in out
 
 
 def test_solve_table(capsys, files):
     _, chain = files
     code, out, _ = run(capsys, "solve", str(chain), "--memory", "191", "--method", "keep-all")
-    assert code == 0 and "infeasible" in out and "min memory" in out
+    assert code == 1 and "infeasible" in out and "min memory" in out
 
 
 def test_platform_file_and_overrides(capsys, files, tmp_path):
     _, chain = files
     plat = tmp_path / "p.json"
-    plat.write_text(json.dumps({"memory": "1KiB", "bandwidth_d2h": "1GB/s", "bandwidth_h2d": 1e9, "latency": "1us", "duplex": True}))
+    plat.write_text(json.dumps({"memory": 1024, "bandwidth_d2h": 1e9, "bandwidth_h2d": 1e9, "latency": 1e-6, "duplex": True}))
     code, out, _ = run(capsys, "solve", str(chain), "--platform", str(plat), "--half-duplex", "--method", "keep-all", "--json")
     assert code == 0 and json.loads(out)["status"] == "optimal"
 
@@ -127,7 +127,7 @@ def test_every_subcommand_is_defined_in_cli():
     from chainoffload.cli import build_parser
 
     sub = next(a for a in build_parser()._actions if a.dest == "command")
-    assert set(sub.choices) == {"solve", "simulate", "verify", "plot", "methods", "example"}
+    assert set(sub.choices) == {"solve", "simulate", "verify", "plot", "tradeoff", "methods", "example"}
 
 
 def test_nothing_below_the_cli_imports_it():

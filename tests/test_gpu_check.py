@@ -1,4 +1,5 @@
-"""benchmarks/gpu_check.py's dry run on CPU: it profiles, solves, trains and prints its table."""
+"""benchmarks/gpu_check.py's dry run on CPU: it profiles, solves, trains (chains with a plan of
+their own, GPT-2 and ResNet-50 in place with the one-liner) and prints its table."""
 
 import subprocess
 import sys
@@ -20,7 +21,7 @@ def test_gpu_check_dry_run_on_cpu_prints_the_table():
     lines = [line for line in out.splitlines() if line.startswith("| ")]
     assert lines[0].startswith("| workload | run |") and "measured step" in lines[0] and "predicted peak" in lines[0]
     body = lines[1:]
-    for workload in ("resnet-like", "gpt-like"):
+    for workload in ("resnet-like", "gpt-like", "resnet50", "gpt2"):
         runs = [line for line in body if line.startswith(f"| {workload} |")]
         assert any("plain training" in r for r in runs) and any("save_on_cpu" in r for r in runs)
         offloading = [r for r in runs if "not judged on CPU" in r]

@@ -7,7 +7,7 @@ saved [25, 35, 45], fwd_tmp 5, bwd_tmp 7 (see chainoffload.examples.tiny).
 import numpy as np
 import pytest
 
-from chainoffload import simulate
+from chainoffload import Chain, simulate
 from chainoffload.platform import Platform
 from chainoffload.schedule import Schedule, ScheduleError, Transfer
 from chainoffload.solvers.remat_baselines import recompute_all_schedule, sqrt_checkpoint_schedule
@@ -139,3 +139,13 @@ def test_remat_schedule_json_roundtrip(chain3):
     back = Schedule.from_dict(s.to_dict())
     assert back == s and back.has_remat
     assert simulate(chain3, BIG, back).makespan == 15
+
+
+def test_zero_length_rules_hold_for_recomputing_schedules():
+    # The regression chain of test_simulate (keep-all peak 4 B): B_2 takes no time, so it frees
+    # unit 2 only after its own allocation of bwd_tmp[2] = 2 B. Recomputing unit 1 instead of
+    # keeping it: peak = unit 2 (1 B) + 2 B = 3 B (a kernel that freed first would say 2 B).
+    chain = Chain(fwd=[0.0, 0.125], bwd=[0.0, 0.0], act=[0, 0, 0], saved=[1, 1], fwd_tmp=[0, 0], bwd_tmp=[0, 2])
+    tl = simulate(chain, BIG, sched([("Fck", 1), ("F", 2), ("B", 2), ("F", 1), ("B", 1)]))
+    assert (tl.peak_memory, tl.peak_time) == (3, 0.125)
+    assert mem_after(tl, 0.125) == 0  # F_1 re-runs and B_1 frees it at that same instant

@@ -30,6 +30,21 @@ def final_memory(tl):
     return int(tl.memory_bytes[-1])
 
 
+def mem_after(tl, time):
+    """Memory in use after every event at or before ``time`` (what holds until the next instant)."""
+    return int(tl.memory_bytes[np.searchsorted(tl.memory_time, time, side="right") - 1])
+
+
+def curve(tl):
+    """Memory after each instant, as a dict."""
+    return {float(t): int(b) for t, b in zip(tl.memory_time, tl.memory_bytes)}
+
+
+def highest_at(tl, time):
+    """The most memory in use at any point of instant ``time`` (between its events included)."""
+    return int(tl.memory_bytes[tl.memory_time == time].max())
+
+
 def test_keep_all(chain3):
     tl = simulate(chain3, plat(), Schedule.keep_all(3))
     assert tl.feasible and tl.violation is None
@@ -40,6 +55,8 @@ def test_keep_all(chain3):
     # after the last event only g_0 (act[0]) is left: a_0 is freed at the end of B_1
     assert final_memory(tl) == 10
     assert tl.offloaded_bytes == 0
+    # every instant: g_L at B_L's start, a_0 until B_1's end, frees before allocations
+    assert curve(tl) == {0.0: 40, 1.0: 75, 3.0: 120, 4.0: 192, 6.0: 127, 10.0: 72, 12.0: 10}
 
 
 def test_a0_resident_all_along(chain3):
@@ -77,9 +94,10 @@ def test_offload_frees_after_next_forward(chain3):
     assert tl.makespan == 13.0
     assert tl.peak_memory == 192 - 25
     assert tl.offloaded_bytes == 25
-    # memory just after t=3: the unit and F_2's transient are gone, F_3 allocated 50
-    at3 = tl.memory_bytes[np.searchsorted(tl.memory_time, 3.0, side="right") - 1]
-    assert at3 == 120 - 25
+    # O_1 has ended at t=2, but F_2 still reads a_1 until t=3: the unit stays until then
+    assert mem_after(tl, 2.0) == mem_after(tl, 2.5) == 75
+    # just after t=3: the unit and F_2's transient are gone, F_3 allocated 50
+    assert mem_after(tl, 3.0) == 120 - 25
 
 
 def test_slow_offload_frees_when_the_copy_ends(chain3):
@@ -106,8 +124,45 @@ def test_prefetch_allocates_at_its_start(chain3):
     # P_1 triggered at the start of B_3 (t=4): allocated at 4, so the offload bought nothing there.
     s = sched(Transfer("offload", 1, F1, "end"), Transfer("prefetch", 1, B3, "start"))
     tl = simulate(chain3, plat(), s)
-    assert tl.peak_memory == 192
+    assert tl.peak_memory == 192 and tl.peak_time == 4.0
+    assert mem_after(tl, 4.0) == mem_after(tl, 4.5) == 192  # the 25 B count from 4, not from P_1's end at 5
+    assert mem_after(tl, 3.5) == 95
     assert tl.makespan == 12.0  # P_1 [4, 5] ends before B_2 starts at 6
+
+
+def test_prefetch_allocation_counts_before_a_zero_length_ops_frees(chain3):
+    # B_3 takes no time (t=4); P_1 starts at 4 too. Its 25 B count before B_3's frees at that
+    # instant (the conservative side): 90 + 25 + B_3's 77 = 192, not 90 + 77 = 167.
+    c = chain3.replace(bwd=[2.0, 4.0, 0.0])
+    s = sched(Transfer("offload", 1, F1, "end"), Transfer("prefetch", 1, B3, "start"))
+    tl = simulate(c, plat(), s)
+    assert tl.transfer_start[1] == 4.0 and tl.op_start[B3] == tl.op_end[B3] == 4.0
+    assert (tl.peak_memory, tl.peak_time) == (192, 4.0)
+    assert mem_after(tl, 4.0) == 100
+    assert tl.op_start[B2] == 5.0  # B_2 reads a_1: it waits for P_1 [4, 5]
+
+
+def test_next_forward_reads_the_original_copy_without_waiting(chain3):
+    # P_1 is queued right after O_1 (end of F_1) and runs [2, 3] behind it. F_2 reads a_1 from
+    # the original copy, without waiting; that copy goes at max(end O_1, end F_2) = 3, so both
+    # copies count during [2, 3].
+    s = sched(Transfer("offload", 1, F1, "end"), Transfer("prefetch", 1, F1, "end"))
+    tl = simulate(chain3, plat(), s)
+    assert tl.feasible
+    np.testing.assert_array_equal(tl.transfer_start, [1, 2])
+    assert tl.op_start[F2] == 1.0 and tl.makespan == 12.0
+    assert mem_after(tl, 1.0) == 75 and mem_after(tl, 2.0) == 100 and mem_after(tl, 3.0) == 120
+
+
+def test_zero_length_next_forward_still_reads_the_offloaded_unit(chain3):
+    # F_2 takes no time (t=1) and O_1 none either: a_1 is released at t=1, but only after F_2's
+    # own allocation there (F_2 reads it): 35 + F_2's 35 + 100 = 170 at t=1, not 145.
+    c = chain3.replace(fwd=[1.0, 0.0, 1.0], fwd_tmp=[5, 100, 5])
+    s = sched(Transfer("offload", 1, F1, "end"), Transfer("prefetch", 1, B3, "end"))
+    tl = simulate(c, plat(d2h=math.inf, h2d=math.inf), s)
+    assert tl.feasible and tl.transfer_end[0] == 1.0
+    assert highest_at(tl, 1.0) == 170 == tl.peak_memory
+    assert mem_after(tl, 1.0) == 95
 
 
 def test_backward_waits_for_prefetches_of_j_and_j_minus_1(chain3):
@@ -118,6 +173,19 @@ def test_backward_waits_for_prefetches_of_j_and_j_minus_1(chain3):
     assert tl.transfer_start[1] == pytest.approx(4.4)
     assert tl.op_start[B3] == pytest.approx(5.8)
     assert tl.makespan == pytest.approx(13.8)
+
+
+def test_backward_waits_for_the_prefetch_of_its_own_unit(chain3):
+    # Unit 3 out at the end of F_3 ([4, 5.8]) and straight back (P_3 queued then, behind it:
+    # [5.8, 7.6]); B_3 reads unit 3, so it waits: starts at 7.6 instead of 4. No `before`.
+    s = sched(Transfer("offload", 3, F3, "end"), Transfer("prefetch", 3, F3, "end"))
+    tl = simulate(chain3, plat(), s)
+    np.testing.assert_allclose(tl.transfer_start, [4.0, 5.8])
+    assert tl.op_start[B3] == pytest.approx(7.6)
+    assert tl.makespan == pytest.approx(15.6)
+    # the original is released at the end of O_3 (no later forward reads it), P_3 allocates then
+    assert mem_after(tl, 5.0) == 115 and mem_after(tl, 6.0) == 115
+    assert tl.peak_memory == 192
 
 
 def test_explicit_before_makes_compute_wait(chain3):
@@ -272,9 +340,13 @@ def test_kernel_runs_as_python(chain3, monkeypatch):
 
     p = plat()
     jitted = simulate(chain3, p, schedule())
-    monkeypatch.setattr(ks, "_key_before", ks._key_before.py_func)
-    monkeypatch.setattr(kst, "resolve_kernel", kst.resolve_kernel.py_func)
-    monkeypatch.setattr(sys.modules["chainoffload.simulate"], "replay_kernel", ks.replay_kernel.py_func)
+    def py(f):  # under NUMBA_DISABLE_JIT=1 the kernels are already plain functions
+        return getattr(f, "py_func", f)
+
+    monkeypatch.setattr(ks, "_key_before", py(ks._key_before))
+    monkeypatch.setattr(ks, "_insert", py(ks._insert))
+    monkeypatch.setattr(kst, "resolve_kernel", py(kst.resolve_kernel))
+    monkeypatch.setattr(sys.modules["chainoffload.simulate"], "replay_kernel", py(ks.replay_kernel))
     plain = simulate(chain3, p, schedule())
     np.testing.assert_array_equal(plain.op_start, jitted.op_start)
     np.testing.assert_array_equal(plain.memory_time, jitted.memory_time)
@@ -289,3 +361,27 @@ def test_zero_length_backward_still_holds_its_inputs_while_it_allocates():
 
     chain = Chain(fwd=[0.0, 0.125], bwd=[0.0, 0.0], act=[0, 0, 0], saved=[1, 1], fwd_tmp=[0, 0], bwd_tmp=[0, 2])
     assert keep_all_peak(chain) == 4 >= chain.stage_memory_floor()
+
+
+def test_array_level_replay_equals_simulate(chain3):
+    """The private entry for search loops: arrays in, the kernel's outputs out, no Schedule object."""
+    from chainoffload.schedule import resolve
+    from chainoffload.simulate import replay
+
+    op_kind, op_stage = Schedule.keep_all(3).arrays()[:2]
+    # O_1 at the end of F_1, P_1 at the end of B_3 with B_2 waiting (test_offload_frees_after_next_forward)
+    tr = [np.array(v, dtype=np.int64) for v in ([0, 1], [1, 1], [F1, B3], [1, 1], [-1, B2])]
+    out = replay(chain3, plat(), resolve(3, op_kind, op_stage, *tr))
+    op_start, op_end, tr_start, tr_end, _, _, _, peak, peak_time, rule, _, _, _ = out
+    tl = simulate(chain3, plat(), sched(Transfer("offload", 1, F1, "end"), Transfer("prefetch", 1, B3, "end", before=B2)))
+    np.testing.assert_array_equal(op_start, tl.op_start)
+    np.testing.assert_array_equal(tr_end, tl.transfer_end)
+    assert (peak, peak_time, rule, op_end[-1]) == (tl.peak_memory, tl.peak_time, 0, tl.makespan) == (167, 4.0, 0, 13.0)
+    # the same structure replays on another chain of the same length
+    bigger = chain3.replace(bwd_tmp=[7, 7, 107])
+    assert replay(bigger, plat(), resolve(3, op_kind, op_stage, *tr))[7] == 167 + 100
+    # a sequence error is a ScheduleError naming the op
+    bad_kind, bad_stage = np.array([0, 1, 0, 1]), np.array([1, 2, 2, 1])  # F_1 B_2 F_2 B_1
+    empty = [np.zeros(0, dtype=np.int64)] * 5
+    with pytest.raises(ScheduleError, match=r"compute\[1\] \(B_2\): B_2 needs unit 2 whole"):
+        resolve(2, bad_kind, bad_stage, *empty)

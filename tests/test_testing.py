@@ -19,6 +19,7 @@ from chainoffload.testing import (
     instances,
     platforms,
     schedules,
+    well_formed_schedules,
 )
 
 F1, F2, F3, B3, B2, B1 = range(6)
@@ -142,6 +143,8 @@ def test_no_better_than_nothing_known(chain3):
         (lambda: chains(min_length=0), r"min_length: expected an integer >= 1, got 0"),
         (lambda: chains(min_length=4, max_length=3), r"max_length: 3 is below min_length=4"),
         (lambda: chains(max_bytes=-1), r"max_bytes: expected an integer >= 0, got -1"),
+        (lambda: chains(max_length=10, max_bytes=2**56), r"max_bytes: 72057594037927936 is too large for max_length=10"),
+        (lambda: chains(max_length=10, max_time=1e307), r"max_time: 1e\+307 is too large for max_length=10"),
         (lambda: chains(max_time=math.inf), r"max_time: expected a finite number, got inf"),
         (lambda: chains(min_time=0.3, max_time=0.4, time_resolution=0.25), r"time_resolution: no multiple of 0.25"),
         (lambda: chains(time_resolution=0.0), r"time_resolution: expected a time > 0"),
@@ -270,6 +273,40 @@ def test_prefetch_too_late_blames_the_first_reader(chain3):
         b = find(broken_schedules(chain3, kinds=["prefetch_too_late"]), lambda b, u=unit: b.schedule.offloaded_units == (u,))
         assert b.where == reader
         assert simulate(chain3, plat(), b.schedule).violation.op == reader
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.data())
+def test_well_formed_schedules_validate_and_keep_their_kind(data):
+    from chainoffload.examples import tiny
+
+    chain3 = tiny()
+    remat = data.draw(st.sampled_from([False, True, None]))
+    schedule = data.draw(well_formed_schedules(chain3, remat=remat, min_offloads=1, max_offloads=2))
+    schedule.validate(chain3)  # well formed: no ScheduleError
+    assert 1 <= len(schedule.offloaded_units) <= 2
+    if remat is False:
+        assert not schedule.has_remat
+    if remat is True:
+        assert schedule.has_remat
+    simulate(chain3, plat(), schedule)  # a verdict, never an exception
+
+
+def test_well_formed_schedules_shrink_to_the_fixed_order_and_reach_rematerialization(chain3):
+    assert find(well_formed_schedules(chain3), lambda s: True) == Schedule.keep_all(3)
+    # each rematerialization shape is drawn: a checkpoint with Fn, and F over a lone a_i
+    assert ("Fn", 2) in find(well_formed_schedules(chain3, remat=True), lambda s: ("Fn", 2) in s.compute).compute
+    over = find(well_formed_schedules(chain3, remat=True), lambda s: s.compute[:2] == (("Fck", 1), ("F", 1)))
+    assert simulate(chain3, plat(), over).feasible
+
+
+def test_well_formed_schedules_bad_arguments(chain3):
+    with pytest.raises(ValueError, match=r"remat: expected True, False or None, got 'yes'"):
+        well_formed_schedules(chain3, remat="yes")
+    with pytest.raises(ValueError, match=r"max_offloads: 0 is below min_offloads=1"):
+        well_formed_schedules(chain3, min_offloads=1, max_offloads=0)
+    with pytest.raises(ValueError, match=r"chain: expected a Chain, got int"):
+        well_formed_schedules(3)
 
 
 def test_module_exports():

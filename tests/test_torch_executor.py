@@ -85,9 +85,8 @@ def loss_of(y):
     return y.float().square().mean()
 
 
-def train_pair(model, x, wrapped, steps):
-    """Train the plain copy and the wrapped model side by side; return per-step equality."""
-    ref = copy.deepcopy(model)
+def train_pair(ref, x, wrapped, steps):
+    """Train an untouched copy ``ref`` and the offloaded model side by side; return per-step equality."""
     opt_a = torch.optim.SGD(wrapped.parameters(), lr=0.05, momentum=0.9)
     opt_b = torch.optim.SGD(ref.parameters(), lr=0.05, momentum=0.9)
     results = []
@@ -115,8 +114,9 @@ def test_training_is_bitwise_equal_and_moves_what_the_schedule_says(name, dtype)
     model, x = build(name, dtype)
     prof, schedule, plat = offload_all_schedule(model, x)
     assert schedule.offloaded_units, "the test needs a schedule that offloads something"
+    ref = copy.deepcopy(model)
     off = ct.Offloader(model, prof.chain, schedule, platform=plat)
-    for loss_eq, grads_eq, buffers_eq in train_pair(model, x, off, steps=4):
+    for loss_eq, grads_eq, buffers_eq in train_pair(ref, x, model, steps=4):
         assert loss_eq and grads_eq and buffers_eq
     stats = off.last_step
     chain = prof.chain
@@ -132,10 +132,10 @@ def test_the_backward_really_reads_the_host_copy(monkeypatch):
     """Corrupting the host copies changes the gradients: the data autograd reads came back from host."""
     model, x = build("mlp")
     prof, schedule, plat = offload_all_schedule(model, x)
-    off = ct.Offloader(copy.deepcopy(model), prof.chain, schedule, platform=plat)
-    loss_of(off(x)).backward()
-    good = [p.grad.clone() for p in off.parameters()]
-    for p in off.parameters():
+    ct.Offloader(model, prof.chain, schedule, platform=plat)
+    loss_of(model(x)).backward()
+    good = [p.grad.clone() for p in model.parameters()]
+    for p in model.parameters():
         p.grad = None
 
     from chainoffload_torch import _copy
@@ -147,8 +147,8 @@ def test_the_backward_really_reads_the_host_copy(monkeypatch):
         return real(self, host, after)
 
     monkeypatch.setattr(_copy.Copier, "prefetch", corrupt)
-    loss_of(off(x)).backward()
-    assert not all(torch.equal(p.grad, g) for p, g in zip(off.parameters(), good))
+    loss_of(model(x)).backward()
+    assert not all(torch.equal(p.grad, g) for p, g in zip(model.parameters(), good))
 
 
 def test_kept_units_are_not_moved_and_their_tensors_stay_the_originals():
@@ -158,25 +158,27 @@ def test_kept_units_are_not_moved_and_their_tensors_stay_the_originals():
     schedule = plan_transfers(prof.chain, plat, [2])
     off = ct.Offloader(model, prof.chain, schedule, platform=plat)
     packed = []
-    real_pack = ct.OffloadActivations._pack
+    from chainoffload_torch.executor import ScheduleRun
 
-    def spy(self, t):
-        out = real_pack(self, t)
-        packed.append((self._step.current, out is t))
+    real_pack = ScheduleRun.pack
+
+    def spy(self, step, t):
+        out = real_pack(self, step, t)
+        packed.append((step.current, out is t))
         return out
 
-    ct.OffloadActivations._pack = spy
+    ScheduleRun.pack = spy
     try:
-        y = off(x)
-        states = off.activations.unit_states()
+        y = model(x)
+        states = off.unit_states()
     finally:
-        ct.OffloadActivations._pack = real_pack
+        ScheduleRun.pack = real_pack
     loss_of(y).backward()
     # Only what stage 3 saves of a_2 and what stage 2 saved are replaced by handles.
     assert {stage for stage, same in packed if not same} <= {2, 3}
     assert all(same for stage, same in packed if stage not in (2, 3))
-    assert all(s == "device" for u, ss in states.items() if u != 2 for s in ss)
-    assert states[2] and all(s == "host" for s in states[2])
+    assert all(s is ct.EntryState.DEVICE for u, ss in states.items() if u != 2 for s in ss)
+    assert states[2] and all(s is ct.EntryState.HOST for s in states[2])
     assert off.last_step.unit_offloaded == {2: int(prof.chain.saved[1])}
     assert off.last_step.offloaded_bytes == int(prof.chain.saved[1])
 
@@ -184,11 +186,12 @@ def test_kept_units_are_not_moved_and_their_tensors_stay_the_originals():
 def test_keep_all_schedule_moves_nothing():
     model, x = build("cnn")
     prof = ct.profile_full(model, x, repeats=1, warmup=0)
+    ref = copy.deepcopy(model)
     off = ct.Offloader(model, prof.chain, co.Schedule.keep_all(prof.chain.length))
-    for row in train_pair(model, x, off, steps=2):
+    for row in train_pair(ref, x, model, steps=2):
         assert all(row)
     assert off.last_step.offloaded_bytes == 0 and off.last_step.prefetched_bytes == 0
-    assert off.activations.pool.buffers == 0
+    assert off.pool.buffers == 0
 
 
 # -- steady state ------------------------------------------------------------------------------
@@ -205,14 +208,14 @@ def test_no_memory_growth_over_50_steps():
     model, x = build("cnn")
     prof, schedule, plat = offload_all_schedule(model, x)
     off = ct.Offloader(model, prof.chain, schedule, platform=plat)
-    opt = torch.optim.SGD(off.parameters(), lr=0.01)
-    pool = off.activations.pool
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    pool = off.pool
     seen = []
     for step in range(50):
         opt.zero_grad(set_to_none=False)
-        loss_of(off(x)).backward()
+        loss_of(model(x)).backward()
         opt.step()
-        assert off.activations.live_entries() == 0
+        assert off.live_entries() == 0
         assert pool.in_use == 0 and pool.in_use_bytes == 0
         if step in (4, 49):
             seen.append((pool.buffers, pool.total_bytes, _live_tensors()))
@@ -255,12 +258,10 @@ def _boom_model():
 
 
 def _assert_clean(off, model):
-    act = off.activations
-    assert act.hooks_installed == 0
-    assert act.live_entries() == 0
-    assert act.pool.in_use == 0
-    for stage in model:
-        assert not stage._forward_hooks and not stage._forward_pre_hooks
+    # The module hooks stay (the model is instrumented until remove()); nothing else is left.
+    assert off.hooks_installed == 2 + 2 * len(model)
+    assert off.live_entries() == 0
+    assert off.pool.in_use == 0
     # No saved-tensor hooks left on autograd's stack.
     assert torch._C._autograd._top_saved_tensors_default_hooks(False) is None
 
@@ -269,17 +270,17 @@ def test_exception_in_forward_leaves_no_hooks_or_buffers():
     model = _boom_model()
     x = torch.randn(4, 8)
     prof, schedule, plat = offload_all_schedule(model, x)
+    ref = copy.deepcopy(model)
     off = ct.Offloader(model, prof.chain, schedule, platform=plat)
-    loss_of(off(x)).backward()  # one good step makes the pool
+    loss_of(model(x)).backward()  # one good step makes the pool
     model[2].fail_forward = True
     with pytest.raises(ValueError, match="boom in forward"):
-        off(x)
+        model(x)
     _assert_clean(off, model)
     model[2].fail_forward = False
-    ref = copy.deepcopy(model)
-    for p in off.parameters():
+    for p in model.parameters():
         p.grad = None
-    for row in train_pair(ref, x, off, steps=2):
+    for row in train_pair(ref, x, model, steps=2):
         assert all(row)
 
 
@@ -289,23 +290,23 @@ def test_exception_in_backward_leaves_no_hooks_or_buffers():
     prof, schedule, plat = offload_all_schedule(model, x)
     off = ct.Offloader(model, prof.chain, schedule, platform=plat)
     model[2].fail_backward = True
-    y = off(x)
-    assert off.activations.hooks_installed == 0  # module hooks live only during the forward
+    y = model(x)
+    assert torch._C._autograd._top_saved_tensors_default_hooks(False) is None  # popped at the forward's end
     with pytest.raises(ValueError, match="boom in backward"):
         loss_of(y).backward()
     del y
     off.reset()
     _assert_clean(off, model)
     # The next step also cleans up by itself: fail again, then train without reset().
-    y = off(x)
+    y = model(x)
     with pytest.raises(ValueError):
         loss_of(y).backward()
     del y
     model[2].fail_backward = False
     ref = copy.deepcopy(model)
-    for p in off.parameters():
+    for p in model.parameters():
         p.grad = None
-    for row in train_pair(ref, x, off, steps=2):
+    for row in train_pair(ref, x, model, steps=2):
         assert all(row)
     _assert_clean(off, model)
 
@@ -332,8 +333,9 @@ def test_before_waits_and_late_prefetch_still_train_exactly():
     schedule = co.Schedule(sched.compute, tuple(transfers))
     plat = prof.platform.with_memory(10**12)
     assert not co.simulate(chain, plat, schedule).feasible  # a read violation, on purpose
+    ref = copy.deepcopy(model)
     off = ct.Offloader(model, chain, schedule, platform=plat)
-    for row in train_pair(model, x, off, steps=2):
+    for row in train_pair(ref, x, model, steps=2):
         assert all(row)
     assert off.last_step.offloaded_bytes == schedule.offloaded_bytes(chain)
     assert off.last_step.prefetched_bytes == off.last_step.offloaded_bytes
@@ -350,7 +352,7 @@ def test_release_without_platform_and_context_manager_form():
     for u in schedule.offloaded_units:
         if u + 1 <= prof.chain.length:
             # Released after F_{u+1}: only the host copy (or a prefetch of it) is left.
-            assert all(s in ("host", "prefetching") for s in states[u]), (u, states)
+            assert all(s in (ct.EntryState.HOST, ct.EntryState.PREFETCHING) for s in states[u]), (u, states)
     loss_of(y).backward()
     loss_of(ref(x)).backward()
     assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(), ref.parameters()))
@@ -361,17 +363,19 @@ def test_release_without_platform_and_context_manager_form():
 def test_no_grad_forward_is_the_plain_model_and_leaves_a_step_in_flight_alone():
     model, x = build("mlp")
     prof, schedule, plat = offload_all_schedule(model, x)
+    ref = copy.deepcopy(model)
     off = ct.Offloader(model, prof.chain, schedule, platform=plat)
     with torch.no_grad():
-        assert torch.equal(off(x), model(x))
-    assert off.last_step is None and off.activations.pool.buffers == 0
-    ref = copy.deepcopy(model)
-    y = off(x)
+        assert torch.equal(model(x), ref(x))
+    with torch.inference_mode():
+        assert torch.equal(model(x), ref(x))
+    assert off.last_step is None and off.pool.buffers == 0
+    y = model(x)
     with torch.no_grad():  # an evaluation pass between a training forward and its backward
-        off(x)
+        model(x)
     loss_of(y).backward()
     loss_of(ref(x)).backward()
-    assert all(torch.equal(p.grad, q.grad) for p, q in zip(off.parameters(), ref.parameters()))
+    assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(), ref.parameters()))
     assert off.last_step.offloaded_bytes == schedule.offloaded_bytes(prof.chain)
 
 
@@ -387,6 +391,8 @@ def test_rejects_remat_and_mismatched_schedules():
         ct.Offloader(model, chain, remat)
     with pytest.raises(ValueError, match="stages"):
         ct.Offloader(model[:-1], chain, co.Schedule.keep_all(L))
+    with pytest.raises(ValueError, match="stages"):
+        ct.OffloadActivations(model[:-1], chain, co.Schedule.keep_all(L))
     sched = co.Schedule.keep_all(L)
     early = co.Schedule(
         sched.compute,
@@ -407,8 +413,9 @@ def test_offloading_an_aliased_unit_is_refused():
     schedule = plan_transfers(prof.chain, prof.platform.with_memory(10**12), [1])
     off = ct.Offloader(model, prof.chain, schedule)
     with pytest.raises(RuntimeError, match="keep"):
-        off(x)
-    assert off.activations.hooks_installed == 0 and off.activations.live_entries() == 0
+        model(x)
+    assert off.live_entries() == 0
+    assert torch._C._autograd._top_saved_tensors_default_hooks(False) is None
 
 
 # -- the one-line entry point ----------------------------------------------------------------------
@@ -420,10 +427,11 @@ def test_offload_one_liner_fits_a_smaller_memory_and_trains_exactly():
     full = co.keep_all_peak(chain)
     floor = chain.stage_memory_floor()
     memory = (full + floor) // 2
-    off = ct.offload(copy.deepcopy(model), x, memory=memory, repeats=1)
+    ref = copy.deepcopy(model)
+    off = ct.offload(model, x, memory=memory, repeats=1)
     assert off.result.feasible and off.schedule.offloaded_units
     assert off.predicted_peak <= memory
-    for row in train_pair(model, x, off, steps=3):
+    for row in train_pair(ref, x, model, steps=3):
         assert all(row)
     assert off.offloaded_bytes == off.schedule.offloaded_bytes(off.chain)
     table = off.table()
@@ -437,13 +445,15 @@ def test_offload_keep_opts_units_out():
     model, x = build("transformer")
     chain, _ = ct.profile(model, x, repeats=1, warmup=0)
     memory = (co.keep_all_peak(chain) + chain.stage_memory_floor()) // 2
-    plain = ct.offload(copy.deepcopy(model), x, memory=memory, repeats=1)
+    ref = copy.deepcopy(model)
+    plain = ct.offload(model, x, memory=memory, repeats=1)
     chosen = plain.schedule.offloaded_units
+    plain.remove()
     keep = [chosen[0]]
-    kept = ct.offload(copy.deepcopy(model), x, memory=memory, keep=keep, repeats=1)
+    kept = ct.offload(model, x, memory=memory, keep=keep, repeats=1)
     assert keep[0] not in kept.schedule.offloaded_units
     assert any(r["decision"] == "keep (user)" for r in kept.decisions())
-    for row in train_pair(model, x, kept, steps=2):
+    for row in train_pair(ref, x, model, steps=2):
         assert all(row)
     assert keep[0] not in kept.last_step.unit_offloaded
 
@@ -452,8 +462,10 @@ def test_offload_errors_name_the_field():
     model, x = build("mlp")
     with pytest.raises(ValueError, match="memory"):
         ct.offload(model, x, memory="lots", repeats=1)
-    with pytest.raises(ValueError, match="memory"):
+    with pytest.raises(ValueError, match="memory: no schedule fits.*keep-all peak.*proven floors"):
         ct.offload(model, x, memory=1, repeats=1)
+    with pytest.raises(ValueError, match="memory"):
+        ct.offload(model, x, memory=-0.5, repeats=1)
     with pytest.raises(ValueError, match="keep"):
         ct.offload(model, x, memory=10**9, keep=[99], repeats=1)
     with pytest.raises(ValueError, match="method"):
@@ -487,8 +499,9 @@ def test_views_and_non_contiguous_tensors_move_once_and_come_back_exactly():
     n, f32 = 5, 4
     assert prof.sizes.owned[1] == (n * 9 + 3 * n * 8) * f32
     assert prof.sizes.owned[3] == (n * 8 + 3 * n * 7) * f32
+    ref = copy.deepcopy(model)
     off = ct.Offloader(model, prof.chain, schedule, platform=plat)
-    for row in train_pair(model, x, off, steps=3):
+    for row in train_pair(ref, x, model, steps=3):
         assert all(row)
     assert off.last_step.unit_offloaded[2] == int(prof.chain.saved[1])
     assert off.last_step.offloaded_bytes == schedule.offloaded_bytes(prof.chain)
@@ -497,18 +510,16 @@ def test_views_and_non_contiguous_tensors_move_once_and_come_back_exactly():
 def test_a_second_forward_abandons_the_first_with_a_clear_error():
     model, x = build("mlp")
     prof, schedule, plat = offload_all_schedule(model, x)
+    ref = copy.deepcopy(model)
     off = ct.Offloader(model, prof.chain, schedule, platform=plat)
-    first = loss_of(off(x))
-    second = loss_of(off(x))
+    first = loss_of(model(x))
+    second = loss_of(model(x))
     with pytest.raises(RuntimeError, match="dropped"):
         first.backward()
     second.backward()
-    ref = copy.deepcopy(model)
-    for p in ref.parameters():
-        p.grad = None
     loss_of(ref(x)).backward()
-    assert all(torch.equal(p.grad, q.grad) for p, q in zip(off.parameters(), ref.parameters()))
-    assert off.activations.pool.in_use == 0
+    assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(), ref.parameters()))
+    assert off.pool.in_use == 0
 
 
 def test_offloader_refuses_a_schedule_that_offloads_a_kept_unit():

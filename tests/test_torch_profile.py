@@ -123,19 +123,59 @@ def test_measure_link_on_cpu():
 
 
 def test_profile_errors_name_what_is_wrong():
-    with pytest.raises(TypeError, match="model"):
+    with pytest.raises(ValueError, match="blocks: found no list of blocks that Linear.forward calls"):
         ct.measure_sizes(nn.Linear(2, 2), torch.randn(1, 2))
+    with pytest.raises(TypeError, match="model"):
+        ct.measure_sizes("not a model", torch.randn(1, 2))
     with pytest.raises(ValueError, match="same module"):
         lin = nn.Linear(2, 2)
         ct.measure_sizes([lin, lin], torch.randn(1, 2))
     with pytest.raises(TypeError, match="sample"):
         ct.measure_sizes(nn.Sequential(nn.Linear(2, 2)), [1.0, 2.0])
 
-    class Pair(nn.Module):
+    class Nothing(nn.Module):
         def forward(self, x):
-            return x, x
+            return None
 
-    with pytest.raises(TypeError, match="stage 2 returned a tuple"):
-        ct.measure_sizes(nn.Sequential(nn.Linear(2, 2), Pair()), torch.randn(1, 2))
+    with pytest.raises(TypeError, match="stage 2 returned a NoneType"):
+        ct.measure_sizes(nn.Sequential(nn.Linear(2, 2), Nothing()), torch.randn(1, 2))
     with pytest.raises(ValueError, match="repeats"):
         ct.profile(nn.Sequential(nn.Linear(2, 2)), torch.randn(1, 2), repeats=0)
+
+
+class TanhBlock(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.lin = nn.Linear(d, d)
+
+    def forward(self, x):
+        return self.lin(x).tanh()  # tanh saves its output: the unit is a_i alone
+
+
+class WithPrefixAndSuffix(nn.Module):
+    """sin in the prefix saves its input (a storage of the prefix's own, besides a_0); exp in
+    the suffix saves its output (the suffix's own): NOTE [ prefix and suffix ]."""
+
+    def __init__(self, d=8, layers=3):
+        super().__init__()
+        self.inp = nn.Linear(4, d)
+        self.blocks = nn.ModuleList([TanhBlock(d) for _ in range(layers)])
+        self.head = nn.Linear(d, 3)
+
+    def forward(self, x):
+        h = self.inp(x).sin()
+        for block in self.blocks:
+            h = block(h)
+        return self.head(h).exp()
+
+
+def test_prefix_storages_count_in_a0_and_suffix_storages_in_the_last_unit():
+    torch.manual_seed(0)
+    model = WithPrefixAndSuffix()
+    n, d = 5, 8
+    sizes = ct.measure_sizes(model, torch.randn(n, 4))
+    assert sizes.act == (2 * n * d * F32, n * d * F32, n * d * F32, n * d * F32)  # a_0 and sin's input
+    assert sizes.saved == (n * d * F32, n * d * F32, n * d * F32 + n * 3 * F32)  # exp's output in unit 3
+    chain, _ = ct.profile(model, torch.randn(n, 4), repeats=1, warmup=0)
+    # The prefix's time is in stage 1 and the suffix's in stage 3: the chain's compute time is a step's.
+    assert chain.length == 3 and all(t > 0 for t in chain.fwd) and all(t > 0 for t in chain.bwd)

@@ -59,3 +59,21 @@ def test_format():
     assert format_seconds(0.0123) == "12.300 ms"
     assert format_seconds(2.5) == "2.500 s"
     assert format_seconds(5e-6) == "5.0 us"
+
+
+def test_sizes_parse_exactly():
+    # No float rounding on the way: the largest memory limit is exactly int64's maximum.
+    assert parse_bytes("9223372036854775807") == 2**63 - 1
+    assert parse_bytes("9223372036854775808") == 2**63
+    assert parse_bytes("1.5GiB") == 3 * 2**29
+
+
+def test_huge_durations_stay_short():
+    assert format_seconds(1e300) == "1e+300 s"
+    assert format_seconds(12345.0) == "12345.000 s"
+
+
+def test_format_percent_never_rounds_a_share_to_zero():
+    from chainoffload.units import format_percent
+
+    assert [format_percent(x) for x in (0.0, 0.5712, 1.0, 0.00012345, 0.0099)] == ["0%", "57%", "100%", "0.012%", "0.99%"]

@@ -16,14 +16,16 @@ that instant (2k + 1), a release caused by such an op's end (2k + 1), any other 
 memory allocated at that instant (2n + 2, last). Within one key the events are all frees or all
 allocations, so the peak and the value after the instant do not depend on their order.
 
-NOTE [ no sort ]
-----------------
-The events come in three streams that are each nearly or fully sorted by construction: the ops'
-starts and ends (sorted: ops run one at a time, and at the end of an op its class-0 frees are
-written before its class-1 ones), the prefetch allocations (sorted: one channel serves them in
-order), and the releases of offloaded copies (one per offload, in trigger order; the end of the
-copy or of its last reader makes them nearly sorted, so an insertion sort is linear in
-practice). One merge of the three gives the curve.
+NOTE [ nearly sorted ]
+----------------------
+No comparison sort: the events come in three streams, each generated in nearly sorted order,
+and each kept sorted by an insertion step that costs one comparison per event when the event is
+already in place. The ops' starts and ends are in order (ops run one at a time, and a free of
+class 0 only comes at the end of an op that took time); the prefetch allocations are in order (one channel serves them in turn); the releases of
+offloaded copies come in trigger order, nearly sorted by the end of the copy or of the last
+reader. The insertion step keeps each stream right whatever class the rules give an event (the
+mutation check, ``benchmarks/mutations.py``, relies on that). One merge of the three gives the
+curve.
 """
 
 from __future__ import annotations
@@ -49,6 +51,37 @@ def _key_before(ta, ca, sa, tb, cb, sb):
     if ca != cb:
         return ca < cb
     return sa < sb
+
+
+@njit(inline="always")
+def _stream(capacity):
+    """Empty arrays for a stream of memory events: time, class, seq, delta, who."""
+    return (
+        np.empty(capacity),
+        np.empty(capacity, dtype=np.int64),
+        np.empty(capacity, dtype=np.int64),
+        np.empty(capacity, dtype=np.int64),
+        np.empty(capacity, dtype=np.int64),
+    )
+
+
+@njit(inline="always")
+def _insert(e_time, e_cls, e_seq, e_delta, e_who, cnt, time, cls, seq, delta, who):
+    """Insert an event into a sorted stream of ``cnt`` events, stably; returns the new count."""
+    j = cnt
+    while j > 0 and _key_before(time, cls, seq, e_time[j - 1], e_cls[j - 1], e_seq[j - 1]):
+        e_time[j] = e_time[j - 1]
+        e_cls[j] = e_cls[j - 1]
+        e_seq[j] = e_seq[j - 1]
+        e_delta[j] = e_delta[j - 1]
+        e_who[j] = e_who[j - 1]
+        j -= 1
+    e_time[j] = time
+    e_cls[j] = cls
+    e_seq[j] = seq
+    e_delta[j] = delta
+    e_who[j] = who
+    return cnt + 1
 
 
 @njit
@@ -166,51 +199,35 @@ def replay_kernel(
                 tr_end[t] = end
                 chan_free[c] = end
 
-    # ---- stream A: a_0, then each op's start allocation and end frees (NOTE [ no sort ])
+    # ---- stream A: a_0, then each op's start allocation and end frees (NOTE [ nearly sorted ])
     na = 2 + n + free_ptr[n]
-    a_time = np.empty(na)
-    a_cls = np.empty(na, dtype=np.int64)
-    a_seq = np.empty(na, dtype=np.int64)
-    a_delta = np.empty(na, dtype=np.int64)
-    a_who = np.empty(na, dtype=np.int64)
-    a_time[0] = 0.0
-    a_cls[0] = 1
-    a_seq[0] = -2
-    a_delta[0] = sizes[0]
-    a_who[0] = 0
-    ca = 1
+    a_time, a_cls, a_seq, a_delta, a_who = _stream(na)
+    ca = _insert(a_time, a_cls, a_seq, a_delta, a_who, 0, 0.0, 1, -2, sizes[0], 0)
     for k in range(n):
         s = op_start[k]
         e = op_end[k]
         total = 0
         for q in range(alloc_ptr[k], alloc_ptr[k + 1]):
             total += sizes[alloc_size[q]]
-        a_time[ca] = s
-        a_cls[ca] = 1
-        a_seq[ca] = 2 * k
-        a_delta[ca] = total
-        a_who[ca] = k
-        ca += 1
-        # class 0 first, then class 1 (NOTE [ one instant ])
-        for cls in range(2):
-            for q in range(free_ptr[k], free_ptr[k + 1]):
-                src = free_src[q]
-                alloc_t = op_start[src] if src >= 0 else tr_start[-src - 1]
-                c0 = e > s and e > alloc_t
-                if c0 == (cls == 0):
-                    a_time[ca] = e
-                    a_cls[ca] = cls
-                    a_seq[ca] = 2 * k + 1
-                    a_delta[ca] = -sizes[free_size[q]]
-                    a_who[ca] = k
-                    ca += 1
+        ca = _insert(a_time, a_cls, a_seq, a_delta, a_who, ca, s, 1, 2 * k, total, k)
+        for q in range(free_ptr[k], free_ptr[k + 1]):
+            src = free_src[q]
+            alloc_t = op_start[src] if src >= 0 else tr_start[-src - 1]
+            # class 0 (first at the instant) only for memory allocated strictly earlier, freed by
+            # an op that took time (NOTE [ one instant ])
+            c0 = e > s and e > alloc_t
+            ca = _insert(a_time, a_cls, a_seq, a_delta, a_who, ca, e, 0 if c0 else 1, 2 * k + 1, -sizes[free_size[q]], k)
 
-    # ---- stream C: releases of the original copy of offloaded data, insertion-sorted
-    c_time = np.empty(m)
-    c_cls = np.empty(m, dtype=np.int64)
-    c_seq = np.empty(m, dtype=np.int64)
-    c_delta = np.empty(m, dtype=np.int64)
-    c_who = np.empty(m, dtype=np.int64)
+    # ---- stream B: the prefetch allocations, in their channel's order
+    b_time, b_cls, b_seq, b_delta, b_who = _stream(m)
+    cb = 0
+    for q in range(m):
+        t = tr_order[q]
+        if tr_kind[t] == 1:
+            cb = _insert(b_time, b_cls, b_seq, b_delta, b_who, cb, tr_start[t], 1, -1, sizes[tr_size[t]], -(t + 1))
+
+    # ---- stream C: releases of the original copy of offloaded data
+    c_time, c_cls, c_seq, c_delta, c_who = _stream(m)
     cc = 0
     for q in range(m):
         t = tr_order[q]
@@ -235,25 +252,10 @@ def replay_kernel(
         else:
             cls = 1
             seq = 2 * n + 2
-        delta = -sizes[tr_size[t]]
-        w = -(t + 1)
-        j = cc
-        while j > 0 and _key_before(t_free, cls, seq, c_time[j - 1], c_cls[j - 1], c_seq[j - 1]):
-            c_time[j] = c_time[j - 1]
-            c_cls[j] = c_cls[j - 1]
-            c_seq[j] = c_seq[j - 1]
-            c_delta[j] = c_delta[j - 1]
-            c_who[j] = c_who[j - 1]
-            j -= 1
-        c_time[j] = t_free
-        c_cls[j] = cls
-        c_seq[j] = seq
-        c_delta[j] = delta
-        c_who[j] = w
-        cc += 1
+        cc = _insert(c_time, c_cls, c_seq, c_delta, c_who, cc, t_free, cls, seq, -sizes[tr_size[t]], -(t + 1))
 
-    # ---- one merge of A, B (prefetch allocations in channel order) and C; ties: A, B, C
-    total_events = ca + m
+    # ---- one merge of A, B and C (ties: A, B, C); the running sum is the curve
+    total_events = ca + cb + cc
     mem_time = np.empty(total_events)
     mem_bytes = np.empty(total_events, dtype=np.int64)
     mem_who = np.empty(total_events, dtype=np.int64)
@@ -264,44 +266,34 @@ def replay_kernel(
     ia = 0
     ib = 0
     ic = 0
-    # B is read straight from the transfers in trigger order
-    while ib < m and tr_kind[tr_order[ib]] == 0:
-        ib += 1
-    out = 0
-    while ia < ca or ib < m or ic < cc:
-        src = 0
-        if ia < ca:
+    for out in range(total_events):
+        if ia < ca and (ib >= cb or not _key_before(b_time[ib], b_cls[ib], b_seq[ib], a_time[ia], a_cls[ia], a_seq[ia])):
+            src = 0
             bt = a_time[ia]
             bc = a_cls[ia]
             bs = a_seq[ia]
+        elif ib < cb:
+            src = 1
+            bt = b_time[ib]
+            bc = b_cls[ib]
+            bs = b_seq[ib]
         else:
-            src = -1
-            bt = np.inf
-            bc = 2
+            src = 2
+            bt = 0.0
+            bc = 0
             bs = 0
-        if ib < m:
-            t = tr_order[ib]
-            if src < 0 or _key_before(tr_start[t], 1, -1, bt, bc, bs):
-                src = 1
-                bt = tr_start[t]
-                bc = 1
-                bs = -1
-        if ic < cc:
-            if src < 0 or _key_before(c_time[ic], c_cls[ic], c_seq[ic], bt, bc, bs):
-                src = 2
+        if ic < cc and (src == 2 or _key_before(c_time[ic], c_cls[ic], c_seq[ic], bt, bc, bs)):
+            src = 2
         if src == 0:
             time = a_time[ia]
             delta = a_delta[ia]
             w = a_who[ia]
             ia += 1
         elif src == 1:
-            t = tr_order[ib]
-            time = tr_start[t]
-            delta = sizes[tr_size[t]]
-            w = -(t + 1)
+            time = b_time[ib]
+            delta = b_delta[ib]
+            w = b_who[ib]
             ib += 1
-            while ib < m and tr_kind[tr_order[ib]] == 0:
-                ib += 1
         else:
             time = c_time[ic]
             delta = c_delta[ic]
@@ -311,7 +303,6 @@ def replay_kernel(
         mem_time[out] = time
         mem_bytes[out] = running
         mem_who[out] = w
-        out += 1
         if running > peak:
             peak = running
             peak_time = time
@@ -327,9 +318,9 @@ def replay_kernel(
         op_end,
         tr_start,
         tr_end,
-        mem_time[:out],
-        mem_bytes[:out],
-        mem_who[:out],
+        mem_time,
+        mem_bytes,
+        mem_who,
         peak,
         peak_time,
         rule,

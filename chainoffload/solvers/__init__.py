@@ -17,9 +17,10 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..chain import Chain
+from ..chain import Chain, ChainError
 from ..platform import Platform, PlatformError
 from ..result import Result, Status
+from ..schedule import ScheduleError
 from ..simulate import simulate
 
 __all__ = [
@@ -28,10 +29,20 @@ __all__ = [
     "register",
     "SolverSpec",
     "DEFAULT_METHOD",
+    "OptionError",
     "check_memory_floor",
     "check_keep",
     "minimum_memory",
 ]
+
+
+class OptionError(ValueError):
+    """An unknown method, or a method's option that is unknown or out of range: misuse, which
+    :func:`solve` raises.
+
+    Methods raise it for a bad option value (``slots=0``) so that :func:`solve` can tell misuse
+    from a method that fails, which it reports as a result with status ``error`` instead.
+    """
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,12 +60,16 @@ class SolverSpec:
         One line for ``chainoffload methods``.
     remat
         Whether the method may recompute (its schedules may hold Fck / Fn ops).
+    remat_option
+        For a method that recomputes only when asked: the name of the boolean option that
+        allows it (``best``'s ``remat``).
     """
 
     name: str
     target: str | Callable[..., Result]
     summary: str
     remat: bool = False
+    remat_option: str | None = None
 
     def load(self) -> Callable[..., Result]:
         """The solver function."""
@@ -80,7 +95,7 @@ _REGISTRY: dict[str, SolverSpec] = {
         SolverSpec("largest-first", f"{_B}:largest_first", "torchtitan-style: offload the largest units until it fits"),
         SolverSpec("lp", "chainoffload.solvers.lp:lp", "fluid LP relaxation (proven lower bound), rounded into whole units and planned"),
         SolverSpec("dp", "chainoffload.solvers.dp:dp", "fluid DP over stages with memory in slots, planned and repaired by bisection"),
-        SolverSpec("best", "chainoffload.solvers.best:best", "local search from lp, dp and every baseline over units and triggers; never worse than a baseline"),
+        SolverSpec("best", "chainoffload.solvers.best:best", "local search from lp, dp and every baseline over units and triggers; never worse than a baseline", remat_option="remat"),
         SolverSpec("cpsat", "chainoffload.solvers.cpsat:cpsat", "exact CP-SAT model of the rules (small chains); proven optimum or bound"),
         SolverSpec("rotor", "chainoffload.solvers.rotor:rotor", "rotor DP: optimal persistent checkpointing, no offload", remat=True),
         SolverSpec("sqrt-checkpoint", "chainoffload.solvers.remat_baselines:sqrt_checkpoint", "Chen et al.: keep the input of every sqrt(L)-stage segment, recompute the rest", remat=True),
@@ -128,7 +143,7 @@ def spec(name: str) -> SolverSpec:
     try:
         return _REGISTRY[name]
     except KeyError:
-        raise ValueError(f"method: unknown method {name!r}; known: {', '.join(_REGISTRY)}") from None
+        raise OptionError(f"method: unknown method {name!r}; known: {', '.join(_REGISTRY)}") from None
 
 
 def check_memory_floor(chain: Chain, platform: Platform) -> None:
@@ -169,13 +184,13 @@ def check_keep(chain: Chain, keep: Any) -> frozenset[int]:
         (the message names it).
     """
     if isinstance(keep, (str, bytes)) or not hasattr(keep, "__iter__"):
-        raise ValueError(f"keep: expected a list of stages (integers in 1..{chain.length}), got {keep!r}")
+        raise OptionError(f"keep: expected a list of stages (integers in 1..{chain.length}), got {keep!r}")
     units = []
     for u in keep:
         if isinstance(u, bool) or not isinstance(u, (int, np.integer)):
-            raise ValueError(f"keep: unit {u!r} is not an integer stage in 1..{chain.length}")
+            raise OptionError(f"keep: unit {u!r} is not an integer stage in 1..{chain.length}")
         if not 1 <= int(u) <= chain.length:
-            raise ValueError(f"keep: unit {int(u)} is not a stage in 1..{chain.length} of chain {chain.name!r}")
+            raise OptionError(f"keep: unit {int(u)} is not a stage in 1..{chain.length} of chain {chain.name!r}")
         units.append(int(u))
     return frozenset(units)
 
@@ -196,15 +211,18 @@ def solve(chain: Chain, platform: Platform, method: str | None = None, **options
     Returns
     -------
     Result
-        Its makespan, peak memory and offloaded bytes are the simulator's. A method whose
-        schedule the simulator rejects, or that offloads a unit of ``keep``, gets status
-        ``error`` (never ``feasible``).
+        Its makespan, peak memory and offloaded bytes are the simulator's. A method that
+        raises, returns something other than a :class:`Result`, returns a schedule that is
+        malformed or that the simulator rejects, offloads a unit of ``keep``, or (registered
+        without ``remat=True``) returns a schedule that recomputes, gets status ``error`` with
+        the reason in ``message`` (never ``feasible``).
 
     Raises
     ------
     ValueError
-        Unknown method, an option the method does not take, a bad ``keep``, or memory below
-        :meth:`Chain.stage_memory_floor`.
+        Misuse: an unknown method, an unknown or bad option (:class:`OptionError`; a bad
+        ``keep`` too), or memory below :meth:`Chain.stage_memory_floor`
+        (:class:`~chainoffload.PlatformError`).
     """
     if not isinstance(chain, Chain):
         raise TypeError(f"solve: chain must be a Chain, got {type(chain).__name__}")
@@ -216,19 +234,37 @@ def solve(chain: Chain, platform: Platform, method: str | None = None, **options
     _check_options(entry.name, func, options)
     keep = check_keep(chain, options["keep"]) if "keep" in options else frozenset()
     t0 = time.perf_counter()
-    result = func(chain, platform, **options)
+    try:
+        result = func(chain, platform, **options)
+    except (OptionError, ChainError, PlatformError, ImportError):
+        raise  # misuse, or a missing optional dependency: the caller's to fix
+    except Exception as exc:  # the method failed: an outcome, reported as a status
+        message = " ".join(f"{type(exc).__name__}: {exc}".split())
+        if len(message) > 300:
+            message = message[:297] + "..."
+        result = Result(entry.name, Status.ERROR, message=f"{entry.name}: the method raised {message}")
     elapsed = time.perf_counter() - t0
     if not isinstance(result, Result):
-        raise TypeError(f"method {entry.name!r} returned {type(result).__name__}, not a Result")
+        result = Result(entry.name, Status.ERROR, message=f"{entry.name}: the method returned {type(result).__name__}, not a Result")
     result = result.replace(method=entry.name, runtime=result.runtime or elapsed)
+    if result.status == Status.ERROR:
+        return result.replace(makespan=math.inf)
+    may_recompute = entry.remat or (entry.remat_option is not None and bool(options.get(entry.remat_option)))
+    if not may_recompute and result.schedule is not None and result.schedule.has_remat:
+        return result.replace(
+            status=Status.ERROR,
+            makespan=math.inf,
+            message=f"{entry.name}: its schedule recomputes (Fck/Fn ops or a repeated forward) but the method "
+            "is registered without remat=True",
+        )
     if not entry.remat and (result.schedule is None or not result.schedule.has_remat):
         # Every pure-offloading result carries the problem's bound, whatever the method knew
         # (a schedule that recomputes solves another problem, which this bound does not bind).
-        from ..bounds import lower_bound
-
-        bound = lower_bound(chain, platform)
+        bound, note = _problem_bound(chain, platform)
         own = result.lower_bound
         result = result.replace(lower_bound=bound if not math.isfinite(own) else max(own, bound))
+        if note:
+            result = result.replace(info={**result.info, "lower_bound_note": note})
     moved = sorted(keep & set(result.schedule.offloaded_units)) if result.schedule is not None else []
     if moved and result.status.has_schedule:
         # A bound of the unconstrained problem still binds the constrained one; the schedule does not.
@@ -240,6 +276,16 @@ def solve(chain: Chain, platform: Platform, method: str | None = None, **options
     return judge(chain, platform, result)
 
 
+def _problem_bound(chain: Chain, platform: Platform) -> tuple[float, str]:
+    """The fluid LP bound, or the trivial one with a note when the LP solver fails."""
+    from ..bounds import lower_bound
+
+    try:
+        return lower_bound(chain, platform), ""
+    except RuntimeError as exc:
+        return chain.compute_time, f"the fluid LP bound is not available ({exc}); the bound is sum(fwd) + sum(bwd)"
+
+
 def _check_options(name: str, func: Callable[..., Result], options: dict[str, Any]) -> None:
     """Reject options the method does not take, naming the ones it does."""
     params = inspect.signature(func).parameters
@@ -249,14 +295,15 @@ def _check_options(name: str, func: Callable[..., Result], options: dict[str, An
     unknown = sorted(set(options) - set(accepted))
     if unknown:
         takes = ", ".join(accepted) if accepted else "no options"
-        raise ValueError(f"options: method {name!r} does not take {', '.join(unknown)}; it takes: {takes}")
+        raise OptionError(f"options: method {name!r} does not take {', '.join(unknown)}; it takes: {takes}")
 
 
 def judge(chain: Chain, platform: Platform, result: Result) -> Result:
     """Replay ``result.schedule`` in the simulator and take every figure from it.
 
-    A schedule the simulator rejects, or whose claimed makespan differs from the simulated
-    one, turns a feasible/optimal status into ``error``.
+    A schedule that is malformed, that the simulator rejects, whose simulated makespan is not
+    finite, or whose claimed makespan differs from the simulated one, turns a feasible/optimal
+    status into ``error``.
     """
     trivial = chain.compute_time
     lb = result.lower_bound
@@ -265,7 +312,14 @@ def judge(chain: Chain, platform: Platform, result: Result) -> Result:
         if result.status.has_schedule:
             return result.replace(status=Status.ERROR, message=f"{result.method}: reported {result.status} without a schedule")
         return result.replace(lower_bound=lb if result.status != Status.INFEASIBLE else result.lower_bound)
-    timeline = simulate(chain, platform, result.schedule)
+    try:
+        timeline = simulate(chain, platform, result.schedule)
+    except (ScheduleError, PlatformError) as exc:
+        return result.replace(
+            status=Status.ERROR,
+            makespan=math.inf,
+            message=f"{result.method}: its schedule is malformed: {' '.join(str(exc).split())}",
+        )
     changes: dict[str, Any] = {
         "timeline": timeline,
         "peak_memory": timeline.peak_memory,
@@ -278,6 +332,13 @@ def judge(chain: Chain, platform: Platform, result: Result) -> Result:
                 status=Status.ERROR,
                 makespan=math.inf,
                 message=f"{result.method}: the simulator rejects its schedule: {timeline.violation.message}",
+            )
+        elif not math.isfinite(timeline.makespan):
+            changes.update(
+                status=Status.ERROR,
+                makespan=math.inf,
+                message=f"{result.method}: the simulated makespan is not finite ({timeline.makespan!r}): "
+                "the times or transfer times overflow float64",
             )
         elif math.isfinite(claimed) and not math.isclose(claimed, timeline.makespan, rel_tol=1e-9, abs_tol=1e-12):
             changes.update(

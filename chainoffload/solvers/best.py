@@ -41,7 +41,7 @@ from ..platform import Platform
 from ..result import Result, Status
 from ..schedule import Schedule, Transfer
 from ..simulate import Timeline, simulate
-from . import baselines
+from . import OptionError, baselines
 
 __all__ = ["best"]
 
@@ -271,9 +271,9 @@ def best(
         start's makespan.
     """
     if not (isinstance(time_limit, (int, float)) and time_limit > 0):
-        raise ValueError(f"time_limit: expected seconds > 0, got {time_limit!r}")
+        raise OptionError(f"time_limit: expected seconds > 0, got {time_limit!r}")
     if isinstance(max_evals, bool) or not isinstance(max_evals, int) or max_evals < 1:
-        raise ValueError(f"max_evals: expected an integer >= 1, got {max_evals!r}")
+        raise OptionError(f"max_evals: expected an integer >= 1, got {max_evals!r}")
     from . import check_keep
 
     kept = check_keep(chain, keep)

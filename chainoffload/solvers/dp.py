@@ -88,7 +88,7 @@ from ..platform import Platform
 from ..result import Result, Status
 from ..schedule import Schedule
 from ..simulate import Timeline, keep_all_peak, simulate
-from . import check_keep, check_memory_floor
+from . import OptionError, check_keep, check_memory_floor
 
 __all__ = ["dp", "fluid_plan", "DEFAULT_SLOTS", "DEFAULT_QUEUE_SLOTS"]
 
@@ -111,16 +111,16 @@ REPAIR_STEPS = 8
 
 def _check_count(name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{name}: {value!r} must be an integer >= 1")
+        raise OptionError(f"{name}: {value!r} must be an integer >= 1")
     if value > 1 << 14:
-        raise ValueError(f"{name}: {value!r} is too large (at most {1 << 14})")
+        raise OptionError(f"{name}: {value!r} is too large (at most {1 << 14})")
     return int(value)
 
 
 def _check_table(chain: Chain, slots: int, queue_slots: int) -> None:
     cells = (slots + 1) * (queue_slots + 1) ** 2
     if cells * chain.length > MAX_TABLE:
-        raise ValueError(
+        raise OptionError(
             f"slots: {slots} with queue_slots: {queue_slots} needs {cells} cells per stage, "
             f"{cells * chain.length} back-pointers for L = {chain.length}; at most {MAX_TABLE} fit"
         )
@@ -170,7 +170,7 @@ def fluid_plan(
     kept = check_keep(chain, keep)
     budget = platform.memory if budget is None else int(budget)
     if budget < 0:
-        raise ValueError(f"budget: {budget!r} must be >= 0 bytes")
+        raise OptionError(f"budget: {budget!r} must be >= 0 bytes")
     allow = np.zeros(chain.length + 1, dtype=np.int8)
     if platform.can_transfer:
         allow[1 : chain.length] = 1

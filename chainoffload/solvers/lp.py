@@ -14,12 +14,13 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from ..bounds import fluid_lp
+from ..bounds import LP_SOLVERS, fluid_lp
 from ..chain import Chain
 from ..planner import plan_and_simulate
 from ..platform import Platform
 from ..result import Result, Status
 from ..simulate import Timeline
+from . import OptionError
 
 __all__ = ["lp", "DEFAULT_ROUNDINGS"]
 
@@ -95,8 +96,10 @@ def lp(
     t0 = time.perf_counter()
     kept = check_keep(chain, keep)
     if isinstance(roundings, bool) or not isinstance(roundings, (int, np.integer)) or roundings < 1:
-        raise ValueError(f"roundings: expected an integer >= 1, got {roundings!r}")
-    sol = fluid_lp(chain, platform, solver=solver)  # validates solver, chain and platform
+        raise OptionError(f"roundings: expected an integer >= 1, got {roundings!r}")
+    if not isinstance(solver, str) or solver.lower() not in LP_SOLVERS:
+        raise OptionError(f"solver: unknown LP solver {solver!r}; known: {', '.join(LP_SOLVERS)}")
+    sol = fluid_lp(chain, platform, solver=solver)
     bound = max(chain.compute_time, sol.bound) if sol.feasible else math.inf
     x = sol.x
     saved = chain.saved

@@ -15,6 +15,7 @@ from ..platform import Platform
 from ..result import Result, Status
 from ..schedule import Schedule
 from ..simulate import simulate
+from . import OptionError
 
 __all__ = ["sqrt_checkpoint", "recompute_all", "sqrt_checkpoint_schedule", "recompute_all_schedule"]
 
@@ -30,7 +31,7 @@ def sqrt_checkpoint_schedule(length: int, segment: int | None = None) -> Schedul
     if segment is None:
         segment = max(1, math.ceil(math.sqrt(length)))
     if isinstance(segment, bool) or not isinstance(segment, int) or segment < 1:
-        raise ValueError(f"segment: {segment!r} must be an integer >= 1")
+        raise OptionError(f"segment: {segment!r} must be an integer >= 1")
     starts = list(range(1, length + 1, segment))
     bounds = [(s, min(s + segment - 1, length)) for s in starts]
     ops: list[tuple[str, int]] = []

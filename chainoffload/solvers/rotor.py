@@ -41,6 +41,7 @@ from ..platform import Platform
 from ..result import Result, Status
 from ..schedule import Schedule
 from ..simulate import simulate
+from . import OptionError
 from .remat_baselines import recompute_all_schedule
 
 __all__ = ["rotor", "Slots", "slots_for", "rotor_schedule", "DEFAULT_SLOTS"]
@@ -80,7 +81,7 @@ def slots_for(chain: Chain, memory: int, slots: int) -> Slots:
         Number of slots S the budget is cut into (>= 1).
     """
     if isinstance(slots, bool) or not isinstance(slots, (int, np.integer)) or slots < 1:
-        raise ValueError(f"slots: {slots!r} must be an integer >= 1")
+        raise OptionError(f"slots: {slots!r} must be an integer >= 1")
     budget_bytes = int(memory) - int(chain.act[0])
     quantum = max(1, -(-max(budget_bytes, 0) // int(slots)))
     budget = max(budget_bytes, 0) // quantum

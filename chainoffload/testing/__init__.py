@@ -47,23 +47,20 @@ from typing import Any
 
 from .asserts import REL_TOL, assert_feasible, assert_no_better_than_optimal
 
-__all__ = [
-    "assert_feasible",
-    "assert_no_better_than_optimal",
-    "REL_TOL",
+# The strategies need Hypothesis and are imported on first use (see __getattr__).
+_STRATEGY_NAMES = (
     "chains",
     "platforms",
     "instances",
     "schedules",
     "broken_schedules",
+    "well_formed_schedules",
     "Instance",
     "BrokenSchedule",
     "BROKEN_KINDS",
-]
-
-_STRATEGY_NAMES = frozenset(
-    ("chains", "platforms", "instances", "schedules", "broken_schedules", "Instance", "BrokenSchedule", "BROKEN_KINDS")
 )
+
+__all__ = ["assert_feasible", "assert_no_better_than_optimal", "REL_TOL", *_STRATEGY_NAMES]
 
 
 def __getattr__(name: str) -> Any:

@@ -4,7 +4,9 @@ Every bound is keyword-only and every value drawn obeys :class:`~chainoffload.Ch
 :class:`~chainoffload.Platform`'s rules: sizes are whole bytes (``int``), times are finite floats
 >= 0. See :mod:`chainoffload.testing` for an example.
 
-The schedules are fixed-order (F_1..F_L, B_L..B_1). :func:`schedules` with ``valid=True`` draws
+:func:`schedules` and :func:`broken_schedules` draw fixed-order schedules (F_1..F_L, B_L..B_1);
+:func:`well_formed_schedules` draws fixed-order and rematerializing ones, triggered anywhere the
+format allows (so the simulator may report read violations). :func:`schedules` with ``valid=True`` draws
 schedules that pass :meth:`Schedule.validate <chainoffload.Schedule.validate>` and break no
 ``read`` rule of the simulator on any platform with both bandwidths above zero; whether they fit
 in memory depends on the platform. :func:`broken_schedules` draws schedules that break exactly
@@ -19,9 +21,10 @@ from typing import Any, Iterable, NamedTuple
 from hypothesis import strategies as st
 from hypothesis.strategies import SearchStrategy
 
-from ..chain import Chain
+from ..chain import MAX_TOTAL_BYTES, Chain
 from ..platform import Platform
-from ..schedule import Schedule, Transfer, fixed_order
+from ..order import f_pos, fixed_order, prefetch_deadline, transfer_events, trigger
+from ..schedule import Schedule, Transfer
 from ..simulate import keep_all_peak
 
 __all__ = [
@@ -30,6 +33,7 @@ __all__ = [
     "instances",
     "schedules",
     "broken_schedules",
+    "well_formed_schedules",
     "Instance",
     "BrokenSchedule",
     "BROKEN_KINDS",
@@ -103,36 +107,22 @@ def _check_int(name: str, value: Any, low: int = 0) -> int:
     return value
 
 
+def _check_offloads(chain: Chain, min_offloads: Any, max_offloads: Any) -> None:
+    _check_int("min_offloads", min_offloads, 0)
+    if min_offloads > chain.length:
+        raise ValueError(f"min_offloads: {min_offloads} is above the chain's {chain.length} units")
+    if max_offloads is not None:
+        _check_int("max_offloads", max_offloads, 0)
+        if max_offloads < min_offloads:
+            raise ValueError(f"max_offloads: {max_offloads} is below min_offloads={min_offloads}")
+
+
 def _check_float(name: str, value: Any, low: float = 0.0, *, allow_inf: bool = False) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) or value < low:
         raise ValueError(f"{name}: expected a number >= {low}, got {value!r}")
     if not allow_inf and math.isinf(value):
         raise ValueError(f"{name}: expected a finite number, got {value!r}")
     return float(value)
-
-
-def _event(op: int, at: str) -> int:
-    return 2 * op + (1 if at == "end" else 0)
-
-
-def _trigger(event: int) -> tuple[int, str]:
-    return event // 2, ("end" if event % 2 else "start")
-
-
-def _f_pos(length: int, i: int) -> int:
-    """Index of F_i in the fixed order."""
-    return i - 1
-
-
-def _b_pos(length: int, i: int) -> int:
-    """Index of B_i in the fixed order."""
-    return 2 * length - i
-
-
-def _prefetch_deadline(length: int, unit: int) -> int:
-    """The first event at which P_unit is too late: the start of B_{unit+1} (B_L for unit L)."""
-    reader = unit + 1 if unit < length else length
-    return 2 * _b_pos(length, reader)
 
 
 # -- chains ----------------------------------------------------------------------------------
@@ -231,12 +221,17 @@ def chains(
     _check_int("max_bytes", max_bytes, 0)
     if max_bytes < min_bytes:
         raise ValueError(f"max_bytes: {max_bytes} is below min_bytes={min_bytes}")
-    if max_bytes >= 2**62:
-        raise ValueError(f"max_bytes: {max_bytes} is too large (chain sizes must stay below 2**62)")
+    if (4 * max_length + 1) * max_bytes >= MAX_TOTAL_BYTES:
+        # act (L + 1 values), saved, fwd_tmp and bwd_tmp (L each) must add up to less than 2^60
+        raise ValueError(
+            f"max_bytes: {max_bytes} is too large for max_length={max_length} (a chain's sizes must add up to less than 2^60)"
+        )
     min_time = _check_float("min_time", min_time)
     max_time = _check_float("max_time", max_time)
     if max_time < min_time:
         raise ValueError(f"max_time: {max_time} is below min_time={min_time}")
+    if not math.isfinite(2.0 * max_length * max_time):
+        raise ValueError(f"max_time: {max_time} is too large for max_length={max_length} (sum(fwd) + sum(bwd) must be finite)")
     if time_resolution is not None:
         time_resolution = _check_float("time_resolution", time_resolution)
         if time_resolution <= 0:
@@ -474,18 +469,13 @@ def instances(*, chains: SearchStrategy[Chain] | None = None, **platform_options
 
 
 @st.composite
-def _transfer_pairs(draw, length: int, units: Iterable[int], waits: bool) -> list[Transfer]:
-    """One valid offload and prefetch per unit, listed in a random order that keeps ties legal."""
-    n = 2 * length
+def _listed(draw, pairs: list[tuple[int, int, int]], n: int, waits: bool) -> list[Transfer]:
+    """Offloads and prefetches at the given ``(unit, offload event, prefetch event)``, with optional
+    ``before`` waits, listed in a random order that keeps ties legal."""
     out: list[Transfer] = []
-    for u in units:
-        first = 2 * _f_pos(length, u) + 1  # end of F_u: the earliest the unit exists
-        last = _prefetch_deadline(length, u) - 1  # the prefetch must be queued before this
-        # offsets shrink towards the natural plan: offload at once, prefetch as late as allowed
-        e_o = first + draw(st.integers(0, last - first))
-        e_p = last - draw(st.integers(0, last - e_o))
+    for u, e_o, e_p in pairs:
         for kind, e in (("offload", e_o), ("prefetch", e_p)):
-            op, at = _trigger(e)
+            op, at = trigger(e)
             before = None
             if waits and op + 1 < n:
                 before = draw(st.one_of(st.none(), st.integers(op + 1, n - 1)))
@@ -494,11 +484,24 @@ def _transfer_pairs(draw, length: int, units: Iterable[int], waits: bool) -> lis
     listed = [out[k] for k in order]
     # An offload and its prefetch at the same event: the offload must come first in the list.
     pos = {(t.kind, t.unit): k for k, t in enumerate(listed)}
-    for u in units:
+    for u, _, _ in pairs:
         ko, kp = pos[("offload", u)], pos[("prefetch", u)]
         if listed[ko].event == listed[kp].event and kp < ko:
             listed[ko], listed[kp] = listed[kp], listed[ko]
     return listed
+
+
+@st.composite
+def _transfer_pairs(draw, length: int, units: Iterable[int], waits: bool) -> list[Transfer]:
+    """One valid offload and prefetch per unit, listed in a random order that keeps ties legal."""
+    pairs = []
+    for u in units:
+        first, last = transfer_events(length, u)  # from the end of F_u to just before its first backward reader
+        # offsets shrink towards the natural plan: offload at once, prefetch as late as allowed
+        e_o = first + draw(st.integers(0, last - first))
+        e_p = last - draw(st.integers(0, last - e_o))
+        pairs.append((u, e_o, e_p))
+    return draw(_listed(pairs, 2 * length, waits))
 
 
 @st.composite
@@ -551,13 +554,7 @@ def schedules(
         return broken_schedules(chain, kinds=kinds).map(lambda b: b.schedule)
     if kinds is not None:
         raise ValueError("kinds: only for valid=False")
-    _check_int("min_offloads", min_offloads, 0)
-    if min_offloads > chain.length:
-        raise ValueError(f"min_offloads: {min_offloads} is above the chain's {chain.length} units")
-    if max_offloads is not None:
-        _check_int("max_offloads", max_offloads, 0)
-        if max_offloads < min_offloads:
-            raise ValueError(f"max_offloads: {max_offloads} is below min_offloads={min_offloads}")
+    _check_offloads(chain, min_offloads, max_offloads)
     return _valid_schedules(chain, min_offloads, max_offloads, bool(waits))
 
 
@@ -580,7 +577,7 @@ def _broken(draw, chain: Chain, kinds: tuple[str, ...]) -> BrokenSchedule:
     if kind == "prefetch_before_offload":
         # any event before the offload's, or the same event listed ahead of it
         e = draw(st.integers(0, o.event))
-        op, at = _trigger(e)
+        op, at = trigger(e)
         tr[kp] = Transfer("prefetch", unit, op, at, None)
         if e == o.event and kp > ko:
             tr[ko], tr[kp] = tr[kp], tr[ko]
@@ -620,17 +617,15 @@ def _broken(draw, chain: Chain, kinds: tuple[str, ...]) -> BrokenSchedule:
         where = "schedule.compute"
     elif kind == "offload_before_forward_end":
         # from time 0 up to the start of F_i: the unit does not exist yet
-        e = draw(st.integers(0, 2 * _f_pos(length, unit)))
-        op, at = _trigger(e)
+        e = draw(st.integers(0, 2 * f_pos(unit)))
+        op, at = trigger(e)
         tr[ko] = Transfer("offload", unit, op, at, None)
         where = f"O_{unit}"
     elif kind == "prefetch_too_late":
-        deadline = _prefetch_deadline(length, unit)
-        e = draw(st.integers(deadline, 2 * n - 1))
-        op, at = _trigger(e)
+        e = draw(st.integers(prefetch_deadline(length, unit), 2 * n - 1))
+        op, at = trigger(e)
         tr[kp] = Transfer("prefetch", unit, op, at, None)
-        reader = unit + 1 if unit < length else length
-        where = f"B_{reader}"
+        where = f"B_{unit + 1 if unit < length else length}"
     else:  # pragma: no cover - kinds are checked by broken_schedules()
         raise AssertionError(kind)
     return BrokenSchedule(Schedule(tuple(compute), tuple(tr)), kind, BROKEN_KINDS[kind], where)
@@ -680,3 +675,110 @@ def broken_schedules(chain: Chain, *, kinds: Iterable[str] | None = None) -> Sea
     if unknown or not chosen:
         raise ValueError(f"kinds: unknown kind(s) {unknown or chosen!r}; known: {', '.join(BROKEN_KINDS)}")
     return _broken(chain, chosen)
+
+
+# -- any well-formed schedule, fixed-order or rematerializing ---------------------------------
+
+
+@st.composite
+def _remat_sequence(draw, length: int, force: bool) -> tuple[tuple[str, int], ...]:
+    """A rotor-style persistent sequence: each segment keeps its whole first unit, or a checkpoint."""
+    ops: list[tuple[str, int]] = []
+
+    def segment(s: int, t: int, top: bool) -> None:
+        # Runs B_t..B_s with a_{s-1} resident and nothing of stages s..t resident on entry.
+        # 0: F_s, then (s+1..t), then B_s -- the fixed order when chosen everywhere;
+        # 1: Fck_s then F_s over the lone a_s it made (both counted while F_s runs);
+        # 2: checkpoint: Fck_s, Fn_{s+1}..Fn_{j-1}, then (j..t), then (s..j-1) again from a_{s-1}.
+        # Fck_s needs a reader of a_s still to come: B_{s+1} has run unless s < t or t = L.
+        low = 1 if (top and force) else 0
+        how = draw(st.integers(low, 2 if s < t else (1 if t == length else 0)))
+        if how == 2:
+            j = draw(st.integers(s + 1, t))
+            ops.append(("Fck", s))
+            ops.extend(("Fn", k) for k in range(s + 1, j))
+            segment(j, t, False)
+            segment(s, j - 1, False)
+            return
+        if how == 1:
+            ops.append(("Fck", s))
+        ops.append(("F", s))
+        if s < t:
+            segment(s + 1, t, False)
+        ops.append(("B", s))
+
+    segment(1, length, True)
+    return tuple(ops)
+
+
+@st.composite
+def _well_formed(draw, chain: Chain, remat: bool | None, min_offloads: int, max_offloads: int | None, waits: bool) -> Schedule:
+    length = chain.length
+    kind = remat if remat is not None else draw(st.booleans())
+    compute = draw(_remat_sequence(length, True)) if kind else fixed_order(length)
+    n = len(compute)
+    hi = length if max_offloads is None else min(length, max_offloads)
+    units = sorted(draw(st.sets(st.integers(1, length), min_size=min_offloads, max_size=hi)))
+    pairs = []
+    last_event = 2 * n - 1
+    for u in units:
+        makers = [k for k, (op, stage) in enumerate(compute) if stage == u and op != "B"]
+        readers = [k for k, (op, stage) in enumerate(compute) if op == "B" and stage in (u, u + 1)]
+        # Mostly near a maker's end and before the first backward reader (what a solver does),
+        # sometimes anywhere: the simulator must say what happens then.
+        deadline = 2 * readers[0] - 1 if readers else last_event
+        if draw(st.integers(0, 7)) < 7:
+            made = 2 * draw(st.sampled_from(makers)) + 1
+            e_o = made + draw(st.integers(0, min(3, max(0, deadline - made))))
+        else:
+            e_o = draw(st.integers(0, last_event))
+        if draw(st.integers(0, 7)) < 7 and deadline >= e_o:
+            e_p = deadline - draw(st.integers(0, deadline - e_o))
+        else:
+            e_p = draw(st.integers(e_o, last_event))
+        pairs.append((u, e_o, e_p))
+    listed = draw(_listed(pairs, n, waits))
+    return Schedule(compute, tuple(listed))
+
+
+def well_formed_schedules(
+    chain: Chain,
+    *,
+    remat: bool | None = None,
+    min_offloads: int = 0,
+    max_offloads: int | None = None,
+    waits: bool = True,
+) -> SearchStrategy[Schedule]:
+    """Schedules of ``chain`` that pass :meth:`Schedule.validate <chainoffload.Schedule.validate>`,
+    fixed-order or rematerializing, with transfers triggered anywhere the format allows.
+
+    Unlike :func:`schedules`, these may break a ``read`` rule (an offload before its data is made,
+    a prefetch too late to be waited for): they are for testing a simulator, which must say so.
+    Most triggers are drawn where a solver would put them (an offload just after a maker of its
+    unit, a prefetch before the unit's first backward reader), the rest anywhere.
+
+    Parameters
+    ----------
+    chain
+        The chain the schedules are for.
+    remat
+        ``False``: the fixed order F_1..F_L, B_L..B_1. ``True``: a rematerializing sequence in
+        rotor's shape (each segment keeps its first unit whole, or a checkpoint of its input and
+        re-runs; ``Fck``, ``Fn`` and repeated ``F`` ops; sometimes an ``F_i`` run over the lone
+        a_i an ``Fck_i`` made). ``None``: either.
+    min_offloads, max_offloads
+        Bounds on the number of units with an offload and a prefetch.
+    waits
+        Draw explicit ``before`` waits.
+
+    Returns
+    -------
+    SearchStrategy[Schedule]
+        Shrinks towards the fixed order, fewer units and triggers near the makers.
+    """
+    if not isinstance(chain, Chain):
+        raise ValueError(f"chain: expected a Chain, got {type(chain).__name__}")
+    if remat is not None and not isinstance(remat, bool):
+        raise ValueError(f"remat: expected True, False or None, got {remat!r}")
+    _check_offloads(chain, min_offloads, max_offloads)
+    return _well_formed(chain, remat, min_offloads, max_offloads, bool(waits))

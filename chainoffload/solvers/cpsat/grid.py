@@ -8,6 +8,7 @@ import math
 from ...chain import Chain
 from ...order import fixed_order
 from ...platform import Platform
+from .. import OptionError
 
 __all__ = ["TimeGrid"]
 
@@ -68,7 +69,7 @@ class TimeGrid:
             base = chain.compute_time
             scale = TARGET_UNITS / base if base > 0 else 1.0
         if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
-            raise ValueError(f"time_scale: {scale!r} must be a finite number of units per second > 0")
+            raise OptionError(f"time_scale: {scale!r} must be a finite number of units per second > 0")
         scale = float(scale)
         err = 0.0
         ops = []

@@ -19,6 +19,7 @@ from ...platform import Platform
 from ...result import Result, Status
 from ...schedule import Schedule
 from ...simulate import simulate
+from .. import OptionError
 from .grid import TimeGrid
 from .hint import in_model_space
 from .model import CPModel, import_cp_model
@@ -62,9 +63,9 @@ def _given_hints(hint: Any) -> list[Schedule]:
     try:
         extra = list(hint)
     except TypeError:
-        raise ValueError(f"hint: {hint!r} must be true, false, a Schedule or a list of schedules") from None
+        raise OptionError(f"hint: {hint!r} must be true, false, a Schedule or a list of schedules") from None
     if not all(isinstance(s, Schedule) for s in extra):
-        raise ValueError("hint: every item must be a Schedule")
+        raise OptionError("hint: every item must be a Schedule")
     return extra
 
 
@@ -166,9 +167,11 @@ def cpsat(
 
     Raises
     ------
+    OptionError
+        Bad ``time_limit``, ``workers``, ``hint``, ``progress``, ``bound`` or ``time_scale``
+        (a ``ValueError``; the message names it).
     ValueError
-        Bad ``time_limit``, ``workers``, ``hint``, ``progress`` or ``time_scale`` (the message
-        names it), memory below the chain's stage floor, or ``keep`` names a unit that is not
+        Memory below the chain's stage floor, or ``keep`` names a unit that is not
         a stage.
 
     Notes
@@ -180,17 +183,17 @@ def cpsat(
 
     t0 = time.perf_counter()
     if isinstance(time_limit, bool) or not isinstance(time_limit, (int, float)) or not time_limit > 0 or math.isnan(time_limit):
-        raise ValueError(f"time_limit: {time_limit!r} must be a number of seconds > 0")
+        raise OptionError(f"time_limit: {time_limit!r} must be a number of seconds > 0")
     if workers is None:
         workers = default_workers()
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise ValueError(f"workers: {workers!r} must be an integer >= 1")
+        raise OptionError(f"workers: {workers!r} must be an integer >= 1")
     if progress is None:
         progress = sys.stderr.isatty()
     if not isinstance(progress, bool):
-        raise ValueError(f"progress: {progress!r} must be true or false")
+        raise OptionError(f"progress: {progress!r} must be true or false")
     if not isinstance(bound, bool):
-        raise ValueError(f"bound: {bound!r} must be true or false")
+        raise OptionError(f"bound: {bound!r} must be true or false")
     check_memory_floor(chain, platform)
     kept = check_keep(chain, keep)
     import_cp_model()

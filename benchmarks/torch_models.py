@@ -1,0 +1,265 @@
+"""Models for the PyTorch adapter's checks: built from code and configs, random weights, no downloads.
+
+* :class:`ResNet`: a ResNet as torchvision builds it (stem, four stages of bottleneck blocks,
+  pooled linear head; ``torchvision.models.resnet50`` is ``ResNet([3, 4, 6, 3])``), written
+  here because torchvision's wheel does not import with the CPU build of torch used in CI.
+* :func:`gpt2`: Hugging Face GPT-2 (``GPT2LMHeadModel``) from a config; :func:`hf_tiny`: GPT-2,
+  Llama, BERT or ViT from a tiny config, with a batch.
+* :class:`ResidualMLP`: a few residual MLP blocks in a ModuleList, for quick checks.
+* :func:`resnet_like`, :func:`gpt_like`: the same two shapes as an ``nn.Sequential`` of stages.
+
+``tests/test_torch_models.py`` trains tiny versions against untouched copies;
+``benchmarks/gpu_check.py`` runs larger ones on a GPU.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from torch import nn
+
+__all__ = [
+    "Bottleneck",
+    "ResNet",
+    "ResidualMLP",
+    "gpt2",
+    "hf_tiny",
+    "HF_LAYERS",
+    "resnet_like",
+    "gpt_like",
+    "BasicBlock",
+    "GPTBlock",
+]
+
+
+class Bottleneck(nn.Module):
+    """torchvision's bottleneck: 1x1 reduce, 3x3 (stride here), 1x1 expand by 4, residual."""
+
+    expansion = 4
+
+    def __init__(self, cin: int, width: int, stride: int = 1, downsample: nn.Module | None = None) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, width, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(width)
+        self.conv2 = nn.Conv2d(width, width, 3, stride, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(width)
+        self.conv3 = nn.Conv2d(width, width * self.expansion, 1, bias=False)
+        self.bn3 = nn.BatchNorm2d(width * self.expansion)
+        self.relu = nn.ReLU(inplace=True)
+        self.downsample = downsample
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        identity = x
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.relu(self.bn2(self.conv2(out)))
+        out = self.bn3(self.conv3(out))
+        if self.downsample is not None:
+            identity = self.downsample(x)
+        out += identity
+        return self.relu(out)
+
+
+class ResNet(nn.Module):
+    """torchvision's ResNet layout: conv1/bn1/relu/maxpool, layer1..layer4, avgpool, fc.
+
+    Parameters
+    ----------
+    layers
+        Bottleneck blocks per stage (``[3, 4, 6, 3]`` is ResNet-50).
+    width
+        Width of the first stage (64 in torchvision); stage k has ``width * 2**k``.
+    classes
+        Outputs of the head.
+    """
+
+    def __init__(self, layers: list[int], width: int = 64, classes: int = 1000) -> None:
+        super().__init__()
+        self.inplanes = width
+        self.conv1 = nn.Conv2d(3, width, 7, 2, 3, bias=False)
+        self.bn1 = nn.BatchNorm2d(width)
+        self.relu = nn.ReLU(inplace=True)
+        self.maxpool = nn.MaxPool2d(3, 2, 1)
+        self.layer1 = self._make_layer(width, layers[0])
+        self.layer2 = self._make_layer(width * 2, layers[1], stride=2)
+        self.layer3 = self._make_layer(width * 4, layers[2], stride=2)
+        self.layer4 = self._make_layer(width * 8, layers[3], stride=2)
+        self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
+        self.fc = nn.Linear(width * 8 * Bottleneck.expansion, classes)
+
+    def _make_layer(self, width: int, blocks: int, stride: int = 1) -> nn.Sequential:
+        downsample = None
+        if stride != 1 or self.inplanes != width * Bottleneck.expansion:
+            downsample = nn.Sequential(
+                nn.Conv2d(self.inplanes, width * Bottleneck.expansion, 1, stride, bias=False),
+                nn.BatchNorm2d(width * Bottleneck.expansion),
+            )
+        layers = [Bottleneck(self.inplanes, width, stride, downsample)]
+        self.inplanes = width * Bottleneck.expansion
+        layers += [Bottleneck(self.inplanes, width) for _ in range(1, blocks)]
+        return nn.Sequential(*layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+        return self.fc(torch.flatten(self.avgpool(x), 1))
+
+
+def _transformers():
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # every model is built from a config: never reach for the Hub
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    return transformers
+
+
+#: The Hugging Face models :func:`hf_tiny` builds, and the module list that holds their layers.
+HF_LAYERS = {"gpt2": "transformer.h", "llama": "model.layers", "bert": "bert.encoder.layer", "vit": "vit.layers"}
+
+
+def hf_tiny(name: str, layers: int = 6) -> tuple[nn.Module, dict]:
+    """A Hugging Face model from a tiny config (width 32, 4 heads, ``layers`` layers, random
+    weights) and a batch for it, used as the documentation shows: ``model(**batch).loss``.
+
+    ``name``: ``"gpt2"`` (GPT2LMHeadModel), ``"llama"`` (LlamaForCausalLM), ``"bert"``
+    (BertForSequenceClassification, with a padding mask) or ``"vit"`` (ViTForImageClassification).
+    """
+    tf = _transformers()
+    torch.manual_seed(0)
+    ids = torch.randint(0, 64, (2, 32))
+    if name == "gpt2":
+        config = tf.GPT2Config(n_layer=layers, n_embd=32, n_head=4, vocab_size=64, n_positions=64, use_cache=False)
+        return tf.GPT2LMHeadModel(config), {"input_ids": ids, "labels": ids}
+    if name == "llama":
+        config = tf.LlamaConfig(
+            num_hidden_layers=layers, hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
+            vocab_size=64, max_position_embeddings=64, use_cache=False,
+        )
+        return tf.LlamaForCausalLM(config), {"input_ids": ids, "labels": ids}
+    if name == "bert":
+        config = tf.BertConfig(
+            num_hidden_layers=layers, hidden_size=32, intermediate_size=64, num_attention_heads=4, vocab_size=64,
+            max_position_embeddings=64, num_labels=3,
+        )
+        mask = torch.ones_like(ids)
+        mask[1, 24:] = 0  # padding: an attention mask the layers take as a keyword argument
+        return tf.BertForSequenceClassification(config), {"input_ids": ids, "attention_mask": mask, "labels": torch.tensor([0, 2])}
+    if name == "vit":
+        config = tf.ViTConfig(
+            num_hidden_layers=layers, hidden_size=32, intermediate_size=64, num_attention_heads=4, image_size=32, patch_size=4, num_labels=3
+        )
+        return tf.ViTForImageClassification(config), {"pixel_values": torch.randn(2, 3, 32, 32), "labels": torch.tensor([0, 2])}
+    raise ValueError(f"name: {name!r} is not one of {', '.join(HF_LAYERS)}")
+
+
+def gpt2(layers: int, d: int, heads: int, vocab: int, seq: int) -> nn.Module:
+    """A Hugging Face ``GPT2LMHeadModel`` from a config (random weights, no download).
+
+    ``use_cache`` is off, as for training (a cache would keep every layer's keys and values).
+    """
+    transformers = _transformers()
+    config = transformers.GPT2Config(n_layer=layers, n_embd=d, n_head=heads, vocab_size=vocab, n_positions=seq, use_cache=False)
+    return transformers.GPT2LMHeadModel(config)
+
+
+class ResidualBlock(nn.Module):
+    """Pre-norm MLP block with a residual: the smallest thing shaped like a transformer layer."""
+
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.ln = nn.LayerNorm(d)
+        self.fc1 = nn.Linear(d, 4 * d)
+        self.fc2 = nn.Linear(4 * d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.fc2(torch.tanh(self.fc1(self.ln(x))))
+
+
+class ResidualMLP(nn.Module):
+    """An input projection (8 features to ``d``), a ModuleList of residual blocks, a 3-way head.
+    Seeded: two instances are equal."""
+
+    def __init__(self, d: int = 16, layers: int = 4) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.inp = nn.Linear(8, d)
+        self.blocks = nn.ModuleList([ResidualBlock(d) for _ in range(layers)])
+        self.head = nn.Linear(d, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.inp(x)
+        for block in self.blocks:
+            h = block(h)
+        return self.head(h)
+
+
+# -- the same shapes as nn.Sequential chains -------------------------------------------------
+
+
+class BasicBlock(nn.Module):
+    """ResNet's basic block: two 3x3 convolutions with batch norm and a residual."""
+
+    def __init__(self, cin: int, cout: int, stride: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.down = None
+        if stride != 1 or cin != cout:
+            self.down = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.bn1(self.conv1(x)))
+        y = self.bn2(self.conv2(y))
+        return torch.relu(y + (x if self.down is None else self.down(x)))
+
+
+def resnet_like(width: int, blocks_per_stage: int, classes: int) -> nn.Sequential:
+    """A ResNet-18-shaped chain: stem, four stages of basic blocks, pooled linear head."""
+    stages: list[nn.Module] = [nn.Sequential(nn.Conv2d(3, width, 7, 2, 3, bias=False), nn.BatchNorm2d(width), nn.ReLU(), nn.MaxPool2d(3, 2, 1))]
+    cin = width
+    for level in range(4):
+        cout = width * 2**level
+        for b in range(blocks_per_stage):
+            stages.append(BasicBlock(cin, cout, 2 if (b == 0 and level > 0) else 1))
+            cin = cout
+    stages.append(nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(cin, classes)))
+    return nn.Sequential(*stages)
+
+
+class GPTBlock(nn.Module):
+    """A pre-norm causal transformer block."""
+
+    def __init__(self, d: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.ln1 = nn.LayerNorm(d)
+        self.qkv = nn.Linear(d, 3 * d)
+        self.proj = nn.Linear(d, d)
+        self.ln2 = nn.LayerNorm(d)
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        att = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(att.transpose(1, 2).reshape(b, t, d))
+        return x + self.mlp(self.ln2(x))
+
+
+class Embed(nn.Module):
+    """Token and position embeddings."""
+
+    def __init__(self, vocab: int, seq: int, d: int) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(vocab, d)
+        self.pos = nn.Parameter(torch.zeros(seq, d))
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.tok(idx) + self.pos
+
+
+def gpt_like(vocab: int, seq: int, d: int, heads: int, layers: int) -> nn.Sequential:
+    """Embedding, ``layers`` blocks, final norm and vocabulary head."""
+    return nn.Sequential(Embed(vocab, seq, d), *[GPTBlock(d, heads) for _ in range(layers)], nn.Sequential(nn.LayerNorm(d), nn.Linear(d, vocab)))

@@ -1,0 +1,224 @@
+"""Why compute idles: every stall of a :class:`~chainoffload.Timeline` and the copy that causes it.
+
+Compute runs one op at a time; an op starts at the end of the op before it unless it waits
+for a transfer (docs/model.md, "Time"): an explicit ``before`` wait, or B_j's implicit wait
+for the prefetches of units j and j - 1 (in general, any op that uses the prefetched copy of
+offloaded data waits for its prefetch). A *stall* is the interval in which compute is idle
+because of such a wait. :func:`stalls` finds each one from the timeline and names the transfer
+that ends it, so a picture or a report can say "B_5 waits 1.2 ms for P_5 to arrive" instead of
+leaving a gap unexplained. Needs nothing beyond the core.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from .simulate import Timeline
+
+__all__ = ["Stall", "stalls", "STALL_CAUSES"]
+
+#: What a stall waits for: ``"offload"`` (an explicit wait for O_i to end, so that the GPU copy
+#: of unit i is freed and the op fits in memory) or ``"prefetch"`` (P_j must arrive before the op
+#: reads unit j).
+STALL_CAUSES = ("offload", "prefetch")
+
+
+@dataclasses.dataclass(frozen=True)
+class Stall:
+    """One interval in which compute idles, waiting for a transfer.
+
+    Attributes
+    ----------
+    op
+        Index (into ``schedule.compute``) of the op held back: it starts at ``end``.
+    op_name
+        Its name, e.g. ``"B_5"``.
+    start, end
+        The idle interval in seconds: from the end of the previous op to the start of ``op``.
+    transfer
+        Index (into ``schedule.transfers``) of the transfer whose end releases ``op``. When
+        several waited-for transfers end at that same instant, the first in ``transfers``.
+    transfers
+        Every waited-for transfer that ends at ``end``: explicit waits first, then implicit
+        ones, each in list order.
+    transfer_name
+        Name of ``transfer``, e.g. ``"O_3"`` or ``"P_5"``.
+    cause
+        ``"offload"``: waiting for O_i to free memory; ``"prefetch"``: waiting for P_j to arrive
+        (see :data:`STALL_CAUSES`).
+    explicit
+        Whether the wait is a ``before`` of the schedule (``False``: the op reads the
+        prefetched unit, so it waits by the rules).
+    late_because
+        Why ``transfer`` started when it did: ``"trigger"`` (it started as soon as it was
+        triggered), ``"channel"`` (queued behind the transfer ``behind`` on its channel), or
+        ``"offload"`` (a prefetch waiting for its own unit's offload to end).
+    behind
+        With ``late_because == "channel"`` or ``"offload"``, the index of the transfer it
+        waited for; otherwise ``None``.
+    message
+        One sentence for people.
+    """
+
+    op: int
+    op_name: str
+    start: float
+    end: float
+    transfer: int
+    transfers: tuple[int, ...]
+    transfer_name: str
+    cause: str
+    explicit: bool
+    late_because: str
+    behind: int | None
+    message: str
+
+    @property
+    def duration(self) -> float:
+        """``end - start`` in seconds."""
+        return self.end - self.start
+
+
+def _waited(timeline: "Timeline") -> list[tuple[list[int], list[int]]]:
+    """Per compute op: (explicit waits, implicit waits) as transfer indices, as the simulator has them."""
+    schedule = timeline.schedule
+    n = len(schedule.compute)
+    ev = [t.event for t in schedule.transfers]
+    explicit: list[list[int]] = [[] for _ in range(n)]
+    implicit: list[list[int]] = [[] for _ in range(n)]
+    for t, tr in enumerate(schedule.transfers):
+        if tr.before is not None:
+            explicit[tr.before].append(t)
+    # The simulator's own wait lists (docs/model.md, "Which copy an op reads"): explicit waits,
+    # then the prefetches of the offloaded data the op uses; one triggered at or after the op's
+    # start is not waited for (a read violation).
+    schedule.validate(timeline.chain)
+    struct = schedule._structure(timeline.chain.length)
+    for k in range(n):
+        for q in range(int(struct.wait_ptr[k]), int(struct.wait_ptr[k + 1])):
+            p = int(struct.wait_tr[q])
+            if ev[p] < 2 * k and p not in implicit[k]:
+                implicit[k].append(p)
+    for k in range(n):
+        implicit[k] = sorted(t for t in implicit[k] if t not in explicit[k])
+    return [(explicit[k], implicit[k]) for k in range(n)]
+
+
+def _late_because(timeline: "Timeline", t: int) -> tuple[str, int | None]:
+    """Why transfer ``t`` started when it did (see :attr:`Stall.late_because`)."""
+    schedule = timeline.schedule
+    tr = schedule.transfers[t]
+    start = float(timeline.transfer_start[t])
+    trigger = float(timeline.op_start[tr.op] if tr.at == "start" else timeline.op_end[tr.op])
+    if start <= trigger:
+        return "trigger", None
+    if tr.kind == "prefetch":
+        for o, other in enumerate(schedule.transfers):
+            if other.kind == "offload" and other.unit == tr.unit and float(timeline.transfer_end[o]) == start:
+                return "offload", o
+    # The transfer ahead of it on its channel: FIFO in trigger order, ties in list order.
+    duplex = timeline.platform.duplex
+
+    def channel(x) -> int:
+        return 0 if x.kind == "offload" or not duplex else 1
+
+    ahead = [
+        o
+        for o, other in enumerate(schedule.transfers)
+        if channel(other) == channel(tr) and (other.event, o) < (tr.event, t)
+    ]
+    if ahead:
+        last = max(ahead, key=lambda o: (schedule.transfers[o].event, o))
+        return "channel", last
+    return "trigger", None  # pragma: no cover  (a transfer starts at its trigger, its channel or its offload)
+
+
+def stalls(timeline: "Timeline") -> list[Stall]:
+    """Every interval in which compute idles, in time order, with the transfer that causes it.
+
+    Compute op k starts at the latest of the end of op k - 1, the end of every transfer with
+    ``before == k``, and the end of every prefetch it reads (for B_j: units j and j - 1) that
+    is triggered before it starts. When that start is later than the end of op k - 1, compute
+    idles in between: a stall, caused by the waited-for transfer that ends last.
+
+    The durations add up to the makespan less the time of the compute ops; for a
+    fixed-order schedule that is ``timeline.makespan - timeline.chain.compute_time``.
+
+    Parameters
+    ----------
+    timeline
+        From :func:`chainoffload.simulate` (feasible or not; a prefetch triggered too late to
+        be waited for is a read violation and causes no stall).
+
+    Returns
+    -------
+    list of Stall
+        Ordered by time; empty when compute never idles.
+
+    Examples
+    --------
+    >>> import chainoffload as co
+    >>> from chainoffload.examples import tiny
+    >>> s = co.Schedule.from_units(3, [co.Transfer("offload", 1, 0), co.Transfer("prefetch", 1, 3)])
+    >>> tl = co.simulate(tiny(), co.Platform(memory=10**6, bandwidth_d2h=25.0, bandwidth_h2d=25.0), s)
+    >>> [(x.op_name, x.start, x.end, x.transfer_name) for x in co.stalls(tl)]
+    [('B_2', 6.0, 7.0, 'P_1')]
+    """
+    # Checked by the class's name and module: importing chainoffload.simulate here would close
+    # an import cycle (Timeline.plot -> plot -> stalls -> simulate).
+    kind = type(timeline)
+    if (kind.__module__, kind.__qualname__) != ("chainoffload.simulate", "Timeline"):
+        raise TypeError(f"stalls: timeline must be a Timeline, got {kind.__name__}")
+    schedule = timeline.schedule
+    op_start = np.asarray(timeline.op_start, dtype=float)
+    op_end = np.asarray(timeline.op_end, dtype=float)
+    tr_end = np.asarray(timeline.transfer_end, dtype=float)
+    waits = _waited(timeline)
+    out: list[Stall] = []
+    for k in range(1, len(schedule.compute)):
+        idle_from, released = float(op_end[k - 1]), float(op_start[k])
+        if not released > idle_from:
+            continue
+        explicit, implicit = waits[k]
+        # The simulator sets the op's start to the end of the waited-for transfer that ends
+        # last, so that end equals the start exactly (no tolerance needed).
+        binding = [t for t in explicit + implicit if float(tr_end[t]) == released]
+        if not binding:  # pragma: no cover  (the simulator starts an op only at a wait's end)
+            raise RuntimeError(f"stalls: {schedule.op_name(k)} starts at {released!r} but no transfer it waits for ends then")
+        t = binding[0]
+        tr = schedule.transfers[t]
+        name = schedule.transfer_name(t)
+        op_name = schedule.op_name(k)
+        cause = "offload" if tr.kind == "offload" else "prefetch"
+        is_explicit = t in explicit
+        late, behind = _late_because(timeline, t)
+        what = f"{name} to free unit {tr.unit}" if cause == "offload" else f"{name} to bring unit {tr.unit} back"
+        how = "an explicit wait" if is_explicit else f"{op_name} reads unit {tr.unit}"
+        if late == "channel":
+            why = f"; {name} was queued behind {schedule.transfer_name(behind)}"
+        elif late == "offload":
+            why = f"; {name} waited for {schedule.transfer_name(behind)} to end"
+        else:
+            why = ""
+        message = f"{op_name} waits {released - idle_from:.6g} s for {what} ({how}){why}"
+        out.append(
+            Stall(
+                op=k,
+                op_name=op_name,
+                start=idle_from,
+                end=released,
+                transfer=t,
+                transfers=tuple(binding),
+                transfer_name=name,
+                cause=cause,
+                explicit=is_explicit,
+                late_because=late,
+                behind=behind,
+                message=message,
+            )
+        )
+    return out

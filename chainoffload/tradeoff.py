@@ -1,0 +1,415 @@
+"""The memory / time trade-off: each method's overhead over a sweep of memory limits.
+
+Choosing a memory budget means knowing what each byte costs in time. :func:`tradeoff` runs
+methods at memory limits from the least any schedule needs (:meth:`Chain.stage_memory_floor`)
+up to what keeping every activation needs (:func:`chainoffload.keep_all_peak`), and returns a
+:class:`Tradeoff`: per method and memory the status, makespan, overhead and lower bound, with
+the proven floors (:func:`chainoffload.bounds.offload_memory_floor` for pure offloading,
+:meth:`Chain.stage_memory_floor` for methods that recompute) and the pure-offloading lower
+bound at each memory. :func:`chainoffload.plot.plot_tradeoff` draws it; ``chainoffload
+tradeoff`` prints or plots it; ``benchmarks/compare.py`` runs it over the shipped networks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import math
+from typing import Any, Sequence
+
+import numpy as np
+
+from .chain import Chain
+from .platform import Platform
+from .result import Result, Status
+
+__all__ = ["tradeoff", "Tradeoff", "TradeoffPoint", "DEFAULT_TRADEOFF_METHODS", "sweep_memories"]
+
+#: What :func:`tradeoff` runs when no method is named: the policies users know, the default
+#: search, and the two that recompute (the exact ``cpsat`` is left out: it is for small chains).
+DEFAULT_TRADEOFF_METHODS = ("offload-all", "first-k", "largest-first", "best", "rotor", "joint")
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class TradeoffPoint:
+    """One method at one memory limit.
+
+    Attributes
+    ----------
+    memory
+        The memory limit in bytes.
+    status
+        The result's :class:`~chainoffload.Status`.
+    makespan
+        Seconds (the simulator's); ``inf`` without a feasible schedule.
+    overhead
+        ``makespan / (sum(fwd) + sum(bwd)) - 1``; ``inf`` without a feasible schedule.
+    lower_bound
+        The result's lower bound in seconds (for pure offloading, the problem's:
+        max(sum(fwd) + sum(bwd), fluid LP)); ``nan`` when the method has none.
+    peak_memory
+        The simulator's peak of the schedule (0 without one).
+    runtime
+        Seconds the method took.
+    result
+        The full :class:`~chainoffload.Result` (schedule and timeline included); ``None`` for
+        a point read back by :meth:`Tradeoff.from_dict`.
+    """
+
+    memory: int
+    status: Status
+    makespan: float
+    overhead: float
+    lower_bound: float
+    peak_memory: int
+    runtime: float
+    result: Result | None = None
+
+    @property
+    def feasible(self) -> bool:
+        """Whether the method found a schedule that fits."""
+        return self.status.has_schedule
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data (no result); non-finite numbers become ``None``."""
+        return {
+            "memory": self.memory,
+            "status": str(self.status),
+            "makespan": _finite(self.makespan),
+            "overhead": _finite(self.overhead),
+            "lower_bound": _finite(self.lower_bound),
+            "peak_memory": self.peak_memory,
+            "runtime": self.runtime,
+        }
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Tradeoff:
+    """Overhead against memory per method, with the floors, the keep-all peak and the bound.
+
+    Attributes
+    ----------
+    chain_name
+        The chain's name.
+    platform
+        The link the sweep ran on (its ``memory`` is the keep-all peak; each point has its own).
+    compute_time
+        sum(fwd) + sum(bwd) in seconds: the makespan with no overhead.
+    keep_all_peak
+        Peak memory of keeping every activation (:func:`chainoffload.keep_all_peak`): at or
+        above it nothing needs to move and the overhead is 0.
+    offload_floor
+        :func:`chainoffload.bounds.offload_memory_floor`: no pure-offloading schedule fits
+        below it (proven).
+    stage_floor
+        :meth:`Chain.stage_memory_floor`: no schedule at all fits below it, recomputing or not.
+    memories
+        The memory limits swept, increasing, in bytes.
+    lower_bound
+        Per memory, the proven lower bound on the makespan of every pure-offloading schedule
+        (seconds): the best bound any pure-offloading result reported there or at a larger
+        memory, and at least :func:`chainoffload.bounds.lower_bound`; ``inf`` below
+        ``offload_floor``. (A schedule that fits in some memory fits in more, so the optimum
+        only falls as memory grows and a bound at a larger memory holds at a smaller one.)
+    curves
+        Method name to one :class:`TradeoffPoint` per memory, in the order of ``memories``.
+    remat
+        Method name to whether it recomputes (its schedules are bound by ``stage_floor`` and
+        not by ``lower_bound``).
+    """
+
+    chain_name: str
+    platform: Platform
+    compute_time: float
+    keep_all_peak: int
+    offload_floor: int
+    stage_floor: int
+    memories: tuple[int, ...]
+    lower_bound: tuple[float, ...]
+    curves: dict[str, tuple[TradeoffPoint, ...]]
+    remat: dict[str, bool]
+
+    @property
+    def methods(self) -> tuple[str, ...]:
+        """The methods swept, in the order they were given."""
+        return tuple(self.curves)
+
+    def overheads(self, method: str) -> np.ndarray:
+        """``method``'s overhead at each memory (``nan`` where it found no schedule)."""
+        points = self._curve(method)
+        return np.array([p.overhead if p.feasible else math.nan for p in points], dtype=float)
+
+    def lower_bound_overheads(self) -> np.ndarray:
+        """The pure-offloading lower bound at each memory as an overhead (``inf`` below the floor)."""
+        base = self.compute_time
+        return np.array([lb / base - 1.0 if base > 0 else 0.0 for lb in self.lower_bound], dtype=float)
+
+    def min_memory(self, method: str) -> int | None:
+        """The smallest memory of the sweep at which ``method`` found a schedule (``None``: none)."""
+        for p in self._curve(method):
+            if p.feasible:
+                return p.memory
+        return None
+
+    def _curve(self, method: str) -> tuple[TradeoffPoint, ...]:
+        try:
+            return self.curves[method]
+        except KeyError:
+            raise ValueError(f"tradeoff: method {method!r} was not swept; swept: {', '.join(self.curves)}") from None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The table as plain JSON-ready data (``chainoffload tradeoff --json``).
+
+        Keys: ``chain``, ``platform`` (bandwidths, latency, duplex), ``compute_time``,
+        ``keep_all_peak``, ``offload_memory_floor``, ``stage_memory_floor``, ``memories``,
+        ``lower_bound`` and ``lower_bound_overhead`` (one per memory; ``null`` below the offload
+        floor), and ``methods``: name to ``{"remat": bool, "min_memory": int | null, "points":
+        [...]}`` with one :meth:`TradeoffPoint.to_dict` per memory. Non-finite numbers are
+        ``null``.
+        """
+        link = self.platform.to_dict()
+        link.pop("memory", None)
+        return {
+            "chain": self.chain_name,
+            "platform": link,
+            "compute_time": self.compute_time,
+            "keep_all_peak": self.keep_all_peak,
+            "offload_memory_floor": self.offload_floor,
+            "stage_memory_floor": self.stage_floor,
+            "memories": list(self.memories),
+            "lower_bound": [_finite(x) for x in self.lower_bound],
+            "lower_bound_overhead": [_finite(x) for x in self.lower_bound_overheads()],
+            "methods": {
+                m: {"remat": self.remat[m], "min_memory": self.min_memory(m), "points": [p.to_dict() for p in pts]}
+                for m, pts in self.curves.items()
+            },
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Tradeoff":
+        """Read back what :meth:`to_dict` wrote (the points have no ``result``).
+
+        Raises ``ValueError`` naming the missing key when ``data`` is not such a table.
+        """
+        try:
+            memories = tuple(int(m) for m in data["memories"])
+            curves = {
+                name: tuple(
+                    TradeoffPoint(
+                        memory=int(p["memory"]),
+                        status=Status(p["status"]),
+                        makespan=_number(p["makespan"]),
+                        overhead=_number(p["overhead"]),
+                        lower_bound=_number(p["lower_bound"], missing=math.nan),
+                        peak_memory=int(p["peak_memory"]),
+                        runtime=float(p["runtime"]),
+                    )
+                    for p in entry["points"]
+                )
+                for name, entry in data["methods"].items()
+            }
+            platform = Platform.from_dict({**data["platform"], "memory": int(data["keep_all_peak"])})
+            return cls(
+                chain_name=str(data["chain"]),
+                platform=platform,
+                compute_time=float(data["compute_time"]),
+                keep_all_peak=int(data["keep_all_peak"]),
+                offload_floor=int(data["offload_memory_floor"]),
+                stage_floor=int(data["stage_memory_floor"]),
+                memories=memories,
+                lower_bound=_monotone([_number(x) for x in data["lower_bound"]]),
+                curves=curves,
+                remat={name: bool(entry["remat"]) for name, entry in data["methods"].items()},
+            )
+        except KeyError as exc:
+            raise ValueError(f"tradeoff: missing key {exc.args[0]!r} in the table") from None
+
+    def plot(self, path: str | None = None, **kwargs: Any):
+        """Draw the curves (see :func:`chainoffload.plot.plot_tradeoff`; needs matplotlib)."""
+        from .plot import plot_tradeoff
+
+        return plot_tradeoff(self, path, **kwargs)
+
+
+def _monotone(bounds: Sequence[float]) -> tuple[float, ...]:
+    """Each bound raised to the best one at any larger memory (the memories are increasing)."""
+    out = [float(b) for b in bounds]
+    for j in range(len(out) - 2, -1, -1):
+        out[j] = max(out[j], out[j + 1])
+    return tuple(out)
+
+
+def _number(x: float | None, missing: float = math.inf) -> float:
+    return missing if x is None else float(x)
+
+
+def _finite(x: float) -> float | None:
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+def sweep_memories(chain: Chain, points: int, *, offload_floor: bool = True) -> tuple[int, ...]:
+    """Memory limits from the stage floor to the keep-all peak, in bytes, increasing.
+
+    ``points`` limits evenly spaced from :meth:`Chain.stage_memory_floor` to
+    :func:`chainoffload.keep_all_peak`, and with ``offload_floor`` also
+    :func:`chainoffload.bounds.offload_memory_floor` (where pure offloading may start to fit).
+    """
+    from .bounds import offload_memory_floor
+    from .simulate import keep_all_peak
+
+    if isinstance(points, bool) or not isinstance(points, (int, np.integer)) or points < 2:
+        raise ValueError(f"points: expected an integer >= 2, got {points!r}")
+    floor, peak = chain.stage_memory_floor(), keep_all_peak(chain)
+    swept = {int(m) for m in np.linspace(floor, max(peak, floor), int(points))}
+    if offload_floor:
+        swept.add(min(offload_memory_floor(chain), max(peak, floor)))
+    return tuple(sorted(swept))
+
+
+def tradeoff(
+    chain: Chain,
+    platform: Platform,
+    methods: Sequence[str] | None = None,
+    memories: Sequence[int] | None = None,
+    *,
+    points: int = 10,
+    time_limit: float | None = 5.0,
+    **options: Any,
+) -> Tradeoff:
+    """Run ``methods`` at each memory limit and return overhead against memory per method.
+
+    Parameters
+    ----------
+    chain
+        The instance's chain.
+    platform
+        The link (bandwidths, latency, duplex); its ``memory`` is ignored.
+    methods
+        Registry names (see :func:`chainoffload.methods`); ``None`` means
+        :data:`DEFAULT_TRADEOFF_METHODS`.
+    memories
+        Memory limits in bytes (any order; duplicates dropped); each must be at least
+        :meth:`Chain.stage_memory_floor`. ``None`` sweeps ``points`` limits evenly from that
+        floor to the keep-all peak, plus the offload floor (see :func:`sweep_memories`).
+    points
+        Number of memory limits when ``memories`` is ``None`` (at least 2).
+    time_limit
+        Seconds, passed to the methods that take a ``time_limit``; ``None`` keeps each
+        method's own default.
+    **options
+        Passed to every method as given (e.g. ``keep=[3, 5]`` for the pure-offloading ones); a
+        method that does not take one raises, naming the options it takes.
+
+    Returns
+    -------
+    Tradeoff
+        Every figure in it is the simulator's (each method runs through
+        :func:`chainoffload.solve`).
+
+    Raises
+    ------
+    ValueError
+        An unknown method, a memory below the stage floor, or a bad ``points`` / ``time_limit``.
+
+    Examples
+    --------
+    >>> import chainoffload as co
+    >>> from chainoffload.examples import tiny
+    >>> link = co.Platform(memory=0, bandwidth_d2h=25.0, bandwidth_h2d=25.0)
+    >>> t = co.tradeoff(tiny(), link, ["offload-all", "rotor"], points=3)
+    >>> t.memories, t.keep_all_peak, t.offload_floor, t.stage_floor
+    ((162, 167, 177, 192), 192, 167, 162)
+    >>> [p.status.value for p in t.curves["offload-all"]]
+    ['infeasible', 'feasible', 'feasible', 'feasible']
+    """
+    from .bounds import lower_bound, offload_memory_floor
+    from .simulate import keep_all_peak
+    from .solvers import DEFAULT_METHOD, solve, spec
+
+    if not isinstance(chain, Chain):
+        raise TypeError(f"tradeoff: chain must be a Chain, got {type(chain).__name__}")
+    if not isinstance(platform, Platform):
+        raise TypeError(f"tradeoff: platform must be a Platform, got {type(platform).__name__}")
+    if time_limit is not None and (isinstance(time_limit, bool) or not isinstance(time_limit, (int, float)) or not time_limit > 0):
+        raise ValueError(f"time_limit: expected a number of seconds > 0 or None, got {time_limit!r}")
+    if methods is None:
+        methods = DEFAULT_TRADEOFF_METHODS
+    elif isinstance(methods, str):
+        methods = [methods]
+    names = [m or DEFAULT_METHOD for m in methods]
+    if not names:
+        raise ValueError("methods: expected at least one method name, got none")
+    entries = {name: spec(name) for name in dict.fromkeys(names)}  # unknown names raise here
+    stage_floor = chain.stage_memory_floor()
+    if memories is None:
+        swept = sweep_memories(chain, points)
+    else:
+        swept = _check_memories(memories, stage_floor, chain.name)
+    offload_floor = offload_memory_floor(chain)
+    peak = keep_all_peak(chain)
+
+    extra = dict(options)
+    options = {}
+    for name, entry in entries.items():
+        params = inspect.signature(entry.load()).parameters
+        takes = "time_limit" in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+        options[name] = {"time_limit": float(time_limit)} if (takes and time_limit is not None) else {}
+        options[name].update(extra)
+
+    curves: dict[str, list[TradeoffPoint]] = {name: [] for name in entries}
+    bounds: list[float] = []
+    base = chain.compute_time
+    for memory in swept:
+        # One platform object per memory: the fluid LP behind every pure-offloading bound is
+        # cached per (chain, platform), so the methods and the curve's bound share one solve.
+        at = platform.with_memory(memory)
+        best_bound = math.inf if memory < offload_floor else lower_bound(chain, at)
+        for name, entry in entries.items():
+            result = solve(chain, at, name, **options[name])
+            feasible = result.status.has_schedule
+            makespan = result.makespan if feasible else math.inf
+            curves[name].append(
+                TradeoffPoint(
+                    memory=memory,
+                    status=result.status,
+                    makespan=makespan,
+                    overhead=makespan / base - 1.0 if (feasible and base > 0) else (0.0 if feasible else math.inf),
+                    lower_bound=float(result.lower_bound),
+                    peak_memory=int(result.peak_memory),
+                    runtime=float(result.runtime),
+                    result=result,
+                )
+            )
+            pure = not entry.remat and (result.schedule is None or not result.schedule.has_remat)
+            if pure and feasible and math.isfinite(result.lower_bound):
+                best_bound = max(best_bound, float(result.lower_bound))
+        bounds.append(best_bound)
+    return Tradeoff(
+        chain_name=chain.name,
+        platform=platform.with_memory(peak),
+        compute_time=base,
+        keep_all_peak=peak,
+        offload_floor=offload_floor,
+        stage_floor=stage_floor,
+        memories=swept,
+        lower_bound=_monotone(bounds),
+        curves={name: tuple(pts) for name, pts in curves.items()},
+        remat={name: entry.remat for name, entry in entries.items()},
+    )
+
+
+def _check_memories(memories: Sequence[int], floor: int, chain_name: str) -> tuple[int, ...]:
+    out = set()
+    for q, m in enumerate(memories):
+        if isinstance(m, bool) or not isinstance(m, (int, np.integer, float)) or not math.isfinite(m) or m != int(m):
+            raise ValueError(f"memories[{q}]: expected a whole number of bytes, got {m!r}")
+        if m < floor:
+            raise ValueError(
+                f"memories[{q}]: {int(m)} B is below {floor} B, the least any schedule of chain {chain_name!r} needs "
+                "(Chain.stage_memory_floor)"
+            )
+        out.add(int(m))
+    if not out:
+        raise ValueError("memories: expected at least one memory limit, got none")
+    return tuple(sorted(out))

@@ -1,0 +1,660 @@
+"""The user API: :func:`offload` instruments a model in place and returns an :class:`Offloader`.
+
+One call::
+
+    handle = ct.offload(model, batch, memory="6GiB")     # or memory=0.5 of the keep-all peak
+    loss = model(**batch).loss; loss.backward()           # the training loop is unchanged
+
+finds the model's blocks, profiles a step into a :class:`chainoffload.Chain`, solves with
+:func:`chainoffload.solve` (keeping resident the units that cannot move) and hooks the model so
+that every training step carries the schedule out. A call with other input shapes gets its own
+plan (NOTE [ plans per shape ]); ``handle.remove()`` leaves the model exactly as it was.
+"""
+
+from __future__ import annotations
+
+import collections
+import warnings
+from typing import Any, Iterable
+
+import torch
+from torch import nn
+
+import chainoffload as co
+from chainoffload.bounds import offload_memory_floor
+from chainoffload.solvers import spec
+from chainoffload.units import format_bytes, parse_bytes
+
+from ._copy import Copier, HostPool
+from ._instrument import COMPILE_REFUSAL, Blocks, Instrument, check_not_instrumented, find_blocks, resolve_blocks
+from ._stages import EntryState, canonical_device
+from ._tree import call_key, describe_key
+from .executor import ScheduleRun, StepStats
+from .plans import Budget, Plan, _Planner, resident_units
+from .profiler import _device_of, _to_device, as_call, measure_link
+
+__all__ = ["Offloader", "offload", "budget_curve"]
+
+#: What :func:`budget_curve` sweeps when no method is named: the policies users know and the
+#: default search (all pure offloading: the executor does not recompute).
+BUDGET_METHODS = ("offload-all", "first-k", "largest-first", "best")
+
+#: What a call with new input shapes does: plan for them, warn and keep the plan, or refuse.
+ON_NEW_SHAPE = ("replan", "warn", "error")
+
+
+class Offloader:
+    """A model trained under an offloading schedule, instrumented in place.
+
+    Made by :func:`offload` (profile, solve, one plan per input shape), or by hand from a
+    chain and schedule of your own (one plan for every call). The model keeps its class, its
+    ``forward``, its submodules and its ``state_dict`` keys; only hooks are added, and
+    :meth:`remove` takes them away. Train as usual; under ``no_grad`` / ``inference_mode``
+    nothing is offloaded.
+
+    Parameters
+    ----------
+    model
+        The model (an ``nn.Module`` whose forward runs the blocks in order).
+    chain, schedule
+        The chain of the blocks and a fixed-order schedule for it.
+    platform
+        The platform the schedule was made for (release points and the predicted peak).
+    blocks
+        The chain's stages: ``None`` for the children of an ``nn.Sequential`` model, a module
+        path, a list of modules, or :attr:`chainoffload_torch.Profile.blocks`.
+    device
+        The model's device; by default that of its first parameter.
+    keep
+        Units the schedule must not offload (checked, and shown by :meth:`table`).
+
+    Notes
+    -----
+    One forward per backward: a second forward before the backward of the first abandons the
+    first (its backward then fails with a clear error). Gradient accumulation (several
+    forward/backward pairs before the optimizer step) is that, in order. On CUDA each step
+    resets the allocator's peak statistics, to measure its own peak.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        chain: co.Chain,
+        schedule: co.Schedule,
+        *,
+        platform: co.Platform | None = None,
+        blocks: Any = None,
+        device: torch.device | str | None = None,
+        keep: Iterable[int] = (),
+    ) -> None:
+        _check_model(model)
+        if not isinstance(chain, co.Chain):
+            raise TypeError(f"chain: expected a chainoffload.Chain, got {type(chain).__name__}")
+        if not isinstance(schedule, co.Schedule):
+            raise TypeError(f"schedule: expected a chainoffload.Schedule, got {type(schedule).__name__}")
+        if isinstance(blocks, Blocks):
+            blks = blocks
+        elif blocks is None and isinstance(model, nn.Sequential):
+            blks = Blocks.of(model, [str(i) for i in range(len(model))])
+        elif blocks is None:
+            raise ValueError("blocks: pass the chain's stages (a module path or a list of modules) for a model that is not an nn.Sequential")
+        else:
+            mods = resolve_blocks(model, blocks)
+            names = {id(m): n for n, m in model.named_modules()}
+            blks = Blocks.of(mods, [names.get(id(m), str(k)) for k, m in enumerate(mods)])
+        if chain.length != len(blks):
+            raise ValueError(f"chain: has {chain.length} stages but the model has {len(blks)} blocks")
+        kept = frozenset(co.solvers.check_keep(chain, keep))
+        clash = sorted(kept & set(schedule.offloaded_units))
+        if clash:
+            raise ValueError(f"schedule: offloads unit(s) {clash}, which keep says must stay resident")
+        plan = Plan(None, chain, platform, schedule, keep=kept)
+        self._setup(model, blks, device, None, "error", 1, None)
+        try:
+            self._use(plan)
+        except BaseException:
+            self.remove()
+            raise
+        self._instrument.install()
+
+    # -- construction ----------------------------------------------------------------------
+
+    def _setup(
+        self,
+        model: nn.Module,
+        blocks: Blocks,
+        device: Any,
+        planner: _Planner | None,
+        on_new_shape: str,
+        cache_size: int,
+        host_memory: int | None,
+    ) -> None:
+        check_not_instrumented(model)
+        self.model = model
+        self.blocks = blocks
+        if device is None:
+            param = next(model.parameters(), None)
+            device = param.device if param is not None else None
+        self.device = canonical_device(device)
+        self._planner = planner
+        self.on_new_shape = on_new_shape
+        self.cache_size = cache_size
+        self._plans: collections.OrderedDict[Any, tuple[Plan, ScheduleRun]] = collections.OrderedDict()
+        self._plan: Plan | None = None
+        self._run: ScheduleRun | None = None
+        self._copier: Copier | None = None
+        self.pool = HostPool(pin=self.device is not None and self.device.type == "cuda", limit=host_memory)
+        self._warned: set[Any] = set()
+        self.replans = 0  #: plans made after the first (new shapes)
+        self._removed = False
+        self._instrument = Instrument(model, blocks, self)
+
+    def _cache(self, plan: Plan) -> ScheduleRun:
+        """``plan``'s executor, made and cached (most recently used) if new."""
+        hit = self._plans.get(plan.key)
+        if hit is not None and hit[0] is plan:
+            self._plans.move_to_end(plan.key)
+            return hit[1]
+        if self._copier is None and self.device is not None:
+            self._copier = Copier(self.device, duplex=plan.platform.duplex if plan.platform is not None else True)
+        run = ScheduleRun(
+            plan.chain,
+            plan.schedule,
+            platform=plan.platform,
+            device=self.device,
+            roots=(self.model,),
+            copier=self._copier,
+            pool=self.pool,
+        )
+        self._plans[plan.key] = (plan, run)
+        while len(self._plans) > self.cache_size:
+            # Least recently used first; neither the plan in force nor the new one.
+            victim = next((k for k, (p, _) in self._plans.items() if p is not self._plan and k != plan.key), None)
+            if victim is None:
+                break
+            del self._plans[victim]
+        return run
+
+    def _use(self, plan: Plan) -> ScheduleRun:
+        """Put ``plan`` in force (cached, with its executor)."""
+        run = self._cache(plan)
+        if self._run is not None and self._run is not run:
+            self._run.reset()  # a step of the previous plan still in flight is abandoned
+        self._plan, self._run = plan, run
+        self.pool.retain = plan.host_bytes
+        self.pool.trim()
+        return run
+
+    # -- listener --------------------------------------------------------------------------
+
+    def wants(self) -> bool:
+        """Offload only when autograd records (not under ``no_grad`` / ``inference_mode``)."""
+        return not self._removed and torch.is_grad_enabled()
+
+    def forward_start(self, args: tuple, kwargs: dict) -> Any:
+        """Choose the plan for this call's shapes (NOTE [ plans per shape ]) and start its step."""
+        run = self._select(args, kwargs)
+        return run.forward_start(args, kwargs)
+
+    def _select(self, args: tuple, kwargs: dict) -> ScheduleRun:
+        if self._planner is None:
+            return self._run
+        key = call_key(self.model, args, kwargs)
+        if key == self._plan.key:
+            return self._run
+        hit = self._plans.get(key)
+        if hit is not None:
+            return self._use(hit[0])
+        if self.on_new_shape == "error":
+            raise ValueError(
+                f"on_new_shape: the plan was made for {describe_key(self._plan.key)}, this call has "
+                f"{describe_key(key)} (on_new_shape='error'; 'replan' makes a plan for it)"
+            )
+        if self.on_new_shape == "warn":
+            if key not in self._warned:
+                self._warned.add(key)
+                warnings.warn(
+                    f"chainoffload_torch: the plan was made for {describe_key(self._plan.key)}; this call has "
+                    f"{describe_key(key)}: running the plan as it is (other bytes moved, other peak)",
+                    RuntimeWarning,
+                    stacklevel=4,
+                )
+            return self._run
+        if _sharded(self.model):
+            raise RuntimeError(
+                f"on_new_shape: the model is sharded by FSDP, where no plan can be made inside a step; this call has "
+                f"{describe_key(key)}: plan for it before fully_shard with handle.prepare(sample)"
+            )
+        if self._run is not None:
+            self._run.reset()
+        plan = self._planner.plan(self._instrument, args, kwargs, key)
+        self.replans += 1
+        return self._use(plan)
+
+    def prepare(self, sample: Any) -> Plan:
+        """Make (or find) the plan for ``sample``'s shapes now, outside a training step.
+
+        Under FSDP, plans must be made before ``fully_shard`` (a profiling step of a sharded
+        model would leave FSDP's deferred gradient reduction behind); under DDP it saves the
+        first step of each shape the profiling time. The plan in force does not change.
+
+        Parameters
+        ----------
+        sample
+            As for :func:`offload`.
+
+        Returns
+        -------
+        Plan
+        """
+        if self._planner is None:
+            raise RuntimeError("prepare: this handle has a plan given by hand; it applies to every call")
+        if self._removed:
+            raise RuntimeError("prepare: the handle was removed")
+        args, kwargs = as_call(sample)
+        args, kwargs = _to_device(args, self.device), _to_device(kwargs, self.device)
+        key = call_key(self.model, args, kwargs)
+        hit = self._plans.get(key)
+        if hit is not None:
+            return hit[0]
+        if _sharded(self.model):
+            raise RuntimeError("prepare: the model is already sharded by FSDP; prepare plans before fully_shard")
+        plan = self._planner.plan(self._instrument, args, kwargs, key)
+        self._cache(plan)
+        return plan
+
+    def stage_start(self, step: Any, idx: int, hidden: Any, args: tuple, kwargs: dict) -> None:
+        self._run.stage_start(step, idx, hidden, args, kwargs)
+
+    def stage_end(self, step: Any, idx: int, hidden_in: Any, hidden_out: Any) -> None:
+        self._run.stage_end(step, idx, hidden_in, hidden_out)
+
+    def forward_end(self, step: Any, outputs: Any) -> None:
+        self._run.forward_end(step, outputs)
+
+    def forward_failed(self, step: Any) -> None:
+        self._run.forward_failed(step)
+
+    def backward_mark(self, step: Any, idx: int) -> None:
+        self._run.backward_mark(step, idx)
+
+    def backward_end(self, step: Any) -> None:
+        self._run.backward_end(step)
+
+    def pack(self, step: Any, t: torch.Tensor) -> Any:
+        return self._run.pack(step, t)
+
+    def unpack(self, packed: Any) -> torch.Tensor:
+        return self._run.unpack(packed)
+
+    # -- what the user reads -----------------------------------------------------------------
+
+    @property
+    def plan(self) -> Plan:
+        """The plan in force (that of the last call's shapes)."""
+        return self._plan
+
+    @property
+    def plans(self) -> tuple[Plan, ...]:
+        """The cached plans, least recently used first."""
+        return tuple(p for p, _ in self._plans.values())
+
+    @property
+    def chain(self) -> co.Chain:
+        """The chain of the plan in force."""
+        return self._plan.chain
+
+    @property
+    def schedule(self) -> co.Schedule:
+        """The schedule in force."""
+        return self._plan.schedule
+
+    @property
+    def platform(self) -> co.Platform | None:
+        """The platform of the plan in force (its memory is the limit solved for)."""
+        return self._plan.platform
+
+    @property
+    def result(self) -> co.Result | None:
+        """The solver's result for the plan in force."""
+        return self._plan.result
+
+    @property
+    def last_step(self) -> StepStats | None:
+        """Figures of the last completed step of the plan in force."""
+        return self._run.last_step
+
+    @property
+    def offloaded_bytes(self) -> int:
+        """Bytes really copied to the host in the last completed step (0 before any)."""
+        s = self._run.last_step
+        return 0 if s is None else s.offloaded_bytes
+
+    @property
+    def predicted_peak(self) -> int | None:
+        """The simulator's peak memory of the plan in force (needs a platform)."""
+        tl = self._run.timeline
+        return None if tl is None else tl.peak_memory
+
+    @property
+    def measured_peak(self) -> int | None:
+        """The allocator's peak in the last step (CUDA only; see :class:`StepStats`)."""
+        s = self._run.last_step
+        return None if s is None else s.measured_peak
+
+    @property
+    def hooks_installed(self) -> int:
+        """Module hooks and saved-tensor hooks this handle has installed now."""
+        return self._instrument.hooks_installed
+
+    def unit_states(self) -> dict[int, list[EntryState]]:
+        """The state of each storage of each unit in the step in flight (empty between steps)."""
+        return self._run.unit_states()
+
+    def live_entries(self) -> int:
+        """Storages the step in flight holds (0 between steps)."""
+        return self._run.live_entries()
+
+    def reset(self) -> None:
+        """Abandon the step in flight, if any (after an exception in its backward, say)."""
+        self._run.reset()
+
+    def remove(self) -> None:
+        """Take every hook away, drop the step in flight and free the host buffers.
+
+        The model is then exactly as it was before :func:`offload`.
+        """
+        if self._removed:
+            return
+        self._instrument.remove()
+        for _, run in self._plans.values():
+            run.reset()
+        self.pool.clear()
+        self._removed = True
+
+    def decisions(self) -> list[dict[str, Any]]:
+        """One row per block of the plan in force: sizes, the decision, its triggers, the bytes last moved."""
+        plan, run = self._plan, self._run
+        sched, chain = plan.schedule, plan.chain
+        sizes = plan.sizes
+        by_unit: dict[int, dict[str, co.Transfer]] = {}
+        for t in sched.transfers:
+            by_unit.setdefault(t.unit, {})[t.kind] = t
+        last = run.last_step
+        rows = []
+        for i, name in enumerate(self.blocks.names, start=1):
+            trs = by_unit.get(i, {})
+            if i in run.offloaded:
+                decision = "offload"
+            elif i in plan.keep:
+                decision = "keep (user)"
+            elif sizes is not None and i in sizes.aliased:
+                decision = "keep (aliased)"
+            elif sizes is not None and i in sizes.held:
+                decision = "keep (held)"
+            else:
+                decision = "keep"
+
+            def trig(t: co.Transfer | None) -> str:
+                return "" if t is None else f"{t.at} of {sched.op_name(t.op)}"
+
+            rows.append(
+                {
+                    "stage": i,
+                    "module": name,
+                    "act": int(chain.act[i]),
+                    "saved": int(chain.saved[i - 1]),
+                    "fwd": float(chain.fwd[i - 1]),
+                    "bwd": float(chain.bwd[i - 1]),
+                    "decision": decision,
+                    "offload_at": trig(trs.get("offload")),
+                    "prefetch_at": trig(trs.get("prefetch")),
+                    "moved": None if last is None else last.unit_offloaded.get(i, 0),
+                }
+            )
+        return rows
+
+    def table(self) -> str:
+        """:meth:`decisions` as a Markdown table, with the plan's figures below it."""
+        head = "| stage | block | act | saved | decision | offload at | prefetch at | moved last step |"
+        lines = [head, "|---:|---|---:|---:|---|---|---|---:|"]
+        for r in self.decisions():
+            moved = "" if r["moved"] is None else format_bytes(r["moved"])
+            lines.append(
+                f"| {r['stage']} | {r['module']} | {format_bytes(r['act'])} | {format_bytes(r['saved'])} | "
+                f"{r['decision']} | {r['offload_at']} | {r['prefetch_at']} | {moved} |"
+            )
+        plan, chain = self._plan, self._plan.chain
+        tail = [f"plan for: {plan.shapes}"]
+        if plan.platform is not None:
+            tail.append(
+                f"memory: {format_bytes(plan.platform.memory)} given; keep-all peak {format_bytes(co.keep_all_peak(chain))}; "
+                f"proven floors {format_bytes(offload_memory_floor(chain))} (pure offloading), "
+                f"{format_bytes(chain.stage_memory_floor())} (any schedule)"
+            )
+        moved = f"offloaded per step: {format_bytes(plan.offloaded_bytes)} predicted"
+        if self.last_step is not None:
+            moved += f", {format_bytes(self.offloaded_bytes)} measured"
+        tail.append(moved)
+        predicted = self.predicted_peak
+        if predicted is not None:
+            peak = f"peak: {format_bytes(predicted)} predicted"
+            if self.measured_peak is not None:
+                peak += f", {format_bytes(self.measured_peak)} measured"
+            tail.append(peak)
+            tail.append(
+                f"simulated makespan: {self._run.timeline.makespan:.6g} s (compute alone {chain.compute_time:.6g} s)"
+            )
+        if plan.host_bytes is not None:
+            tail.append(f"host buffers: {format_bytes(plan.host_bytes)} for this plan, {format_bytes(self.pool.total_bytes)} held")
+        return "\n".join(lines + [""] + tail)
+
+    def __repr__(self) -> str:
+        state = "removed" if self._removed else f"{len(self.blocks)} blocks, {len(self._plans)} plan(s)"
+        return f"Offloader({type(self.model).__name__}, {state})"
+
+
+def _sharded(model: nn.Module) -> bool:
+    """Whether FSDP2 (``fully_shard``) manages ``model`` or one of its submodules."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # torch < 2.6
+        return False
+    return any(isinstance(m, FSDPModule) for m in model.modules())
+
+
+def _check_model(model: Any) -> None:
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model: expected an nn.Module, got {type(model).__name__}")
+    compiled = type(model).__name__ == "OptimizedModule" or getattr(model, "_compiled_call_impl", None) is not None
+    if compiled:
+        raise ValueError(f"model: is compiled; {COMPILE_REFUSAL}")
+
+
+def offload(
+    model: nn.Module,
+    sample: Any,
+    memory: int | float | str | None = None,
+    *,
+    blocks: Any = None,
+    method: str | None = None,
+    device: torch.device | str | None = None,
+    keep: Iterable[int] = (),
+    on_new_shape: str = "replan",
+    host_memory: int | str | None = None,
+    cache_size: int = 4,
+    platform: co.Platform | None = None,
+    repeats: int = 3,
+    warmup: int = 1,
+    **options: Any,
+) -> Offloader:
+    """Offload ``model``'s activations under a memory budget, in place; return the handle.
+
+    Parameters
+    ----------
+    model
+        Any ``nn.Module`` with a list of repeated blocks (a Hugging Face model, a ResNet, an
+        ``nn.Sequential``), on its device. It is instrumented with hooks only: no wrapper, no
+        new submodule, ``forward`` and ``state_dict`` keys unchanged.
+    sample
+        What the model is called with: a tensor, a tuple of positional arguments, or a dict of
+        keyword arguments (``{"input_ids": ids, "labels": ids}``), shaped as in training.
+    memory
+        GPU memory for activations: bytes, a string such as ``"6GiB"``, or a float in (0, 1],
+        a fraction of the keep-all peak (of each shape planned). ``None``: the platform's
+        memory if one is given, else the keep-all peak (nothing offloaded).
+    blocks
+        The chain's stages. ``None`` finds them: the longest ``nn.ModuleList`` / ``nn.Sequential``
+        of repeated blocks that the forward calls in order, each feeding the next (HF
+        ``model.layers``, ``transformer.h``, ``encoder.layer``; a ResNet's stages, joined). A
+        module path (``"transformer.h"``) or a list of modules also works. Code before the
+        first block and after the last runs as usual and is never offloaded.
+    method
+        A pure-offloading :func:`chainoffload.methods` name; default
+        :data:`chainoffload.solvers.DEFAULT_METHOD`.
+    device
+        Where to profile; default the model's device.
+    keep
+        Blocks (1-based) whose activations stay resident whatever the solver would do.
+    on_new_shape
+        A call with other input shapes than the plan's: ``"replan"`` (profile and solve for
+        them once; plans are cached), ``"warn"`` (warn, run the plan in force as it is) or
+        ``"error"`` (raise before anything is copied). See NOTE [ plans per shape ].
+    host_memory
+        Most bytes of (pinned) host buffers: a plan that needs more is refused.
+    cache_size
+        Plans kept (least recently used dropped first).
+    platform
+        Use this link instead of measuring one (its memory is used if ``memory`` is None).
+    repeats, warmup
+        Timed profiling steps per plan (the median is kept) and untimed steps before them.
+    **options
+        Passed to the solver (e.g. ``time_limit``).
+
+    Returns
+    -------
+    Offloader
+        ``.table()`` shows the decisions; ``.remove()`` restores the model.
+
+    Raises
+    ------
+    ValueError
+        Bad ``memory``, ``keep``, ``method``, ``on_new_shape``, ``host_memory`` or
+        ``cache_size``; no blocks found; a model already offloaded or compiled; no schedule
+        fits (the message gives the keep-all peak and the proven floors); the plan needs more
+        than ``host_memory``.
+    """
+    _check_model(model)
+    if on_new_shape not in ON_NEW_SHAPE:
+        raise ValueError(f"on_new_shape: {on_new_shape!r} is not one of {', '.join(ON_NEW_SHAPE)}")
+    if isinstance(cache_size, bool) or not isinstance(cache_size, int) or cache_size < 1:
+        raise ValueError(f"cache_size: {cache_size!r} must be an integer >= 1")
+    if method is not None and spec(method).remat:
+        pure = ", ".join(n for n in co.methods() if not spec(n).remat)
+        raise ValueError(f"method: {method!r} recomputes activations; the executor runs pure-offloading methods: {pure}")
+    budget = Budget.parse(platform.memory if memory is None and platform is not None else memory)
+    host = None if host_memory is None else parse_bytes(host_memory, field="host_memory")
+    check_not_instrumented(model)
+    if _sharded(model):
+        raise ValueError(
+            "model: is sharded by FSDP (fully_shard); call offload() before fully_shard (a profiling step of a sharded "
+            "model would leave FSDP's deferred gradient reduction behind)"
+        )
+    args, kwargs = as_call(sample)
+    dev = _device_of(model, args, kwargs, device)
+    args, kwargs = _to_device(args, dev), _to_device(kwargs, dev)
+    blks = find_blocks(model, args, kwargs, blocks)
+    link = platform if platform is not None else co.Platform(memory=1, **measure_link(dev, repeats=max(3, repeats)))
+    planner = _Planner(model, dev, link, budget, method, tuple(keep), host, repeats, warmup, options)
+    handle = Offloader.__new__(Offloader)
+    handle._setup(model, blks, dev, planner, on_new_shape, cache_size, host)
+    handle._instrument.install()
+    try:
+        plan = planner.plan(handle._instrument, args, kwargs, call_key(model, args, kwargs))
+        handle._use(plan)
+    except BaseException:
+        handle.remove()
+        raise
+    return handle
+
+
+def budget_curve(
+    model: nn.Module,
+    sample: Any,
+    memories: Iterable[int | float | str] | None = None,
+    *,
+    points: int = 8,
+    methods: Iterable[str] | None = None,
+    blocks: Any = None,
+    keep: Iterable[int] = (),
+    device: torch.device | str | None = None,
+    platform: co.Platform | None = None,
+    repeats: int = 3,
+    warmup: int = 1,
+    time_limit: float | None = 5.0,
+    **options: Any,
+) -> Any:
+    """What each memory budget costs ``model``: overhead against memory, before choosing one.
+
+    Profiles ``model`` once (as :func:`offload` does, the model is left as it was) and runs the
+    core's memory / overhead sweep (:func:`chainoffload.tradeoff`, the code behind ``chainoffload
+    tradeoff``) on its chain, keeping resident the units :func:`offload` would keep.
+
+    Parameters
+    ----------
+    model, sample, blocks, keep, device, platform, repeats, warmup
+        As for :func:`offload`.
+    memories
+        Limits to evaluate: bytes, sizes such as ``"6GiB"``, or fractions in (0, 1] of the
+        keep-all peak. ``None``: ``points`` limits from the least any schedule needs to the
+        keep-all peak, plus the proven offload floor.
+    points
+        Number of limits when ``memories`` is ``None`` (at least 2).
+    methods
+        Pure-offloading method names; default :data:`BUDGET_METHODS`.
+    time_limit
+        Seconds per solve for the methods that take one.
+    **options
+        Passed to every method.
+
+    Returns
+    -------
+    chainoffload.tradeoff.Tradeoff
+        ``keep_all_peak``, ``offload_floor`` and ``stage_floor`` (proven), ``memories``, per
+        method ``overheads(name)`` (``makespan / compute - 1``, ``nan`` where nothing fits) and
+        ``min_memory(name)``, the pure-offloading ``lower_bound`` per memory; ``.plot(path)``
+        draws it, ``.to_dict()`` is the JSON table. Pass one of its memories to :func:`offload`.
+
+    Raises
+    ------
+    ValueError
+        A method that recomputes, a bad memory, no blocks found.
+    """
+    from chainoffload.tradeoff import tradeoff
+
+    names = list(BUDGET_METHODS if methods is None else ([methods] if isinstance(methods, str) else methods))
+    for name in names:
+        if spec(name).remat:
+            raise ValueError(f"methods: {name!r} recomputes activations; the executor runs pure-offloading methods only")
+    _check_model(model)
+    from .profiler import profile_full
+
+    prof = profile_full(
+        model, sample, blocks=blocks, device=device, repeats=repeats, warmup=warmup, measure_platform=platform is None
+    )
+    chain = prof.chain
+    link = platform if platform is not None else prof.platform
+    limits = None
+    if memories is not None:
+        limits = [Budget.parse(m).bytes_for(chain) for m in memories]
+    keep = co.solvers.check_keep(chain, tuple(keep))
+    return tradeoff(
+        chain,
+        link,
+        names,
+        limits,
+        points=points,
+        time_limit=time_limit,
+        keep=sorted(resident_units(chain, prof.sizes, keep)),
+        **options,
+    )

@@ -1,0 +1,263 @@
+"""Plans: a budget, and the schedule made for one set of input shapes.
+
+:class:`Budget` is the memory given (bytes or a fraction of the keep-all peak); :class:`Plan`
+a schedule with the chain and platform it was solved for; ``_Planner`` profiles one call of the
+model and solves for it (what :func:`chainoffload_torch.offload` does once, and again for every
+new input shape); :func:`solve_for` keeps resident what cannot move and, when nothing fits,
+says what would (NOTE [ nothing fits ]).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Iterable
+
+import torch
+from torch import nn
+
+import chainoffload as co
+from chainoffload.bounds import offload_memory_floor
+from chainoffload.units import format_bytes, parse_bytes
+
+from ._instrument import Instrument
+from ._tree import describe_key
+from .profiler import Sizes, measure_chain
+
+__all__ = ["Budget", "Plan", "solve_for", "resident_units", "nothing_fits"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Budget:
+    """The GPU memory given to activations: bytes, or a fraction of each plan's keep-all peak.
+
+    Parameters
+    ----------
+    value
+        Bytes (an int, or a string such as ``"6GiB"``), a float in (0, 1] (a fraction of the
+        keep-all peak of the shapes being planned), or ``None`` (the keep-all peak: nothing
+        offloaded).
+    """
+
+    value: int | float | None
+
+    @classmethod
+    def parse(cls, memory: Any) -> "Budget":
+        """Validate ``memory`` (the message names the field and the value)."""
+        if memory is None:
+            return cls(None)
+        if isinstance(memory, str):
+            return cls(parse_bytes(memory, field="memory"))
+        if isinstance(memory, bool) or not isinstance(memory, (int, float)) or not math.isfinite(memory) or memory <= 0:
+            raise ValueError(
+                f"memory: {memory!r} must be bytes > 0, a size such as '6GiB', or a fraction in (0, 1] of the keep-all peak"
+            )
+        if isinstance(memory, float) and memory <= 1.0:
+            return cls(float(memory))
+        return cls(int(memory))
+
+    def bytes_for(self, chain: co.Chain) -> int:
+        """The memory limit for ``chain``."""
+        peak = co.keep_all_peak(chain)
+        if self.value is None:
+            return peak
+        if isinstance(self.value, float):
+            return int(self.value * peak)
+        return self.value
+
+    def __str__(self) -> str:
+        if self.value is None:
+            return "the keep-all peak"
+        if isinstance(self.value, float):
+            return f"{self.value:g} of the keep-all peak"
+        return format_bytes(self.value)
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """A schedule for one set of input shapes, and what it was made from.
+
+    Attributes
+    ----------
+    key
+        The call's shapes (:func:`~chainoffload_torch._tree.call_key`); ``None`` for a plan
+        given by hand, which applies to any call.
+    chain, platform, schedule, result
+        The profiled chain, the platform (its memory is the limit solved for), the schedule
+        and the solver's result (``None`` for a plan given by hand).
+    sizes
+        The profile's sizes (``None`` for a plan given by hand).
+    keep
+        Units kept because the user asked.
+    host_bytes
+        Host buffer bytes the plan takes in the pool's size classes (``None`` if unknown).
+    """
+
+    key: tuple | None
+    chain: co.Chain
+    platform: co.Platform | None
+    schedule: co.Schedule
+    result: co.Result | None = None
+    sizes: Sizes | None = None
+    keep: frozenset[int] = frozenset()
+    host_bytes: int | None = None
+
+    @property
+    def predicted_peak(self) -> int | None:
+        """The simulator's peak of the schedule (needs a platform)."""
+        if self.platform is None:
+            return None
+        return co.simulate(self.chain, self.platform, self.schedule).peak_memory
+
+    @property
+    def makespan(self) -> float | None:
+        """The simulator's time of one step under the schedule (needs a platform)."""
+        if self.platform is None:
+            return None
+        return co.simulate(self.chain, self.platform, self.schedule).makespan
+
+    @property
+    def offloaded_bytes(self) -> int:
+        """Bytes the schedule moves to the host per step."""
+        return self.schedule.offloaded_bytes(self.chain)
+
+    @property
+    def shapes(self) -> str:
+        """The input shapes the plan was made for, as text."""
+        return describe_key(self.key)
+
+
+# NOTE [ plans per shape ]
+# A plan belongs to the input shapes it was profiled with: another batch size moves other bytes
+# and peaks elsewhere. The model's forward pre-hook computes the call's key (shapes, dtypes,
+# plain arguments, training mode, autocast) before any copy starts. With on_new_shape="replan"
+# a new key is profiled (the model's own forward and backward, run re-entrantly from the hook
+# with a recorder in place of the executor, model state restored after) and solved once; plans
+# are kept in an LRU of `cache_size`, like Dynamo's guards. "warn" runs the plan in force as it
+# is (its units, other bytes) after a warning; "error" raises. Under DDP every rank must see
+# the same shapes at the same step (a replan runs the model, so its collectives, on every rank).
+# Under FSDP2 a profiling step of the sharded model would leave FSDP's deferred gradient
+# reduction behind (measured: the next step's gradients were off), so a plan is made only before
+# fully_shard (offload(), then prepare() for every other shape) and a new shape is refused.
+
+
+class _Planner:
+    """Profiles and solves for one call's shapes (the part of :func:`offload` that repeats)."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        device: torch.device,
+        link: co.Platform,
+        budget: Budget,
+        method: str | None,
+        keep: tuple,
+        host_memory: int | None,
+        repeats: int,
+        warmup: int,
+        options: dict[str, Any],
+    ) -> None:
+        self.model = model
+        self.device = device
+        self.link = link
+        self.budget = budget
+        self.method = method
+        self.keep = keep
+        self.host_memory = host_memory
+        self.repeats = repeats
+        self.warmup = warmup
+        self.options = options
+
+    def plan(self, instrument: Instrument, args: tuple, kwargs: dict, key: tuple) -> Plan:
+        chain, sizes = measure_chain(
+            instrument,
+            self.model,
+            args,
+            kwargs,
+            self.device,
+            repeats=self.repeats,
+            warmup=self.warmup,
+            name=type(self.model).__name__,
+        )
+        keep = co.solvers.check_keep(chain, self.keep)
+        platform = self.link.with_memory(self.budget.bytes_for(chain))
+        result = solve_for(chain, platform, self.method, keep, sizes, self.options, key)
+        host = sizes.host_bytes(result.schedule.offloaded_units)
+        if self.host_memory is not None and host > self.host_memory:
+            raise ValueError(
+                f"host_memory: the plan for {describe_key(key)} offloads "
+                f"{format_bytes(result.schedule.offloaded_bytes(chain))} per step and needs {format_bytes(host)} of host "
+                f"buffers, above host_memory={format_bytes(self.host_memory)}; give more GPU memory or more host memory"
+            )
+        return Plan(key, chain, platform, result.schedule, result, sizes, keep, host)
+
+
+def resident_units(chain: co.Chain, sizes: Sizes, keep: Iterable[int] = ()) -> set[int]:
+    """The units no plan may offload: the user's, the aliased and held ones (they cannot
+    move), and unit L (moving it gains nothing, and it holds the suffix: NOTE [ prefix and
+    suffix ])."""
+    return set(keep) | set(sizes.resident) | {chain.length}
+
+
+def solve_for(
+    chain: co.Chain,
+    platform: co.Platform,
+    method: str | None,
+    keep: Iterable[int],
+    sizes: Sizes,
+    options: dict[str, Any],
+    key: tuple | None = None,
+) -> co.Result:
+    """Solve keeping resident the user's units, the ones that cannot move, and unit L.
+
+    Raises
+    ------
+    ValueError
+        Nothing fits: the message gives the keep-all peak, the proven floors and the least
+        memory known to work (NOTE [ nothing fits ]).
+    """
+    resident = resident_units(chain, sizes, keep)
+    try:
+        result = co.solve(chain, platform, method, keep=sorted(resident), **options)
+    except co.PlatformError:
+        result = None
+    if result is not None and result.feasible:
+        return result
+    raise ValueError(nothing_fits(chain, platform, method, resident, keep, sizes, result, key))
+
+
+# NOTE [ nothing fits ]
+# The error says what a user needs to choose again: the keep-all peak (enough memory for no
+# offloading at all), the proven floors (offload_memory_floor: below it no pure-offloading
+# schedule fits whatever is moved; stage_memory_floor: below it no schedule of any kind fits),
+# which units had to stay resident and why, and the least memory at which largest-first (fast,
+# and keeping the same units) was seen to fit: a budget known to work.
+
+
+def nothing_fits(
+    chain: co.Chain,
+    platform: co.Platform,
+    method: str | None,
+    resident: set[int],
+    keep: Iterable[int],
+    sizes: Sizes,
+    result: co.Result | None,
+    key: tuple | None,
+) -> str:
+    """The message of NOTE [ nothing fits ]."""
+    why = []
+    for u in sorted(resident):
+        reasons = [r for r, s in (("user", set(keep)), ("aliased", sizes.aliased), ("held", sizes.held)) if u in s]
+        if u == chain.length and not reasons:
+            reasons = ["last"]
+        why.append(f"{u} ({', '.join(reasons)})")
+    works = co.minimum_memory(chain, platform, "largest-first", keep=sorted(resident))
+    status = f"method {result.method}: {result.status}" if result is not None else "below any schedule's floor"
+    shapes = f" for {describe_key(key)}" if key is not None else ""
+    return (
+        f"memory: no schedule fits in {format_bytes(platform.memory)}{shapes} ({status}); "
+        f"keep-all peak {format_bytes(co.keep_all_peak(chain))}; proven floors {format_bytes(offload_memory_floor(chain))} "
+        f"for any pure-offloading schedule, {format_bytes(chain.stage_memory_floor())} for any schedule at all; "
+        f"units kept resident: {', '.join(why)}"
+        + (f"; least memory known to work: {format_bytes(works)}" if works is not None else "")
+    )

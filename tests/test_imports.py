@@ -1,0 +1,194 @@
+"""The package's import graph: no cycle, and the layers go one way.
+
+Every module of ``chainoffload`` is parsed with ``ast``; every import in it counts, at module
+level or inside a function (a lazy import still runs, and still makes a cycle), except those
+under ``if TYPE_CHECKING:`` (never run). An edge goes to the module named: ``from . import x``
+to the submodule ``x`` if there is one, else to the package; importing ``a.b`` is not counted as
+importing the package ``a`` too (its ``__init__`` runs, but that is Python's doing, not a
+dependency the module chose). Imports by name at run time (the solver registry's
+``"module:function"`` targets) are not in the graph: they go from the registry down to the
+solvers.
+
+The layers, lowest first: the model (chains, platforms, units, the fixed order's arithmetic,
+the shipped examples), the schedule, the simulator (with the analysis of its timelines, the
+stalls), the solvers (with the result type and schedule files, the bounds, the planner and
+their kernels), then the front ends (CLI, plots, the trade-off sweep, verify, the testing
+helpers, the package's own ``__init__``). An import goes to the same layer or below, with one
+exception: ``Timeline.plot`` imports ``chainoffload.plot`` lazily, a convenience for users,
+which is fine as long as ``plot`` imports nothing that leads back (no cycle).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "chainoffload"
+
+LAYERS = {
+    "model": [
+        "chainoffload._jsonio",
+        "chainoffload._kernels",
+        "chainoffload._kernels.config",
+        "chainoffload.chain",
+        "chainoffload.platform",
+        "chainoffload.units",
+        "chainoffload.order",
+        "chainoffload.generators",
+        "chainoffload.examples",
+        "chainoffload.networks",
+    ],
+    "schedule": ["chainoffload.schedule", "chainoffload._kernels.structure"],
+    "simulate": ["chainoffload.simulate", "chainoffload._kernels.simulate", "chainoffload.stalls"],
+    "solvers": [
+        "chainoffload.result",
+        "chainoffload.schedule_file",
+        "chainoffload.bounds",
+        "chainoffload.planner",
+        "chainoffload.exact",
+        "chainoffload.solvers",
+        "chainoffload.solvers.*",
+        "chainoffload._kernels.dp",
+        "chainoffload._kernels.joint",
+        "chainoffload._kernels.planner",
+        "chainoffload._kernels.rotor",
+    ],
+    "front": [
+        "chainoffload",
+        "chainoffload.__main__",
+        "chainoffload.cli",
+        "chainoffload.plot",
+        "chainoffload.tradeoff",
+        "chainoffload.verify",
+        "chainoffload.testing",
+        "chainoffload.testing.*",
+    ],
+}
+ORDER = list(LAYERS)
+UPWARD_ALLOWED = {("chainoffload.simulate", "chainoffload.plot")}
+
+
+def module_name(path: Path, package: Path = PACKAGE) -> str:
+    parts = list(path.relative_to(package.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def all_modules() -> dict[str, Path]:
+    return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def imports_of(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The package modules ``name`` imports, lazily or not (TYPE_CHECKING blocks excluded)."""
+    tree = ast.parse(path.read_text(), str(path))
+    is_package = path.name == "__init__.py"
+    here = name.split(".") if is_package else name.split(".")[:-1]
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name == "chainoffload" or alias.name.startswith("chainoffload."):
+                    found.add(alias.name)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = here[: len(here) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target == "chainoffload" or target.startswith("chainoffload."):
+                for alias in node.names:
+                    sub = f"{target}.{alias.name}"
+                    found.add(sub if sub in modules else target)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(tree)
+    found.discard(name)
+    unknown = sorted(m for m in found if m not in modules)
+    assert not unknown, f"{name} imports modules that do not exist: {unknown}"
+    return found
+
+
+def layer_of(name: str) -> str:
+    for layer, names in LAYERS.items():
+        for pattern in names:
+            if name == pattern or (pattern.endswith(".*") and name.startswith(pattern[:-1])):
+                return layer
+    raise AssertionError(f"{name} has no layer: add it to LAYERS in tests/test_imports.py")
+
+
+@pytest.fixture(scope="module")
+def graph() -> dict[str, set[str]]:
+    modules = all_modules()
+    return {name: imports_of(name, path, modules) for name, path in modules.items()}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """A cycle of the graph as a list of modules (first = last), or None."""
+    color = dict.fromkeys(graph, 0)  # 0 unseen, 1 on the stack, 2 done
+    stack: list[str] = []
+
+    def dfs(node: str) -> list[str] | None:
+        color[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if color[nxt] == 1:
+                return stack[stack.index(nxt) :] + [nxt]
+            if color[nxt] == 0:
+                cycle = dfs(nxt)
+                if cycle:
+                    return cycle
+        stack.pop()
+        color[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if color[node] == 0:
+            cycle = dfs(node)
+            if cycle:
+                return cycle
+    return None
+
+
+def test_the_import_graph_has_no_cycle(graph):
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_layers_go_one_way(graph):
+    upward = [
+        f"{a} ({layer_of(a)}) -> {b} ({layer_of(b)})"
+        for a, targets in graph.items()
+        for b in targets
+        if ORDER.index(layer_of(b)) > ORDER.index(layer_of(a)) and (a, b) not in UPWARD_ALLOWED
+    ]
+    assert not upward, "imports that go up a layer:\n" + "\n".join(sorted(upward))
+
+
+def test_the_checker_sees_lazy_imports_and_cycles(tmp_path):
+    # The parser counts an import inside a function, skips TYPE_CHECKING, and finds a cycle.
+    pkg = tmp_path / "chainoffload"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from . import c\ndef f():\n    from .b import g\n")
+    (pkg / "b.py").write_text("from . import a\n")
+    (pkg / "c.py").write_text("")
+    modules = {module_name(p, pkg): p for p in pkg.glob("*.py")}
+    edges = {name: imports_of(name, path, modules) for name, path in modules.items()}
+    assert edges["chainoffload.a"] == {"chainoffload.b"}
+    assert find_cycle(edges) == ["chainoffload.a", "chainoffload.b", "chainoffload.a"]
+
