@@ -176,7 +176,7 @@ def main(argv=None) -> int:
         f"memory midway between stage floor and keep-all peak, bandwidth {args.ratio:g} x sum(saved)/sum(fwd), "
         f"duplex, latency 0; CP-SAT time limit {args.time_limit:g} s, {workers} workers. Times include "
         "the warm start (the baselines and `best`), the bound stated in the model (`stronger_bound`, a fifth of the "
-        "time limit) and model building. The machine is shared: 1-minute load average "
+        "time limit, at most 5 s) and model building. The machine is shared: 1-minute load average "
         f"{load_start:.1f} at the start, {{load_end}} at the end (per chain in the last column); with a load above the "
         "core count, CP-SAT's workers get a fraction of a core each, so times are longer than on an idle machine.\n"
     )

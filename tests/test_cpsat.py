@@ -162,11 +162,26 @@ def test_simulator_rejection_is_reported_as_such(monkeypatch):
     assert none.status == Status.TIMEOUT and "the simulator rejected" in none.message
 
 
-def test_time_limit_with_a_schedule_says_the_gap():
-    chain, platform = instance(2, 24, frac=0.3, ratio=0.1)
-    res = cpsat(chain, platform, time_limit=3.0, bound=False)
-    if res.status == Status.FEASIBLE and not res.info["kept_hint"]:
-        assert res.message.startswith("cpsat: time limit 3 s reached; best schedule (cpsat)") and "above the proven bound" in res.message
+def test_time_limit_with_a_schedule_says_the_gap(monkeypatch):
+    # CP-SAT stops at the limit with a schedule the simulator accepts and no warm start to
+    # compare: feasible, CP-SAT's schedule, and the gap to the bound it proved.
+    chain, platform = instance(2, 8, frac=0.3, ratio=0.1)
+    found = solve(chain, platform, "best").schedule
+    makespan = simulate(chain, platform, found).makespan
+    grid = TimeGrid.build(chain, platform)
+
+    class Solver(_FakeSolver):
+        objective_value = makespan * grid.scale
+        best_objective_bound = 0.9 * makespan * grid.scale
+
+    monkeypatch.setattr(cpsat_model.CPModel, "solve", lambda self, **kw: (Solver(), "FEASIBLE"))
+    monkeypatch.setattr(cpsat_model.CPModel, "schedule_from", lambda self, solver: found)
+    res = cpsat(chain, platform, time_limit=5.0, bound=False, hint=False)
+    assert res.status == Status.FEASIBLE and res.schedule is found and not res.info["kept_hint"]
+    assert res.makespan == makespan and res.lower_bound < makespan
+    gap = 100 * (makespan / res.lower_bound - 1)
+    assert res.message == f"cpsat: time limit 5 s reached; best schedule (cpsat) {gap:.3g}% above the proven bound"
+    assert 11.0 < gap < 11.2  # 1 / 0.9, less the rounding slack
 
 
 def test_workers_default_to_every_core(chain3):

@@ -28,6 +28,12 @@ __all__ = ["cpsat", "default_workers"]
 
 _RETRIES = 3
 
+#: The most seconds the stated bound may take. The whole-unit relaxation's dual bound stops
+#: moving once SCIP's root is done (measured on benchmarks/cpsat.py's chains: within 1 s at
+#: L = 20-30 and 3 s at L = 40, the same value at 12 and 40 s), while every second spent on it
+#: is a second less for CP-SAT's own search.
+BOUND_SECONDS = 5.0
+
 
 def default_workers() -> int:
     """The cores this process may run on (CP-SAT's default worker count here)."""
@@ -141,7 +147,8 @@ def cpsat(
         offloads one is ignored).
     bound
         State the proven lower bound of :func:`chainoffload.bounds.stronger_bound` in the
-        model (computed within a fifth of ``time_limit``), so that CP-SAT stops as soon as a
+        model (computed within a fifth of ``time_limit``, at most 5 s: ``BOUND_SECONDS``), so
+        that CP-SAT stops as soon as a
         solution reaches it.
 
     Returns
@@ -208,7 +215,8 @@ def cpsat(
     if bound and (warm is None or warm[2] > proven * (1 + 1e-12)):
         from ...bounds import stronger_bound
 
-        sb = stronger_bound(chain, platform, time_limit=max(0.05, (deadline - time.perf_counter()) / 5))
+        budget = min(BOUND_SECONDS, (deadline - time.perf_counter()) / 5)
+        sb = stronger_bound(chain, platform, time_limit=max(0.05, budget))
         if sb.value > proven:
             proven, info["bound"] = sb.value, sb.kind
     if warm is not None and warm[2] <= proven * (1 + 1e-12):
