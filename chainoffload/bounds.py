@@ -38,6 +38,7 @@ __all__ = [
     "offload_memory_floor",
     "stronger_bound",
     "unit_milp",
+    "unit_milp_seconds",
 ]
 
 #: LP back ends :func:`fluid_lp` accepts: GLOP (simplex, exact vertex; the default) and PDLP
@@ -920,6 +921,29 @@ class Bound:
 UNIT_MILP_MAX_SIZE = 2_000_000
 
 
+def _unit_milp_size(chain: Chain, platform: Platform) -> int:
+    """(ops whose memory check binds) x L^2: how the unit MILP's model and solve time grow."""
+    dur = np.concatenate([chain.fwd, chain.bwd[::-1]])
+    checked = int(np.count_nonzero((keep_all_start_memory(chain) > platform.memory) & (dur > 0)))
+    return checked * chain.length**2
+
+
+def unit_milp_seconds(chain: Chain, platform: Platform) -> float:
+    """Estimated seconds before :func:`unit_milp` has its bound: building the model and SCIP's root.
+
+    ``0.5 + (ops whose memory check binds) x L^2 / 20,000``, fitted on random chains of
+    benchmarks/relaxations.py's family on the shared 2-core machine (load 4-5): the bound SCIP
+    proves stops moving after 0.6-0.8 s at L = 12, ~1 s at L = 20, 1-4 s at L = 30 and 2-5 s at
+    L = 40-60 with roomy memory; with tight memory at L >= 40 it is still far below the fluid LP
+    after 8 s. ``0`` when no check binds (the bound is then the compute time); ``inf`` past
+    :data:`UNIT_MILP_MAX_SIZE`, where :func:`stronger_bound` does not build the model.
+    """
+    size = _unit_milp_size(chain, platform)
+    if size == 0:
+        return 0.0
+    return 0.5 + size / 20_000 if size <= UNIT_MILP_MAX_SIZE else math.inf
+
+
 def stronger_bound(chain: Chain, platform: Platform, *, time_limit: float = 10.0) -> Bound:
     """The best proven lower bound within ``time_limit`` seconds: compute time, fluid LP, unit MILP.
 
@@ -956,9 +980,8 @@ def stronger_bound(chain: Chain, platform: Platform, *, time_limit: float = 10.0
     if fluid > best.value:
         best = Bound(fluid, "fluid LP", 0.0)
     left = float(time_limit) - (time.perf_counter() - t0)
-    checked = int(np.count_nonzero(keep_all_start_memory(chain) > platform.memory))
-    size = checked * chain.length**2
-    if math.isfinite(best.value) and checked and left > 0.01 and size <= UNIT_MILP_MAX_SIZE:
+    size = _unit_milp_size(chain, platform)
+    if math.isfinite(best.value) and size and left > 0.01 and size <= UNIT_MILP_MAX_SIZE:
         unit = unit_milp(chain, platform, time_limit=left)
         if unit.bound > best.value:
             best = Bound(unit.bound, "unit MILP, optimal" if unit.status == "optimal" else "unit MILP", 0.0)
