@@ -1,4 +1,4 @@
-"""The relaxation heuristics against the lower bounds and the baselines, on random chains.
+"""The relaxation heuristics against the lower bound and the baselines, on random chains.
 
     python benchmarks/relaxations.py           # 200 chains x 3 memories x 2 bandwidths, runtimes at L=100/1000
     python benchmarks/relaxations.py --quick   # 20 chains, L <= 30, runtimes at L = 100 only
@@ -8,10 +8,16 @@ Instances: chains from :func:`chainoffload.generators.random_chain` (L uniform i
 pure-offloading schedule needs (:func:`chainoffload.bounds.offload_memory_floor`, "fits nothing
 extra") to the keep-all peak, and at two bandwidths, 0.5x and 2x the chain's "balance" rate
 (total saved bytes / compute time: the rate at which offloading everything would just keep up).
-Latency 10 us, duplex. Two lower bounds: "before", :func:`chainoffload.bounds.lower_bound`
-(max(sum(fwd)+sum(bwd), fluid LP)), and "after", :func:`chainoffload.bounds.stronger_bound`
-(also the whole-unit relaxation, ``--bound-time`` seconds each, default 10). Writes a Markdown
-report to benchmarks/results/.
+Latency 10 us, duplex. The lower bound is the larger of :func:`chainoffload.bounds.lower_bound`
+(max(sum(fwd)+sum(bwd), fluid LP)) and :func:`chainoffload.bounds.volume_lower_bound` (both
+proven; the tables also give the ratio to the LP bound alone, the figure reported before).
+With ``--bound-time S``, also "after": the larger of that and
+:func:`chainoffload.bounds.stronger_bound` (the whole-unit relaxation, S seconds per instance),
+with a table by chain length and where the bound came from. Writes a Markdown report to
+benchmarks/results/.
+
+    python benchmarks/relaxations.py --chains 40 --bound-time 5 --shard 0 2 --out s0.json   # and 1 2
+    python benchmarks/relaxations.py --chains 40 --bound-time 5 --merge s0.json s1.json --out results/relaxations-stronger.md
 """
 
 from __future__ import annotations
@@ -29,8 +35,10 @@ from pathlib import Path
 import numpy as np
 
 import chainoffload as co
-from chainoffload.bounds import lower_bound, offload_memory_floor, stronger_bound
+from chainoffload.bounds import lower_bound, offload_memory_floor, stronger_bound, volume_lower_bound
 from chainoffload.generators import random_chain
+
+from _common import write_report
 
 RESULTS = Path(__file__).resolve().parent / "results"
 BASELINES = ["keep-all", "offload-all", "first-k", "largest-first"]
@@ -40,9 +48,9 @@ RATES = (0.5, 2.0)
 LATENCY = 10e-6
 
 
-def instances(count: int, max_length: int):
+def instances(count: int, max_length: int, seeds: range | None = None):
     """(label, chain, platform) for every chain x memory level x bandwidth."""
-    for seed in range(count):
+    for seed in seeds if seeds is not None else range(count):
         length = int(np.random.default_rng(seed).integers(5, max_length + 1))
         chain = random_chain(seed, length)
         floor, peak = offload_memory_floor(chain), co.keep_all_peak(chain)
@@ -54,40 +62,29 @@ def instances(count: int, max_length: int):
                 yield (seed, level, rate), chain, co.Platform(memory=memory, bandwidth_d2h=bw, bandwidth_h2d=bw, latency=LATENCY)
 
 
-def quality(count: int, max_length: int, bound_time: float) -> dict:
+def quality(count: int, max_length: int, seeds: range | None = None, bound_time: float | None = None) -> dict:
     methods = BASELINES + HEURISTICS
     records = []
-    for label, chain, platform in instances(count, max_length):
-        before = lower_bound(chain, platform)
-        after = stronger_bound(chain, platform, time_limit=bound_time)
-        rec = {
-            "label": label,
-            "L": chain.length,
-            "before": before,
-            "bound": max(before, after.value),
-            "kind": after.kind,
-            "bound_t": after.seconds,
-            "trivial": chain.compute_time,
-        }
+    for label, chain, platform in instances(count, max_length, seeds):
+        lp_bound = lower_bound(chain, platform)
+        bound = max(lp_bound, volume_lower_bound(chain, platform))
+        rec = {"label": label, "L": chain.length, "bound": bound, "lp_bound": lp_bound, "trivial": chain.compute_time}
+        if bound_time:
+            after = stronger_bound(chain, platform, time_limit=bound_time)
+            rec.update(after=max(bound, after.value), kind=after.kind, bound_t=after.seconds, load=os.getloadavg()[0])
         for m in methods:
             r = co.solve(chain, platform, m)
             rec[m] = r.makespan if r.feasible else math.inf
             rec[m + "_t"] = r.runtime
         records.append(rec)
-        print(f"{label} L={chain.length} best/before={rec['best'] / before:.4f} best/after={rec['best'] / rec['bound']:.4f} "
-              f"({after.kind}, {after.seconds:.1f} s)", file=sys.stderr, flush=True)
+        if bound_time:
+            print(f"{label} L={chain.length} best/before={rec['best'] / bound:.4f} best/after={rec['best'] / rec['after']:.4f} "
+                  f"({rec['kind']}, {rec['bound_t']:.1f} s)", file=sys.stderr, flush=True)
     return {"records": records, "methods": methods, "bound_time": bound_time}
 
 
 def _stats(xs: list[float]) -> tuple[float, float]:
     return (float(np.mean(xs)), float(np.max(xs))) if xs else (math.nan, math.nan)
-
-
-def _bucket(length: int) -> str:
-    for lo, hi in ((5, 12), (13, 20), (21, 35), (36, 60)):
-        if lo <= length <= hi:
-            return f"{lo}-{hi}"
-    return f"{length}"
 
 
 def quality_tables(data: dict) -> list[str]:
@@ -96,44 +93,25 @@ def quality_tables(data: dict) -> list[str]:
     lines = [
         f"### Makespan / lower bound ({n} instances)",
         "",
-        "Before: the fluid LP bound (`lower_bound`). After: `stronger_bound` with "
-        f"`time_limit={data['bound_time']:g}` (the larger of the fluid LP and the whole-unit relaxation).",
+        "Bound: the larger of the fluid LP bound and the closed-form volume bound; the LP bound alone",
+        "in the next column (the figure reported before the volume bound existed).",
         "",
-        "| method | feasible | mean, before | max, before | mean, after | max, after | mean runtime (ms) |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| method | feasible | mean | max | mean / LP bound alone | mean runtime (ms) |",
+        "|---|---:|---:|---:|---:|---:|",
     ]
     for m in methods:
-        before = [r[m] / r["before"] for r in recs if math.isfinite(r[m])]
-        after = [r[m] / r["bound"] for r in recs if math.isfinite(r[m])]
-        (mb, xb), (ma, xa) = _stats(before), _stats(after)
+        ratios = [r[m] / r["bound"] for r in recs if math.isfinite(r[m])]
+        lp_ratios = [r[m] / r["lp_bound"] for r in recs if math.isfinite(r[m])]
+        mean, mx = _stats(ratios)
         rt = 1e3 * float(np.mean([r[m + "_t"] for r in recs]))
-        lines.append(f"| {m} | {len(after)} | {mb:.4f} | {xb:.4f} | {ma:.4f} | {xa:.4f} | {rt:.1f} |")
+        lines.append(f"| {m} | {len(ratios)} | {mean:.4f} | {mx:.4f} | {_stats(lp_ratios)[0]:.4f} | {rt:.1f} |")
+    lb_gain = [r.get("lp_bound", r["bound"]) / r["trivial"] for r in recs]
+    lines += stronger_tables(data)
     lines += [
         "",
-        "### `best` / lower bound by chain length",
-        "",
-        "| L | instances | mean, before | mean, after | max, after | unit MILP solved to optimality | unit MILP stopped by its limit | mean bound time (s) |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for bucket in sorted({_bucket(r["L"]) for r in recs}, key=lambda b: int(b.split("-")[0])):
-        rs = [r for r in recs if _bucket(r["L"]) == bucket and math.isfinite(r["best"])]
-        before = [r["best"] / r["before"] for r in rs]
-        after = [r["best"] / r["bound"] for r in rs]
-        opt = sum(r["kind"] == "unit MILP, optimal" for r in rs)
-        limit = sum(r["kind"] == "unit MILP" for r in rs)
-        lines.append(
-            f"| {bucket} | {len(rs)} | {np.mean(before):.4f} | {np.mean(after):.4f} | {np.max(after):.4f} | {opt} | {limit} | "
-            f"{np.mean([r['bound_t'] for r in rs]):.2f} |"
-        )
-    lb_gain = [r["before"] / r["trivial"] for r in recs]
-    unit_gain = [r["bound"] / r["before"] for r in recs]
-    kinds = {k: sum(r["kind"] == k for r in recs) for k in ("compute time", "fluid LP", "unit MILP", "unit MILP, optimal")}
-    lines += [
-        "",
+        f"The volume bound is above the LP bound on {sum(r['bound'] > r['lp_bound'] * (1 + 1e-9) for r in recs)} of {n} instances. "
         f"The LP bound is above the trivial bound sum(fwd)+sum(bwd) on {sum(g > 1 + 1e-9 for g in lb_gain)} of {n} "
-        f"instances (mean bound / trivial {np.mean(lb_gain):.4f}, max {np.max(lb_gain):.4f}). The stronger bound is above "
-        f"the LP bound on {sum(g > 1 + 1e-9 for g in unit_gain)} (mean after / before {np.mean(unit_gain):.4f}, max "
-        f"{np.max(unit_gain):.4f}); it came from: " + ", ".join(f"{k} {v}" for k, v in kinds.items()) + ".",
+        f"instances (mean bound / trivial {np.mean(lb_gain):.4f}, max {np.max(lb_gain):.4f}).",
         "",
         "### Heuristics against each baseline (where both are feasible)",
         "",
@@ -151,19 +129,75 @@ def quality_tables(data: dict) -> list[str]:
     return lines
 
 
+def _bucket(length: int) -> str:
+    for lo, hi in ((5, 12), (13, 20), (21, 30), (31, 40), (41, 60)):
+        if lo <= length <= hi:
+            return f"{lo}-{hi}"
+    return f"{length}"
+
+
+def stronger_tables(data: dict) -> list[str]:
+    """Before (max of fluid LP and volume) and after (also ``stronger_bound``), when measured."""
+    recs, methods = data["records"], data["methods"]
+    if not recs or "after" not in recs[0]:
+        return []
+    lines = [
+        "",
+        f"### Makespan / lower bound, before and after the stronger bound ({len(recs)} instances)",
+        "",
+        "Before: the bound above (fluid LP, volume). After: the larger of it and `stronger_bound` with "
+        f"`time_limit={data['bound_time']:g}` (the whole-unit relaxation, NOTE [ unit MILP lower bound ]).",
+        "",
+        "| method | feasible | mean, before | mean, after | max, after |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for m in methods:
+        rs = [r for r in recs if math.isfinite(r[m])]
+        (mb, _), (ma, xa) = _stats([r[m] / r["bound"] for r in rs]), _stats([r[m] / r["after"] for r in rs])
+        lines.append(f"| {m} | {len(rs)} | {mb:.4f} | {ma:.4f} | {xa:.4f} |")
+    lines += [
+        "",
+        "`best` / bound by chain length:",
+        "",
+        "| L | instances | mean, before | mean, after | max, after | unit MILP optimal | unit MILP stopped by its limit | mean bound time (s) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for bucket in sorted({_bucket(r["L"]) for r in recs}, key=lambda b: int(b.split("-")[0])):
+        rs = [r for r in recs if _bucket(r["L"]) == bucket and math.isfinite(r["best"])]
+        if not rs:
+            continue
+        before = [r["best"] / r["bound"] for r in rs]
+        after = [r["best"] / r["after"] for r in rs]
+        opt = sum(r["kind"] == "unit MILP, optimal" for r in rs)
+        limit = sum(r["kind"] == "unit MILP" for r in rs)
+        lines.append(
+            f"| {bucket} | {len(rs)} | {np.mean(before):.4f} | {np.mean(after):.4f} | {np.max(after):.4f} | {opt} | {limit} | "
+            f"{np.mean([r['bound_t'] for r in rs]):.2f} |"
+        )
+    gain = [r["after"] / r["bound"] for r in recs]
+    kinds: dict[str, int] = {}
+    for r in recs:
+        kinds[r["kind"]] = kinds.get(r["kind"], 0) + 1
+    lines += [
+        "",
+        f"The stronger bound is above the bound before on {sum(g > 1 + 1e-9 for g in gain)} of {len(recs)} instances "
+        f"(mean after / before {np.mean(gain):.4f}, max {np.max(gain):.4f}); `stronger_bound`'s answer came from: "
+        + ", ".join(f"{k} {v}" for k, v in sorted(kinds.items())) + ". 1-minute load average during the run "
+        f"{min(r['load'] for r in recs):.1f}-{max(r['load'] for r in recs):.1f} (the machine is shared).",
+    ]
+    return lines
+
+
 _TIMING = r"""
 import json, sys, time
 sys.path.insert(0, {bench!r})
 import chainoffload as co
 from chainoffload.generators import random_chain
-from chainoffload.bounds import offload_memory_floor
 from chainoffload.solvers import spec
+from _common import mid_instance
 out = {{}}
 for length in {lengths!r}:
-    chain = random_chain(1000 + length, length)
-    floor, peak = offload_memory_floor(chain), co.keep_all_peak(chain)
-    bw = 0.5 * float(chain.saved.sum()) / chain.compute_time
-    platform = co.Platform(memory=int(floor + 0.5 * (peak - floor)), bandwidth_d2h=bw, bandwidth_h2d=bw, latency=1e-5)
+    chain, platform = mid_instance(length)
     for m in {methods!r}:
         func = spec(m).load()
         times = {{"solve": [], "method": []}}
@@ -227,7 +261,9 @@ def main(argv=None) -> int:
     parser.add_argument("--chains", type=int, default=None, help="number of random chains (default 200, quick 20)")
     parser.add_argument("--out", type=Path, default=None, help="Markdown report path")
     parser.add_argument("--runtime-only", action="store_true", help="only the runtime tables (results/relaxations-runtime.md)")
-    parser.add_argument("--bound-time", type=float, default=10.0, help="seconds for stronger_bound per instance (default 10)")
+    parser.add_argument("--shard", type=int, nargs=2, metavar=("I", "N"), help="only chains i with i %% N == I; write their records (JSON) to --out")
+    parser.add_argument("--merge", type=Path, nargs="+", help="records of every shard: write the report from them (no runtime tables)")
+    parser.add_argument("--bound-time", type=float, default=None, help="also stronger_bound, this many seconds per instance")
     args = parser.parse_args(argv)
     count = args.chains or (20 if args.quick else 200)
     max_length = 30 if args.quick else 60
@@ -241,32 +277,43 @@ def main(argv=None) -> int:
             "",
         ] + runtime_tables(args.quick)
         return _write(lines, t0, args.out or RESULTS / "relaxations-runtime.md")
-    load_start = os.getloadavg()[0]
-    data = quality(count, max_length, args.bound_time)
-    command = "python benchmarks/relaxations.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    if args.shard:
+        i, n = args.shard
+        data = quality(count, max_length, range(i, count, n), args.bound_time)
+        for rec in data["records"]:
+            rec["label"] = list(rec["label"])
+        (args.out or Path(f"relaxations-shard{i}.json")).write_text(json.dumps(data))
+        return 0
+    if args.merge:
+        parts = [json.loads(p.read_text()) for p in args.merge]
+        data = {"methods": parts[0]["methods"], "bound_time": parts[0].get("bound_time"),
+                "records": sorted((r for p in parts for r in p["records"]), key=lambda r: r["label"])}
+        count = len({r["label"][0] for r in data["records"]})
+    else:
+        data = quality(count, max_length, None, args.bound_time)
+    load = os.getloadavg()[0]
     lines = [
-        "# Relaxation heuristics, lower bounds and baselines",
+        "# Relaxation heuristics, lower bound and baselines",
         "",
-        f"`{command.strip()}`, {time.strftime('%Y-%m-%d')}, "
-        f"{os.cpu_count()} CPU cores (shared; 1-minute load average {load_start:.1f} at the start, "
-        f"{{load_end}} at the end). {count} random chains, L in 5..{max_length}, memory at "
+        f"`python benchmarks/relaxations.py{' --quick' if args.quick else ''}"
+        f"{f' --chains {args.chains}' if args.chains else ''}{f' --bound-time {args.bound_time:g}' if args.bound_time else ''}"
+        f"{' --shard I N, then --merge' if args.merge else ''}`, {time.strftime('%Y-%m-%d')}, "
+        f"{os.cpu_count()} CPU cores (shared; 1-minute load average {load:.1f} when the report was written). {count} random chains, L in 5..{max_length}, memory at "
         f"{', '.join(f'{int(100 * x)} %' for x in LEVELS)} from the offload floor to keep-all, bandwidth "
         f"{' and '.join(f'{x}x' for x in RATES)} the balance rate; see the script's docstring.",
         "",
     ]
     lines += quality_tables(data)
-    lines += [""] + runtime_tables(args.quick)
-    lines[2] = lines[2].replace("{load_end}", f"{os.getloadavg()[0]:.1f}")
+    if args.merge:
+        lines += ["", f"Run in {len(args.merge)} shards (`--shard I N`, then `--merge`); runtimes: `--runtime-only`."]
+    else:
+        lines += [""] + runtime_tables(args.quick)
     return _write(lines, t0, args.out or RESULTS / ("relaxations-quick.md" if args.quick else "relaxations.md"))
 
 
 def _write(lines: list[str], t0: float, out: Path) -> int:
     lines += ["", f"Total benchmark time {time.perf_counter() - t0:.0f} s."]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text)
-    print(f"wrote {out}", file=sys.stderr)
+    write_report(lines, out)
     return 0
 
 

@@ -39,6 +39,7 @@ __all__ = [
     "stronger_bound",
     "unit_milp",
     "unit_milp_seconds",
+    "volume_lower_bound",
 ]
 
 #: LP back ends :func:`fluid_lp` accepts: GLOP (simplex, exact vertex; the default) and PDLP
@@ -147,6 +148,68 @@ def offload_memory_floor(chain: Chain) -> int:
             b_need = a0 + saved[i - 1] + prev_unit + act[i] + act[i - 1] + int(chain.bwd_tmp[i - 1])
             best = max(best, b_need)
     return int(best)
+
+
+# NOTE [ volume lower bound ]
+# ----------------------------
+# A closed-form bound in O(L), the cheap rung of the bound ladder (``chainoffload.solvers``,
+# ``NOTE [ bound ladder ]``). Ops k = 0..n-1 of the fixed order, dur_k, keepall_k and S_k as in
+# ``NOTE [ fluid LP lower bound ]``; e_k = keepall_k - memory. Take a schedule the simulator
+# accepts and an op k with dur_k > 0 and e_k > 0. By (5) of that note, memory at op k's
+# allocation is keepall_k - f_k + P_k + (unit L's adjustment, >= 0), so f_k - P_k >= e_k: the
+# units (<= L-1) whose first GPU copy was freed before op k's allocation and whose prefetch had
+# not allocated by then hold at least e_k bytes.
+#  (a) Each of those frees came after its offload ended, and every offload starts after F_1
+#      ends (O_i after F_i): at least e_k bytes crossed the D2H channel, one transfer at a time,
+#      in [fwd_1, S_k]. So S_k >= fwd_1 + latency + e_k / bw_d2h, and S_k >= sum_{j<k} dur_j.
+#  (b) Each of those prefetches starts at or after S_k and ends before B_{j+1} of its unit j
+#      starts, so by the start of B_2 at the latest (j >= 1): for op k before B_2, at least e_k
+#      bytes cross the H2D channel in [S_k, S_{B_2}], and S_{B_2} >= S_k + latency + e_k /
+#      bw_h2d as well as S_k + the ops k..B_3 in between.
+# So the makespan is at least S_k + sum_{j>=k} dur_j, and (for k before B_2) S_k + max(latency +
+# e_k / bw_h2d, sum of dur_j from k to B_3) + bwd_2 + bwd_1. When some e_k > 0 and nothing can
+# move (a bandwidth of 0, or L = 1), no schedule fits: the bound is inf. (a) and (b) use
+# disjoint intervals, so they hold on a half-duplex link too. The LP imposes (a) and (b) among
+# its rows, but the LP is solved only when the ladder can afford it.
+
+
+def volume_lower_bound(chain: Chain, platform: Platform) -> float:
+    """A closed-form lower bound on the makespan, in O(L) (``NOTE [ volume lower bound ]``).
+
+    What must be offloaded before each op that would not fit with everything kept, and
+    prefetched again before the backward needs it, at the link's bandwidth.
+
+    Returns
+    -------
+    float
+        Seconds, at least ``chain.compute_time``; ``inf`` when some op cannot fit and nothing
+        can move.
+    """
+    _check_pair(chain, platform, "volume_lower_bound")
+    length = chain.length
+    n = 2 * length
+    dur = np.concatenate([chain.fwd, chain.bwd[::-1]]).astype(np.float64)
+    compute = chain.compute_time
+    excess = (keep_all_start_memory(chain) - int(platform.memory)).astype(np.float64)
+    check = (dur > 0) & (excess > 0)
+    if not np.any(check):
+        return compute
+    if length < 2 or not platform.can_transfer:
+        return math.inf
+    prefix = np.concatenate([[0.0], np.cumsum(dur)[:-1]])  # sum_{j<k} dur_j
+    suffix = compute - prefix  # sum_{j>=k} dur_j
+    lat = platform.latency
+    d2h = excess / platform.bandwidth_d2h if math.isfinite(platform.bandwidth_d2h) else np.zeros(n)
+    h2d = excess / platform.bandwidth_h2d if math.isfinite(platform.bandwidth_h2d) else np.zeros(n)
+    start = np.maximum(prefix, float(chain.fwd[0]) + lat + d2h)
+    best = np.where(check, start + suffix, 0.0)
+    b2 = n - 2  # op index of B_2
+    tail = float(chain.bwd[1] + chain.bwd[0])
+    between = np.maximum(suffix - suffix[b2], 0.0)  # ops k..B_3, for k < b2
+    back = start + np.maximum(lat + h2d, between) + tail
+    early = check & (np.arange(n) < b2)
+    best = np.maximum(best, np.where(early, back, 0.0))
+    return max(compute, float(best.max()))
 
 
 # -- the fluid LP ------------------------------------------------------------------------------
@@ -296,7 +359,7 @@ class _LPBuilder:
     def row(self, lb: float, ub: float, idx: list[int], coef: list[float]) -> None:
         self.rows.append((lb, ub, idx, coef))
 
-    def solve(self, solver: str) -> tuple[str, float, float, np.ndarray]:
+    def solve(self, solver: str, time_limit: float | None = None) -> tuple[str, float, float, np.ndarray]:
         from ortools.linear_solver import linear_solver_pb2 as pb
         from ortools.linear_solver import pywraplp
 
@@ -314,6 +377,8 @@ class _LPBuilder:
             ct.upper_bound = ub
             ct.var_index.extend(idx)
             ct.coefficient.extend(coef)
+        if time_limit is not None:
+            request.solver_time_limit_seconds = max(float(time_limit), 1e-3)
         if solver == "glop":
             request.solver_type = pb.MPModelRequest.GLOP_LINEAR_PROGRAMMING
         else:
@@ -338,7 +403,7 @@ class _LPBuilder:
         return status.removeprefix("MPSOLVER_").lower(), math.nan, math.nan, values
 
 
-def fluid_lp(chain: Chain, platform: Platform, *, solver: str = "glop") -> FluidLP:
+def fluid_lp(chain: Chain, platform: Platform, *, solver: str = "glop", time_limit: float | None = None) -> FluidLP:
     """Solve the fluid LP relaxation of ``chain`` on ``platform``.
 
     Parameters
@@ -348,6 +413,8 @@ def fluid_lp(chain: Chain, platform: Platform, *, solver: str = "glop") -> Fluid
     solver
         ``"glop"`` (default; simplex, exact) or ``"pdlp"`` (first-order, approximate; see
         :data:`LP_SOLVERS`). Case-insensitive.
+    time_limit
+        Seconds the LP solver may take (``None``: no limit).
 
     Returns
     -------
@@ -361,6 +428,8 @@ def fluid_lp(chain: Chain, platform: Platform, *, solver: str = "glop") -> Fluid
         If ``solver`` is not one of :data:`LP_SOLVERS`.
     RuntimeError
         If the LP solver ends in an unexpected state (neither optimal nor infeasible).
+    TimeoutError
+        If ``time_limit`` ran out first (nothing is cached then).
     """
     _check_pair(chain, platform, "fluid_lp")
     solver = _check_solver(solver)
@@ -370,7 +439,7 @@ def fluid_lp(chain: Chain, platform: Platform, *, solver: str = "glop") -> Fluid
     hit = _LP_CACHE.get(key)
     if hit is not None and hit[0] is chain:
         return hit[1]
-    value = _solve_fluid_lp(chain, platform, solver)
+    value = _solve_fluid_lp(chain, platform, solver, time_limit)
     if len(_LP_CACHE) >= 64:
         _LP_CACHE.pop(next(iter(_LP_CACHE)))
     _LP_CACHE[key] = (chain, value)
@@ -378,6 +447,12 @@ def fluid_lp(chain: Chain, platform: Platform, *, solver: str = "glop") -> Fluid
 
 
 _LP_CACHE: dict[tuple[int, Platform, str], tuple[Chain, FluidLP]] = {}
+
+
+def lp_cached(chain: Chain, platform: Platform, solver: str = "glop") -> bool:
+    """Whether :func:`fluid_lp` has this chain object's LP on this platform at hand (free to ask)."""
+    hit = _LP_CACHE.get((id(chain), platform, solver))
+    return hit is not None and hit[0] is chain
 
 
 # NOTE [ fluid LP at extreme links ]
@@ -400,7 +475,7 @@ def _relaxed_rate(rate: float) -> float:
     return rate
 
 
-def _solve_fluid_lp(chain: Chain, platform: Platform, solver: str) -> FluidLP:
+def _solve_fluid_lp(chain: Chain, platform: Platform, solver: str, time_limit: float | None = None) -> FluidLP:
     t0 = time.perf_counter()
     length = chain.length
     n = 2 * length
@@ -525,7 +600,11 @@ def _solve_fluid_lp(chain: Chain, platform: Platform, solver: str) -> FluidLP:
                         coef += [-u_coef, u_coef]
                     m.row(float(d_dur[i - 1]), math.inf, idx, coef)
 
-    status, objective, lower, values = m.solve(solver)
+    if time_limit is not None and time.perf_counter() - t0 >= time_limit:
+        raise TimeoutError(f"fluid_lp: the time limit ({time_limit:.3g} s) ran out while building the LP")
+    status, objective, lower, values = m.solve(solver, None if time_limit is None else time_limit - (time.perf_counter() - t0))
+    if time_limit is not None and status not in ("optimal", "infeasible"):
+        raise TimeoutError(f"fluid_lp: the {solver} LP solver stopped ({status}) within the time limit ({time_limit:.3g} s)")
     elapsed = time.perf_counter() - t0
     if status == "infeasible":
         return FluidLP(math.inf, math.inf, np.zeros(length), np.zeros(0), status, solver, elapsed, len(m.lb), len(m.rows))
@@ -543,7 +622,7 @@ def _solve_fluid_lp(chain: Chain, platform: Platform, solver: str) -> FluidLP:
     return FluidLP(bound, objective, xs, starts, status, solver, elapsed, len(m.lb), len(m.rows))
 
 
-def fluid_lower_bound(chain: Chain, platform: Platform, *, solver: str = "glop") -> float:
+def fluid_lower_bound(chain: Chain, platform: Platform, *, solver: str = "glop", time_limit: float | None = None) -> float:
     """The fluid LP optimum: a proven lower bound on the makespan of every feasible schedule.
 
     Parameters
@@ -560,10 +639,10 @@ def fluid_lower_bound(chain: Chain, platform: Platform, *, solver: str = "glop")
         schedule fits in ``platform.memory``. The argument is ``NOTE [ fluid LP lower bound ]``
         in this module.
     """
-    return fluid_lp(chain, platform, solver=solver).bound
+    return fluid_lp(chain, platform, solver=solver, time_limit=time_limit).bound
 
 
-def lower_bound(chain: Chain, platform: Platform, *, solver: str = "glop") -> float:
+def lower_bound(chain: Chain, platform: Platform, *, solver: str = "glop", time_limit: float | None = None) -> float:
     """``max(chain.compute_time, fluid_lower_bound(chain, platform))``.
 
     The maximum only matters by float rounding (the LP already charges every op its time); it
@@ -574,7 +653,7 @@ def lower_bound(chain: Chain, platform: Platform, *, solver: str = "glop") -> fl
     float
         Seconds; ``inf`` when no pure-offloading schedule fits.
     """
-    return max(chain.compute_time, fluid_lower_bound(chain, platform, solver=solver))
+    return max(chain.compute_time, fluid_lower_bound(chain, platform, solver=solver, time_limit=time_limit))
 
 
 # -- the whole-unit relaxation -------------------------------------------------------------------
@@ -903,7 +982,8 @@ class Bound:
     value
         Seconds; ``inf`` when it proves that no pure-offloading schedule fits.
     kind
-        ``"compute time"`` (sum(fwd) + sum(bwd)), ``"fluid LP"`` (:func:`fluid_lower_bound`),
+        ``"compute time"`` (sum(fwd) + sum(bwd)), ``"volume"`` (:func:`volume_lower_bound`),
+        ``"fluid LP"`` (:func:`fluid_lower_bound`),
         ``"unit MILP"`` (:func:`unit_milp`, stopped by its time limit) or ``"unit MILP,
         optimal"`` (the whole-unit relaxation solved to optimality).
     seconds
@@ -945,13 +1025,15 @@ def unit_milp_seconds(chain: Chain, platform: Platform) -> float:
 
 
 def stronger_bound(chain: Chain, platform: Platform, *, time_limit: float = 10.0) -> Bound:
-    """The best proven lower bound within ``time_limit`` seconds: compute time, fluid LP, unit MILP.
+    """The best proven lower bound within ``time_limit`` seconds: compute time, volume, fluid LP, unit MILP.
 
     The whole-unit relaxation (:func:`unit_milp`, ``NOTE [ unit MILP lower bound ]``) keeps
     what the fluid LP loses: a unit is freed only when its whole offload has ended and comes
     back whole when its prefetch starts. It gets the time left after the fluid LP and is
     skipped on chains where building it alone would cost seconds (see
-    :data:`UNIT_MILP_MAX_SIZE`); then the answer is the fluid LP's.
+    :data:`UNIT_MILP_MAX_SIZE`); then the answer is the best of the others. The fluid LP gets
+    the whole ``time_limit`` (it is free when cached); when even it runs out, so would the
+    MILP, and the answer is the closed-form bounds'.
 
     Parameters
     ----------
@@ -960,12 +1042,13 @@ def stronger_bound(chain: Chain, platform: Platform, *, time_limit: float = 10.0
     time_limit
         Seconds for the whole call (> 0). Cost: the fluid LP is ~0.05 s at L = 100; the unit
         MILP's model has ~L^2 binary columns and ~L^2 rows of ~L terms, and its solver stops at
-        the limit with the bound proven so far.
+        the limit with the bound proven so far (:func:`unit_milp_seconds` estimates when it
+        has one).
 
     Returns
     -------
     Bound
-        The largest of the three, and which it is.
+        The largest of the four, and which it is.
 
     Raises
     ------
@@ -976,7 +1059,13 @@ def stronger_bound(chain: Chain, platform: Platform, *, time_limit: float = 10.0
     _check_time_limit(time_limit)
     t0 = time.perf_counter()
     best = Bound(chain.compute_time, "compute time", 0.0)
-    fluid = fluid_lower_bound(chain, platform)
+    volume = volume_lower_bound(chain, platform)
+    if volume > best.value:
+        best = Bound(volume, "volume", 0.0)
+    try:
+        fluid = fluid_lower_bound(chain, platform, time_limit=float(time_limit)) if math.isfinite(best.value) else -math.inf
+    except TimeoutError:
+        return dataclasses.replace(best, seconds=time.perf_counter() - t0)
     if fluid > best.value:
         best = Bound(fluid, "fluid LP", 0.0)
     left = float(time_limit) - (time.perf_counter() - t0)

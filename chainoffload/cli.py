@@ -300,7 +300,7 @@ def _cmd_solve(args: argparse.Namespace, out: Output) -> int:
     if result.feasible:
         rows += [
             ("makespan", format_seconds(result.makespan) + _over_compute(result.makespan, chain.compute_time)),
-            ("lower bound", f"{format_seconds(result.lower_bound)}  (gap {100 * result.gap:.2f}%)"),
+            ("lower bound", f"{format_seconds(result.lower_bound)}  (gap {100 * result.gap:.2f}%; {result.info.get('bound', 'method')} bound)"),
             ("compute idle", _idle_text(result.timeline)),
             ("peak memory", f"{format_bytes(result.peak_memory)} of {format_bytes(platform.memory)}"),
             (
@@ -320,6 +320,8 @@ def _cmd_solve(args: argparse.Namespace, out: Output) -> int:
             ("memory floor", f"{format_bytes(floor)} ({floor} B): no offloading schedule fits below (proven)"),
         ]
     rows.append(("runtime", format_seconds(result.runtime)))
+    if result.info.get("compile_time"):
+        rows.append(("compile", f"{format_seconds(result.info['compile_time'])} (first call: Numba kernels compiled and cached)"))
     if args.out and result.feasible:
         rows.append(("schedule", f"written to {args.out} (with the chain's fingerprint, the platform and these figures)"))
     _table(out, rows)
@@ -337,13 +339,22 @@ def _recorded_row(record: ScheduleFile) -> list[tuple[str, str]]:
     return [("solved by", ", ".join(figures))]
 
 
+def _simulator_ready(chain: Chain) -> Any:
+    """The simulator's kernels made ready as for a solve: a short chain on a cold Numba cache
+    runs them interpreted while they compile in the background (NOTE [ lazy kernels ])."""
+    from ._compile import prepare
+
+    return prepare("simulate", chain.length)
+
+
 def _cmd_simulate(args: argparse.Namespace, out: Output) -> int:
     from .simulate import simulate
 
     chain = Chain.load(args.chain)
-    record, platform = _load_schedule(args, chain)
-    schedule = record.schedule
-    timeline = simulate(chain, platform, schedule)
+    with _simulator_ready(chain):
+        record, platform = _load_schedule(args, chain)
+        schedule = record.schedule
+        timeline = simulate(chain, platform, schedule)
     summary = timeline.summary()
     if timeline.feasible and not math.isfinite(timeline.makespan):
         # No rule is broken, but the iteration never ends: a transfer or the times overflow.
@@ -413,9 +424,10 @@ def _cmd_plot(args: argparse.Namespace, out: Output) -> int:
     from .simulate import simulate
 
     chain = Chain.load(args.chain)
-    record, platform = _load_schedule(args, chain)
-    schedule = record.schedule
-    timeline = simulate(chain, platform, schedule)
+    with _simulator_ready(chain):
+        record, platform = _load_schedule(args, chain)
+        schedule = record.schedule
+        timeline = simulate(chain, platform, schedule)
     bound = None
     if not args.no_bound:
         if schedule.has_remat:
@@ -537,10 +549,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("chain", metavar="CHAIN.json")
     add_platform_flags(p)
     p.add_argument("--method", default=None, help="a method of `chainoffload methods` (default: the starred one)")
-    p.add_argument("--time-limit", type=float, default=None, help="seconds, for methods that take a time limit")
+    p.add_argument("--time-limit", type=float, default=None, help="seconds the whole solve may take, bound included (every method)")
     p.add_argument("--option", action="append", metavar="KEY=VALUE", help="a method option (repeatable)")
     p.add_argument("--min-memory", action="store_true", help="also find the least memory this method needs (bisection) and the proven floor")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--progress", action="store_true", help="show progress on stderr even when it is not a terminal")
     p.add_argument("--out", metavar="SCHEDULE.json", help="write the schedule here, with the chain's fingerprint, the platform and the figures")
 
     p = command("simulate", "replay a schedule and report feasibility, makespan and peak memory", _cmd_simulate)
@@ -644,6 +657,7 @@ def _run(args: argparse.Namespace, committing: threading.Lock) -> int:
     """Run the command, then write its output; return the exit code (errors: one line, 2)."""
     out = Output()
     try:
+        _configure(args)
         code = int(args.func(args, out) or 0)
         with committing:
             out.commit()
@@ -654,6 +668,17 @@ def _run(args: argparse.Namespace, committing: threading.Lock) -> int:
         if os.environ.get("CHAINOFFLOAD_DEBUG"):
             raise
         return _error(exc, f"internal error {type(exc).__name__}: ", " (CHAINOFFLOAD_DEBUG=1 shows the traceback)")
+
+
+def _configure(args: argparse.Namespace) -> None:
+    from ._compile import configure as configure_cold
+    from ._progress import configure
+
+    # A cold Numba cache: short chains run interpreted while the kernels compile in the
+    # background (NOTE [ lazy kernels ]); CHAINOFFLOAD_COLD=compile waits for the compile.
+    configure_cold(os.environ.get("CHAINOFFLOAD_COLD") or "interpret")
+    # Progress on stderr: automatic (a terminal), forced by --progress, never with --json.
+    configure(False if getattr(args, "json", False) else (True if getattr(args, "progress", False) else None))
 
 
 def _interrupted(worker: threading.Thread | None, committing: threading.Lock) -> None:

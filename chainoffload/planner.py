@@ -26,8 +26,8 @@ timing rules as it goes:
 * Memory checks use the same accounting as the simulator, so the plan is feasible whenever
   every check passes; the caller still simulates it (the simulator is the only judge).
 
-The sweeps are O(L + |U| L) in the worst case and deterministic: the same inputs give the
-same schedule.
+The sweeps take O(L + |U| sqrt(L)) (``NOTE [ slack in blocks ]`` in the kernel) and are
+deterministic: the same inputs give the same schedule.
 """
 
 from __future__ import annotations
@@ -36,13 +36,18 @@ from typing import Iterable
 
 import numpy as np
 
-from ._kernels.planner import plan_kernel
+from ._kernels import lazy
 from .chain import Chain
 from .platform import Platform
-from .schedule import Schedule, Transfer, fixed_order
-from .simulate import Timeline, simulate
+from .schedule import OP_CODE, Schedule, Transfer, fixed_order, resolve
+from .simulate import Timeline, replay, simulate
 
-__all__ = ["plan_transfers", "plan_and_simulate", "eager_plan"]
+_kplan = lazy("planner")  # imports Numba on first use only
+
+__all__ = ["plan_transfers", "plan_and_simulate", "eager_plan", "plan_arrays", "schedule_from_arrays"]
+
+# Also for ``chainoffload.solvers._search`` (private): ``fixed_arrays``, ``Candidate``,
+# ``saved_table``, ``score``, ``plan_units``: a unit set planned and scored on arrays.
 
 
 def eager_plan(chain: Chain, units: Iterable[int]) -> Schedule:
@@ -97,50 +102,72 @@ def plan_transfers(chain: Chain, platform: Platform, units: Iterable[int]) -> Sc
 def plan_and_simulate(chain: Chain, platform: Platform, units: Iterable[int]) -> tuple[Schedule, Timeline]:
     """:func:`plan_transfers` together with the simulator's timeline of the plan it returns.
 
-    The planner simulates its candidates anyway; searches that score many unit sets use this
-    to avoid replaying the chosen plan a second time.
+    The candidate plans are scored on arrays (:func:`plan_units`, as
+    ``chainoffload.solvers._search`` does); only the one chosen becomes a :class:`Schedule` and
+    goes through :func:`simulate`.
     """
-    length = chain.length
-    chosen = sorted({int(u) for u in units})
-    for u in chosen:
-        if not 1 <= u <= length:
-            raise ValueError(f"units: {u} is not a stage in 1..{length}")
-    if not chosen:
-        schedule = Schedule.keep_all(length)
-        return schedule, simulate(chain, platform, schedule)
-    if not platform.can_transfer:
+    chosen = check_units(chain, platform, units)
+    candidate = plan_units(chain, platform, chosen, fixed_arrays(chain.length), saved_table(chain))
+    schedule = candidate.schedule()
+    return schedule, simulate(chain, platform, schedule)
+
+
+def check_units(chain: Chain, platform: Platform, units: Iterable[int]) -> np.ndarray:
+    """``units`` as a sorted int64 array of distinct stages; raises ``ValueError`` like :func:`plan_transfers`."""
+    chosen = np.unique(np.fromiter((int(u) for u in units), dtype=np.int64))
+    if chosen.shape[0] and (chosen[0] < 1 or chosen[-1] > chain.length):
+        bad = int(chosen[0]) if chosen[0] < 1 else int(chosen[-1])
+        raise ValueError(f"units: {bad} is not a stage in 1..{chain.length}")
+    if chosen.shape[0] and not platform.can_transfer:
         raise ValueError(
-            f"units: cannot offload {chosen} over a link of bandwidth "
+            f"units: cannot offload {chosen.tolist()} over a link of bandwidth "
             f"{platform.bandwidth_d2h} B/s (D2H) / {platform.bandwidth_h2d} B/s (H2D)"
         )
+    return chosen
+
+
+def plan_arrays(chain: Chain, platform: Platform, chosen: np.ndarray) -> list[tuple[np.ndarray, ...]]:
+    """The planner's candidate plans for the sorted units ``chosen`` as transfer arrays.
+
+    Returns the safe sweep, the optimistic sweep and the eager timing, in that order (ties go
+    to the first), each ``(kind, unit, op, at, before)`` int64 arrays as
+    :meth:`Schedule.arrays` encodes transfers. Nothing is validated or simulated here.
+    """
+    length = chain.length
     offload = np.zeros(length + 1, dtype=np.int64)
     offload[chosen] = 1
     saved = chain.saved
     # Platform.d2h_time / h2d_time, element-wise (the same float operations).
     d_time = platform.latency + saved / platform.bandwidth_d2h
     h_time = platform.latency + saved / platform.bandwidth_h2d
-    best: tuple[tuple[int, float, int], Schedule, Timeline] | None = None
-    candidates = [_kernel_plan(chain, platform, chosen, offload, d_time, h_time, opt) for opt in (False, True)]
-    candidates.append(eager_plan(chain, chosen))
-    for schedule in candidates:
-        timeline = simulate(chain, platform, schedule)
-        # Feasible first, then the shorter makespan, then the lower peak (a hint for repairs).
-        key = (0 if timeline.feasible else 1, timeline.makespan if timeline.feasible else 0.0, timeline.peak_memory)
-        if best is None or key < best[0]:
-            best = (key, schedule, timeline)
-    return best[1], best[2]
+    plans = [_kernel_arrays(chain, platform, chosen, offload, d_time, h_time, opt) for opt in (False, True)]
+    plans.append(eager_arrays(length, chosen))
+    return plans
 
 
-def _kernel_plan(
+def eager_arrays(length: int, chosen: np.ndarray) -> tuple[np.ndarray, ...]:
+    """:func:`eager_plan`'s transfers as arrays (``chosen``: sorted stages)."""
+    m = chosen.shape[0]
+    kind = np.concatenate([np.zeros(m, dtype=np.int64), np.ones(m, dtype=np.int64)])
+    unit = np.concatenate([chosen, chosen])
+    # P_u at the start of B_{u+2} (op 2L - u - 2); units L-1 and L at the end of F_L (op L-1).
+    pre_op = np.where(chosen + 2 <= length, 2 * length - chosen - 2, length - 1)
+    op = np.concatenate([chosen - 1, pre_op])
+    at = np.concatenate([np.ones(m, dtype=np.int64), np.where(chosen + 2 <= length, 0, 1)])
+    before = np.full(2 * m, -1, dtype=np.int64)
+    return kind, unit, op.astype(np.int64), at.astype(np.int64), before
+
+
+def _kernel_arrays(
     chain: Chain,
     platform: Platform,
-    chosen: list[int],
+    chosen: np.ndarray,
     offload: np.ndarray,
     d_time: np.ndarray,
     h_time: np.ndarray,
     optimistic: bool,
-) -> Schedule:
-    off_before, pre_op, _fits, _makespan = plan_kernel(
+) -> tuple[np.ndarray, ...]:
+    off_before, pre_op, _fits, _makespan = _kplan.plan_kernel(
         chain.fwd,
         chain.bwd,
         chain.act,
@@ -154,10 +181,130 @@ def _kernel_plan(
         offload,
         optimistic,
     )
-    offloads = [
-        Transfer("offload", u, u - 1, "end", int(off_before[u]) if off_before[u] >= 0 else None) for u in chosen
-    ]
+    m = chosen.shape[0]
     # Decreasing stage order within one trigger: the H2D queue serves them in need order.
-    prefetches = [Transfer("prefetch", u, int(pre_op[u]), "end") for u in reversed(chosen)]
-    prefetches.sort(key=lambda t: t.op)
-    return Schedule(fixed_order(chain.length), tuple(offloads + prefetches))
+    down = chosen[::-1]
+    order = np.argsort(pre_op[down], kind="stable")
+    pre_units = down[order]
+    kind = np.concatenate([np.zeros(m, dtype=np.int64), np.ones(m, dtype=np.int64)])
+    unit = np.concatenate([chosen, pre_units])
+    op = np.concatenate([chosen - 1, pre_op[pre_units]])
+    at = np.ones(2 * m, dtype=np.int64)
+    before = np.concatenate([off_before[chosen], np.full(m, -1, dtype=np.int64)])
+    return kind, unit, op, at, before
+
+
+def schedule_from_arrays(length: int, transfers: tuple[np.ndarray, ...]) -> Schedule:
+    """A fixed-order :class:`Schedule` from ``(kind, unit, op, at, before)`` transfer arrays."""
+    kind, unit, op, at, before = (a.tolist() for a in transfers)
+    out = tuple(
+        Transfer(_KIND[k], u, o, _AT[a], None if b < 0 else b) for k, u, o, a, b in zip(kind, unit, op, at, before)
+    )
+    return Schedule(fixed_order(length), out)
+
+
+_KIND = ("offload", "prefetch")
+_AT = ("start", "end")
+
+
+_FIXED: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+
+def fixed_arrays(length: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(op_kind, op_stage)`` of the fixed order (read-only, cached per length)."""
+    hit = _FIXED.get(length)
+    if hit is None:
+        op_kind = np.concatenate([np.full(length, OP_CODE["F"]), np.full(length, OP_CODE["B"])]).astype(np.int64)
+        op_stage = np.concatenate([np.arange(1, length + 1), np.arange(length, 0, -1)]).astype(np.int64)
+        for arr in (op_kind, op_stage):
+            arr.setflags(write=False)
+        if len(_FIXED) > 8:
+            _FIXED.clear()
+        hit = _FIXED[length] = (op_kind, op_stage)
+    return hit
+
+
+class Candidate:
+    """A scored transfer list on the fixed order (``NOTE [ search without objects ]`` in ``chainoffload/solvers/_search.py``).
+
+    Attributes
+    ----------
+    units
+        The offloaded stages, sorted.
+    transfers
+        ``(kind, unit, op, at, before)`` int64 arrays.
+    feasible, makespan, peak, rule
+        The simulator kernel's verdict (rule 0 feasible, 1 memory, 2 read).
+    offloaded
+        Bytes the offloads move.
+    """
+
+    __slots__ = ("length", "units", "transfers", "feasible", "makespan", "peak", "rule", "offloaded", "source")
+
+    def __init__(self, length, units, transfers, makespan, peak, rule, offloaded, source=""):
+        self.length = length
+        self.units = units
+        self.transfers = transfers
+        self.rule = int(rule)
+        self.feasible = self.rule == 0
+        self.makespan = float(makespan)
+        self.peak = int(peak)
+        self.offloaded = int(offloaded)
+        self.source = source
+
+    def schedule(self):
+        """The candidate as a :class:`~chainoffload.Schedule` (built once, for the winner)."""
+        return schedule_from_arrays(self.length, self.transfers)
+
+    @property
+    def rank(self) -> tuple[float, int]:
+        """Order among feasible candidates: least makespan, then fewest bytes moved."""
+        return (self.makespan, self.offloaded)
+
+
+def saved_table(chain: Chain) -> np.ndarray:
+    """``saved`` with a 0 in front, indexed by stage: the bytes an offload of unit u moves."""
+    return np.concatenate([[0], chain.saved.astype(np.int64)])
+
+
+def score(
+    chain: Chain,
+    platform: Platform,
+    units: tuple[int, ...],
+    transfers: tuple[np.ndarray, ...],
+    ops: tuple[np.ndarray, np.ndarray],
+    saved: np.ndarray,
+) -> Candidate:
+    """Resolve and replay one well-formed transfer list on the fixed order (``ops``: :func:`fixed_arrays`)."""
+    op_kind, op_stage = ops
+    kind, unit, op, at, before = transfers
+    for arr in transfers:
+        # Read-only like Schedule.arrays(): the kernels then reuse simulate()'s compiled code.
+        arr.setflags(write=False)
+    structure = resolve(chain.length, op_kind, op_stage, kind, unit, op, at, before)
+    out = replay(chain, platform, structure)
+    op_end, peak, rule = out[1], out[7], out[9]
+    moved = int(saved[np.asarray(units, dtype=np.int64)].sum()) if units else 0
+    return Candidate(chain.length, units, transfers, op_end[-1] if op_end.shape[0] else 0.0, peak, rule, moved)
+
+
+def plan_units(
+    chain: Chain, platform: Platform, chosen: np.ndarray, ops: tuple[np.ndarray, np.ndarray], saved: np.ndarray
+) -> Candidate:
+    """The best of the planner's plans (:func:`plan_arrays`) for the sorted units ``chosen``, scored.
+
+    Feasible first, then the shorter makespan, then the lower peak (a hint for repairs); ties
+    go to the earlier plan.
+    """
+    key = tuple(chosen.tolist())
+    if not key:
+        empty = np.zeros(0, dtype=np.int64)
+        return score(chain, platform, key, (empty, empty, empty, empty, empty), ops, saved)
+    best = None
+    best_key = None
+    for transfers in plan_arrays(chain, platform, chosen):
+        cand = score(chain, platform, key, transfers, ops, saved)
+        rank = (0, cand.makespan, cand.peak) if cand.feasible else (1, 0.0, cand.peak)
+        if best_key is None or rank < best_key:
+            best, best_key = cand, rank
+    return best

@@ -20,9 +20,11 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from ._jsonio import JsonIO
-from ._kernels import structure as _ks
+from ._kernels import lazy
 from .order import event as _event
 from .order import fixed_order
+
+_ks = lazy("structure")  # imports Numba on first use only
 
 if TYPE_CHECKING:
     from .chain import Chain
@@ -403,15 +405,16 @@ class Structure:
         return int(sizes[self.tr_size[self.tr_kind == 0]].sum())
 
 
-_SEQUENCE_ERRORS = {
-    _ks.ERR_B_NOT_WHOLE: "{op}: B_{i} needs unit {i} whole on the GPU, but no F_{i} (F_all) ran since it was last freed",
-    _ks.ERR_INPUT_ABSENT: "{op}: {kind}_{i} reads a_{p}, which is not resident",
-    _ks.ERR_FWD_AFTER_B: "{op}: stage {i} runs a forward after its backward B_{i}",
-    _ks.ERR_NO_READER: "{op}: {kind}_{i} after B_{q}: its output a_{i} would have no reader",
-    _ks.ERR_F_RESIDENT: "{op}: F_{i} while unit {i} is already resident whole",
-    _ks.ERR_CK_RESIDENT: "{op}: {kind}_{i} while a_{i} is already resident",
-    _ks.ERR_FN_WHOLE_INPUT: "{op}: Fn_{i} frees its input a_{p}, but unit {p} is kept whole by F_{p}; use Fck_{i}",
-}
+def _sequence_errors() -> dict[int, str]:
+    return {
+        _ks.ERR_B_NOT_WHOLE: "{op}: B_{i} needs unit {i} whole on the GPU, but no F_{i} (F_all) ran since it was last freed",
+        _ks.ERR_INPUT_ABSENT: "{op}: {kind}_{i} reads a_{p}, which is not resident",
+        _ks.ERR_FWD_AFTER_B: "{op}: stage {i} runs a forward after its backward B_{i}",
+        _ks.ERR_NO_READER: "{op}: {kind}_{i} after B_{q}: its output a_{i} would have no reader",
+        _ks.ERR_F_RESIDENT: "{op}: F_{i} while unit {i} is already resident whole",
+        _ks.ERR_CK_RESIDENT: "{op}: {kind}_{i} while a_{i} is already resident",
+        _ks.ERR_FN_WHOLE_INPUT: "{op}: Fn_{i} frees its input a_{p}, but unit {p} is kept whole by F_{p}; use Fck_{i}",
+    }
 
 
 def resolve(
@@ -460,4 +463,4 @@ def _sequence_message(err: int, k: int, arg: int, length: int, op_kind: np.ndarr
         if arg >= 1:
             return f"{op}: backward ops must run once each in the order B_{length}..B_1; expected B_{arg}"
         return f"{op}: B_{i} runs a second time"
-    return _SEQUENCE_ERRORS[err].format(op=op, kind=kind, i=i, p=i - 1, q=i + 1)
+    return _sequence_errors()[err].format(op=op, kind=kind, i=i, p=i - 1, q=i + 1)

@@ -33,13 +33,15 @@ from typing import Any
 
 import numpy as np
 
-from ._kernels.simulate import RULE_MEMORY, RULE_NONE, RULE_READ, replay_kernel
-from ._kernels.structure import size_table as _size_table
+from ._kernels import lazy
 from .chain import Chain
 from .platform import Platform, PlatformError
 from .schedule import Schedule, Structure
 
 __all__ = ["simulate", "Timeline", "Violation", "VIOLATION_RULES"]
+
+_ksim = lazy("simulate")  # imports Numba on first use only
+_kst = lazy("structure")
 
 #: The rules a well-formed schedule can break, as named in :attr:`Violation.rule`.
 VIOLATION_RULES = ("memory", "read")
@@ -199,14 +201,14 @@ _SIZE_CACHE: list = [None, None]
 def _sizes(chain: Chain) -> np.ndarray:
     """The chain's size table (``_kernels.structure.size_table``), kept for the last chain seen."""
     if _SIZE_CACHE[0] is not chain:
-        table = _size_table(chain.act, chain.saved, chain.fwd_tmp, chain.bwd_tmp)
+        table = _kst.size_table(chain.act, chain.saved, chain.fwd_tmp, chain.bwd_tmp)
         table.setflags(write=False)
         _SIZE_CACHE[:] = [chain, table]
     return _SIZE_CACHE[1]
 
 
 def _replay(chain: Chain, platform: Platform, structure: Structure, sizes: np.ndarray) -> tuple:
-    return replay_kernel(
+    return _ksim.replay_kernel(
         chain.fwd,
         chain.bwd,
         chain.fwd_nosave,
@@ -232,15 +234,15 @@ def replay(chain: Chain, platform: Platform, structure: Structure) -> tuple:
 def _timeline(chain: Chain, platform: Platform, schedule: Schedule, out: tuple, moved: int) -> Timeline:
     (op_start, op_end, tr_start, tr_end, mem_time, mem_bytes, _mem_who, peak, peak_time, rule, who, vtime, vbytes) = out
     violation = None
-    if rule != RULE_NONE:
+    if rule != _ksim.RULE_NONE:
         name = _describe(schedule, int(who))
-        if rule == RULE_MEMORY:
+        if rule == _ksim.RULE_MEMORY:
             msg = (
                 f"memory {int(vbytes)} B exceeds the limit {platform.memory} B by "
                 f"{int(vbytes) - platform.memory} B at t={vtime:.6g}s ({name})"
             )
             violation = Violation("memory", name, float(vtime), int(vbytes), msg)
-        elif rule == RULE_READ:
+        elif rule == _ksim.RULE_READ:
             if name.startswith("O_"):
                 msg = f"{name} is triggered at t={vtime:.6g}s, before the data it copies is made"
             else:

@@ -151,3 +151,43 @@ def test_nothing_below_the_cli_imports_it():
             elif isinstance(node, ast.Import) and any(a.name.endswith(".cli") for a in node.names):
                 offenders.append(str(path.relative_to(root)))
     assert offenders == []
+
+
+def test_methods_and_help_do_not_import_numba():
+    # NOTE [ lazy kernels ]: listing the methods never pays Numba's import.
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from chainoffload.cli import main; main(['methods']); "
+        "sys.exit(1 if 'numba' in sys.modules else 0)"
+    )
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True).returncode == 0
+
+
+def test_cold_cache_runs_interpreted_and_says_so(tmp_path):
+    # NOTE [ lazy kernels ]: on an empty Numba cache the CLI runs a short chain with the
+    # interpreted kernels (the background compile is turned off here) and says so on stderr.
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from chainoffload.examples import tiny
+
+    tiny().save(tmp_path / "tiny.json")
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache"), "CHAINOFFLOAD_BACKGROUND_COMPILE": "0"}
+    env.pop("CHAINOFFLOAD_COLD", None)
+    cmd = [sys.executable, "-m", "chainoffload", "solve", str(tmp_path / "tiny.json"), "--memory", "180", "--bandwidth", "25"]
+    out = subprocess.run(cmd + ["--json"], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    res = json.loads(out.stdout)
+    assert res["status"] in ("optimal", "feasible") and res["info"]["kernels"] == "interpreted"
+    assert out.stderr == ""  # --json: silent
+    out = subprocess.run(cmd + ["--out", str(tmp_path / "s.json")], env=env, capture_output=True, text=True)
+    assert "interprets them" in out.stderr
+    # simulate (and plot) make the simulator ready the same way: nothing compiled in process
+    sim = [sys.executable, "-m", "chainoffload", "simulate", str(tmp_path / "tiny.json"), str(tmp_path / "s.json")]
+    out = subprocess.run(sim, env=env, capture_output=True, text=True)
+    assert out.returncode == 0 and "interprets them" in out.stderr, out.stderr
+    assert not list((tmp_path / "cache").rglob("*.nbi"))  # no kernel compiled (and cached) by these runs

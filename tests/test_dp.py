@@ -234,7 +234,7 @@ def test_below_stage_floor_is_misuse(chain3):
         dp(chain3, p)
 
 
-@pytest.mark.parametrize("bad", [0, -3, 1.5, True, "64", None, 1 << 20])
+@pytest.mark.parametrize("bad", [0, -3, 1.5, True, "64", 1 << 20])
 def test_bad_slots_raise_naming_the_value(chain3, bad):
     p = Platform(memory=200, bandwidth_d2h=1.0, bandwidth_h2d=1.0)
     with pytest.raises(ValueError, match=re.escape(f"slots: {bad!r}")):
@@ -297,3 +297,15 @@ def test_runs_with_jit_disabled():
     )
     got_units, got_value = json.loads(out.stdout)
     assert got_units == units and got_value == value
+
+
+def test_slots_come_from_the_instance_unless_set():
+    from chainoffload.solvers.dp import AUTO_TABLE, auto_slots
+
+    assert auto_slots(100) == (256, 3) and auto_slots(16_000) == (256, 3)
+    for length in (20_000, 100_000, 10**6):
+        slots, queue_slots = auto_slots(length)
+        assert queue_slots == 2 and slots >= 8
+        assert length * (slots + 1) * 9 <= max(AUTO_TABLE, length * 81)
+    # a tight time limit asks for fewer cells
+    assert auto_slots(1000, seconds=0.01)[0] < 256

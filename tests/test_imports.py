@@ -2,12 +2,14 @@
 
 Every module of ``chainoffload`` is parsed with ``ast``; every import in it counts, at module
 level or inside a function (a lazy import still runs, and still makes a cycle), except those
-under ``if TYPE_CHECKING:`` (never run). An edge goes to the module named: ``from . import x``
+under ``if TYPE_CHECKING:`` (never run). A kernel module reached through
+``chainoffload._kernels.lazy("name")`` counts as an import of ``chainoffload._kernels.name`` (it is
+imported on first use). An edge goes to the module named: ``from . import x``
 to the submodule ``x`` if there is one, else to the package; importing ``a.b`` is not counted as
 importing the package ``a`` too (its ``__init__`` runs, but that is Python's doing, not a
 dependency the module chose). Imports by name at run time (the solver registry's
-``"module:function"`` targets) are not in the graph: they go from the registry down to the
-solvers.
+``"module:function"`` targets, and ``chainoffload._compile``'s warm-up targets) are not in the
+graph: they go from the registry down to the solvers.
 
 The layers, lowest first: the model (chains, platforms, units, the fixed order's arithmetic,
 the shipped examples), the schedule, the simulator (with the analysis of its timelines, the
@@ -32,6 +34,7 @@ LAYERS = {
         "chainoffload._jsonio",
         "chainoffload._kernels",
         "chainoffload._kernels.config",
+        "chainoffload._progress",
         "chainoffload.chain",
         "chainoffload.platform",
         "chainoffload.units",
@@ -47,6 +50,7 @@ LAYERS = {
         "chainoffload.schedule_file",
         "chainoffload.bounds",
         "chainoffload.planner",
+        "chainoffload._compile",
         "chainoffload.exact",
         "chainoffload.solvers",
         "chainoffload.solvers.*",
@@ -113,6 +117,14 @@ def imports_of(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
                 for alias in node.names:
                     sub = f"{target}.{alias.name}"
                     found.add(sub if sub in modules else target)
+        elif (
+            isinstance(node, ast.Call)
+            and getattr(node.func, "id", getattr(node.func, "attr", None)) == "lazy"
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+        ):
+            found.add(f"chainoffload._kernels.{node.args[0].value}")  # _kernels.lazy("name")
         for child in ast.iter_child_nodes(node):
             visit(child)
 
@@ -186,9 +198,13 @@ def test_the_checker_sees_lazy_imports_and_cycles(tmp_path):
     (pkg / "__init__.py").write_text("")
     (pkg / "a.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from . import c\ndef f():\n    from .b import g\n")
     (pkg / "b.py").write_text("from . import a\n")
-    (pkg / "c.py").write_text("")
-    modules = {module_name(p, pkg): p for p in pkg.glob("*.py")}
+    (pkg / "c.py").write_text("from ._kernels import lazy\n_k = lazy('k')\n")
+    (pkg / "_kernels").mkdir()
+    (pkg / "_kernels" / "__init__.py").write_text("")
+    (pkg / "_kernels" / "k.py").write_text("")
+    modules = {module_name(p, pkg): p for p in pkg.rglob("*.py")}
     edges = {name: imports_of(name, path, modules) for name, path in modules.items()}
     assert edges["chainoffload.a"] == {"chainoffload.b"}
+    assert edges["chainoffload.c"] == {"chainoffload._kernels", "chainoffload._kernels.k"}
     assert find_cycle(edges) == ["chainoffload.a", "chainoffload.b", "chainoffload.a"]
 

@@ -107,5 +107,17 @@ def test_no_bandwidth_means_no_offload(chain3):
 
 
 def test_unknown_option_names_the_accepted_ones(chain3):
-    with pytest.raises(ValueError, match=r"method 'keep-all' does not take time_limit; it takes: keep"):
-        solve(chain3, plat(1000), "keep-all", time_limit=3)
+    with pytest.raises(ValueError, match=r"method 'keep-all' does not take slots; it takes: keep, time_limit"):
+        solve(chain3, plat(1000), "keep-all", slots=3)
+
+
+def test_every_method_takes_a_time_limit_and_a_bad_one_is_named(chain3):
+    from chainoffload.solvers import spec
+
+    # The package's own methods (other tests register throwaway ones that fail on purpose).
+    for name in [m for m in methods() if isinstance(spec(m).target, str)]:
+        if name != "cpsat":
+            assert solve(chain3, plat(1000), name, time_limit=5).status in (Status.OPTIMAL, Status.FEASIBLE)
+    for bad in (0, -1.0, float("inf"), "3", True):
+        with pytest.raises(ValueError, match="time_limit"):
+            solve(chain3, plat(1000), "keep-all", time_limit=bad)

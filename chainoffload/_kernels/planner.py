@@ -12,6 +12,105 @@ import numpy as np
 from .config import njit
 
 
+# NOTE [ slack in blocks ]
+# ------------------------
+# The backward sweep asks, per offloaded unit, "is the slack of every phase in a window at
+# least s?" or "which is the last phase of a window whose slack is below s?", then takes s off
+# the window. Windows can span most of the chain (a prefetch issued long before its backward,
+# an offload still in flight late into the backward), which made the sweep O(L^2): 2.2 s at
+# L = 100,000. The slack is kept in blocks of about sqrt(L) phases, each with a pending add and
+# its minimum, so each question and each update costs O(sqrt L). (The optimistic sweep's search
+# for the phase a prefetch starts in is a bisection on prefix sums of bwd for the same reason;
+# on 4,800 random plans both give exactly the old sweeps' answers.)
+
+
+@njit
+def _slack_get(vals, badd, width, j):
+    return vals[j] + badd[j // width]
+
+
+@njit
+def _slack_fix(vals, badd, bmin, width, blk):
+    """Recompute the minimum of block ``blk`` (its own values, without its pending add)."""
+    lo = blk * width
+    hi = min(lo + width, vals.shape[0])
+    m = np.inf
+    for j in range(lo, hi):
+        if vals[j] < m:
+            m = vals[j]
+    bmin[blk] = m
+
+
+@njit
+def _slack_add(vals, badd, bmin, width, a, b, x):
+    """Add ``x`` to the slack of phases a..b (inclusive; nothing when a > b)."""
+    if a > b:
+        return
+    ba = a // width
+    bb = b // width
+    if ba == bb:
+        for j in range(a, b + 1):
+            vals[j] += x
+        _slack_fix(vals, badd, bmin, width, ba)
+        return
+    for j in range(a, (ba + 1) * width):
+        vals[j] += x
+    _slack_fix(vals, badd, bmin, width, ba)
+    for blk in range(ba + 1, bb):
+        badd[blk] += x
+    for j in range(bb * width, b + 1):
+        vals[j] += x
+    _slack_fix(vals, badd, bmin, width, bb)
+
+
+@njit
+def _slack_min(vals, badd, bmin, width, a, b):
+    """Least slack over phases a..b (inf when a > b)."""
+    m = np.inf
+    if a > b:
+        return m
+    ba = a // width
+    bb = b // width
+    if ba == bb:
+        for j in range(a, b + 1):
+            v = vals[j] + badd[ba]
+            if v < m:
+                m = v
+        return m
+    for j in range(a, (ba + 1) * width):
+        v = vals[j] + badd[ba]
+        if v < m:
+            m = v
+    for blk in range(ba + 1, bb):
+        v = bmin[blk] + badd[blk]
+        if v < m:
+            m = v
+    for j in range(bb * width, b + 1):
+        v = vals[j] + badd[bb]
+        if v < m:
+            m = v
+    return m
+
+
+@njit
+def _slack_last_below(vals, badd, bmin, width, a, b, s):
+    """The largest phase j in a..b whose slack is below ``s``, or -1."""
+    j = b
+    while j >= a:
+        blk = j // width
+        lo = blk * width
+        if lo < a:
+            lo = a
+        if j == (blk + 1) * width - 1 and lo == blk * width and bmin[blk] + badd[blk] >= s:
+            j = lo - 1  # the whole block is at least s
+            continue
+        while j >= lo:
+            if vals[j] + badd[blk] < s:
+                return j
+            j -= 1
+    return -1
+
+
 @njit
 def plan_kernel(fwd, bwd, act, saved, fwd_tmp, bwd_tmp, memory, d_time, h_time, duplex, offload, optimistic):
     """Plan the transfers of the units ``offload[i] != 0`` (index i = stage, 1..L; index 0 unused).
@@ -86,6 +185,12 @@ def plan_kernel(fwd, bwd, act, saved, fwd_tmp, bwd_tmp, memory, d_time, h_time, 
     # offload ends after the backward has begun (counted while B_j could start before the free:
     # start times are bounded below by running the backward without waits).
     slack = np.zeros(n + 2)
+    width = 1
+    while width * width < n + 2:
+        width += 1
+    n_blk = (n + 2 + width - 1) // width
+    badd = np.zeros(n_blk)
+    bmin = np.zeros(n_blk)
     kept = act[0]
     for j in range(1, n + 1):
         if offload[j] == 0:
@@ -94,6 +199,10 @@ def plan_kernel(fwd, bwd, act, saved, fwd_tmp, bwd_tmp, memory, d_time, h_time, 
         if j == n:
             need_b += act[n]
         slack[j] = memory - need_b
+    slack[0] = np.inf
+    slack[n + 1] = np.inf
+    for blk in range(n_blk):
+        _slack_fix(slack, badd, bmin, width, blk)
     lb_start = np.zeros(n + 2)
     bwait = np.zeros(n + 2)
     acc = t_fwd
@@ -107,21 +216,33 @@ def plan_kernel(fwd, bwd, act, saved, fwd_tmp, bwd_tmp, memory, d_time, h_time, 
             free_v = fend[v + 1]
         if free_v <= t_fwd:
             continue
-        for j in range(n, v - 1, -1):
-            if lb_start[j] >= free_v:
-                break
-            if slack[j] < saved[v - 1]:
-                # B_j cannot run beside this copy: it waits for the offload, after which the
-                # copy is gone (F_{v+1} ended in the forward) for B_j and every later phase.
-                off_before[v] = 2 * n - j
-                if oend[v] > bwait[j]:
-                    bwait[j] = oend[v]
-                break
-            slack[j] -= saved[v - 1]
+        # Phases B_n, B_{n-1}, ..., B_v that could start before the free (lb_start grows as j
+        # falls): j in lo..n; the last of them (largest j) that cannot run beside the copy waits.
+        lo = v
+        hi = n
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if lb_start[mid] >= free_v:
+                lo = mid + 1
+            else:
+                hi = mid
+        j = _slack_last_below(slack, badd, bmin, width, lo, n, saved[v - 1])
+        if j >= 0:
+            # B_j cannot run beside this copy: it waits for the offload, after which the
+            # copy is gone (F_{v+1} ended in the forward) for B_j and every later phase.
+            off_before[v] = 2 * n - j
+            if oend[v] > bwait[j]:
+                bwait[j] = oend[v]
+            _slack_add(slack, badd, bmin, width, j + 1, n, -float(saved[v - 1]))
+        else:
+            _slack_add(slack, badd, bmin, width, lo, n, -float(saved[v - 1]))
 
     # ---- backward: prefetches in decreasing stage order on the H2D channel, each triggered at
     # the earliest boundary (end of F_L, then end of B_{j+1}) where its memory fits up to B_u;
     # the latest boundary is the one before B_{u+1}, which reads it.
+    cum_b = np.zeros(n + 1)  # cum_b[x] = bwd[0] + ... + bwd[x-1]
+    for x in range(n):
+        cum_b[x + 1] = cum_b[x] + bwd[x]
     chan_h = 0.0 if duplex else chan_d
     pend = np.zeros(n + 2)
     nxt = n_off - 1
@@ -139,22 +260,24 @@ def plan_kernel(fwd, bwd, act, saved, fwd_tmp, bwd_tmp, memory, d_time, h_time, 
             # First phase the copy is present in: the trigger's, or (optimistic) the one its
             # start falls in if the backward runs on without waiting; never after B_{u+1}.
             first = j
-            if optimistic:
-                est = t
-                while first > u + 1 and est + bwd[first - 1] <= st:
-                    est += bwd[first - 1]
-                    first -= 1
-            ok = True
-            for i in range(u, first + 1):
-                if slack[i] < saved[u - 1]:
-                    ok = False
-                    break
+            if optimistic and first > u + 1:
+                # The smallest f in u+1..j with t + bwd_f + ... + bwd_{j-1} <= st (bisection on
+                # prefix sums of bwd; a phase-by-phase walk made the sweep O(L^2)).
+                lo = u + 1
+                hi = j
+                while lo < hi:
+                    mid = (lo + hi) // 2
+                    if t + (cum_b[j] - cum_b[mid]) <= st:
+                        hi = mid
+                    else:
+                        lo = mid + 1
+                first = lo
+            ok = _slack_min(slack, badd, bmin, width, u, first) >= saved[u - 1]
             if not ok and not mandatory:
                 break
             if not ok:
                 fits = False
-            for i in range(u, first + 1):
-                slack[i] -= saved[u - 1]
+            _slack_add(slack, badd, bmin, width, u, first, -float(saved[u - 1]))
             pre_op[u] = trig_op
             pend[u] = st + h_time[u - 1]
             chan_h = pend[u]
@@ -167,7 +290,6 @@ def plan_kernel(fwd, bwd, act, saved, fwd_tmp, bwd_tmp, memory, d_time, h_time, 
         if j >= 2 and offload[j - 1] != 0 and pend[j - 1] > s:
             s = pend[j - 1]
         t = s + bwd[j - 1]
-    for j in range(1, n + 1):
-        if slack[j] < 0:
-            fits = False
+    if _slack_min(slack, badd, bmin, width, 1, n) < 0:
+        fits = False
     return off_before, pre_op, fits, t

@@ -33,6 +33,7 @@ __all__ = [
     "check_memory_floor",
     "check_keep",
     "minimum_memory",
+    "check_time_limit",
 ]
 
 
@@ -195,6 +196,30 @@ def check_keep(chain: Chain, keep: Any) -> frozenset[int]:
     return frozenset(units)
 
 
+def check_time_limit(time_limit: Any) -> float | None:
+    """Validate a ``time_limit`` option: seconds > 0 (finite), or ``None`` for no limit.
+
+    Raises
+    ------
+    OptionError
+        Naming the value.
+    """
+    if time_limit is None:
+        return None
+    if (
+        isinstance(time_limit, bool)
+        or not isinstance(time_limit, (int, float, np.integer, np.floating))
+        or not (time_limit > 0 and math.isfinite(time_limit))
+    ):
+        raise OptionError(f"time_limit: {time_limit!r} must be a number of seconds > 0")
+    return float(time_limit)
+
+
+def _judge_cost(chain: Chain) -> float:
+    """Estimated seconds to build, validate and replay one schedule of ``chain`` (the judging)."""
+    return 0.02 + 6e-6 * chain.length
+
+
 def solve(chain: Chain, platform: Platform, method: str | None = None, **options: Any) -> Result:
     """Solve the offloading problem of ``chain`` on ``platform`` with ``method``.
 
@@ -205,8 +230,20 @@ def solve(chain: Chain, platform: Platform, method: str | None = None, **options
     method
         A registry name (see :func:`methods`); ``None`` means :data:`DEFAULT_METHOD`.
     **options
-        Passed to the method (e.g. ``time_limit``, ``slots``). Every pure-offloading method
-        takes ``keep``: units (stages 1..L) that must stay resident (see :func:`check_keep`).
+        Passed to the method (e.g. ``slots``). Every pure-offloading method takes ``keep``:
+        units (stages 1..L) that must stay resident (see :func:`check_keep`). Every method
+        takes ``time_limit`` (below).
+
+    time_limit
+        (An option every method takes.) Seconds of wall time the whole call may take: the
+        method, the lower bound and the judging of its schedule, within 10 % + 0.5 s. The
+        method gets the limit less an estimate of the judging; when it bites, it returns the
+        best schedule found so far (``feasible``, ``info["stopped"] == "time"``) or status
+        ``timeout`` when it has none. A one-off compile of the kernels the method needs
+        happens before the clock starts and is reported in ``info["compile_time"]``, not in
+        ``runtime`` (``NOTE [ lazy kernels ]`` in ``chainoffload/_compile.py``). ``None`` (the
+        default): the method's own default (``best``: 5 s + 0.5 ms per stage; the others have
+        none).
 
     Returns
     -------
@@ -215,13 +252,23 @@ def solve(chain: Chain, platform: Platform, method: str | None = None, **options
         raises, returns something other than a :class:`Result`, returns a schedule that is
         malformed or that the simulator rejects, offloads a unit of ``keep``, or (registered
         without ``remat=True``) returns a schedule that recomputes, gets status ``error`` with
-        the reason in ``message`` (never ``feasible``).
+        the reason in ``message`` (never ``feasible``). A pure-offloading result with a
+        schedule carries the strongest lower bound the budget affords, from a ladder climbed
+        cheapest first: ``trivial`` (sum of op times), ``volume`` (closed form, O(L):
+        :func:`chainoffload.bounds.volume_lower_bound`), ``fluid-lp`` (the fluid LP, when its
+        estimated time fits what is left of ``time_limit``, or of ``max(1 s, the method's
+        runtime)`` without one, or when a method already solved it), then any rung added with
+        ``chainoffload.solvers._ladder.add_rung``; or the method's own bound when larger.
+        ``info["bound"]`` names the one kept (``NOTE [ bound ladder ]`` in
+        ``chainoffload/solvers/_ladder.py``); a rung whose solver fails is skipped, with the
+        reason in ``info["lower_bound_note"]``. The climb stops once the bound meets the
+        makespan, so ``keep-all`` never pays for more than the trivial bound.
 
     Raises
     ------
     ValueError
         Misuse: an unknown method, an unknown or bad option (:class:`OptionError`; a bad
-        ``keep`` too), or memory below :meth:`Chain.stage_memory_floor`
+        ``keep`` or ``time_limit`` too), or memory below :meth:`Chain.stage_memory_floor`
         (:class:`~chainoffload.PlatformError`).
     """
     if not isinstance(chain, Chain):
@@ -231,25 +278,47 @@ def solve(chain: Chain, platform: Platform, method: str | None = None, **options
     entry = spec(method or DEFAULT_METHOD)
     check_memory_floor(chain, platform)
     func = entry.load()
-    _check_options(entry.name, func, options)
+    time_limit = check_time_limit(options.pop("time_limit", None))
+    params = _check_options(entry.name, func, options)
     keep = check_keep(chain, options["keep"]) if "keep" in options else frozenset()
-    t0 = time.perf_counter()
-    try:
-        result = func(chain, platform, **options)
-    except (OptionError, ChainError, PlatformError, ImportError):
-        raise  # misuse, or a missing optional dependency: the caller's to fix
-    except Exception as exc:  # the method failed: an outcome, reported as a status
-        message = " ".join(f"{type(exc).__name__}: {exc}".split())
-        if len(message) > 300:
-            message = message[:297] + "..."
-        result = Result(entry.name, Status.ERROR, message=f"{entry.name}: the method raised {message}")
-    elapsed = time.perf_counter() - t0
-    if not isinstance(result, Result):
-        result = Result(entry.name, Status.ERROR, message=f"{entry.name}: the method returned {type(result).__name__}, not a Result")
-    result = result.replace(method=entry.name, runtime=result.runtime or elapsed)
+    from .._compile import compiling, prepare
+
+    # Kernels are made ready before the clock starts: a one-off compile counts in neither
+    # the time limit nor the runtime (NOTE [ lazy kernels ]).
+    with prepare(entry.name, chain.length) as ready:
+        t0 = time.perf_counter()
+        deadline = t0 + time_limit if time_limit is not None else math.inf
+        if time_limit is not None and ("time_limit" in params or _takes_any(func)):
+            # The method gets the limit less what judging its schedule is expected to take.
+            options["time_limit"] = max(deadline - time.perf_counter() - _judge_cost(chain), 1e-3)
+        with compiling() as jit:
+            try:
+                result = func(chain, platform, **options)
+            except (OptionError, ChainError, PlatformError, ImportError):
+                raise  # misuse, or a missing optional dependency: the caller's to fix
+            except Exception as exc:  # the method failed: an outcome, reported as a status
+                message = " ".join(f"{type(exc).__name__}: {exc}".split())
+                if len(message) > 300:
+                    message = message[:297] + "..."
+                result = Result(entry.name, Status.ERROR, message=f"{entry.name}: the method raised {message}")
+            elapsed = time.perf_counter() - t0
+        if not isinstance(result, Result):
+            result = Result(entry.name, Status.ERROR, message=f"{entry.name}: the method returned {type(result).__name__}, not a Result")
+        may_recompute = entry.remat or (entry.remat_option is not None and bool(options.get(entry.remat_option)))
+        return _finish(chain, platform, entry, result, elapsed, ready, jit.seconds, keep, may_recompute, time_limit, deadline)
+
+
+def _finish(chain, platform, entry, result, elapsed, ready, compiled, keep, may_recompute, time_limit, deadline) -> Result:
+    """The rest of :func:`solve`: runtime, the recompute check, the bound ladder, ``keep`` and the judging."""
+    info = dict(result.info)
+    if ready.seconds + compiled > 0:
+        info["compile_time"] = ready.seconds + compiled
+    info["kernels"] = ready.kernels
+    # The method's time, without any compile it triggered itself (``ready``'s was before it).
+    runtime = max((result.runtime or elapsed) - compiled, 0.0)
+    result = result.replace(method=entry.name, runtime=runtime, info=info)
     if result.status == Status.ERROR:
         return result.replace(makespan=math.inf)
-    may_recompute = entry.remat or (entry.remat_option is not None and bool(options.get(entry.remat_option)))
     if not may_recompute and result.schedule is not None and result.schedule.has_remat:
         return result.replace(
             status=Status.ERROR,
@@ -257,14 +326,28 @@ def solve(chain: Chain, platform: Platform, method: str | None = None, **options
             message=f"{entry.name}: its schedule recomputes (Fck/Fn ops or a repeated forward) but the method "
             "is registered without remat=True",
         )
-    if not entry.remat and (result.schedule is None or not result.schedule.has_remat):
-        # Every pure-offloading result carries the problem's bound, whatever the method knew
-        # (a schedule that recomputes solves another problem, which this bound does not bind).
-        bound, note = _problem_bound(chain, platform)
-        own = result.lower_bound
-        result = result.replace(lower_bound=bound if not math.isfinite(own) else max(own, bound))
-        if note:
-            result = result.replace(info={**result.info, "lower_bound_note": note})
+    pure = not entry.remat and (result.schedule is None or not result.schedule.has_remat)
+    if pure and result.status.has_schedule:
+        # Every pure-offloading result carries a bound of the problem, as strong as the budget
+        # affords (NOTE [ bound ladder ]); a schedule that recomputes solves another problem.
+        from ._ladder import DEFAULT_BOUND_BUDGET, climb
+
+        if time_limit is not None:
+            budget = deadline - time.perf_counter() - _judge_cost(chain)
+        else:
+            budget = max(DEFAULT_BOUND_BUDGET, runtime)
+        own = result.lower_bound if math.isfinite(result.lower_bound) else -math.inf
+        value, rung = own, f"{entry.name}'s own"
+        notes: list[str] = []
+        if own < result.makespan * (1 - 1e-12):
+            got, name, _ = climb(chain, platform, budget, target=result.makespan, notes=notes)
+            if got > value:
+                value, rung = got, name
+        info["bound"] = rung
+        if notes:
+            kept = "sum(fwd) + sum(bwd)" if rung == "trivial" else f"the {rung} bound"
+            info["lower_bound_note"] = "; ".join(notes) + f"; the bound is {kept}"
+        result = result.replace(lower_bound=value, info=info)
     moved = sorted(keep & set(result.schedule.offloaded_units)) if result.schedule is not None else []
     if moved and result.status.has_schedule:
         # A bound of the unconstrained problem still binds the constrained one; the schedule does not.
@@ -276,26 +359,24 @@ def solve(chain: Chain, platform: Platform, method: str | None = None, **options
     return judge(chain, platform, result)
 
 
-def _problem_bound(chain: Chain, platform: Platform) -> tuple[float, str]:
-    """The fluid LP bound, or the trivial one with a note when the LP solver fails."""
-    from ..bounds import lower_bound
-
-    try:
-        return lower_bound(chain, platform), ""
-    except RuntimeError as exc:
-        return chain.compute_time, f"the fluid LP bound is not available ({exc}); the bound is sum(fwd) + sum(bwd)"
+def _takes_any(func: Callable[..., Result]) -> bool:
+    return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in inspect.signature(func).parameters.values())
 
 
-def _check_options(name: str, func: Callable[..., Result], options: dict[str, Any]) -> None:
-    """Reject options the method does not take, naming the ones it does."""
+def _check_options(name: str, func: Callable[..., Result], options: dict[str, Any]) -> list[str]:
+    """Reject options the method does not take, naming the ones it does; return its option names.
+
+    ``time_limit`` is :func:`solve`'s own and always accepted.
+    """
     params = inspect.signature(func).parameters
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        return
+        return []
     accepted = [n for n, p in list(params.items())[2:] if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
     unknown = sorted(set(options) - set(accepted))
     if unknown:
         takes = ", ".join(accepted) if accepted else "no options"
         raise OptionError(f"options: method {name!r} does not take {', '.join(unknown)}; it takes: {takes}")
+    return accepted
 
 
 def judge(chain: Chain, platform: Platform, result: Result) -> Result:
@@ -404,18 +485,22 @@ def minimum_memory(
     lo = chain.stage_memory_floor() if entry.remat else offload_memory_floor(chain)
     hi = max(keep_all_peak(chain), lo)
 
-    def fits(memory: int) -> bool:
-        return solve(chain, platform.with_memory(memory), entry.name, **options).feasible
+    from .._progress import progress
+    from ._search import boundary
 
-    if not fits(hi):
-        return None
-    if fits(lo):
-        return lo
-    # Invariant: fails at lo, fits at hi.
-    while hi - lo > max(1, int(rel_tol * hi)):
-        mid = (lo + hi) // 2
-        if fits(mid):
-            hi = mid
-        else:
-            lo = mid
-    return hi
+    width = max(1, int(rel_tol * hi))
+    steps = 2 + max(1, math.ceil(math.log2(max(hi - lo, 1) / width)))
+    with progress("minimum memory", total=steps, unit="solve") as bar:
+
+        def fits(memory: int) -> bool:
+            ok = solve(chain, platform.with_memory(memory), entry.name, **options).feasible
+            bar.update(1)
+            bar.note(memory=memory, fits=ok)
+            return ok
+
+        if not fits(hi):
+            return None
+        if fits(lo):
+            return lo
+        # fails at lo, fits at hi: the least memory that fits lies in (lo, hi]
+        return boundary(hi, lo, fits, width=lambda good: max(1, int(rel_tol * good)))

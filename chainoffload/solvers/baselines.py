@@ -12,11 +12,9 @@ import time
 from typing import Iterable, Sequence
 
 from ..chain import Chain
-from ..planner import plan_and_simulate
 from ..platform import Platform
 from ..result import Result, Status
-from ..schedule import Schedule
-from ..simulate import Timeline
+from ._search import Evaluator
 
 __all__ = ["keep_all", "offload_all", "first_k", "largest_first"]
 
@@ -31,85 +29,101 @@ def _offloadable(chain: Chain, platform: Platform, keep: Iterable[int] = ()) -> 
     return [u for u in range(1, chain.length) if u not in kept]
 
 
-def _first_fit(method: str, chain: Chain, platform: Platform, candidates: Sequence[Sequence[int]], t0: float) -> Result:
-    """The first offload set in ``candidates`` that the simulator accepts, by bisection.
+def _first_fit(method: str, chain: Chain, platform: Platform, order: Sequence[int], time_limit: float | None, t0: float) -> Result:
+    """The shortest prefix of ``order`` that the simulator accepts, by bisection.
 
-    Candidates are nested and growing (offload more of the same order), so fitting is
-    monotone in the index as far as memory goes; bisection finds an index that fits whose
-    predecessor does not, in O(log n) plans instead of n (L = 1000 has a thousand sets).
+    Prefixes are nested and growing (offload more of the same order), so fitting is monotone
+    in their length as far as memory goes; bisection (:meth:`Evaluator.prefixes`) finds one
+    that fits whose predecessor does not, in O(log L) plans instead of L. Past ``time_limit``
+    it stops: status ``timeout`` if nothing fitted by then.
     """
-    least = math.inf
-    seen: dict[int, tuple[Schedule, Timeline]] = {}
-
-    def fits(k: int) -> bool:
-        nonlocal least
-        if k not in seen:
-            seen[k] = plan_and_simulate(chain, platform, candidates[k])
-        timeline = seen[k][1]
-        if not timeline.feasible and timeline.violation.rule == "memory":
-            least = min(least, timeline.peak_memory)
-        return timeline.feasible
-
-    n = len(candidates)
-    found: int | None = None
-    if fits(0):
-        found = 0
-    elif n > 1 and fits(n - 1):
-        lo, hi = 0, n - 1  # fails at lo, fits at hi
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if fits(mid):
-                hi = mid
-            else:
-                lo = mid
-        found = hi
+    deadline = t0 + time_limit if time_limit is not None else math.inf
+    search = Evaluator(chain, platform, deadline=deadline)
+    found = search.prefixes(list(order), method)
     if found is not None:
-        schedule, timeline = seen[found]
+        cand = search.units(order[:found])
         return Result(
             method,
             Status.FEASIBLE,
-            schedule,
-            makespan=timeline.makespan,
+            cand.schedule(),
+            makespan=cand.makespan,
             runtime=time.perf_counter() - t0,
-            info={"units": list(candidates[found]), "tried": len(seen)},
+            info={"units": list(cand.units), "tried": search.evals},
         )
+    if search.stopped == "time":
+        return Result(
+            method,
+            Status.TIMEOUT,
+            None,
+            runtime=time.perf_counter() - t0,
+            info={"tried": search.evals, "stopped": "time"},
+            message=f"{method}: the time limit ({time_limit} s) ran out before a set that fits was found",
+        )
+    over = [c.peak for c in search.cache.values() if c.rule == 1]
     return Result(
         method,
         Status.INFEASIBLE,
         None,
         runtime=time.perf_counter() - t0,
-        min_memory=None if not math.isfinite(least) else int(least),
-        info={"tried": len(seen)},
+        min_memory=min(over) if over else None,
+        info={"tried": search.evals},
         message=f"{method}: no offload set it tries fits in {platform.memory} B",
     )
 
 
-def keep_all(chain: Chain, platform: Platform, *, keep: Iterable[int] = ()) -> Result:
+def keep_all(chain: Chain, platform: Platform, *, keep: Iterable[int] = (), time_limit: float | None = None) -> Result:
     """No offload. Feasible (and optimal) exactly when every activation fits at once.
 
     ``keep`` (units that must stay resident) is accepted for the common call shape and
-    checked; keep-all keeps everything anyway.
+    checked; keep-all keeps everything anyway. ``time_limit`` (seconds) is accepted too: one
+    simulation never needs it.
     """
     t0 = time.perf_counter()
     _offloadable(chain, platform, keep)
-    return _first_fit("keep-all", chain, platform, [[]], t0)
+    return _first_fit("keep-all", chain, platform, [], time_limit, t0)
 
 
-def offload_all(chain: Chain, platform: Platform, *, keep: Iterable[int] = ()) -> Result:
+def offload_all(chain: Chain, platform: Platform, *, keep: Iterable[int] = (), time_limit: float | None = None) -> Result:
     """vDNN: offload every unit 1..L-1 not in ``keep`` as soon as it is made, prefetch one stage ahead."""
     t0 = time.perf_counter()
-    return _first_fit("offload-all", chain, platform, [_offloadable(chain, platform, keep)], t0)
-
-
-def first_k(chain: Chain, platform: Platform, *, keep: Iterable[int] = ()) -> Result:
-    """TransformerEngine: offload the first k units not in ``keep``, smallest k that fits (bisection on k)."""
-    t0 = time.perf_counter()
     units = _offloadable(chain, platform, keep)
-    return _first_fit("first-k", chain, platform, [units[:k] for k in range(len(units) + 1)], t0)
+    deadline = t0 + time_limit if time_limit is not None else math.inf
+    search = Evaluator(chain, platform, deadline=deadline)
+    cand = search.units(units)
+    if cand.feasible:
+        return Result(
+            "offload-all",
+            Status.FEASIBLE,
+            cand.schedule(),
+            makespan=cand.makespan,
+            runtime=time.perf_counter() - t0,
+            info={"units": list(cand.units), "tried": 1},
+        )
+    return Result(
+        "offload-all",
+        Status.INFEASIBLE,
+        None,
+        runtime=time.perf_counter() - t0,
+        min_memory=cand.peak if cand.rule == 1 else None,
+        info={"tried": 1},
+        message=f"offload-all: no offload set it tries fits in {platform.memory} B",
+    )
 
 
-def largest_first(chain: Chain, platform: Platform, *, keep: Iterable[int] = ()) -> Result:
-    """Offload the largest units not in ``keep`` (by saved bytes; ties: earlier stage) until it fits (bisection on their number)."""
+def first_k(chain: Chain, platform: Platform, *, keep: Iterable[int] = (), time_limit: float | None = None) -> Result:
+    """TransformerEngine: offload the first k units not in ``keep``, smallest k that fits (bisection on k).
+
+    Stops at ``time_limit`` seconds (status ``timeout`` if no k that fits was found by then).
+    """
+    t0 = time.perf_counter()
+    return _first_fit("first-k", chain, platform, _offloadable(chain, platform, keep), time_limit, t0)
+
+
+def largest_first(chain: Chain, platform: Platform, *, keep: Iterable[int] = (), time_limit: float | None = None) -> Result:
+    """Offload the largest units not in ``keep`` (by saved bytes; ties: earlier stage) until it fits (bisection on their number).
+
+    Stops at ``time_limit`` seconds (status ``timeout`` if no set that fits was found by then).
+    """
     t0 = time.perf_counter()
     units = sorted(_offloadable(chain, platform, keep), key=lambda u: (-int(chain.saved[u - 1]), u))
-    return _first_fit("largest-first", chain, platform, [sorted(units[:k]) for k in range(len(units) + 1)], t0)
+    return _first_fit("largest-first", chain, platform, units, time_limit, t0)

@@ -32,106 +32,102 @@ from __future__ import annotations
 import importlib
 import math
 import time
-from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, Iterator
 
+import numpy as np
+
+from .._progress import progress
 from ..chain import Chain
-from ..planner import plan_and_simulate
 from ..platform import Platform
 from ..result import Result, Status
-from ..schedule import Schedule, Transfer
-from ..simulate import Timeline, simulate
 from . import OptionError, baselines
+from ._search import Candidate, Evaluator
 
-__all__ = ["best"]
+__all__ = ["best", "default_time_limit"]
 
 _EPS = 1e-12
 
+#: Share of the time limit the starting points may take together (the search gets the rest,
+#: and whatever they leave).
+START_SHARE = 0.7
 
-@dataclass(frozen=True)
-class _Scored:
-    units: frozenset[int]
-    schedule: Schedule
-    timeline: Timeline
+# Starting points in the order they run, with their share of the starting time (one that
+# finishes early leaves its time to the next ones); ties between equal starts go to the
+# first of ``_PREFERENCE``.
+_STARTS = (
+    ("keep-all", 0.25),
+    # One plan, and the set most likely to fit: a schedule in hand early when time is short
+    # (at L = 100,000 on a loaded machine the other starts may not finish in time).
+    ("offload-all", 0.25),
+    ("dp", 1.0),
+    ("lp", 1.0),
+    ("first-k", 0.5),
+    ("largest-first", 0.5),
+)
+_PREFERENCE = ("lp", "dp", "keep-all", "offload-all", "first-k", "largest-first")
+_TARGETS = {
+    "keep-all": baselines.keep_all,
+    "offload-all": baselines.offload_all,
+    "first-k": baselines.first_k,
+    "largest-first": baselines.largest_first,
+    "lp": "chainoffload.solvers.lp:lp",
+    "dp": "chainoffload.solvers.dp:dp",
+}
 
-    @property
-    def key(self) -> tuple[int, float]:
-        t = self.timeline
-        return (0, t.makespan) if t.feasible else (1, float(t.peak_memory))
 
-    def beats(self, other: "_Scored | None") -> bool:
-        if other is None:
-            return True
-        (fa, va), (fb, vb) = self.key, other.key
-        if fa != fb:
-            return fa < fb
-        return va < vb * (1 - _EPS) if fa == 0 else va < vb
+def _key(c: Candidate) -> tuple[int, float]:
+    return (0, c.makespan) if c.feasible else (1, float(c.peak))
+
+
+def _beats(a: Candidate, b: Candidate | None) -> bool:
+    """Feasible beats infeasible; a shorter makespan (by more than a relative 1e-12) beats a
+    longer one; between infeasible ones, the lower peak."""
+    if b is None:
+        return True
+    (fa, va), (fb, vb) = _key(a), _key(b)
+    if fa != fb:
+        return fa < fb
+    return va < vb * (1 - _EPS) if fa == 0 else va < vb
 
 
 class _Search:
-    def __init__(self, chain: Chain, platform: Platform, max_evals: int, deadline: float, bound: float):
-        self.chain = chain
-        self.bound = bound
-        self.platform = platform
-        self.max_evals = max_evals
-        self.deadline = deadline
-        self.evals = 0
-        self.cache: dict[frozenset[int], _Scored] = {}
-        self.stopped = "converged"
+    """The two levels of ``NOTE [ local improvement ]`` over :class:`Evaluator` candidates."""
 
-    def at_bound(self, current: _Scored) -> bool:
-        """Nothing can beat a schedule that reaches the lower bound."""
-        return current.timeline.feasible and current.timeline.makespan <= self.bound * (1 + _EPS)
+    def __init__(self, search: Evaluator, bar) -> None:
+        self.search = search
+        self.bar = bar
+        self.t0 = time.perf_counter()
 
-    def out_of_budget(self) -> bool:
-        if self.evals >= self.max_evals:
-            self.stopped = "evals"
-            return True
-        if time.perf_counter() > self.deadline:
-            self.stopped = "time"
-            return True
-        return False
-
-    def score_units(self, units: frozenset[int]) -> _Scored:
-        hit = self.cache.get(units)
-        if hit is not None:
-            return hit
-        self.evals += 1
-        scored = _Scored(units, *plan_and_simulate(self.chain, self.platform, units))
-        self.cache[units] = scored
-        return scored
-
-    def score_schedule(self, schedule: Schedule, units: frozenset[int]) -> _Scored | None:
-        self.evals += 1
-        try:
-            timeline = simulate(self.chain, self.platform, schedule)
-        except ValueError:
-            return None  # a moved trigger broke the schedule's structure: not a candidate
-        return _Scored(units, schedule, timeline)
+    def _tick(self, current: Candidate) -> None:
+        self.bar.set(time.perf_counter() - self.t0)
+        if current.feasible:
+            self.bar.note(evals=self.search.evals, makespan=f"{current.makespan:.6g}")
 
     # -- level 1: which units ----------------------------------------------------------------
 
-    def improve_units(self, current: _Scored, candidates: list[int]) -> _Scored:
-        by_size = sorted(candidates, key=lambda u: (-int(self.chain.saved[u - 1]), u))
-        while not self.at_bound(current):
+    def improve_units(self, current: Candidate, candidates: list[int]) -> Candidate:
+        chain = self.search.chain
+        by_size = sorted(candidates, key=lambda u: (-int(chain.saved[u - 1]), u))
+        while not self.search.at_bound(current):
             for moves in (self._local_moves, self._swaps):
                 found = None
-                for move in moves(current.units, by_size):
-                    if self.out_of_budget():
+                for move in moves(frozenset(current.units), by_size):
+                    if self.search.exhausted:
                         return current
-                    trial = self.score_units(move)
-                    if trial.beats(current):
+                    trial = self.search.units(move)
+                    if _beats(trial, current):
                         found = trial
                         break
                 if found is not None:
                     current = found
+                    self._tick(current)
                     break  # back to the cheap moves from the new point
             else:
                 return current
         return current
 
     @staticmethod
-    def _local_moves(units: frozenset[int], by_size: list[int]):
+    def _local_moves(units: frozenset[int], by_size: list[int]) -> Iterator[frozenset[int]]:
         """Toggle one unit, or move an offloaded unit to a neighbouring stage."""
         allowed = set(by_size)
         for u in by_size:
@@ -142,7 +138,7 @@ class _Search:
                         yield (units - {u}) | {v}
 
     @staticmethod
-    def _swaps(units: frozenset[int], by_size: list[int]):
+    def _swaps(units: frozenset[int], by_size: list[int]) -> Iterator[frozenset[int]]:
         """Swap any offloaded unit for any kept one (tried once the local moves are exhausted)."""
         for u in by_size:
             if u in units:
@@ -152,90 +148,111 @@ class _Search:
 
     # -- level 2: when -----------------------------------------------------------------------
 
-    def improve_triggers(self, current: _Scored) -> _Scored:
+    def improve_triggers(self, current: Candidate) -> Candidate:
+        n_ops = 2 * self.search.chain.length
         improved = True
-        while improved and not self.at_bound(current):
+        while improved and not self.search.at_bound(current):
             improved = False
-            n_ops = len(current.schedule.compute)
-            for transfers in self._neighbours(current.schedule.transfers, n_ops):
-                if self.out_of_budget():
+            for transfers in _neighbours(current.transfers, n_ops):
+                if self.search.exhausted:
                     return current
-                trial = self.score_schedule(Schedule(current.schedule.compute, transfers), current.units)
-                if trial is not None and trial.beats(current):
+                trial = self.search.transfers(current.units, transfers)
+                if trial is not None and _beats(trial, current):
                     current = trial
                     improved = True
+                    self._tick(current)
                     break
         return current
 
-    @classmethod
-    def _neighbours(cls, transfers: tuple[Transfer, ...], n_ops: int):
-        """Transfer lists one move away, nearest moves first: a trigger moved by one op (or
-        to the other end of its op) or a wait changed; two neighbours of one kind swapped;
-        then a trigger moved by 2..4 ops, kept in place in the list or sent to its end (so
-        that it queues behind the transfers it now ties with)."""
-        for idx, tr in enumerate(transfers):
-            for moved in cls._trigger_moves(tr, n_ops):
-                yield transfers[:idx] + (moved,) + transfers[idx + 1 :]
-        # Same trigger, other queue order: list order breaks the tie on the channel.
-        for idx in range(len(transfers) - 1):
-            a, b = transfers[idx], transfers[idx + 1]
-            if a.kind == b.kind:
-                yield transfers[:idx] + (b, a) + transfers[idx + 2 :]
-        for radius in (2, 3, 4):
-            for idx, tr in enumerate(transfers):
-                rest = transfers[:idx] + transfers[idx + 1 :]
-                for op in (tr.op - radius, tr.op + radius):
-                    if 0 <= op < n_ops:
-                        before = tr.before if tr.before is None or tr.before > op else None
-                        moved = Transfer(tr.kind, tr.unit, op, "end", before)
-                        yield transfers[:idx] + (moved,) + transfers[idx + 1 :]
-                        yield rest + (moved,)
 
-    @staticmethod
-    def _trigger_moves(tr: Transfer, n_ops: int):
-        for op in (tr.op - 1, tr.op + 1):
-            if 0 <= op < n_ops:
-                before = tr.before if tr.before is None or tr.before > op else None
-                yield Transfer(tr.kind, tr.unit, op, "end", before)
-        yield Transfer(tr.kind, tr.unit, tr.op, "start" if tr.at == "end" else "end", tr.before)
-        if tr.kind == "offload" and tr.before is not None:
-            yield Transfer(tr.kind, tr.unit, tr.op, tr.at, None)
-            for before in (tr.before - 1, tr.before + 1):
-                if tr.op < before < n_ops:
-                    yield Transfer(tr.kind, tr.unit, tr.op, tr.at, before)
+def _with(transfers: tuple[np.ndarray, ...], idx: int, op: int, at: int, before: int) -> tuple[np.ndarray, ...]:
+    """``transfers`` with transfer ``idx`` moved to trigger ``(op, at)`` and wait ``before``."""
+    kind, unit, ops, ats, befores = transfers
+    ops, ats, befores = ops.copy(), ats.copy(), befores.copy()
+    ops[idx], ats[idx], befores[idx] = op, at, before
+    return kind, unit, ops, ats, befores
+
+
+def _to_end(transfers: tuple[np.ndarray, ...], idx: int) -> tuple[np.ndarray, ...]:
+    """``transfers`` with transfer ``idx`` sent to the end of the list (the back of its queue)."""
+    m = transfers[0].shape[0]
+    order = np.concatenate([np.arange(idx), np.arange(idx + 1, m), [idx]])
+    return tuple(a[order] for a in transfers)
+
+
+def _neighbours(transfers: tuple[np.ndarray, ...], n_ops: int) -> Iterator[tuple[np.ndarray, ...]]:
+    """Transfer lists one move away, nearest moves first: a trigger moved by one op (or to the
+    other end of its op) or a wait changed; two neighbours of one kind swapped; then a trigger
+    moved by 2..4 ops, kept in place in the list or sent to its end (so that it queues behind
+    the transfers it now ties with)."""
+    kind, _unit, ops, ats, befores = (a.tolist() for a in transfers)
+    m = len(kind)
+    for idx in range(m):
+        op, at, before = ops[idx], ats[idx], befores[idx]
+        for new in (op - 1, op + 1):
+            if 0 <= new < n_ops:
+                yield _with(transfers, idx, new, 1, before if before > new else -1)
+        yield _with(transfers, idx, op, 1 - at, before)
+        if kind[idx] == 0 and before >= 0:
+            yield _with(transfers, idx, op, at, -1)
+            for b in (before - 1, before + 1):
+                if op < b < n_ops:
+                    yield _with(transfers, idx, op, at, b)
+    # Same trigger, other queue order: list order breaks the tie on the channel.
+    for idx in range(m - 1):
+        if kind[idx] == kind[idx + 1]:
+            order = np.arange(m)
+            order[idx], order[idx + 1] = idx + 1, idx
+            yield tuple(a[order] for a in transfers)
+    for radius in (2, 3, 4):
+        for idx in range(m):
+            op, before = ops[idx], befores[idx]
+            for new in (op - radius, op + radius):
+                if 0 <= new < n_ops:
+                    moved = _with(transfers, idx, new, 1, before if before > new else -1)
+                    yield moved
+                    yield _to_end(moved, idx)
 
 
 def _start_sets(
-    chain: Chain, platform: Platform, use_relaxations: bool, keep: frozenset[int]
+    chain: Chain, platform: Platform, use_relaxations: bool, keep: frozenset[int], deadline: float
 ) -> tuple[dict[str, frozenset[int]], dict]:
-    """Unit sets to start from: the relaxations' and every baseline's, by name."""
+    """Unit sets to start from: the relaxations' and every baseline's, by name, within ``deadline``."""
     starts: dict[str, frozenset[int]] = {}
     info: dict = {}
-    runs = [
-        ("keep-all", baselines.keep_all),
-        ("offload-all", baselines.offload_all),
-        ("first-k", baselines.first_k),
-        ("largest-first", baselines.largest_first),
-    ]
-    if use_relaxations:
-        for name, target in (("lp", "chainoffload.solvers.lp:lp"), ("dp", "chainoffload.solvers.dp:dp")):
-            module, _, func = target.partition(":")
-            runs.insert(0, (name, getattr(importlib.import_module(module), func)))
-    for name, func in runs:
-        result = func(chain, platform, keep=keep)
+    runs = [(name, share) for name, share in _STARTS if use_relaxations or name not in ("lp", "dp")]
+    skipped = []
+    for i, (name, share) in enumerate(runs):
+        left = deadline - time.perf_counter()
+        if left <= 0:
+            skipped.append(name)
+            continue
+        target = _TARGETS[name]
+        if isinstance(target, str):
+            module, _, attr = target.partition(":")
+            target = getattr(importlib.import_module(module), attr)
+        rest = sum(s for _, s in runs[i:])
+        result = target(chain, platform, keep=keep, time_limit=left * share / rest)
         if result.schedule is not None:
             starts[name] = frozenset(result.schedule.offloaded_units)
             info[f"{name}_makespan"] = result.makespan
-        if name == "lp" and math.isfinite(result.lower_bound):
+        if name == "lp" and math.isfinite(result.lower_bound) and math.isfinite(result.info.get("lp_bound", math.nan)):
             info["lp_bound"] = result.lower_bound
+    if skipped:
+        info["starts_skipped"] = skipped
     return starts, info
+
+
+def default_time_limit(length: int) -> float:
+    """``best``'s time limit when none is given: 5 s plus 0.5 ms per stage."""
+    return 5.0 + 5e-4 * length
 
 
 def best(
     chain: Chain,
     platform: Platform,
     *,
-    time_limit: float = 5.0,
+    time_limit: float | None = None,
     max_evals: int = 4000,
     relaxations: bool = True,
     remat: bool = False,
@@ -243,17 +260,22 @@ def best(
 ) -> Result:
     """Local search over offload sets and triggers from the better of ``lp`` and ``dp``.
 
-    See NOTE [ local improvement ]. Never worse than any baseline: their unit sets are
-    starting points and only strict improvements are accepted.
+    See NOTE [ local improvement ]. Never worse than any baseline when the time limit lets
+    every starting point run: their unit sets are starting points and only strict
+    improvements are accepted.
 
     Parameters
     ----------
     chain, platform
         The instance.
     time_limit
-        Seconds the search may take after its starting points are computed (> 0).
+        Seconds the whole method may take, starting points included (> 0; they get at most
+        ``START_SHARE`` of it). ``None`` (default): :func:`default_time_limit`, 5 s plus
+        0.5 ms per stage (5.05 s at L = 100, 55 s at L = 100,000, where one evaluation takes
+        ~0.25 s). Past it the best schedule found so far is returned
+        (``info["stopped"]`` is ``"time"``; status ``timeout`` when none fits yet).
     max_evals
-        Simulations the search may run (>= 1).
+        Evaluations the search may make (>= 1): unit sets planned or transfer lists scored.
     relaxations
         Start from ``lp`` and ``dp`` too (false: baselines only; for comparisons).
     remat
@@ -267,53 +289,74 @@ def best(
     -------
     Result
         ``info`` holds ``start`` (the name of the starting point the search improved),
-        ``evals``, ``stopped`` (``converged``, ``evals`` or ``time``), ``units`` and each
-        start's makespan.
+        ``evals``, ``evals_per_s`` (of the search), ``stopped`` (``converged``, ``evals`` or
+        ``time``), ``units``, each start's makespan and ``starts_skipped`` (those the time
+        limit left out).
     """
-    if not (isinstance(time_limit, (int, float)) and time_limit > 0):
-        raise OptionError(f"time_limit: expected seconds > 0, got {time_limit!r}")
+    if time_limit is None:
+        time_limit = default_time_limit(chain.length)
+    if isinstance(time_limit, bool) or not (isinstance(time_limit, (int, float)) and time_limit > 0 and math.isfinite(time_limit)):
+        raise OptionError(f"time_limit: {time_limit!r} must be a number of seconds > 0")
     if isinstance(max_evals, bool) or not isinstance(max_evals, int) or max_evals < 1:
         raise OptionError(f"max_evals: expected an integer >= 1, got {max_evals!r}")
     from . import check_keep
 
     kept = check_keep(chain, keep)
     t0 = time.perf_counter()
-    starts, info = _start_sets(chain, platform, relaxations, kept)
-    bound = max(chain.compute_time, info.get("lp_bound", 0.0))
-    search = _Search(chain, platform, max_evals, time.perf_counter() + time_limit, bound)
-    scored = {name: search.score_units(units) for name, units in starts.items()}
-    start_name = None
-    current: _Scored | None = None
-    for name, s in scored.items():
-        if s.beats(current):
-            start_name, current = name, s
-    if current is None:  # no start had a schedule: begin from nothing offloaded
-        start_name, current = "keep-all", search.score_units(frozenset())
-    candidates = [u for u in range(1, chain.length) if u not in kept] if platform.can_transfer else []
-    current = search.improve_units(current, candidates)
-    if current.timeline.feasible and current.units:
-        current = search.improve_triggers(current)
-    info.update(start=start_name, evals=search.evals, stopped=search.stopped, units=sorted(current.units))
+    deadline = t0 + time_limit
+    with progress("best", total=time_limit, unit="s") as bar:
+        starts, info = _start_sets(chain, platform, relaxations, kept, t0 + START_SHARE * time_limit)
+        bar.set(time.perf_counter() - t0)
+        bound = max(chain.compute_time, info.get("lp_bound", 0.0))
+        search = Evaluator(chain, platform, deadline=deadline, max_evals=max_evals, bound=bound)
+        walk = _Search(search, bar)
+        walk.t0 = t0
+        current: Candidate | None = None
+        start_name = None
+        for name in sorted(starts, key=_PREFERENCE.index):
+            s = search.units(starts[name])
+            if _beats(s, current):
+                start_name, current = name, s
+        if current is None:  # no start had a schedule: begin from nothing offloaded
+            start_name, current = "keep-all", search.units(())
+        t_search, evals0 = time.perf_counter(), search.evals
+        candidates = [u for u in range(1, chain.length) if u not in kept] if platform.can_transfer else []
+        current = walk.improve_units(current, candidates)
+        if current.feasible and current.units:
+            current = walk.improve_triggers(current)
+        spent = time.perf_counter() - t_search
+    info.update(
+        start=start_name,
+        evals=search.evals,
+        evals_per_s=(search.evals - evals0) / spent if spent > 0 else math.nan,
+        stopped=search.stopped or ("time" if info.get("starts_skipped") else "converged"),
+        units=list(current.units),
+    )
     result: Result
-    if current.timeline.feasible:
+    if current.feasible:
         result = Result(
             "best",
             Status.FEASIBLE,
-            current.schedule,
-            makespan=current.timeline.makespan,
+            current.schedule(),
+            makespan=current.makespan,
             lower_bound=info.get("lp_bound", math.nan),
             runtime=time.perf_counter() - t0,
             info=info,
         )
     else:
+        timed_out = info["stopped"] == "time"
         result = Result(
             "best",
-            Status.INFEASIBLE,
+            Status.TIMEOUT if timed_out else Status.INFEASIBLE,
             None,
             lower_bound=info.get("lp_bound", math.nan),
             runtime=time.perf_counter() - t0,
-            info={**info, "least_peak": int(current.timeline.peak_memory)},
-            message=f"best: no schedule found fits in {platform.memory} B (least peak seen {current.timeline.peak_memory} B)",
+            info={**info, "least_peak": int(current.peak)},
+            message=(
+                f"best: the time limit ({time_limit} s) ran out before a schedule that fits was found"
+                if timed_out
+                else f"best: no schedule found fits in {platform.memory} B (least peak seen {current.peak} B)"
+            ),
         )
     if remat:
         from .joint import joint

@@ -80,15 +80,17 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from .._kernels.dp import fluid_dp
+from .._kernels import lazy
 from ..bounds import offload_memory_floor
 from ..chain import Chain
-from ..planner import plan_and_simulate
 from ..platform import Platform
 from ..result import Result, Status
 from ..schedule import Schedule
-from ..simulate import Timeline, keep_all_peak, simulate
-from . import OptionError, check_keep, check_memory_floor
+from ..simulate import keep_all_peak
+from . import OptionError, check_keep, check_memory_floor, check_time_limit
+from ._search import Evaluator, boundary
+
+_kdp = lazy("dp")  # imports Numba on first use only
 
 __all__ = ["dp", "fluid_plan", "DEFAULT_SLOTS", "DEFAULT_QUEUE_SLOTS"]
 
@@ -104,6 +106,24 @@ MARGINS = (0.0, 0.02, 0.05, 0.1)
 
 #: Most back-pointers (int32, one per cell and stage) one DP run may hold: 1 GiB.
 MAX_TABLE = 1 << 28
+
+#: Back-pointers the automatic choice of ``slots`` aims at (256 MiB; ``NOTE [ slots from the
+#: instance ]``).
+AUTO_TABLE = 1 << 26
+
+# NOTE [ slots from the instance ]
+# --------------------------------
+# Unless the caller sets them, ``slots`` and ``queue_slots`` come from the instance: the
+# measured defaults (256, 3) while the table of back-pointers, L * (slots + 1) *
+# (queue_slots + 1)^2 int32, stays under ``AUTO_TABLE`` (up to L = 16,320), beyond that
+# queue_slots 2 and as many K buckets as fit (73 at L = 100,000; at least 8). A DP run's time
+# grows with the same product, so this also keeps one run to about a second at L = 100,000.
+# With a time limit, the product is cut further so that the runs fit a fifth of it.
+
+#: Cell-stages one DP run visits per second, about (measured on the 2-core machine: 20 s of
+#: CPU for dp's four runs and plans at L = 100,000 with 666 cells): what a time limit is
+#: turned into cells with, and what decides whether one more run fits.
+CELL_RATE = 1.2e7
 
 #: Bisection steps of the repair.
 REPAIR_STEPS = 8
@@ -124,6 +144,19 @@ def _check_table(chain: Chain, slots: int, queue_slots: int) -> None:
             f"slots: {slots} with queue_slots: {queue_slots} needs {cells} cells per stage, "
             f"{cells * chain.length} back-pointers for L = {chain.length}; at most {MAX_TABLE} fit"
         )
+
+
+def auto_slots(length: int, seconds: float | None = None) -> tuple[int, int]:
+    """``(slots, queue_slots)`` for a chain of ``length`` stages (``NOTE [ slots from the instance ]``).
+
+    ``seconds``: the time one DP run may take (``None``: no limit).
+    """
+    cells = AUTO_TABLE // max(length, 1)
+    if seconds is not None:
+        cells = min(cells, int(CELL_RATE * seconds / max(length, 1)))
+    if cells >= (DEFAULT_SLOTS + 1) * (DEFAULT_QUEUE_SLOTS + 1) ** 2:
+        return DEFAULT_SLOTS, DEFAULT_QUEUE_SLOTS
+    return max(8, cells // 9 - 1), 2
 
 
 def fluid_plan(
@@ -176,7 +209,7 @@ def fluid_plan(
         allow[1 : chain.length] = 1
         for u in kept:
             allow[u] = 0
-    offload, value, found = fluid_dp(
+    offload, value, found = _kdp.fluid_dp(
         chain.fwd,
         chain.bwd,
         chain.act,
@@ -197,53 +230,52 @@ def fluid_plan(
     return [int(j) for j in np.flatnonzero(offload)], float(value)
 
 
-class _Search:
-    """The budgets tried so far, their plans, and the best plan the simulator accepts."""
+class _Budgets:
+    """The DP runs made so far (per budget), their plans scored by the shared search."""
 
-    def __init__(self, chain: Chain, platform: Platform, slots: int, queue_slots: int, keep: frozenset[int]) -> None:
-        self.keep = keep
-        self.chain = chain
-        self.platform = platform
+    def __init__(self, search: Evaluator, slots: int, queue_slots: int, keep: frozenset[int]) -> None:
+        self.search = search
         self.slots = slots
         self.queue_slots = queue_slots
-        self.by_units: dict[tuple[int, ...], Timeline | None] = {}
+        self.keep = keep
         self.seen: set[tuple[int, bool]] = set()
-        # (makespan, -budget, timeline, units, fluid value, budget)
-        self.best: tuple[float, int, Timeline, list[int], float, int] | None = None
+        self.origin: dict[tuple[int, ...], tuple[float, int]] = {}  # units -> (fluid value, budget)
         self.tried = 0
 
-    def attempt(self, budget: int, tight: bool = False) -> bool:
-        """Run the DP at ``budget``, plan and simulate; return whether the plan is accepted."""
+    def attempt(self, budget: int, tight: bool = False) -> bool | None:
+        """Run the DP at ``budget``, plan and simulate; whether the plan is accepted (``None``:
+        out of time)."""
         if (budget, tight) in self.seen:
             return False
+        if self.search.exhausted:
+            return None
+        search = self.search
+        cells = (self.slots + 1) * (self.queue_slots + 1) ** 2
+        if search.best is not None and time.perf_counter() + search.chain.length * cells / CELL_RATE > search.deadline:
+            # One more run would not end in time, and a plan is in hand already.
+            search.stopped = search.stopped or "time"
+            return None
         self.seen.add((budget, tight))
         self.tried += 1
         units, value = fluid_plan(
-            self.chain, self.platform, budget, slots=self.slots, queue_slots=self.queue_slots, tight=tight, keep=self.keep
+            search.chain, search.platform, budget, slots=self.slots, queue_slots=self.queue_slots, tight=tight, keep=self.keep
         )
         if not math.isfinite(value):
             return False
-        key = tuple(units)
-        if key not in self.by_units:
-            _, timeline = plan_and_simulate(self.chain, self.platform, units)
-            self.by_units[key] = timeline if timeline.feasible else None
-        timeline = self.by_units[key]
-        if timeline is None:
-            return False
-        # Best: least makespan; ties to the larger budget.
-        rank = (timeline.makespan, -budget)
-        if self.best is None or rank < self.best[:2]:
-            self.best = (timeline.makespan, -budget, timeline, units, value, budget)
-        return True
+        cand = search.units(units)
+        self.origin.setdefault(cand.units, (value, budget))
+        search.offer(cand, f"budget {budget}")
+        return cand.feasible
 
 
 def dp(
     chain: Chain,
     platform: Platform,
     *,
-    slots: int = DEFAULT_SLOTS,
-    queue_slots: int = DEFAULT_QUEUE_SLOTS,
+    slots: int | None = None,
+    queue_slots: int | None = None,
     keep: Iterable[int] = (),
+    time_limit: float | None = None,
 ) -> Result:
     """Offload the units the fluid dynamic program chooses (``NOTE [ fluid DP ]``).
 
@@ -253,11 +285,15 @@ def dp(
         The instance.
     slots
         Buckets of the kept bytes in the DP's states (>= 1). More lose fewer partial plans and
-        cost time linearly.
+        cost time linearly. ``None`` (default): chosen from the instance with
+        ``queue_slots`` (``NOTE [ slots from the instance ]``: 256 and 3 up to L = 16,320).
     queue_slots
         Buckets of each pending-transfer queue (>= 1); time grows with its square.
     keep
         Units (stages 1..L) that must stay resident: the DP never offloads them.
+    time_limit
+        Seconds (> 0) the method may take: no DP run starts after it, and the best plan so far
+        is returned (status ``timeout`` when none fits yet). ``None``: no limit.
 
     Returns
     -------
@@ -277,8 +313,10 @@ def dp(
         :class:`~chainoffload.PlatformError`).
     """
     t0 = time.perf_counter()
-    slots = _check_count("slots", slots)
-    queue_slots = _check_count("queue_slots", queue_slots)
+    time_limit = check_time_limit(time_limit)
+    auto = auto_slots(chain.length, None if time_limit is None else 0.2 * time_limit)
+    slots = auto[0] if slots is None else _check_count("slots", slots)
+    queue_slots = auto[1] if queue_slots is None else _check_count("queue_slots", queue_slots)
     _check_table(chain, slots, queue_slots)
     kept = check_keep(chain, keep)
     check_memory_floor(chain, platform)
@@ -289,10 +327,9 @@ def dp(
     if keep_peak <= memory:
         # Keeping everything is optimal (makespan = compute time); no DP needed.
         schedule = Schedule.keep_all(chain.length)
-        timeline = simulate(chain, platform, schedule)
         info = {**base_info, "dp_makespan": chain.compute_time, "units": [], "budget": memory, "repairs": 0, "tried": 0}
         return Result(
-            "dp", Status.FEASIBLE, schedule, makespan=timeline.makespan, runtime=time.perf_counter() - t0, info=info
+            "dp", Status.FEASIBLE, schedule, makespan=chain.compute_time, runtime=time.perf_counter() - t0, info=info
         )
 
     floor = offload_memory_floor(chain)
@@ -312,54 +349,61 @@ def dp(
             message=f"dp: nothing fits in {memory} B: {why}",
         )
 
-    search = _Search(chain, platform, slots, queue_slots, kept)
+    deadline = t0 + time_limit if time_limit is not None else math.inf
+    search = Evaluator(chain, platform, deadline=deadline)
+    runs = _Budgets(search, slots, queue_slots, kept)
     # The fluid model frees memory earlier than the real rules, so a plan made with a little
     # less memory than there is often runs with fewer waits: try a few budgets just below.
     for margin in MARGINS:
-        search.attempt(max(floor, int(memory * (1.0 - margin))))
+        runs.attempt(max(floor, int(memory * (1.0 - margin))))
     repairs = 0
     if search.best is None:
         # Repair: the memory-first DP at the full memory, then bisection on its budget (a
-        # smaller one makes it offload more).
+        # smaller one makes it offload more; the largest budget that works is kept).
         repairs += 1
-        if not search.attempt(memory, tight=True):
-            lo, hi = floor, memory
-            for _ in range(REPAIR_STEPS):
-                if hi - lo <= 1:
-                    break
-                mid = (lo + hi) // 2
-                repairs += 1
-                if search.attempt(mid, tight=True):
-                    lo = mid
-                else:
-                    hi = mid
+        if not runs.attempt(memory, tight=True) and not search.exhausted:
+            before = runs.tried
+            lo = boundary(floor, memory, lambda mid: runs.attempt(mid, tight=True), steps=REPAIR_STEPS)
+            repairs += runs.tried - before
             if search.best is None and lo == floor:
                 repairs += 1
-                search.attempt(floor, tight=True)
+                runs.attempt(floor, tight=True)
 
     if search.best is None:
+        if search.stopped == "time":
+            return Result(
+                "dp",
+                Status.TIMEOUT,
+                None,
+                runtime=time.perf_counter() - t0,
+                info={**base_info, "repairs": repairs, "tried": runs.tried, "stopped": "time"},
+                message=f"dp: the time limit ({time_limit} s) ran out before a plan that fits was found",
+            )
         return Result(
             "dp",
             Status.INFEASIBLE,
             None,
             runtime=time.perf_counter() - t0,
-            info={**base_info, "repairs": repairs, "tried": search.tried, "offload_floor": floor},
-            message=f"dp: the simulator rejects the plan of every budget tried ({search.tried}) at {memory} B",
+            info={**base_info, "repairs": repairs, "tried": runs.tried, "offload_floor": floor},
+            message=f"dp: the simulator rejects the plan of every budget tried ({runs.tried}) at {memory} B",
         )
-    makespan, _, timeline, units, value, budget = search.best
+    best = search.best
+    value, budget = runs.origin[best.units]
     info = {
         **base_info,
         "dp_makespan": value,
-        "units": units,
+        "units": list(best.units),
         "budget": budget,
         "repairs": repairs,
-        "tried": search.tried,
+        "tried": runs.tried,
     }
+    if search.stopped == "time":
+        info["stopped"] = "time"
     return Result(
         "dp",
         Status.FEASIBLE,
-        timeline.schedule,
-        makespan=timeline.makespan,
+        best.schedule(),
+        makespan=best.makespan,
         runtime=time.perf_counter() - t0,
         info=info,
     )

@@ -8,19 +8,19 @@ the best schedule that fits (``NOTE [ rounding the fluid LP ]``).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from typing import Iterable, Sequence
 
 import numpy as np
 
-from ..bounds import LP_SOLVERS, fluid_lp
+from ..bounds import LP_SOLVERS, FluidLP, fluid_lp
 from ..chain import Chain
-from ..planner import plan_and_simulate
 from ..platform import Platform
 from ..result import Result, Status
-from ..simulate import Timeline
 from . import OptionError
+from ._search import Evaluator
 
 __all__ = ["lp", "DEFAULT_ROUNDINGS"]
 
@@ -59,6 +59,7 @@ def lp(
     roundings: int = DEFAULT_ROUNDINGS,
     solver: str = "glop",
     keep: Iterable[int] = (),
+    time_limit: float | None = None,
 ) -> Result:
     """Solve the fluid LP, round its fractions into whole offload sets, keep the best that fits.
 
@@ -74,6 +75,9 @@ def lp(
         Units (stages 1..L) that must stay resident: no set that offloads one is tried. The
         LP itself is not constrained, so its bound (a bound of the problem without ``keep``)
         still holds.
+    time_limit
+        Seconds (> 0) the method may take; past it the best set found so far is returned
+        (status ``timeout`` when none fits yet). ``None``: no limit.
 
     Returns
     -------
@@ -82,34 +86,38 @@ def lp(
         ``lower_bound`` (:func:`chainoffload.solve` promotes it to ``optimal`` when the two
         meet); ``infeasible`` when no candidate fits (the LP may prove that none can: then
         ``info["lp_feasible"]`` is false). ``info`` holds ``lp_bound``, ``lp_objective``,
-        ``lp_time``, ``x`` (per stage), ``roundings_tried``, ``units`` and ``source`` (which
-        rounding gave the schedule).
+        ``lp_time``, ``x`` (per stage), ``roundings_tried``, ``units``, ``source`` (which
+        rounding gave the schedule) and ``lp_stages`` (the stages of the LP solved: fewer than
+        L when the chain was coarsened, ``NOTE [ coarse LP ]``; its value is then no bound).
 
     Raises
     ------
     ValueError
-        If ``roundings`` is not an integer >= 1, ``solver`` is unknown or ``keep`` names a
-        unit that is not a stage.
+        If ``roundings`` is not an integer >= 1, ``solver`` is unknown, ``time_limit`` is not a
+        number > 0 or ``keep`` names a unit that is not a stage.
     """
-    from . import check_keep
+    from . import check_keep, check_time_limit
 
     t0 = time.perf_counter()
     kept = check_keep(chain, keep)
+    time_limit = check_time_limit(time_limit)
     if isinstance(roundings, bool) or not isinstance(roundings, (int, np.integer)) or roundings < 1:
         raise OptionError(f"roundings: expected an integer >= 1, got {roundings!r}")
     if not isinstance(solver, str) or solver.lower() not in LP_SOLVERS:
         raise OptionError(f"solver: unknown LP solver {solver!r}; known: {', '.join(LP_SOLVERS)}")
-    sol = fluid_lp(chain, platform, solver=solver)
-    bound = max(chain.compute_time, sol.bound) if sol.feasible else math.inf
-    x = sol.x
+    deadline = t0 + time_limit if time_limit is not None else math.inf
+    sol, stages = _relaxation(chain, platform, solver, deadline)
+    exact_lp = stages == chain.length
+    bound = max(chain.compute_time, sol.bound) if (sol.feasible and exact_lp) else (math.inf if exact_lp else chain.compute_time)
+    x = sol.x if sol.feasible else np.ones(chain.length)
     saved = chain.saved
     units = [u for u in range(1, chain.length) if u not in kept] if platform.can_transfer else []
-    search = _Search(chain, platform, int(roundings), bound)
+    search = Evaluator(chain, platform, deadline=deadline, max_evals=int(roundings), bound=bound)
 
-    if not sol.feasible:
+    if exact_lp and not sol.feasible:
         # Proven: nothing fits. Offload-all's plan is still judged, for ``min_memory``.
         search.consider((), "keep-all")
-        search.budget = 2
+        search.max_evals = 2
         search.consider(units, "offload-all")
         units = []
     search.consider((), "keep-all")
@@ -118,59 +126,134 @@ def lp(
             break
         search.consider([u for u in units if x[u - 1] >= t], f"threshold {t:.3g}")
     by_x = sorted(units, key=lambda u: (-x[u - 1], -int(saved[u - 1]), u))
-    search.prefixes(by_x, "greedy by x")
+    search.prefixes(by_x, "greedy by x", extra=2)
     support = [u for u in units if x[u - 1] > _EPS]
     rest = [u for u in units if x[u - 1] <= _EPS]
     by_size = sorted(support, key=lambda u: (-int(saved[u - 1]), u)) + sorted(rest, key=lambda u: (-int(saved[u - 1]), u))
-    search.prefixes(by_size, "support by size")
+    search.prefixes(by_size, "support by size", extra=2)
     # Orders that do not follow x: the LP pools bytes, so a set of the same volume made of
     # units that move faster or later can fit where rounding x up does not.
-    search.prefixes(sorted(units, key=lambda u: (int(saved[u - 1]), u)), "smallest first")
-    search.prefixes(units[::-1], "last first")
-    search.prefixes(units, "first-k")
-    search.improve(x)
-    if search.best is None:
-        search.budget = max(search.budget, search.tried + 2 * (1 + int(math.log2(len(units) + 1))) + 1)
+    search.prefixes(sorted(units, key=lambda u: (int(saved[u - 1]), u)), "smallest first", extra=2)
+    search.prefixes(units[::-1], "last first", extra=2)
+    search.prefixes(units, "first-k", extra=2)
+    _improve(search, x)
+    if search.best is None and search.stopped != "time":
+        search.max_evals = max(search.max_evals, search.evals + 2 * (1 + int(math.log2(len(units) + 1))) + 1)
         search.prefixes(sorted(units, key=lambda u: (-int(saved[u - 1]), u)), "repair: largest-first")
         search.consider(units, "repair: offload-all")
 
     info = {
-        "lp_bound": sol.bound,
+        "lp_bound": sol.bound if exact_lp else math.nan,
         "lp_objective": sol.objective,
-        "lp_feasible": sol.feasible,
+        "lp_feasible": sol.feasible if exact_lp else None,
         "lp_solver": sol.solver,
         "lp_time": sol.solve_time,
         "lp_size": [sol.variables, sol.constraints],
+        "lp_stages": stages,
         "x": [float(v) for v in x],
-        "roundings_tried": search.tried,
+        "roundings_tried": search.evals,
     }
+    if search.stopped == "time":
+        info["stopped"] = "time"
     runtime = time.perf_counter() - t0
     if search.best is not None:
-        tl, chosen, source = search.best
-        info.update(units=list(chosen), source=source)
+        best = search.best
+        info.update(units=list(best.units), source=best.source)
         return Result(
             "lp",
             Status.FEASIBLE,
-            tl.schedule,
-            makespan=tl.makespan,
+            best.schedule(),
+            makespan=best.makespan,
             lower_bound=bound,
             runtime=runtime,
             info=info,
         )
+    if search.stopped == "time":
+        return Result(
+            "lp",
+            Status.TIMEOUT,
+            None,
+            lower_bound=bound if math.isfinite(bound) else math.nan,
+            runtime=runtime,
+            info=info,
+            message=f"lp: the time limit ({time_limit} s) ran out before a rounding that fits was found",
+        )
     why = (
         "the fluid LP is infeasible, so no pure-offloading schedule fits"
-        if not sol.feasible
+        if exact_lp and not sol.feasible
         else "no rounding of the fluid LP that it tried fits"
     )
     return Result(
         "lp",
         Status.INFEASIBLE,
         None,
-        lower_bound=bound if sol.feasible else math.nan,
+        lower_bound=bound if (exact_lp and sol.feasible) else math.nan,
         runtime=runtime,
         min_memory=search.min_memory(),
         info=info,
         message=f"lp: {why} in {platform.memory} B",
+    )
+
+
+# NOTE [ coarse LP ]
+# ------------------
+# GLOP's time grows faster than linearly in the LP's size (measured in
+# ``benchmarks/results/scaling.md``), so past ``MAX_LP_STAGES`` stages, or when the LP's
+# estimated time does not fit the time limit, ``lp`` solves the LP of a coarser chain: runs of
+# consecutive stages merged into one (times and unit bytes summed, transients the largest of
+# the run, the output that of the run's last stage) and each stage takes its run's fraction.
+# The fractions only guide the roundings; the coarse optimum is no bound on the real chain, so
+# ``lp`` then reports no LP bound (``info["lp_bound"]`` nan) and an infeasible coarse LP proves
+# nothing (every unit then gets x = 1, and the orders that do not follow x still run).
+
+#: Most stages of the LP ``lp`` solves as it is (see ``NOTE [ coarse LP ]``).
+MAX_LP_STAGES = 2000
+
+
+def _relaxation(chain: Chain, platform: Platform, solver: str, deadline: float) -> tuple:
+    """The fluid LP of ``chain``, or of a coarser chain when the real one would not fit the
+    time (``NOTE [ coarse LP ]``). Returns ``(FluidLP, stages of the LP)`` with ``x`` per stage;
+    stages 0 when even the coarsest LP ran out of time (then ``x`` is all ones)."""
+    from ._ladder import fluid_lp_cost
+
+    length = chain.length
+    left = deadline - time.perf_counter()
+    limit = None if not math.isfinite(deadline) else max(0.4 * left, 1e-3)
+    stages = length
+    # Leave most of the time to planning the roundings.
+    while stages > 1 and (stages > MAX_LP_STAGES or (limit is not None and fluid_lp_cost(stages) > limit)):
+        stages = max(1, stages // 2)
+    runs = None
+    target = chain
+    if stages < length:
+        runs = np.array_split(np.arange(length), stages)
+        target = _coarsen(chain, runs)
+    try:
+        sol = fluid_lp(target, platform, solver=solver, time_limit=limit)
+    except TimeoutError:
+        sol = FluidLP(math.nan, math.nan, np.ones(length), np.zeros(0), "timeout", solver, 0.0, 0, 0)
+        return sol, 0
+    if runs is None:
+        return sol, length
+    x = np.empty(length)
+    for g, run in enumerate(runs):
+        x[run] = sol.x[g]
+    x[-1] = 0.0
+    return dataclasses.replace(sol, x=x), stages
+
+
+def _coarsen(chain: Chain, runs: list) -> Chain:
+    """``chain`` with each run of stages merged into one (``NOTE [ coarse LP ]``)."""
+    last = np.array([r[-1] for r in runs])
+    act = np.concatenate([[chain.act[0]], chain.act[last + 1]])
+    return Chain(
+        fwd=[float(chain.fwd[r].sum()) for r in runs],
+        bwd=[float(chain.bwd[r].sum()) for r in runs],
+        act=act.tolist(),
+        saved=[int(chain.saved[r].sum()) for r in runs],
+        fwd_tmp=[int(chain.fwd_tmp[r].max()) for r in runs],
+        bwd_tmp=[int(chain.bwd_tmp[r].max()) for r in runs],
+        name=f"{chain.name} (coarse, {len(runs)} stages)",
     )
 
 
@@ -185,94 +268,19 @@ def _thresholds(x: np.ndarray, units: Sequence[int], budget: int) -> list[float]
     return grid + values
 
 
-class _Search:
-    """Plans and simulates offload sets within a budget; remembers the best that fits."""
+def _improve(search: Evaluator, x: np.ndarray) -> None:
+    """Drop one unit at a time from the best set while that keeps it feasible and faster.
 
-    def __init__(self, chain: Chain, platform: Platform, budget: int, bound: float) -> None:
-        self.chain = chain
-        self.platform = platform
-        self.budget = budget
-        self.bound = bound
-        self.tried = 0
-        self.seen: dict[tuple[int, ...], Timeline] = {}
-        self.best: tuple[Timeline, tuple[int, ...], str] | None = None
-        self.order = 0
-
-    @property
-    def done(self) -> bool:
-        """Budget spent, or a schedule at the lower bound found (nothing can beat it)."""
-        if self.tried >= self.budget:
-            return True
-        return self.best is not None and self.best[0].makespan <= self.bound * (1 + 1e-12)
-
-    def _run(self, units: tuple[int, ...]) -> Timeline:
-        return plan_and_simulate(self.chain, self.platform, units)[1]
-
-    def consider(self, units: Iterable[int], source: str) -> bool | None:
-        """Plan and judge one set; ``None`` when the budget is spent, else whether it fits."""
-        key = tuple(sorted(int(u) for u in units))
-        if key in self.seen:
-            return self.seen[key].feasible
-        if self.done:
-            return None
-        tl = self._run(key)
-        self.tried += 1
-        self.seen[key] = tl
-        if tl.feasible:
-            rank = (tl.makespan, tl.offloaded_bytes)
-            if self.best is None or rank < (self.best[0].makespan, self.best[0].offloaded_bytes):
-                self.best = (tl, key, source)
-        return tl.feasible
-
-    def prefixes(self, order: Sequence[int], source: str) -> None:
-        """Bisection for the shortest prefix of ``order`` that fits, then the next two."""
-        if not order or self.done:
+    Units are tried in order of increasing x (the ones the LP wanted least), then larger
+    first; each accepted drop restarts the pass. Stops when the search is done.
+    """
+    saved = search.chain.saved
+    while search.best is not None and not search.done:
+        before = search.best
+        key, source = before.units, before.source
+        for u in sorted(key, key=lambda u: (x[u - 1], -int(saved[u - 1]), u)):
+            search.consider([v for v in key if v != u], f"{source}, then drop {u}")
+            if search.best is not before or search.done:
+                break
+        if search.best is before:
             return
-        lo, hi = 0, len(order)  # invariant: prefix hi fits (checked first), prefix lo does not
-        fits = self.consider(order, f"{source} (all {len(order)})")
-        if not fits:
-            return
-        if self.consider((), "keep-all"):
-            return
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            ok = self.consider(order[:mid], f"{source} (first {mid})")
-            if ok is None:
-                return
-            if ok:
-                hi = mid
-            else:
-                lo = mid
-        for extra in (1, 2):
-            if hi + extra <= len(order):
-                self.consider(order[: hi + extra], f"{source} (first {hi + extra})")
-
-    def improve(self, x: np.ndarray) -> None:
-        """Drop one unit at a time from the best set while that keeps it feasible and faster.
-
-        Units are tried in order of increasing x (the ones the LP wanted least), then larger
-        first; each accepted drop restarts the pass. Stops when the budget is spent.
-        """
-        while self.best is not None and not self.done:
-            _, key, source = self.best
-            before = self.best
-            for u in sorted(key, key=lambda u: (x[u - 1], -int(self.chain.saved[u - 1]), u)):
-                self.consider([v for v in key if v != u], f"{source}, then drop {u}")
-                if self.best is not before or self.done:
-                    break
-            if self.best is before:
-                return
-
-    def min_memory(self) -> int | None:
-        """A memory at which the least-peak candidate tried fits, or ``None``.
-
-        The candidate with the lowest simulated peak (its only fault being memory) is planned
-        again with that peak as the limit; if the simulator accepts it there, that peak is a
-        memory at which ``lp``'s rounding succeeds (not proven the least).
-        """
-        over = [(tl.peak_memory, key) for key, tl in self.seen.items() if tl.violation is not None and tl.violation.rule == "memory"]
-        if not over:
-            return None
-        peak, key = min(over)
-        wider = self.platform.with_memory(peak)
-        return int(peak) if plan_and_simulate(self.chain, wider, key)[1].feasible else None

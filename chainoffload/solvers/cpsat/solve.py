@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import os
-import sys
 import time
 from typing import Any, Iterable, Sequence
 
@@ -18,6 +17,8 @@ from ...chain import Chain
 from ...platform import Platform
 from ...result import Result, Status
 from ...schedule import Schedule
+from ..._progress import enabled as progress_enabled
+from ..._progress import progress
 from ...simulate import simulate
 from .. import OptionError
 from .grid import TimeGrid
@@ -34,6 +35,10 @@ _RETRIES = 3
 #: is a second less for CP-SAT's own search.
 BOUND_SECONDS = 5.0
 
+#: The share of ``time_limit`` ``best`` may take for the warm start (at most its own default,
+#: 5 s + 0.5 ms per stage), so that a short limit is kept.
+WARM_SHARE = 0.25
+
 
 def default_workers() -> int:
     """The cores this process may run on (CP-SAT's default worker count here)."""
@@ -43,17 +48,17 @@ def default_workers() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def _heuristic_schedules(chain: Chain, platform: Platform, keep: frozenset[int]) -> list[tuple[str, Schedule, float]]:
-    """Feasible schedules of the baselines and of ``best``, for the warm start."""
+def _heuristic_schedules(chain: Chain, platform: Platform, keep: frozenset[int], time_limit: float) -> list[tuple[str, Schedule, float]]:
+    """Feasible schedules of the baselines and of ``best`` (within ``time_limit``), for the warm start."""
     from .. import baselines
-    from ..best import best
+    from ..best import best, default_time_limit
 
     out = []
     for name, func in (("largest-first", baselines.largest_first), ("first-k", baselines.first_k), ("keep-all", baselines.keep_all)):
         res = func(chain, platform, keep=keep)
         if res.feasible:
             out.append((name, res.schedule, res.makespan))
-    res = best(chain, platform, keep=keep)
+    res = best(chain, platform, keep=keep, time_limit=max(0.01, min(default_time_limit(chain.length), time_limit)))
     if res.feasible and res.schedule is not None:
         tl = simulate(chain, platform, res.schedule)
         if tl.feasible:
@@ -75,7 +80,9 @@ def _given_hints(hint: Any) -> list[Schedule]:
     return extra
 
 
-def _warm_start(chain: Chain, platform: Platform, grid: TimeGrid, hint: Any, kept: frozenset[int]) -> tuple[str, Schedule, float] | None:
+def _warm_start(
+    chain: Chain, platform: Platform, grid: TimeGrid, hint: Any, kept: frozenset[int], time_limit: float
+) -> tuple[str, Schedule, float] | None:
     """The fastest feasible schedule among the hints and heuristics that lies in the model's space."""
     candidates: list[tuple[str, Schedule, float]] = []
     for idx, sched in enumerate(_given_hints(hint)):
@@ -83,7 +90,7 @@ def _warm_start(chain: Chain, platform: Platform, grid: TimeGrid, hint: Any, kep
         if tl.feasible and not kept & set(sched.offloaded_units):
             candidates.append((f"given[{idx}]", sched, tl.makespan))
     if hint is not False and hint is not None:
-        candidates += _heuristic_schedules(chain, platform, kept)
+        candidates += _heuristic_schedules(chain, platform, kept, time_limit)
     best = None
     for name, sched, makespan in candidates:
         inside = in_model_space(chain, sched)
@@ -94,19 +101,14 @@ def _warm_start(chain: Chain, platform: Platform, grid: TimeGrid, hint: Any, kep
     return best
 
 
-class _Progress:
-    """Objective and bound over time on stderr."""
+def _reporter(bar: Any, scale: float, t0: float):
+    """CP-SAT's solution callback: the time spent, the objective and the bound on the progress bar."""
 
-    def __init__(self, scale: float, t0: float):
-        self.scale, self.t0 = scale, t0
+    def on_solution(cb) -> None:
+        bar.set(time.perf_counter() - t0)
+        bar.note(objective=f"{cb.objective_value / scale:.6g} s", bound=f"{cb.best_objective_bound / scale:.6g} s")
 
-    def __call__(self, cb) -> None:
-        print(
-            f"cpsat: t={time.perf_counter() - self.t0:8.2f}s  objective={cb.objective_value / self.scale:.9g}s  "
-            f"bound={cb.best_objective_bound / self.scale:.9g}s",
-            file=sys.stderr,
-            flush=True,
-        )
+    return on_solution
 
 
 def cpsat(
@@ -116,7 +118,6 @@ def cpsat(
     time_limit: float = 60.0,
     workers: int | None = None,
     hint: bool | Schedule | Sequence[Schedule] = True,
-    progress: bool | None = None,
     time_scale: float | None = None,
     keep: Iterable[int] = (),
     bound: bool = True,
@@ -128,17 +129,16 @@ def cpsat(
     chain, platform
         The instance (small chains: tens of stages).
     time_limit
-        Seconds the whole call may take, warm start, bound and retries included (the warm
-        start itself, the baselines and ``best``, runs first and is not cut short).
+        Seconds the whole call may take, warm start, bound and retries included: ``best``
+        gets a quarter of it for the warm start (``WARM_SHARE``, at most its own default),
+        the stated bound a fifth of what is left (at most 5 s), CP-SAT the rest. Through
+        :func:`chainoffload.solve`, the limit of the whole solve (less the judging).
     workers
         CP-SAT search workers (threads); default: every core this process may use.
     hint
         ``True``: warm-start from the best feasible schedule of the baselines largest-first,
         first-k, keep-all and of ``best``. A :class:`Schedule` or a list of them: use these
         too (chainoffload.verify passes the schedule it checks). ``False``: no warm start.
-    progress
-        Print objective and bound (seconds) on stderr at each solution found; default: when
-        stderr is a terminal.
     time_scale
         Integer time units per second; default puts the compute time at 10^6 units.
     keep
@@ -175,7 +175,7 @@ def cpsat(
     Raises
     ------
     OptionError
-        Bad ``time_limit``, ``workers``, ``hint``, ``progress``, ``bound`` or ``time_scale``
+        Bad ``time_limit``, ``workers``, ``hint``, ``bound`` or ``time_scale``
         (a ``ValueError``; the message names it).
     ValueError
         Memory below the chain's stage floor, or ``keep`` names a unit that is not
@@ -195,10 +195,6 @@ def cpsat(
         workers = default_workers()
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise OptionError(f"workers: {workers!r} must be an integer >= 1")
-    if progress is None:
-        progress = sys.stderr.isatty()
-    if not isinstance(progress, bool):
-        raise OptionError(f"progress: {progress!r} must be true or false")
     if not isinstance(bound, bool):
         raise OptionError(f"bound: {bound!r} must be true or false")
     check_memory_floor(chain, platform)
@@ -208,7 +204,7 @@ def cpsat(
     _given_hints(hint)  # validate before any work
     deadline = t0 + float(time_limit)
 
-    warm = _warm_start(chain, platform, grid, hint, kept)
+    warm = _warm_start(chain, platform, grid, hint, kept, WARM_SHARE * float(time_limit))
     info: dict[str, Any] = {"hint": warm[0] if warm else None, "retries": 0, "workers": workers}
     proven = chain.compute_time
     info["bound"] = "compute time"
@@ -240,39 +236,40 @@ def cpsat(
     lb = math.nan
     last_hint = warm[1] if warm else None
     scale_used, tolerance = grid.scale, grid.slack / grid.scale
-    for attempt in range(_RETRIES + 1):
-        model = CPModel(chain, platform, grid, kept, lower_bound=proven)
-        if last_hint is not None:
-            model.hint(last_hint)
-            info["hint_complete"] = model.complete_hint(min(5.0, max(0.5, time_limit / 4)))
-        on_solution = _Progress(grid.scale, t0) if progress else None
-        # A gap below the rounding slack R is below what the integer model can resolve.
-        solver, status_name = model.solve(time_limit=deadline - time.perf_counter(), workers=workers,
-                                          gap_units=grid.slack, on_solution=on_solution)
-        if status_name == "MODEL_INVALID":  # pragma: no cover - a bug in this package
-            raise RuntimeError(f"cpsat: CP-SAT rejects the model: {model.model.validate()}")
-        info["retries"] = attempt
-        scale_used, tolerance = grid.scale, grid.slack / grid.scale
-        if status_name in ("OPTIMAL", "FEASIBLE", "UNKNOWN"):
-            bound_units = float(solver.best_objective_bound)
-            if math.isfinite(bound_units):
-                lb = (bound_units - grid.slack) / grid.scale
-        if status_name not in ("OPTIMAL", "FEASIBLE"):
-            break
-        objective_units = float(solver.objective_value)
-        schedule = model.schedule_from(solver)
-        tl = simulate(chain, platform, schedule)
-        if tl.feasible:
-            found = (schedule, tl.makespan)
-            break
-        rejected += 1
-        if time.perf_counter() >= deadline:
-            break
-        # NOTE [ cpsat: time scale ]: a coincidence in integers fell the other way in floats.
-        last_hint = schedule
-        grid = TimeGrid.build(chain, platform, grid.scale * 1.6180339887)
-    if progress:
-        print(f"cpsat: done, status {status_name}, {time.perf_counter() - t0:.2f}s", file=sys.stderr, flush=True)
+    # Progress (on a terminal, or with --progress): seconds of the limit, objective and bound.
+    with progress("cpsat", total=round(float(time_limit), 1), unit="s") as bar:
+        for attempt in range(_RETRIES + 1):
+            model = CPModel(chain, platform, grid, kept, lower_bound=proven)
+            if last_hint is not None:
+                model.hint(last_hint)
+                info["hint_complete"] = model.complete_hint(min(5.0, max(0.05, (deadline - time.perf_counter()) / 4)))
+            on_solution = _reporter(bar, grid.scale, t0) if progress_enabled() else None
+            # A gap below the rounding slack R is below what the integer model can resolve.
+            solver, status_name = model.solve(time_limit=deadline - time.perf_counter(), workers=workers,
+                                              gap_units=grid.slack, on_solution=on_solution)
+            if status_name == "MODEL_INVALID":  # pragma: no cover - a bug in this package
+                raise RuntimeError(f"cpsat: CP-SAT rejects the model: {model.model.validate()}")
+            info["retries"] = attempt
+            scale_used, tolerance = grid.scale, grid.slack / grid.scale
+            if status_name in ("OPTIMAL", "FEASIBLE", "UNKNOWN"):
+                bound_units = float(solver.best_objective_bound)
+                if math.isfinite(bound_units):
+                    lb = (bound_units - grid.slack) / grid.scale
+            if status_name not in ("OPTIMAL", "FEASIBLE"):
+                break
+            objective_units = float(solver.objective_value)
+            schedule = model.schedule_from(solver)
+            tl = simulate(chain, platform, schedule)
+            if tl.feasible:
+                found = (schedule, tl.makespan)
+                break
+            rejected += 1
+            if time.perf_counter() >= deadline:
+                break
+            # NOTE [ cpsat: time scale ]: a coincidence in integers fell the other way in floats.
+            last_hint = schedule
+            grid = TimeGrid.build(chain, platform, grid.scale * 1.6180339887)
+        bar.set(time.perf_counter() - t0)
     info.update(time_scale=scale_used, tolerance=tolerance, objective_units=objective_units, bound_units=bound_units,
                 cpsat_status=status_name, rejected=rejected, wall_time=time.perf_counter() - t0)
     return _outcome(chain, platform, status_name, found, warm, max(lb, proven) if math.isfinite(lb) else proven,

@@ -1,0 +1,40 @@
+"""What several benchmarks share: the mid-memory random instance and writing a report.
+
+Child processes of the benchmarks import this module by putting ``BENCH`` on ``sys.path``
+(it needs only ``chainoffload``'s public names, so it also runs against an older revision).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+BENCH = str(Path(__file__).resolve().parent)
+
+
+def mid_instance(length: int):
+    """The scaling instance of ``length`` stages: ``(chain, platform)``.
+
+    A random chain (:func:`chainoffload.generators.random_chain`, seed 1000 + L), memory halfway
+    between the offload floor and the keep-all peak, both links at half the balance rate (the
+    bytes of every unit over the compute time), latency 10 us, duplex.
+    """
+    import chainoffload as co
+    from chainoffload.bounds import offload_memory_floor
+    from chainoffload.generators import random_chain
+
+    chain = random_chain(1000 + length, length)
+    floor, peak = offload_memory_floor(chain), co.keep_all_peak(chain)
+    bw = 0.5 * float(chain.saved.sum()) / chain.compute_time
+    platform = co.Platform(memory=int(floor + 0.5 * (peak - floor)), bandwidth_d2h=bw, bandwidth_h2d=bw, latency=1e-5)
+    return chain, platform
+
+
+def write_report(lines: list[str], out: Path) -> str:
+    """Join ``lines``, print them, write them to ``out`` (folders made) and say so on stderr."""
+    text = "\n".join(lines) + "\n"
+    print(text)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    print(f"wrote {out}", file=sys.stderr)
+    return text
