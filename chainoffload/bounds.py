@@ -849,7 +849,9 @@ def unit_milp(chain: Chain, platform: Platform, *, time_limit: float = 10.0) -> 
     UnitMILP
         Its ``bound`` is a proven lower bound on every feasible schedule's makespan
         (``NOTE [ unit MILP lower bound ]`` in this module); a bound found before the time
-        limit is proven too, only weaker.
+        limit is proven too, only weaker. Cached per chain object and platform (as
+        :func:`fluid_lp` is): a later call gets the cached answer when it is final or was
+        given at least as much time.
 
     Raises
     ------
@@ -858,6 +860,28 @@ def unit_milp(chain: Chain, platform: Platform, *, time_limit: float = 10.0) -> 
     """
     _check_pair(chain, platform, "unit_milp")
     _check_time_limit(time_limit)
+    key = (id(chain), platform)
+    hit = _MILP_CACHE.get(key)
+    if hit is not None and hit[0] is chain and (hit[1].status in _FINAL or hit[2] >= time_limit):
+        return hit[1]
+    value = _solve_unit_milp(chain, platform, float(time_limit))
+    if len(_MILP_CACHE) >= 64:
+        _MILP_CACHE.pop(next(iter(_MILP_CACHE)))
+    _MILP_CACHE[key] = (chain, value, float(time_limit))
+    return value
+
+
+_MILP_CACHE: dict[tuple[int, Platform], tuple[Chain, UnitMILP, float]] = {}
+_FINAL = ("optimal", "infeasible", "trivial")
+
+
+def _final_milp(chain: Chain, platform: Platform) -> UnitMILP | None:
+    """The cached answer of :func:`unit_milp` for this chain object and platform, if more time would not change it."""
+    hit = _MILP_CACHE.get((id(chain), platform))
+    return hit[1] if hit is not None and hit[0] is chain and hit[1].status in _FINAL else None
+
+
+def _solve_unit_milp(chain: Chain, platform: Platform, time_limit: float) -> UnitMILP:
     t0 = time.perf_counter()
     length = chain.length
     n = 2 * length
@@ -1015,9 +1039,12 @@ def unit_milp_seconds(chain: Chain, platform: Platform) -> float:
     benchmarks/relaxations.py's family on the shared 2-core machine (load 4-5): the bound SCIP
     proves stops moving after 0.6-0.8 s at L = 12, ~1 s at L = 20, 1-4 s at L = 30 and 2-5 s at
     L = 40-60 with roomy memory; with tight memory at L >= 40 it is still far below the fluid LP
-    after 8 s. ``0`` when no check binds (the bound is then the compute time); ``inf`` past
-    :data:`UNIT_MILP_MAX_SIZE`, where :func:`stronger_bound` does not build the model.
+    after 8 s. ``0`` when no check binds (the bound is then the compute time) or when a final
+    answer is cached; ``inf`` past :data:`UNIT_MILP_MAX_SIZE`, where :func:`stronger_bound` does
+    not build the model.
     """
+    if _final_milp(chain, platform) is not None:
+        return 0.0
     size = _unit_milp_size(chain, platform)
     if size == 0:
         return 0.0
@@ -1070,8 +1097,8 @@ def stronger_bound(chain: Chain, platform: Platform, *, time_limit: float = 10.0
         best = Bound(fluid, "fluid LP", 0.0)
     left = float(time_limit) - (time.perf_counter() - t0)
     size = _unit_milp_size(chain, platform)
-    if math.isfinite(best.value) and size and left > 0.01 and size <= UNIT_MILP_MAX_SIZE:
-        unit = unit_milp(chain, platform, time_limit=left)
+    if math.isfinite(best.value) and size and (left > 0.01 or _final_milp(chain, platform)) and size <= UNIT_MILP_MAX_SIZE:
+        unit = unit_milp(chain, platform, time_limit=max(left, 1e-3))
         if unit.bound > best.value:
             best = Bound(unit.bound, "unit MILP, optimal" if unit.status == "optimal" else "unit MILP", 0.0)
     return dataclasses.replace(best, seconds=time.perf_counter() - t0)

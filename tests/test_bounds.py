@@ -366,9 +366,10 @@ def test_stronger_bound_says_which_bound(chain3):
     got = stronger_bound(chain, platform, time_limit=20.0)
     assert got.kind == "unit MILP, optimal" and got.value > 2 * fluid_lower_bound(chain, platform)
     assert got.seconds > 0
-    # No time for the MILP: the fluid LP's answer (cached: free), else the closed-form bounds'.
+    # No time: only what is cached for this chain object (here the MILP solved to optimality),
+    # else the closed-form bounds'.
     quick = stronger_bound(chain, platform, time_limit=1e-6)
-    assert quick.kind in ("fluid LP", "volume", "compute time") and quick.value <= got.value
+    assert (quick.kind, quick.value) == (got.kind, got.value)
     fresh = random_chain(0, 6)  # an equal chain whose LP is not cached: no time even for the LP
     cold = stronger_bound(fresh, platform, time_limit=1e-6)
     assert cold.kind in ("volume", "compute time") and cold.value <= got.value

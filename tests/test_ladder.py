@@ -91,7 +91,10 @@ def test_unit_milp_rung_when_affordable():
     r = solve(chain, platform, "dp")
     assert r.info["bound"] == "unit-milp" and r.lower_bound > 2 * fluid
     assert r.lower_bound <= r.makespan
-    value, name, tried = _ladder.climb(chain, platform, budget=30.0)
+    from chainoffload.bounds import unit_milp_seconds
+
+    assert unit_milp_seconds(chain, platform) == 0.0  # solved to optimality and cached: free now
+    value, name, tried = _ladder.climb(chain, platform, budget=0.0)
     assert name == "unit-milp" and tried[-1] == "unit-milp" and value == pytest.approx(r.lower_bound, rel=1e-6)
 
 
