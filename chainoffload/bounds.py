@@ -359,9 +359,9 @@ class _LPBuilder:
     def row(self, lb: float, ub: float, idx: list[int], coef: list[float]) -> None:
         self.rows.append((lb, ub, idx, coef))
 
-    def solve(self, solver: str, time_limit: float | None = None) -> tuple[str, float, float, np.ndarray]:
+    def request(self, integer: list[int] = ()):
+        """The model as one OR-Tools ``MPModelRequest`` (columns in ``integer`` made integral)."""
         from ortools.linear_solver import linear_solver_pb2 as pb
-        from ortools.linear_solver import pywraplp
 
         request = pb.MPModelRequest()
         model = request.model
@@ -371,12 +371,21 @@ class _LPBuilder:
             v.upper_bound = ub
             if c:
                 v.objective_coefficient = c
+        for idx in integer:
+            model.variable[idx].is_integer = True
         for lb, ub, idx, coef in self.rows:
             ct = model.constraint.add()
             ct.lower_bound = lb
             ct.upper_bound = ub
             ct.var_index.extend(idx)
             ct.coefficient.extend(coef)
+        return request
+
+    def solve(self, solver: str, time_limit: float | None = None) -> tuple[str, float, float, np.ndarray]:
+        from ortools.linear_solver import linear_solver_pb2 as pb
+        from ortools.linear_solver import pywraplp
+
+        request = self.request()
         if time_limit is not None:
             request.solver_time_limit_seconds = max(float(time_limit), 1e-3)
         if solver == "glop":
@@ -794,22 +803,7 @@ class _MILPBuilder(_LPBuilder):
         from ortools.linear_solver import linear_solver_pb2 as pb
         from ortools.linear_solver import pywraplp
 
-        request = pb.MPModelRequest()
-        model = request.model
-        for lb, ub, c in zip(self.lb, self.ub, self.obj):
-            v = model.variable.add()
-            v.lower_bound = lb
-            v.upper_bound = ub
-            if c:
-                v.objective_coefficient = c
-        for idx in self.binary:
-            model.variable[idx].is_integer = True
-        for lb, ub, idx, coef in self.rows:
-            ct = model.constraint.add()
-            ct.lower_bound = lb
-            ct.upper_bound = ub
-            ct.var_index.extend(idx)
-            ct.coefficient.extend(coef)
+        request = self.request(self.binary)
         request.solver_time_limit_seconds = max(float(time_limit), 1e-3)
         response = pb.MPSolutionResponse()
         for solver_type, params in (
