@@ -263,6 +263,7 @@ def main(argv=None) -> int:
     parser.add_argument("--runtime-only", action="store_true", help="only the runtime tables (results/relaxations-runtime.md)")
     parser.add_argument("--shard", type=int, nargs=2, metavar=("I", "N"), help="only chains i with i %% N == I; write their records (JSON) to --out")
     parser.add_argument("--merge", type=Path, nargs="+", help="records of every shard: write the report from them (no runtime tables)")
+    parser.add_argument("--from", dest="first", type=int, default=0, help="first seed (with --shard: chains first..chains-1)")
     parser.add_argument("--bound-time", type=float, default=None, help="also stronger_bound, this many seconds per instance")
     args = parser.parse_args(argv)
     count = args.chains or (20 if args.quick else 200)
@@ -279,7 +280,7 @@ def main(argv=None) -> int:
         return _write(lines, t0, args.out or RESULTS / "relaxations-runtime.md")
     if args.shard:
         i, n = args.shard
-        data = quality(count, max_length, range(i, count, n), args.bound_time)
+        data = quality(count, max_length, range(args.first + i, count, n), args.bound_time)
         for rec in data["records"]:
             rec["label"] = list(rec["label"])
         (args.out or Path(f"relaxations-shard{i}.json")).write_text(json.dumps(data))
