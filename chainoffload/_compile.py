@@ -53,6 +53,7 @@ _DISPATCHERS = {
     "simulate": ("replay_kernel",),
     "planner": ("plan_kernel",),
     "dp": ("fluid_dp",),
+    "rotor": ("rotor_lean", "rotor_argmin", "rotor_value"),
 }
 _JUDGE = ("structure", "simulate")
 _PLANNED = _JUDGE + ("planner",)
@@ -64,11 +65,12 @@ _NEEDS = {
     "lp": _PLANNED,
     "dp": _PLANNED + ("dp",),
     "best": _PLANNED + ("dp",),
+    "rotor": _JUDGE + ("rotor",),
 }
 
 # Warm-ups that live in solver modules, reached by name like the solver registry's targets:
 # those modules import chainoffload.solvers, whose solve() imports this module.
-_WARM_UP_TARGETS = {"dp": "chainoffload.solvers.dp:fluid_plan"}
+_WARM_UP_TARGETS = {"dp": "chainoffload.solvers.dp:fluid_plan", "rotor": "chainoffload.solvers.rotor:_warm_up"}
 
 _STATE = {"installed": False, "depth": 0, "start": 0.0, "total": 0.0, "cold": None, "spawned": False}
 _LOCK = threading.Lock()

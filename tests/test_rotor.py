@@ -1,4 +1,4 @@
-"""The rotor DP against a brute-force enumeration, and the remat baselines."""
+"""The rotor DP against a brute-force enumeration, against the plain-Python dense table, and the remat baselines."""
 
 import math
 import os
@@ -15,7 +15,12 @@ from chainoffload.result import Status
 from chainoffload.schedule import Schedule
 from chainoffload.simulate import keep_all_peak
 from chainoffload.solvers import solve
-from chainoffload.solvers.rotor import _table, rotor, rotor_schedule, slots_for
+from chainoffload._kernels.rotor import rotor_lean
+from chainoffload.networks import network, network_names
+from chainoffload.solvers.rotor import (DEFAULT_SLOTS, RotorTable, default_slots, emit_segment, rotor, rotor_schedule,
+                                       fill_rotor_table, slots_for)
+
+from naive_rotor import naive_rotor_table
 
 UNLIMITED = 2**62
 
@@ -107,8 +112,7 @@ def test_keep_all_memory_recomputes_nothing(seed):
     assert not any(k in ("Fck", "Fn") for k, _ in res.schedule.compute)
     # The table itself (no keep-all shortcut) with room for the rounding: ties go to F_all.
     sl = slots_for(chain, peak + (chain.length + 6) * slots_for(chain, peak, 500).quantum, 500)
-    _, choice = _table(chain, sl)
-    ops = rotor_schedule(choice, sl, chain.length).compute
+    ops = rotor_schedule(fill_rotor_table(chain, sl).choice, sl, chain.length).compute
     assert ops == Schedule.keep_all(chain.length).compute
 
 
@@ -157,22 +161,158 @@ def test_slots_must_be_positive(chain3):
 
 
 def test_rotor_kernel_runs_as_python():
-    # NUMBA_DISABLE_JIT=1 runs the kernel as plain Python: same table, same schedule.
+    # NUMBA_DISABLE_JIT=1 runs the kernels as plain Python: same table, same schedule; the
+    # 40-stage chain spans three column blocks of the lean fill, with tiles above the diagonal.
     code = (
-        "import numpy as np, json;"
+        "import numpy as np, json, sys;"
+        "sys.path.insert(0, 'tests');"
+        "from test_rotor import random_chain;"
         "from chainoffload.examples import tiny;"
         "from chainoffload.platform import Platform;"
         "from chainoffload.solvers.rotor import rotor;"
-        "r = rotor(tiny(), Platform(memory=175, bandwidth_d2h=0.0, bandwidth_h2d=0.0), slots=50);"
-        "print(json.dumps([r.makespan, [list(op) for op in r.schedule.compute]]))"
+        "c = random_chain(np.random.default_rng(21), 40);"
+        "out = [rotor(tiny(), Platform(memory=175, bandwidth_d2h=0.0, bandwidth_h2d=0.0), slots=50),"
+        "       rotor(c, Platform(memory=int(0.5 * c.saved.sum()), bandwidth_d2h=0.0, bandwidth_h2d=0.0), slots=60)];"
+        "print(json.dumps([[r.makespan, [list(op) for op in r.schedule.compute]] for r in out]))"
     )
     env = {**os.environ, "NUMBA_DISABLE_JIT": "1"}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True,
+                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     import json
 
     from chainoffload.examples import tiny
 
-    makespan, ops = json.loads(out.stdout)
-    jitted = rotor(tiny(), Platform(memory=175, bandwidth_d2h=0.0, bandwidth_h2d=0.0), slots=50)
-    assert makespan == jitted.makespan
-    assert [tuple(op) for op in ops] == list(jitted.schedule.compute)
+    chain = random_chain(np.random.default_rng(21), 40)
+    jitted = [rotor(tiny(), Platform(memory=175, bandwidth_d2h=0.0, bandwidth_h2d=0.0), slots=50),
+              rotor(chain, Platform(memory=int(0.5 * chain.saved.sum()), bandwidth_d2h=0.0, bandwidth_h2d=0.0), slots=60)]
+    for (makespan, ops), res in zip(json.loads(out.stdout), jitted):
+        assert res.info["source"] == "dp"
+        assert makespan == res.makespan
+        assert [tuple(op) for op in ops] == list(res.schedule.compute)
+
+
+def naive(chain, sl):
+    return naive_rotor_table(chain.fwd, chain.bwd, chain.fwd_nosave, sl.act, sl.saved, sl.fwd_tmp, sl.bwd_tmp, sl.budget)
+
+
+def assert_same_table(chain, sl, block=None):
+    """The lean table equals the naive dense one bit for bit, and its recomputed choice exactly."""
+    opt, choice = naive(chain, sl)
+    if block is None:
+        table = fill_rotor_table(chain, sl)
+    else:
+        store, used, lo, top, off = rotor_lean(chain.fwd, chain.bwd, chain.fwd_nosave, sl.act, sl.saved, sl.fwd_tmp,
+                                               sl.bwd_tmp, sl.budget, block)
+        table = RotorTable(chain, sl, store, int(used), lo, top, off)
+    lean_choice = table.choice
+    for (s, t, m), value in opt.items():
+        assert table.value(s, t, m) == value, (s, t, m)
+        assert lean_choice[s, t, m] == choice[s, t, m], (s, t, m)
+    return opt
+
+
+def lean_chain(rng, length):
+    """Chains whose sizes are a few slots, as in long chains at S = 500 (rows end early)."""
+    act = rng.integers(1 << 20, 1 << 26, length + 1)
+    saved = act[1:] * rng.integers(1, 6, length)
+    fwd = saved * 2e-12 * rng.uniform(0.5, 2.0, length)
+    return Chain(fwd, 2 * fwd, act, saved, act[1:] // 2, act[1:], fwd_nosave=fwd * rng.uniform(0.3, 1.0, length))
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_lean_table_equals_the_naive_dense_table(seed):
+    rng = np.random.default_rng(100 + seed)
+    length = int(rng.integers(1, 10))
+    chain = (random_chain if seed % 2 else lean_chain)(rng, length)
+    floor, top = chain.stage_memory_floor(), keep_all_peak(chain)
+    memory = int(floor + rng.uniform(-0.1, 1.1) * (top - floor))
+    sl = slots_for(chain, memory, int(rng.integers(5, 90)))
+    # Tiles of 1..3 segments a side put both parts of an option outside the tile, one inside, or both.
+    assert_same_table(chain, sl, block=int(rng.integers(1, 4)))
+
+
+def test_lean_table_equals_the_naive_dense_table_with_ties():
+    # Zero recompute times make checkpointing tie with F_all in exact arithmetic: the float
+    # sums then decide, and the lean table must decide as the dense one did.
+    rng = np.random.default_rng(3)
+    chain = random_chain(rng, 7)
+    chain = Chain(chain.fwd, chain.bwd, chain.act, chain.saved, chain.fwd_tmp, chain.bwd_tmp, fwd_nosave=np.zeros(7))
+    for fraction in (0.3, 0.7):
+        memory = int(chain.stage_memory_floor() + fraction * (keep_all_peak(chain) - chain.stage_memory_floor()))
+        assert_same_table(chain, slots_for(chain, memory, 60), block=2)
+
+
+@pytest.mark.parametrize("name", ["resnet18", "inception_v3", "gpt2_12", "densenet121"])
+def test_lean_table_equals_the_naive_dense_table_on_networks(name):
+    chain = network(name)
+    floor, top = chain.stage_memory_floor(), keep_all_peak(chain)
+    sl = slots_for(chain, int(floor + 0.4 * (top - floor)), 40)
+    opt = assert_same_table(chain, sl)
+    # The solver reports the top entry, and its schedule simulates to it.
+    res = rotor(chain, Platform(memory=int(floor + 0.4 * (top - floor)), bandwidth_d2h=0.0, bandwidth_h2d=0.0), slots=40)
+    if res.info["source"] == "dp":
+        assert res.info["dp_makespan"] == opt[1, chain.length, sl.budget]
+        assert math.isclose(res.makespan, res.info["dp_makespan"], rel_tol=1e-12)
+
+
+def test_rebuilt_schedule_is_the_dense_tables():
+    rng = np.random.default_rng(11)
+    for length in (5, 9):
+        chain = lean_chain(rng, length)
+        floor, top = chain.stage_memory_floor(), keep_all_peak(chain)
+        sl = slots_for(chain, int(floor + 0.3 * (top - floor)), 120)
+        _, choice = naive(chain, sl)
+        ops_dense: list = []
+        emit_segment(ops_dense, choice, sl, 1, length, sl.budget)  # a dict is indexable like the array
+        assert list(rotor_schedule(fill_rotor_table(chain, sl).choice, sl, length).compute) == ops_dense
+
+
+def test_default_slots_keep_500_up_to_a_thousand_stages():
+    assert default_slots(10) == default_slots(1000) == DEFAULT_SLOTS
+    assert 100 < default_slots(3000) < DEFAULT_SLOTS
+    assert default_slots(10**6) == 1
+    chain = random_chain(np.random.default_rng(4), 6)
+    platform = Platform(memory=int(0.6 * keep_all_peak(chain)), bandwidth_d2h=0.0, bandwidth_h2d=0.0)
+    assert rotor(chain, platform).info["slots"] == DEFAULT_SLOTS
+
+
+def test_table_is_lean():
+    # Rows keep only [least budget, start of their constant tail]: far below the dense size.
+    rng = np.random.default_rng(8)
+    chain = lean_chain(rng, 60)
+    floor, top = chain.stage_memory_floor(), keep_all_peak(chain)
+    sl = slots_for(chain, int(floor + 0.3 * (top - floor)), 500)
+    table = fill_rotor_table(chain, sl)
+    dense = (chain.length + 2) ** 2 * (sl.budget + 1) * (8 + 4)
+    assert table.nbytes < dense / 4
+
+
+def test_solve_prepares_rotors_kernels_before_its_clock():
+    # NOTE [ lazy kernels ]: importing the solver does not import Numba; solve()'s prepare
+    # step makes rotor's kernels ready (compiled or loaded) before the method's clock starts.
+    code = (
+        "import sys; from chainoffload.solvers import rotor as r;"
+        "assert 'numba' not in sys.modules;"
+        "from chainoffload import _compile;"
+        "cm = _compile.prepare('rotor', 9); cm.__enter__();"
+        "print(_compile._loaded('rotor'))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "True"
+
+
+def test_interpreted_kernels_give_the_same_rotor_answer():
+    # A cold start may run interpreted copies of the kernel modules (NOTE [ lazy kernels ]).
+    from chainoffload import solve
+    from chainoffload._kernels import INTERPRETED
+
+    chain = random_chain(np.random.default_rng(5), 9)
+    platform = Platform(memory=int(0.5 * chain.saved.sum()), bandwidth_d2h=0.0, bandwidth_h2d=0.0)
+    jitted = solve(chain, platform, "rotor", slots=60)
+    INTERPRETED[0] = True
+    try:
+        interpreted = solve(chain, platform, "rotor", slots=60)
+    finally:
+        INTERPRETED[0] = False
+    assert jitted.info["source"] == "dp"
+    assert interpreted.schedule == jitted.schedule and interpreted.makespan == jitted.makespan

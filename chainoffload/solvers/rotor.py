@@ -24,7 +24,9 @@ Each term is exactly the peak the simulator sees at that op (frees at an instant
 allocations), so the table's value is the simulated makespan. Sizes are rounded *up* to
 slots and the budget *down*, so every schedule rebuilt from the table fits in bytes. Ties go
 to "F_all", so a budget that holds everything recomputes nothing. O(S L^3) time, O(S L^2)
-memory.
+memory; the table is kept lean (trimmed rows, no choice table, options cut where they cannot
+improve, filled in tiles: ``NOTE [ lean rotor table ]`` in :mod:`chainoffload._kernels.rotor`),
+equal bit for bit to the dense table of the recurrence.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._kernels.rotor import rotor_table
+from .._kernels import lazy
 from ..chain import Chain
 from ..platform import Platform
 from ..result import Result, Status
@@ -44,10 +46,15 @@ from ..simulate import simulate
 from . import OptionError
 from .remat_baselines import recompute_all_schedule
 
-__all__ = ["rotor", "Slots", "slots_for", "rotor_schedule", "DEFAULT_SLOTS"]
+__all__ = ["rotor", "Slots", "slots_for", "rotor_schedule", "RotorTable", "fill_rotor_table", "default_slots", "DEFAULT_SLOTS"]
+
+_krot = lazy("rotor")  # imports Numba on first use only
 
 #: Memory slots of the dynamic programs when none are given.
 DEFAULT_SLOTS = 500
+
+#: Bound on rotor's table when it picks the slots itself: L (L + 1) / 2 (S + 1) float64 at most.
+TABLE_BYTES = 4 * 2**30
 
 
 @dataclass(frozen=True)
@@ -104,14 +111,118 @@ def slots_for(chain: Chain, memory: int, slots: int) -> Slots:
     )
 
 
-def _table(chain: Chain, sl: Slots) -> tuple[np.ndarray, np.ndarray]:
-    return rotor_table(
-        chain.fwd, chain.bwd, chain.fwd_nosave, sl.act, sl.saved, sl.fwd_tmp, sl.bwd_tmp, sl.budget
+def default_slots(length: int) -> int:
+    """The slots rotor uses when none are given: :data:`DEFAULT_SLOTS`, fewer on very long chains.
+
+    The table holds at most L (L + 1) / 2 (S + 1) float64 values; S is lowered so that this
+    bound stays within :data:`TABLE_BYTES` (L = 1000 keeps 500 slots, L = 3000 gets 118).
+
+    Parameters
+    ----------
+    length
+        The chain's length L.
+    """
+    segments = length * (length + 1) // 2
+    fit = TABLE_BYTES // (8 * max(segments, 1)) - 1
+    return int(max(1, min(DEFAULT_SLOTS, fit)))
+
+
+@dataclass(frozen=True, eq=False)
+class RotorTable:
+    """The filled rotor table of one chain on one slot rounding (``NOTE [ lean rotor table ]``).
+
+    Equal, entry for entry, to the dense table of ``NOTE [ rotor recurrence ]``: :meth:`value`
+    is opt[s, t, m] and ``choice[s, t, m]`` the option the schedule takes there (0: "F_all
+    on s", j > s: "checkpoint a_{j-1}", -1: the segment cannot run), recomputed on demand.
+    """
+
+    chain: Chain
+    slots: Slots
+    store: np.ndarray
+    used: int
+    lo: np.ndarray
+    top: np.ndarray
+    off: np.ndarray
+
+    def value(self, s: int, t: int, m: int) -> float:
+        """Least time of segment s..t with budget ``m`` slots (``inf`` when it cannot run)."""
+        return float(_krot.rotor_value(self.store, self.lo, self.top, self.off, s, t, m))
+
+    def least_budget(self, s: int = 1, t: int | None = None) -> int | None:
+        """Least budget (slots) at which segment s..t runs, ``None`` if none up to the budget."""
+        t = self.chain.length if t is None else t
+        lo = int(self.lo[s, t])
+        return lo if lo <= self.slots.budget else None
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the table uses: the rows written and the index arrays."""
+        return 8 * self.used + self.lo.nbytes + self.top.nbytes + self.off.nbytes
+
+    @property
+    def choice(self) -> "_Choice":
+        """``choice[s, t, m]`` as :func:`emit_segment` reads it."""
+        return _Choice(self)
+
+
+class _Choice:
+    """Indexable view of a :class:`RotorTable`'s argmin (what the dense ``choice`` array held)."""
+
+    def __init__(self, table: RotorTable) -> None:
+        self._table = table
+
+    def __getitem__(self, key: tuple[int, int, int]) -> int:
+        s, t, m = (int(k) for k in key)
+        tb, ch, sl = self._table, self._table.chain, self._table.slots
+        return int(
+            _krot.rotor_argmin(
+                ch.fwd, ch.bwd, ch.fwd_nosave, sl.act, sl.saved, sl.fwd_tmp, sl.bwd_tmp,
+                tb.store, tb.lo, tb.top, tb.off, sl.budget, s, t, m,
+            )
+        )
+
+
+def fill_rotor_table(chain: Chain, sl: Slots) -> RotorTable:
+    """Fill rotor's table for every segment and every budget up to ``sl.budget``.
+
+    Parameters
+    ----------
+    chain
+        The chain.
+    sl
+        Its sizes in slots and the budget, from :func:`slots_for`.
+
+    Returns
+    -------
+    RotorTable
+        ``value(1, L, sl.budget)`` is the optimum; ``choice`` rebuilds the schedule with
+        :func:`rotor_schedule` or :func:`emit_segment`.
+    """
+    store, used, lo, top, off = _krot.rotor_lean(
+        chain.fwd, chain.bwd, chain.fwd_nosave, sl.act, sl.saved, sl.fwd_tmp, sl.bwd_tmp, sl.budget, _krot.BLOCK
     )
+    return RotorTable(chain, sl, store, int(used), lo, top, off)
 
 
-def emit_segment(ops: list[tuple[str, int]], choice: np.ndarray, sl: Slots, s: int, t: int, m: int) -> None:
-    """Append to ``ops`` the compute ops of segment (s, t) at budget ``m`` from rotor's ``choice``."""
+def _warm_up(chain: Chain, platform: Platform) -> None:
+    """Run rotor's kernels once on a small ``chain`` with the argument types real calls use.
+
+    :func:`chainoffload._compile.prepare` calls it before a solve's clock starts, so that
+    compiling (or loading) the kernels is not counted in ``rotor``'s runtime. A table is
+    filled whatever the memory (``rotor`` itself returns keep-all without one when it fits).
+    """
+    sl = slots_for(chain, platform.memory, 8)
+    table = fill_rotor_table(chain, sl)
+    table.value(1, chain.length, sl.budget)
+    table.choice[1, chain.length, sl.budget]
+
+
+def emit_segment(ops: list[tuple[str, int]], choice, sl: Slots, s: int, t: int, m: int) -> None:
+    """Append to ``ops`` the compute ops of segment (s, t) at budget ``m`` from rotor's ``choice``.
+
+    ``choice`` is anything indexable as ``choice[s, t, m]`` like the dense table of
+    :func:`chainoffload._kernels.rotor.rotor_table`, e.g. :attr:`RotorTable.choice`.
+    """
     # Explicit stack: ("seg", s, t, m) expands a segment, ("op", kind, stage) emits an op.
     stack: list[tuple] = [("seg", s, t, m)]
     while stack:
@@ -138,14 +249,14 @@ def emit_segment(ops: list[tuple[str, int]], choice: np.ndarray, sl: Slots, s: i
             stack.append(("seg", j, t, m - int(sl.act[j - 1])))
 
 
-def rotor_schedule(choice: np.ndarray, sl: Slots, length: int) -> Schedule:
+def rotor_schedule(choice, sl: Slots, length: int) -> Schedule:
     """Rebuild the compute sequence of the top segment (1, L) at budget ``sl.budget`` from ``choice``."""
     ops: list[tuple[str, int]] = []
     emit_segment(ops, choice, sl, 1, length, sl.budget)
     return Schedule(tuple(ops), ())
 
 
-def rotor(chain: Chain, platform: Platform, *, slots: int = DEFAULT_SLOTS) -> Result:
+def rotor(chain: Chain, platform: Platform, *, slots: int | None = None) -> Result:
     """Optimal persistent checkpointing (rematerialization only, no transfer).
 
     Parameters
@@ -154,7 +265,16 @@ def rotor(chain: Chain, platform: Platform, *, slots: int = DEFAULT_SLOTS) -> Re
         The instance (the platform's bandwidths are not used).
     slots
         Number of memory slots S of the dynamic program; more slots lose less to rounding
-        (each size is rounded up to a slot) and cost time linearly.
+        (each size is rounded up to a slot) and cost time and memory linearly. By default
+        :func:`default_slots` (500 unless the chain is so long that the table would not fit).
+
+    Notes
+    -----
+    The table costs O(S L^3) time and O(S L^2) memory. Measured on random chains at S = 500
+    (``benchmarks/results/scaling-remat.md``): 0.05 s at L = 100, 1.1 s at L = 300, 37 s
+    and 1.6 GiB at L = 1000 of CPU on a shared core; growth exponents about 2.9 (time) and
+    2.1 (memory). Keep-all, when it fits, is returned without a table. Through
+    :func:`chainoffload.solve`, the kernels' one-time compile happens before the clock starts.
 
     Returns
     -------
@@ -164,22 +284,28 @@ def rotor(chain: Chain, platform: Platform, *, slots: int = DEFAULT_SLOTS) -> Re
         the most frugal sequence does not fit in the slot-rounded budget.
     """
     t0 = time.perf_counter()
+    if slots is None:
+        slots = default_slots(chain.length)
     sl = slots_for(chain, platform.memory, slots)
-    opt, choice = _table(chain, sl)
-    value = float(opt[1, chain.length, sl.budget]) if sl.budget >= 0 else math.inf
-    info = {"slots": int(slots), "quantum": sl.quantum, "budget_slots": sl.budget, "dp_makespan": value}
+    info = {"slots": int(slots), "quantum": sl.quantum, "budget_slots": sl.budget}
     # Both sequences below are persistent checkpointing sequences that slot rounding can hide
     # from the table near its two ends: keep-all (optimal whenever it fits) and the most
-    # frugal one (the least memory of all).
-    for name, fallback in (("keep-all", Schedule.keep_all(chain.length)), ("recompute-all", recompute_all_schedule(chain.length))):
-        if name == "recompute-all" and math.isfinite(value):
-            break
+    # frugal one (the least memory of all). Keep-all needs no table.
+    keep_all = Schedule.keep_all(chain.length)
+    timeline = simulate(chain, platform, keep_all)
+    if timeline.feasible:
+        info.update(source="keep-all", recomputed=0)
+        return Result("rotor", Status.FEASIBLE, keep_all, makespan=timeline.makespan, runtime=time.perf_counter() - t0, info=info)
+    table = fill_rotor_table(chain, sl)
+    value = table.value(1, chain.length, sl.budget)
+    info.update(dp_makespan=value, table_bytes=table.nbytes)
+    if not math.isfinite(value):
+        fallback = recompute_all_schedule(chain.length)
         timeline = simulate(chain, platform, fallback)
         if timeline.feasible:
-            info.update(source=name, recomputed=sum(1 for k, _ in fallback.compute if k in ("Fck", "Fn")))
+            info.update(source="recompute-all", recomputed=sum(1 for k, _ in fallback.compute if k in ("Fck", "Fn")))
             return Result("rotor", Status.FEASIBLE, fallback, makespan=timeline.makespan, runtime=time.perf_counter() - t0, info=info)
-    if not math.isfinite(value):
-        least = _least_budget(opt, chain.length)
+        least = table.least_budget()
         return Result(
             "rotor",
             Status.INFEASIBLE,
@@ -189,7 +315,7 @@ def rotor(chain: Chain, platform: Platform, *, slots: int = DEFAULT_SLOTS) -> Re
             info=info,
             message=f"rotor: no checkpointing sequence fits in {platform.memory} B at {slots} slots",
         )
-    schedule = rotor_schedule(choice, sl, chain.length)
+    schedule = rotor_schedule(table.choice, sl, chain.length)
     timeline = simulate(chain, platform, schedule)
     info.update(source="dp", recomputed=sum(1 for k, _ in schedule.compute if k in ("Fck", "Fn")))
     return Result(
@@ -201,8 +327,3 @@ def rotor(chain: Chain, platform: Platform, *, slots: int = DEFAULT_SLOTS) -> Re
         info=info,
         message="" if timeline.feasible else f"rotor: simulator rejects the rebuilt schedule: {timeline.violation.message}",
     )
-
-
-def _least_budget(opt: np.ndarray, length: int) -> int | None:
-    finite = np.flatnonzero(np.isfinite(opt[1, length, :]))
-    return int(finite[0]) if finite.size else None
