@@ -467,12 +467,12 @@ def lp_cached(chain: Chain, platform: Platform, solver: str = "glop") -> bool:
 # NOTE [ fluid LP at extreme links ]
 # GLOP refuses a model whose coefficients span too many orders of magnitude ("model_invalid" at
 # 1e-300 or 1e300 B/s, "abnormal" already at 1e-40 or 1e40 on the scaled model). Each scaled
-# rate is therefore kept in [1e-12, 1e12]: a rate above is taken as infinite and one below is
-# raised to 1e-12, and the scaled latency is capped at 1e12. Every such change makes the link
+# rate is therefore kept in [1e-6, 1e6]: a rate above is taken as infinite and one below is
+# raised to 1e-6, and the scaled latency is capped at 1e6. Every such change makes the link
 # faster or its latency smaller, which only adds schedules to the relaxation (the transfer rows
 # and the windows (6) loosen), so the optimum can only drop and stays a lower bound. It matters
-# only for links no machine has: 1e-12 scaled bytes per scaled second is a transfer of the
-# largest unit taking 1e12 times the mean op.
+# only for links far from any machine: a scaled rate of 1e-6 is a transfer of the largest unit
+# taking a million times the mean op, one of 1e6 a millionth of it.
 _RATE_RANGE = (1e-6, 1e6)
 
 
