@@ -6,7 +6,7 @@ bandwidth of ``--ratio`` times sum(saved) / sum(fwd) in both directions: at rati
 every unit out once takes 3.3 times the forward pass, so transfers cannot all be hidden (the
 role a 12 GB/s PCIe link plays for a GPU that computes ~10x faster than it copies). Run::
 
-    python benchmarks/cpsat.py            # L = 10, 20, 30, 40; 10 chains; 60 s; 2 workers
+    python benchmarks/cpsat.py            # L = 10, 20, 30, 40; 10 chains; 60 s; every core
     python benchmarks/cpsat.py --quick    # L = 6, 8; 2 chains; 10 s (smoke test)
 
 Prints Markdown tables and writes them to ``benchmarks/results/cpsat.md`` (``--out``).
@@ -27,6 +27,7 @@ from pathlib import Path
 from chainoffload import Platform, keep_all_peak, solve
 from chainoffload.generators import random_chain
 from chainoffload.solvers import methods
+from chainoffload.solvers.cpsat import default_workers
 
 HEURISTICS = ("keep-all", "offload-all", "first-k", "largest-first", "lp", "dp", "best")
 
@@ -56,7 +57,8 @@ def available_heuristics() -> list[str]:
 
 def run_one(seed: int, length: int, args, heuristics: list[str]) -> dict:
     chain, platform = instance(seed, length, args.ratio)
-    exact = solve(chain, platform, "cpsat", time_limit=args.time_limit, workers=args.workers)
+    options = {} if args.workers is None else {"workers": args.workers}
+    exact = solve(chain, platform, "cpsat", time_limit=args.time_limit, **options)
     row = {
         "L": length,
         "seed": seed,
@@ -64,6 +66,8 @@ def run_one(seed: int, length: int, args, heuristics: list[str]) -> dict:
         "runtime": exact.runtime,
         "makespan": exact.makespan,
         "lower_bound": exact.lower_bound,
+        "bound_kind": exact.info.get("bound"),
+        "load": os.getloadavg()[0],
         "compute": chain.compute_time,
         "heuristics": {},
     }
@@ -110,7 +114,7 @@ def tables(rows: list[dict], args, heuristics: list[str]) -> str:
     lines.append("")
     lines.append("### Heuristics' gap to the proven optimum (chains CP-SAT solved to optimality)")
     lines.append("")
-    lines.append("Each cell: median / max of makespan / optimum - 1, and in brackets how many of those chains the method found feasible.")
+    lines.append("Each cell: mean / median / max of makespan / optimum - 1, and in brackets how many of those chains the method found feasible.")
     lines.append("")
     lines.append("| L | optimal chains | " + " | ".join(heuristics) + " |")
     lines.append("|---|---|" + "---|" * len(heuristics))
@@ -124,15 +128,17 @@ def tables(rows: list[dict], args, heuristics: list[str]) -> str:
                 if h and h["status"] in ("optimal", "feasible") and math.isfinite(h["makespan"]):
                     gaps.append(max(0.0, h["makespan"] / r["makespan"] - 1))
             if gaps:
-                cells.append(f"{100 * statistics.median(gaps):.2f}% / {100 * max(gaps):.2f}% ({len(gaps)}/{len(opt)})")
+                cells.append(
+                    f"{100 * statistics.mean(gaps):.2f}% / {100 * statistics.median(gaps):.2f}% / {100 * max(gaps):.2f}% ({len(gaps)}/{len(opt)})"
+                )
             else:
                 cells.append(f"- (0/{len(opt)})")
         lines.append(f"| {L} | {len(opt)} | " + " | ".join(cells) + " |")
     lines.append("")
     lines.append("### Per chain")
     lines.append("")
-    lines.append("| L | seed | CP-SAT status | time (s) | makespan / compute | bound / compute | " + " | ".join(heuristics) + " |")
-    lines.append("|---|---|---|---|---|---|" + "---|" * len(heuristics))
+    lines.append("| L | seed | CP-SAT status | time (s) | makespan / compute | bound / compute | " + " | ".join(heuristics) + " | load |")
+    lines.append("|---|---|---|---|---|---|" + "---|" * len(heuristics) + "---|")
     for r in rows:
         c = r["compute"]
         ms = f"{r['makespan'] / c:.4f}" if math.isfinite(r["makespan"]) else "-"
@@ -141,7 +147,7 @@ def tables(rows: list[dict], args, heuristics: list[str]) -> str:
         for name in heuristics:
             h = r["heuristics"].get(name, {})
             cells.append(f"{h['makespan'] / c:.4f}" if h and math.isfinite(h.get("makespan", math.inf)) else h.get("status", "-"))
-        lines.append(f"| {r['L']} | {r['seed']} | {r['status']} | {r['runtime']:.1f} | {ms} | {lb} | " + " | ".join(cells) + " |")
+        lines.append(f"| {r['L']} | {r['seed']} | {r['status']} | {r['runtime']:.1f} | {ms} | {lb} | " + " | ".join(cells) + f" | {r['load']:.1f} |")
     return "\n".join(lines)
 
 
@@ -150,7 +156,7 @@ def main(argv=None) -> int:
     parser.add_argument("--lengths", type=int, nargs="+", default=[10, 20, 30, 40])
     parser.add_argument("--chains", type=int, default=10)
     parser.add_argument("--time-limit", type=float, default=60.0)
-    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--workers", type=int, default=None, help="CP-SAT workers (default: every core)")
     parser.add_argument("--ratio", type=float, default=0.3, help="bandwidth / (sum(saved) / sum(fwd))")
     parser.add_argument("--quick", action="store_true", help="L = 6, 8; 2 chains; 10 s: a smoke test")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "cpsat.md"))
@@ -160,14 +166,19 @@ def main(argv=None) -> int:
     heuristics = available_heuristics()
     command = "python benchmarks/cpsat.py " + " ".join(argv if argv is not None else sys.argv[1:])
     rows = []
+    load_start = os.getloadavg()[0]
+    workers = args.workers or default_workers()
     header = (
         "## CP-SAT: time to proven optimum and the heuristics' gap\n\n"
         f"Command: `{command.strip()}` — {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, "
         f"{os.cpu_count()} CPUs ({pyplatform.machine()}), Python {pyplatform.python_version()}, "
         f"OR-Tools {_ortools_version()}. Lengths {args.lengths}, {args.chains} chains each (seeds 0..{args.chains - 1}), "
         f"memory midway between stage floor and keep-all peak, bandwidth {args.ratio:g} x sum(saved)/sum(fwd), "
-        f"duplex, latency 0; CP-SAT time limit {args.time_limit:g} s, {args.workers} workers. Times include "
-        "the warm start (the baselines and `best`) and model building. The machine is shared, so times are noisy.\n"
+        f"duplex, latency 0; CP-SAT time limit {args.time_limit:g} s, {workers} workers. Times include "
+        "the warm start (the baselines and `best`), the bound stated in the model (`stronger_bound`, a fifth of the "
+        "time limit, at most 5 s) and model building. The machine is shared: 1-minute load average "
+        f"{load_start:.1f} at the start, {{load_end}} at the end (per chain in the last column); with a load above the "
+        "core count, CP-SAT's workers get a fraction of a core each, so times are longer than on an idle machine.\n"
     )
     for L in args.lengths:
         for seed in range(args.chains):
@@ -179,7 +190,7 @@ def main(argv=None) -> int:
                 file=sys.stderr,
                 flush=True,
             )
-        text = header + "\n" + tables(rows, args, heuristics) + "\n"
+        text = header.replace("{load_end}", f"{os.getloadavg()[0]:.1f}") + "\n" + tables(rows, args, heuristics) + "\n"
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(text)  # after every length, so a long run leaves results
     print(text)

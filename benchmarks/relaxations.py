@@ -10,7 +10,14 @@ extra") to the keep-all peak, and at two bandwidths, 0.5x and 2x the chain's "ba
 (total saved bytes / compute time: the rate at which offloading everything would just keep up).
 Latency 10 us, duplex. The lower bound is the larger of :func:`chainoffload.bounds.lower_bound`
 (max(sum(fwd)+sum(bwd), fluid LP)) and :func:`chainoffload.bounds.volume_lower_bound` (both
-proven; the tables also give the ratio to the LP bound alone, the figure reported before). Writes a Markdown report to benchmarks/results/.
+proven; the tables also give the ratio to the LP bound alone, the figure reported before).
+With ``--bound-time S``, also "after": the larger of that and
+:func:`chainoffload.bounds.stronger_bound` (the whole-unit relaxation, S seconds per instance),
+with a table by chain length and where the bound came from. Writes a Markdown report to
+benchmarks/results/.
+
+    python benchmarks/relaxations.py --chains 40 --bound-time 5 --shard 0 2 --out s0.json   # and 1 2
+    python benchmarks/relaxations.py --chains 40 --bound-time 5 --merge s0.json s1.json --out results/relaxations-stronger.md
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 import chainoffload as co
-from chainoffload.bounds import lower_bound, offload_memory_floor, volume_lower_bound
+from chainoffload.bounds import lower_bound, offload_memory_floor, stronger_bound, volume_lower_bound
 from chainoffload.generators import random_chain
 
 from _common import write_report
@@ -55,19 +62,25 @@ def instances(count: int, max_length: int, seeds: range | None = None):
                 yield (seed, level, rate), chain, co.Platform(memory=memory, bandwidth_d2h=bw, bandwidth_h2d=bw, latency=LATENCY)
 
 
-def quality(count: int, max_length: int, seeds: range | None = None) -> dict:
+def quality(count: int, max_length: int, seeds: range | None = None, bound_time: float | None = None) -> dict:
     methods = BASELINES + HEURISTICS
     records = []
     for label, chain, platform in instances(count, max_length, seeds):
         lp_bound = lower_bound(chain, platform)
         bound = max(lp_bound, volume_lower_bound(chain, platform))
         rec = {"label": label, "L": chain.length, "bound": bound, "lp_bound": lp_bound, "trivial": chain.compute_time}
+        if bound_time:
+            after = stronger_bound(chain, platform, time_limit=bound_time)
+            rec.update(after=max(bound, after.value), kind=after.kind, bound_t=after.seconds, load=os.getloadavg()[0])
         for m in methods:
             r = co.solve(chain, platform, m)
             rec[m] = r.makespan if r.feasible else math.inf
             rec[m + "_t"] = r.runtime
         records.append(rec)
-    return {"records": records, "methods": methods}
+        if bound_time:
+            print(f"{label} L={chain.length} best/before={rec['best'] / bound:.4f} best/after={rec['best'] / rec['after']:.4f} "
+                  f"({rec['kind']}, {rec['bound_t']:.1f} s)", file=sys.stderr, flush=True)
+    return {"records": records, "methods": methods, "bound_time": bound_time}
 
 
 def _stats(xs: list[float]) -> tuple[float, float]:
@@ -93,6 +106,7 @@ def quality_tables(data: dict) -> list[str]:
         rt = 1e3 * float(np.mean([r[m + "_t"] for r in recs]))
         lines.append(f"| {m} | {len(ratios)} | {mean:.4f} | {mx:.4f} | {_stats(lp_ratios)[0]:.4f} | {rt:.1f} |")
     lb_gain = [r.get("lp_bound", r["bound"]) / r["trivial"] for r in recs]
+    lines += stronger_tables(data)
     lines += [
         "",
         f"The volume bound is above the LP bound on {sum(r['bound'] > r['lp_bound'] * (1 + 1e-9) for r in recs)} of {n} instances. "
@@ -112,6 +126,65 @@ def quality_tables(data: dict) -> list[str]:
             worse = sum(x > 1 + 1e-9 for x in ratios)
             only_b = sum(1 for r in recs if math.isfinite(r[b]) and not math.isfinite(r[h]))
             lines.append(f"| {h} | {b} | {len(both)} | {mean:.4f} | {mx:.4f} | {worse} | {only_b} |")
+    return lines
+
+
+def _bucket(length: int) -> str:
+    for lo, hi in ((5, 12), (13, 20), (21, 30), (31, 40), (41, 60)):
+        if lo <= length <= hi:
+            return f"{lo}-{hi}"
+    return f"{length}"
+
+
+def stronger_tables(data: dict) -> list[str]:
+    """Before (max of fluid LP and volume) and after (also ``stronger_bound``), when measured."""
+    recs, methods = data["records"], data["methods"]
+    if not recs or "after" not in recs[0]:
+        return []
+    lines = [
+        "",
+        f"### Makespan / lower bound, before and after the stronger bound ({len(recs)} instances)",
+        "",
+        "Before: the bound above (fluid LP, volume). After: the larger of it and `stronger_bound` with "
+        f"`time_limit={data['bound_time']:g}` (the whole-unit relaxation, NOTE [ unit MILP lower bound ]).",
+        "",
+        "| method | feasible | mean, before | mean, after | max, after |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for m in methods:
+        rs = [r for r in recs if math.isfinite(r[m])]
+        (mb, _), (ma, xa) = _stats([r[m] / r["bound"] for r in rs]), _stats([r[m] / r["after"] for r in rs])
+        lines.append(f"| {m} | {len(rs)} | {mb:.4f} | {ma:.4f} | {xa:.4f} |")
+    lines += [
+        "",
+        "`best` / bound by chain length:",
+        "",
+        "| L | instances | mean, before | mean, after | max, after | unit MILP optimal | unit MILP stopped by its limit | mean bound time (s) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for bucket in sorted({_bucket(r["L"]) for r in recs}, key=lambda b: int(b.split("-")[0])):
+        rs = [r for r in recs if _bucket(r["L"]) == bucket and math.isfinite(r["best"])]
+        if not rs:
+            continue
+        before = [r["best"] / r["bound"] for r in rs]
+        after = [r["best"] / r["after"] for r in rs]
+        opt = sum(r["kind"] == "unit MILP, optimal" for r in rs)
+        limit = sum(r["kind"] == "unit MILP" for r in rs)
+        lines.append(
+            f"| {bucket} | {len(rs)} | {np.mean(before):.4f} | {np.mean(after):.4f} | {np.max(after):.4f} | {opt} | {limit} | "
+            f"{np.mean([r['bound_t'] for r in rs]):.2f} |"
+        )
+    gain = [r["after"] / r["bound"] for r in recs]
+    kinds: dict[str, int] = {}
+    for r in recs:
+        kinds[r["kind"]] = kinds.get(r["kind"], 0) + 1
+    lines += [
+        "",
+        f"The stronger bound is above the bound before on {sum(g > 1 + 1e-9 for g in gain)} of {len(recs)} instances "
+        f"(mean after / before {np.mean(gain):.4f}, max {np.max(gain):.4f}); `stronger_bound`'s answer came from: "
+        + ", ".join(f"{k} {v}" for k, v in sorted(kinds.items())) + ". 1-minute load average during the run "
+        f"{min(r['load'] for r in recs):.1f}-{max(r['load'] for r in recs):.1f} (the machine is shared).",
+    ]
     return lines
 
 
@@ -190,6 +263,8 @@ def main(argv=None) -> int:
     parser.add_argument("--runtime-only", action="store_true", help="only the runtime tables (results/relaxations-runtime.md)")
     parser.add_argument("--shard", type=int, nargs=2, metavar=("I", "N"), help="only chains i with i %% N == I; write their records (JSON) to --out")
     parser.add_argument("--merge", type=Path, nargs="+", help="records of every shard: write the report from them (no runtime tables)")
+    parser.add_argument("--from", dest="first", type=int, default=0, help="first seed (with --shard: chains first..chains-1)")
+    parser.add_argument("--bound-time", type=float, default=None, help="also stronger_bound, this many seconds per instance")
     args = parser.parse_args(argv)
     count = args.chains or (20 if args.quick else 200)
     max_length = 30 if args.quick else 60
@@ -205,23 +280,26 @@ def main(argv=None) -> int:
         return _write(lines, t0, args.out or RESULTS / "relaxations-runtime.md")
     if args.shard:
         i, n = args.shard
-        data = quality(count, max_length, range(i, count, n))
+        data = quality(count, max_length, range(args.first + i, count, n), args.bound_time)
         for rec in data["records"]:
             rec["label"] = list(rec["label"])
         (args.out or Path(f"relaxations-shard{i}.json")).write_text(json.dumps(data))
         return 0
     if args.merge:
         parts = [json.loads(p.read_text()) for p in args.merge]
-        data = {"methods": parts[0]["methods"], "records": sorted((r for p in parts for r in p["records"]), key=lambda r: r["label"])}
+        data = {"methods": parts[0]["methods"], "bound_time": parts[0].get("bound_time"),
+                "records": sorted((r for p in parts for r in p["records"]), key=lambda r: r["label"])}
         count = len({r["label"][0] for r in data["records"]})
     else:
-        data = quality(count, max_length)
+        data = quality(count, max_length, None, args.bound_time)
+    load = os.getloadavg()[0]
     lines = [
         "# Relaxation heuristics, lower bound and baselines",
         "",
         f"`python benchmarks/relaxations.py{' --quick' if args.quick else ''}"
-        f"{f' --chains {args.chains}' if args.chains else ''}{' --shard I N, then --merge' if args.merge else ''}`, {time.strftime('%Y-%m-%d')}, "
-        f"{os.cpu_count()} CPU cores (shared). {count} random chains, L in 5..{max_length}, memory at "
+        f"{f' --chains {args.chains}' if args.chains else ''}{f' --bound-time {args.bound_time:g}' if args.bound_time else ''}"
+        f"{' --shard I N, then --merge' if args.merge else ''}`, {time.strftime('%Y-%m-%d')}, "
+        f"{os.cpu_count()} CPU cores (shared; 1-minute load average {load:.1f} when the report was written). {count} random chains, L in 5..{max_length}, memory at "
         f"{', '.join(f'{int(100 * x)} %' for x in LEVELS)} from the offload floor to keep-all, bandwidth "
         f"{' and '.join(f'{x}x' for x in RATES)} the balance rate; see the script's docstring.",
         "",

@@ -389,7 +389,7 @@ def _cmd_verify(args: argparse.Namespace, out: Output) -> int:
 
     if not args.time_limit > 0 or not math.isfinite(args.time_limit):
         raise CliError(f"--time-limit: {args.time_limit!r} must be a number of seconds > 0")
-    if args.workers < 1:
+    if args.workers is not None and args.workers < 1:
         raise CliError(f"--workers: {args.workers!r} must be an integer >= 1")
     chain = Chain.load(args.chain)
     record, platform = _load_schedule(args, chain)
@@ -567,7 +567,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("schedule", metavar="SCHEDULE.json")
     add_platform_flags(p, recorded=True)
     p.add_argument("--time-limit", type=float, default=60.0, help="seconds CP-SAT may search (default 60)")
-    p.add_argument("--workers", type=int, default=2, help="CP-SAT search workers (default 2)")
+    p.add_argument("--workers", type=int, default=None, help="CP-SAT search workers (default: every core)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
     p = command(

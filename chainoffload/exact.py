@@ -16,8 +16,8 @@ from typing import Iterator
 from .chain import Chain
 from .platform import Platform
 from .result import Result, Status
-from .order import transfer_events, trigger, wait_ops
-from .schedule import Schedule, Transfer, fixed_order
+from .order import fixed_order, transfer_events, trigger, wait_ops
+from .schedule import Schedule, Transfer
 from .simulate import simulate
 
 __all__ = ["brute_force", "enumerate_schedules"]
@@ -49,7 +49,7 @@ def enumerate_schedules(chain: Chain, platform: Platform) -> Iterator[Schedule]:
     units = list(range(1, length + 1)) if platform.can_transfer else []
     channel = {"offload": 0, "prefetch": 1 if platform.duplex else 0}
     # 1. offload set and the explicit waits.
-    per_unit_waits = [[None] + list(wait_ops(length, u)) for u in units]
+    per_unit_waits = [[None, *wait_ops(length, u)] for u in units]
     for chosen in itertools.product((False, True), repeat=len(units)):
         off = [u for u, c in zip(units, chosen) if c]
         wait_options = [per_unit_waits[u - 1] for u in off]

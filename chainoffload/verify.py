@@ -25,7 +25,7 @@ def _num(x: float | None) -> float | None:
     return None if x is None or not math.isfinite(x) else float(x)
 
 
-def verify(chain: Chain, platform: Platform, schedule: Schedule, *, time_limit: float = 60.0, workers: int = 2) -> dict[str, Any]:
+def verify(chain: Chain, platform: Platform, schedule: Schedule, *, time_limit: float = 60.0, workers: int | None = None) -> dict[str, Any]:
     """Check ``schedule`` by the simulator and measure its gap to the optimum by CP-SAT.
 
     Parameters
@@ -35,7 +35,7 @@ def verify(chain: Chain, platform: Platform, schedule: Schedule, *, time_limit: 
     time_limit
         Seconds CP-SAT may search.
     workers
-        CP-SAT search workers.
+        CP-SAT search workers; default: every core this process may use.
 
     Returns
     -------

@@ -15,7 +15,10 @@ from chainoffload.bounds import (
     keep_all_start_memory,
     lower_bound,
     offload_memory_floor,
+    stronger_bound,
+    unit_milp,
 )
+from chainoffload.exact import brute_force
 from chainoffload.generators import random_chain
 from chainoffload.planner import plan_transfers
 from chainoffload.simulate import keep_all_peak
@@ -141,10 +144,12 @@ def test_floor_is_reached_with_free_transfers():
 
 
 @pytest.mark.parametrize("chain_index", range(6))
-def test_bound_below_random_feasible_schedules(chain_index):
-    # The claim of NOTE [ fluid LP lower bound ]: any schedule the simulator accepts maps to an
-    # LP point. Set the memory to each random schedule's own peak (the tightest memory at which
-    # it is feasible) and check the bound against its makespan.
+def test_bounds_below_random_feasible_schedules(chain_index):
+    # The claims of NOTE [ fluid LP lower bound ] and NOTE [ unit MILP lower bound ]: any
+    # schedule the simulator accepts maps to a point of each relaxation. Set the memory to each
+    # random schedule's own peak (the tightest memory at which it is feasible), on duplex and
+    # half-duplex links with and without latency, also on a chain with zero-length ops and
+    # zero-size tensors, and check both bounds against its makespan.
     chain = (_small_chains() + [_zero_chain()])[chain_index]
     rng = np.random.default_rng(100 + chain_index)
     scale = float(chain.saved.mean()) / max(chain.compute_time / chain.length, 1e-12)
@@ -159,8 +164,12 @@ def test_bound_below_random_feasible_schedules(chain_index):
         platform = base.with_memory(tl.peak_memory)
         tight = simulate(chain, platform, schedule)
         assert tight.feasible
-        bound = fluid_lower_bound(chain, platform)
-        assert bound <= tight.makespan * (1 + 1e-9), (trial, bound, tight.makespan, schedule.to_dict())
+        fluid = fluid_lower_bound(chain, platform)
+        assert fluid <= tight.makespan * (1 + 1e-9), (trial, fluid, tight.makespan, schedule.to_dict())
+        unit = unit_milp(chain, platform, time_limit=20.0)
+        assert unit.bound <= tight.makespan * (1 + 1e-9), (trial, unit, tight.makespan, schedule.to_dict())
+        if trial % 4 == 0:
+            assert stronger_bound(chain, platform, time_limit=20.0).value <= tight.makespan * (1 + 1e-9)
         checked += 1
     assert checked >= 10
 
@@ -283,3 +292,90 @@ def test_bad_input():
         lower_bound(chain, {"memory": 1})
     with pytest.raises(TypeError, match="chain"):
         offload_memory_floor([1, 2])
+
+
+# -- the whole-unit relaxation (NOTE [ unit MILP lower bound ]) ---------------------------------
+
+
+@pytest.mark.parametrize("chain_index", range(5))
+def test_unit_bound_below_every_method(chain_index):
+    chain = _small_chains()[chain_index]
+    peak, floor = keep_all_peak(chain), offload_memory_floor(chain)
+    scale = float(chain.saved.mean()) / (chain.compute_time / chain.length)
+    for frac in (0.05, 0.4, 0.9):
+        for platform in _platforms(int(floor + frac * (peak - floor)), scale * 0.5):
+            bound = stronger_bound(chain, platform, time_limit=20.0)
+            assert bound.value >= lower_bound(chain, platform) * (1 - 1e-9)
+            for name in ("offload-all", "first-k", "largest-first", "lp", "dp", "best"):
+                result = solve(chain, platform, method=name)
+                if result.feasible:
+                    assert bound.value <= result.makespan * (1 + 1e-9), (name, bound, result.makespan)
+
+
+def _tight(seed, length, level, rate):
+    """The benchmark family: memory `level` of the way from the offload floor to keep-all."""
+    chain = random_chain(seed, length)
+    floor, peak = offload_memory_floor(chain), keep_all_peak(chain)
+    balance = float(chain.saved.sum()) / chain.compute_time
+    bw = rate * balance
+    return chain, Platform(memory=int(floor + level * (peak - floor)), bandwidth_d2h=bw, bandwidth_h2d=bw, latency=1e-5)
+
+
+@pytest.mark.parametrize("seed,length,level,rate", [(0, 6, 0.25, 0.5), (1, 6, 0.5, 2.0), (2, 6, 0.75, 0.5), (3, 5, 0.5, 0.5)])
+def test_unit_bound_against_cpsat_optimum(seed, length, level, rate):
+    # Sound against the proven optimum, and (the point of it) much tighter than the fluid LP
+    # where memory moves by whole units: on the first instance the fluid LP is at the compute
+    # time while the optimum is 2.9x it, and the unit bound reaches the optimum.
+    chain, platform = _tight(seed, length, level, rate)
+    exact = solve(chain, platform, "cpsat", time_limit=60.0, bound=False)  # not floored by the bound under test
+    assert exact.status.value == "optimal"
+    unit = unit_milp(chain, platform, time_limit=30.0)
+    assert unit.status == "optimal"
+    assert unit.bound <= exact.makespan * (1 + 1e-9)
+    assert unit.bound >= fluid_lower_bound(chain, platform) * (1 - 1e-9)
+    if seed == 0:
+        assert fluid_lower_bound(chain, platform) < 0.4 * exact.makespan
+        assert unit.bound == pytest.approx(exact.makespan, rel=1e-5)
+
+
+def test_unit_bound_below_brute_force():
+    for seed, frac, ratio, duplex in [(1, 0.2, 0.1, True), (1, 0.5, 0.05, False), (8, 0.1, 0.2, True), (5, 0.3, 0.05, True)]:
+        chain = random_chain(seed, 3)
+        floor, top = chain.stage_memory_floor(), keep_all_peak(chain)
+        bw = float(chain.saved.sum()) / float(chain.fwd.sum()) * ratio
+        platform = Platform(memory=int(floor + (top - floor) * frac), bandwidth_d2h=bw, bandwidth_h2d=bw, duplex=duplex)
+        oracle = brute_force(chain, platform)
+        assert oracle.feasible
+        unit = unit_milp(chain, platform, time_limit=10.0)
+        assert unit.bound <= oracle.makespan * (1 + 1e-9)
+
+
+def test_unit_bound_trivial_and_infeasible_cases(chain3):
+    roomy = Platform(memory=192, bandwidth_d2h=25.0, bandwidth_h2d=25.0)
+    trivial = unit_milp(chain3, roomy)
+    assert trivial.status == "trivial" and trivial.bound == chain3.compute_time
+    got = stronger_bound(chain3, roomy)
+    assert (got.kind, got.value) == ("compute time", 12.0)
+    stuck = Platform(memory=180, bandwidth_d2h=0.0, bandwidth_h2d=0.0)
+    assert unit_milp(chain3, stuck).bound == INF
+    assert stronger_bound(chain3, stuck).value == INF
+
+
+def test_stronger_bound_says_which_bound(chain3):
+    chain, platform = _tight(0, 6, 0.25, 0.5)
+    got = stronger_bound(chain, platform, time_limit=20.0)
+    assert got.kind == "unit MILP, optimal" and got.value > 2 * fluid_lower_bound(chain, platform)
+    assert got.seconds > 0
+    # No time: only what is cached for this chain object (here the MILP solved to optimality),
+    # else the closed-form bounds'.
+    quick = stronger_bound(chain, platform, time_limit=1e-6)
+    assert (quick.kind, quick.value) == (got.kind, got.value)
+    fresh = random_chain(0, 6)  # an equal chain whose LP is not cached: no time even for the LP
+    cold = stronger_bound(fresh, platform, time_limit=1e-6)
+    assert cold.kind in ("volume", "compute time") and cold.value <= got.value
+    with pytest.raises(ValueError, match=r"time_limit: 0 must be"):
+        stronger_bound(chain, platform, time_limit=0)
+    with pytest.raises(ValueError, match=r"time_limit: -1 must be"):
+        unit_milp(chain, platform, time_limit=-1)
+    with pytest.raises(TypeError, match="chain"):
+        stronger_bound("chain", platform)

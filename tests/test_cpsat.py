@@ -1,13 +1,15 @@
 """The CP-SAT method: its timings are the simulator's, its bound is sound, its options checked."""
 
+import dataclasses
 import math
 
 import pytest
-from ortools.sat.python import cp_model
 
 from chainoffload import Platform, Schedule, Status, Transfer, keep_all_peak, simulate, solve
 from chainoffload.generators import random_chain
-from chainoffload.solvers.cpsat import TimeGrid, _Model, cpsat, in_model_space, integer_replay
+from chainoffload.solvers.cpsat import CPModel, TimeGrid, cpsat, default_workers, in_model_space, integer_replay
+from chainoffload.solvers.cpsat import model as cpsat_model
+from chainoffload.solvers.cpsat.variables import OpVar, TransferVar, UnitVar
 
 
 def instance(seed, length, frac=0.5, ratio=0.3, duplex=True):
@@ -23,12 +25,9 @@ def test_cpsat_times_are_the_integer_replay_of_its_schedule(duplex):
     # rules give for the converted schedule (on the integer durations).
     chain, platform = instance(1, 6, frac=0.4, ratio=0.2, duplex=duplex)
     grid = TimeGrid.build(chain, platform)
-    model = _Model(chain, platform, grid)
-    solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = 10.0
-    solver.parameters.num_search_workers = 2
-    status = solver.solve(model.model)
-    assert solver.status_name(status) in ("OPTIMAL", "FEASIBLE")
+    model = CPModel(chain, platform, grid)
+    solver, status = model.solve(time_limit=10.0, workers=2, gap_units=grid.slack)
+    assert status in ("OPTIMAL", "FEASIBLE")
     schedule = model.schedule_from(solver)
     assert schedule.transfers, "the instance should need offloading"
     times = model.solution_times(solver)
@@ -107,20 +106,145 @@ def test_in_model_space_drops_implied_waits_and_rejects_prefetch_waits(chain3):
     assert in_model_space(chain3, Schedule.from_units(3, [o, p_wait])) is None
 
 
-def test_timeout_without_schedule_reports_no_schedule():
-    chain, platform = instance(2, 24, frac=0.3, ratio=0.1)
-    res = cpsat(chain, platform, time_limit=0.01, hint=False, workers=1)
-    assert res.status in (Status.TIMEOUT, Status.FEASIBLE, Status.OPTIMAL, Status.INFEASIBLE)
-    if res.status == Status.TIMEOUT:
-        assert res.schedule is None and "no schedule found" in res.message
+class _FakeSolver:
+    """What CPModel.solve returns, for a run that ends with ``status`` and no usable solution."""
+
+    best_objective_bound = 0.0
+    objective_value = math.nan
+
+
+def _outcome(monkeypatch, chain, platform, status, **options):
+    monkeypatch.setattr(cpsat_model.CPModel, "solve", lambda self, **kw: (_FakeSolver(), status))
+    return cpsat(chain, platform, time_limit=5.0, bound=False, **options)
+
+
+def test_no_solution_in_time_without_warm_start_is_a_timeout(monkeypatch):
+    chain, platform = instance(2, 8, frac=0.3, ratio=0.1)
+    res = _outcome(monkeypatch, chain, platform, "UNKNOWN", hint=False)
+    assert res.status == Status.TIMEOUT and res.schedule is None
+    assert res.message == "cpsat: no schedule found within 5 s: CP-SAT found none (status UNKNOWN), and there is no warm start"
+
+
+def test_no_solution_in_time_keeps_the_warm_start(monkeypatch):
+    # Not "the simulator rejected CP-SAT's schedules": CP-SAT found none.
+    chain, platform = instance(2, 8, frac=0.3, ratio=0.1)
+    res = _outcome(monkeypatch, chain, platform, "UNKNOWN")
+    assert res.status == Status.FEASIBLE and res.info["kept_hint"]
+    assert res.message.startswith(f"cpsat: CP-SAT found no schedule within 5 s; kept the warm start ({res.info['hint']})")
+    assert simulate(chain, platform, res.schedule).makespan == res.makespan
+
+
+def test_infeasible_model_with_a_feasible_warm_start_is_not_infeasible(monkeypatch):
+    # The integer model can disagree with the float simulator by rounding (NOTE [ cpsat: time
+    # scale ]); a schedule the simulator accepts outranks "proven infeasible".
+    chain, platform = instance(2, 8, frac=0.3, ratio=0.1)
+    res = _outcome(monkeypatch, chain, platform, "INFEASIBLE")
+    assert res.status == Status.FEASIBLE and res.schedule is not None
+    assert "integer model has no solution, yet the warm start" in res.message
+    plain = _outcome(monkeypatch, chain, platform, "INFEASIBLE", hint=False)
+    assert plain.status == Status.INFEASIBLE and "(proven)" in plain.message
+
+
+def test_simulator_rejection_is_reported_as_such(monkeypatch):
+    chain, platform = instance(2, 8, frac=0.3, ratio=0.1)
+    bad = Schedule.keep_all(chain.length)  # over the memory limit at this memory
+    assert not simulate(chain, platform, bad).feasible
+
+    class Solver(_FakeSolver):
+        objective_value = 1.0
+
+    monkeypatch.setattr(cpsat_model.CPModel, "solve", lambda self, **kw: (Solver(), "FEASIBLE"))
+    monkeypatch.setattr(cpsat_model.CPModel, "schedule_from", lambda self, solver: bad)
+    res = cpsat(chain, platform, time_limit=5.0, bound=False)
+    assert res.status == Status.FEASIBLE and res.info["rejected"] == 4  # the first try and 3 retries
+    assert "the simulator rejected the 4 schedule(s) CP-SAT found" in res.message
+    none = cpsat(chain, platform, time_limit=5.0, bound=False, hint=False)
+    assert none.status == Status.TIMEOUT and "the simulator rejected" in none.message
+
+
+def test_time_limit_with_a_schedule_says_the_gap(monkeypatch):
+    # CP-SAT stops at the limit with a schedule the simulator accepts and no warm start to
+    # compare: feasible, CP-SAT's schedule, and the gap to the bound it proved.
+    chain, platform = instance(2, 8, frac=0.3, ratio=0.1)
+    found = solve(chain, platform, "best").schedule
+    makespan = simulate(chain, platform, found).makespan
+    grid = TimeGrid.build(chain, platform)
+
+    class Solver(_FakeSolver):
+        objective_value = makespan * grid.scale
+        best_objective_bound = 0.9 * makespan * grid.scale
+
+    monkeypatch.setattr(cpsat_model.CPModel, "solve", lambda self, **kw: (Solver(), "FEASIBLE"))
+    monkeypatch.setattr(cpsat_model.CPModel, "schedule_from", lambda self, solver: found)
+    res = cpsat(chain, platform, time_limit=5.0, bound=False, hint=False)
+    assert res.status == Status.FEASIBLE and res.schedule is found and not res.info["kept_hint"]
+    assert res.makespan == makespan and res.lower_bound < makespan
+    gap = 100 * (makespan / res.lower_bound - 1)
+    assert res.message == f"cpsat: time limit 5 s reached; best schedule (cpsat) {gap:.3g}% above the proven bound"
+    assert 11.0 < gap < 11.2  # 1 / 0.9, less the rounding slack
+
+
+def test_workers_default_to_every_core(chain3):
+    res = solve(chain3, Platform(memory=180, bandwidth_d2h=25.0, bandwidth_h2d=25.0), "cpsat", time_limit=5.0)
+    assert res.info["workers"] == default_workers() >= 1
+
+
+def test_variables_are_typed_records():
+    chain, platform = instance(1, 5)
+    grid = TimeGrid.build(chain, platform)
+    v = CPModel(chain, platform, grid, keep=frozenset({2})).variables
+    assert all(isinstance(op, OpVar) for op in v.ops) and [op.kind for op in v.ops] == ["F"] * 5 + ["B"] * 5
+    assert sorted(v.units) == [1, 3, 4, 5]  # unit 2 is kept: no transfer variables at all
+    unit = v.units[3]
+    assert isinstance(unit, UnitVar) and isinstance(unit.offload, TransferVar)
+    assert unit.offload.key == ("O", 3) and unit.prefetch.key == ("P", 3)
+    assert unit.offload.events == tuple(range(5, 2 * 10 - 2 * 4 - 1 + 1))  # end of F_3 .. end of B_5
+    assert sorted(unit.waits) == list(range(3, 10 - 4))  # after F_3, before B_4
+    assert v.before(("O", 3), ("P", 3)) == 1 and dataclasses.is_dataclass(unit)
 
 
 def test_progress_goes_to_stderr(chain3, capsys):
-    solve(chain3, Platform(memory=180, bandwidth_d2h=25.0, bandwidth_h2d=25.0), "cpsat", time_limit=5.0, progress=True)
+    # The process-wide progress switch (the CLI's --progress; chainoffload/_progress.py): a bar
+    # named cpsat with the objective and bound of each solution, on stderr only.
+    from chainoffload import _progress
+
+    platform = Platform(memory=180, bandwidth_d2h=25.0, bandwidth_h2d=25.0)
+    _progress.configure(True)
+    try:
+        res = solve(chain3, platform, "cpsat", time_limit=5.0)
+    finally:
+        _progress.configure(None)
     captured = capsys.readouterr()
-    assert captured.out == ""
-    assert "cpsat: done, status OPTIMAL" in captured.err
-    assert "objective=" in captured.err and "bound=" in captured.err
+    assert res.info["cpsat_status"] == "OPTIMAL" and captured.out == ""
+    assert "cpsat:" in captured.err and "/5.0" in captured.err  # the bar counts seconds of the limit
+    _progress.configure(False)
+    try:
+        solve(chain3, platform, "cpsat", time_limit=5.0)
+    finally:
+        _progress.configure(None)
+    assert capsys.readouterr().err == ""
+
+
+def test_progress_reports_each_solution():
+    # What the bar shows at each CP-SAT solution: seconds spent, objective and bound in seconds.
+    from chainoffload.solvers.cpsat.solve import _reporter
+
+    class Bar:
+        def __init__(self):
+            self.position, self.fields = None, None
+
+        def set(self, position):
+            self.position = position
+
+        def note(self, **fields):
+            self.fields = fields
+
+    class Callback:
+        objective_value, best_objective_bound = 2.5e6, 2.0e6
+
+    bar = Bar()
+    _reporter(bar, 1e6, 0.0)(Callback())
+    assert bar.position > 0 and bar.fields == {"objective": "2.5 s", "bound": "2 s"}
 
 
 def test_explicit_time_scale_is_reported(chain3):
@@ -138,7 +262,6 @@ def test_explicit_time_scale_is_reported(chain3):
         ({"workers": 0}, r"workers: 0 must be"),
         ({"time_scale": -1.0}, r"time_scale: -1.0 must be"),
         ({"hint": 3}, r"hint: 3 must be"),
-        ({"progress": "yes"}, r"progress: 'yes' must be"),
     ],
 )
 def test_bad_options_name_the_field(chain3, options, match):

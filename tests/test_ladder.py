@@ -40,9 +40,12 @@ def test_solve_names_the_rung_and_keeps_the_largest():
     lo, hi = offload_memory_floor(chain), keep_all_peak(chain)
     platform = Platform(memory=int(lo + 0.2 * (hi - lo)), bandwidth_d2h=1e8, bandwidth_h2d=1e8, latency=1e-5)
     r = solve(chain, platform, "dp")
-    assert r.info["bound"] in ("trivial", "volume", "fluid-lp")
+    assert r.info["bound"] in ("trivial", "volume", "fluid-lp", "unit-milp")
     expected = max(chain.compute_time, volume_lower_bound(chain, platform), lower_bound(chain, platform))
-    assert r.lower_bound == pytest.approx(min(expected, r.makespan), rel=1e-12)
+    if r.info["bound"] == "unit-milp":  # the whole-unit relaxation, when the budget afforded it
+        assert min(expected, r.makespan) <= r.lower_bound <= r.makespan
+    else:
+        assert r.lower_bound == pytest.approx(min(expected, r.makespan), rel=1e-12)
 
 
 def test_keep_all_never_pays_for_a_bound(chain3, monkeypatch):
@@ -65,8 +68,43 @@ def test_an_unaffordable_rung_is_skipped_and_a_new_rung_slots_in(monkeypatch):
     rung = _ladder.Rung("test-rung", lambda c, p, budget: value * 1.0000001, lambda c, p: 0.0)
     monkeypatch.setattr(_ladder, "LADDER", list(_ladder.LADDER))
     _ladder.add_rung(rung, after="fluid-lp")
-    assert [r.name for r in _ladder.LADDER][-1] == "test-rung"
+    names = [r.name for r in _ladder.LADDER]
+    assert names[names.index("fluid-lp") + 1] == "test-rung"
     got, name, _ = _ladder.climb(chain, platform, budget=0.0)
     assert name == "test-rung" and got > value
     with pytest.raises(ValueError, match="exists already"):
         _ladder.add_rung(rung)
+
+
+def _tight(seed, length, level, rate):
+    chain = random_chain(seed, length)
+    lo, hi = offload_memory_floor(chain), keep_all_peak(chain)
+    bw = rate * float(chain.saved.sum()) / chain.compute_time
+    return chain, Platform(memory=int(lo + level * (hi - lo)), bandwidth_d2h=bw, bandwidth_h2d=bw, latency=1e-5)
+
+
+def test_unit_milp_rung_when_affordable():
+    # A 6-stage chain where memory moves by whole units: the fluid LP is at 0.4x the optimum
+    # or less (tests/test_bounds.py), the whole-unit relaxation reaches it; solve() says so.
+    chain, platform = _tight(0, 6, 0.25, 0.5)
+    fluid = lower_bound(chain, platform)
+    r = solve(chain, platform, "dp")
+    assert r.info["bound"] == "unit-milp" and r.lower_bound > 2 * fluid
+    assert r.lower_bound <= r.makespan
+    from chainoffload.bounds import unit_milp_seconds
+
+    assert unit_milp_seconds(chain, platform) == 0.0  # solved to optimality and cached: free now
+    value, name, tried = _ladder.climb(chain, platform, budget=0.0)
+    assert name == "unit-milp" and tried[-1] == "unit-milp" and value == pytest.approx(r.lower_bound, rel=1e-6)
+
+
+def test_unit_milp_rung_skipped_when_it_does_not_fit():
+    from chainoffload.bounds import unit_milp_seconds
+
+    chain, platform = _tight(5, 60, 0.25, 0.5)
+    cost = unit_milp_seconds(chain, platform)
+    assert cost > 5.0  # tight memory at L = 60: seconds before SCIP has a useful bound
+    _, _, tried = _ladder.climb(chain, platform, budget=2.0)
+    assert "unit-milp" not in tried
+    roomy = platform.with_memory(keep_all_peak(chain))
+    assert unit_milp_seconds(chain, roomy) == 0.0  # no check binds: free

@@ -157,6 +157,9 @@ def test_lp_bound_reported_in_info():
     from chainoffload.bounds import volume_lower_bound
 
     expected = max(chain.compute_time, info["lp_bound"], volume_lower_bound(chain, platform))
-    assert result.lower_bound == pytest.approx(expected, rel=1e-12)
+    if info["bound"] == "unit-milp":  # the whole-unit relaxation, stronger here when affordable
+        assert expected <= result.lower_bound <= result.makespan
+    else:
+        assert result.lower_bound == pytest.approx(expected, rel=1e-12)
     assert np.all((np.array(info["x"]) >= 0) & (np.array(info["x"]) <= 1))
     assert result.to_dict()["info"]["lp_bound"] == info["lp_bound"]

@@ -12,7 +12,12 @@ keeps the largest value reached:
 3. ``fluid-lp``: :func:`chainoffload.bounds.lower_bound`, the fluid LP, when its estimated time
    (:func:`fluid_lp_cost`) fits what is left of the budget, or when a method already solved it
    for this chain and platform (it is cached: free then);
-4. any rung added with :func:`add_rung` (e.g. a stronger bound that takes a time budget).
+4. ``unit-milp``: :func:`chainoffload.bounds.stronger_bound`, the whole-unit relaxation solved
+   by SCIP within what is left (NOTE [ unit MILP lower bound ]), when its estimated time to a
+   useful bound (:func:`chainoffload.bounds.unit_milp_seconds`: ~1 s at L = 20, a few seconds at
+   L = 30-40) fits; on long chains the estimate grows past any ordinary budget, and the fluid
+   LP is within a few percent there anyway;
+5. any rung added with :func:`add_rung`.
 
 A rung runs only if its estimated cost fits the budget left; a rung that runs out
 (``TimeoutError``) is skipped, and so is one whose solver fails (``RuntimeError``), with a note
@@ -94,11 +99,26 @@ def _fluid_cost(chain: Chain, platform: Platform) -> float:
     return 0.0 if lp_cached(chain, platform) else fluid_lp_cost(chain.length)
 
 
+def _unit_milp(chain: Chain, platform: Platform, budget: float) -> float:
+    from ..bounds import stronger_bound
+
+    # With no time left only a cached answer comes back (the fluid LP's and the MILP's).
+    return stronger_bound(chain, platform, time_limit=max(budget, 1e-3)).value
+
+
+def _unit_milp_cost(chain: Chain, platform: Platform) -> float:
+    from ..bounds import unit_milp_seconds
+
+    # stronger_bound solves the fluid LP first (free when the fluid-lp rung just did).
+    return unit_milp_seconds(chain, platform) + _fluid_cost(chain, platform)
+
+
 #: The rungs, cheapest first.
 LADDER: list[Rung] = [
     Rung("trivial", _trivial, lambda chain, platform: 0.0),
     Rung("volume", _volume, lambda chain, platform: 2e-6 * chain.length),
     Rung("fluid-lp", _fluid, _fluid_cost),
+    Rung("unit-milp", _unit_milp, _unit_milp_cost),
 ]
 
 
