@@ -28,6 +28,7 @@ __all__ = [
     "resident_storages",
     "is_parameter_like",
     "canonical_device",
+    "unmovable_kind",
 ]
 
 
@@ -162,7 +163,9 @@ class EntryState(str, enum.Enum):
 class Entry:
     """One storage owned by a unit: the thing that is moved, once, however many tensors view it."""
 
-    __slots__ = ("unit", "key", "nbytes", "ref", "src", "host", "host_guard", "dev", "state", "d2h_event", "h2d_event", "__weakref__")
+    __slots__ = (
+        "unit", "key", "nbytes", "ref", "src", "host", "host_guard", "dev", "state", "d2h_event", "h2d_event", "counters", "__weakref__"
+    )
 
     def __init__(self, unit: int, key: int, nbytes: int, tensor: torch.Tensor, hold: bool) -> None:
         self.unit = unit
@@ -179,6 +182,9 @@ class Entry:
         self.state = EntryState.DEVICE
         self.d2h_event = None
         self.h2d_event = None
+        #: The executor's records of the version counters of tensors over this storage
+        #: (NOTE [ version discipline ] in _saved.py).
+        self.counters: dict[int, list] = {}
 
     def alive(self) -> bool:
         """Whether the storage this entry was made for is still the one at its address."""
@@ -226,6 +232,9 @@ class UnitLedger:
         self.held: set[int] = set()
         #: The entry of each stage's output a_i, where its unit owns it (what ``moves="act"`` moves).
         self.output: dict[int, Entry] = {}
+        #: Per unit, saved tensors of a kind the executor cannot rebuild from a byte copy, and
+        #: their bytes where known (NOTE [ tensors that cannot move ]).
+        self.unmovable: dict[int, dict[str, int]] = {}
 
     def add_resident(self, obj: Any) -> None:
         """Never own the storages of the tensors in ``obj`` (a call's inputs)."""
@@ -235,9 +244,9 @@ class UnitLedger:
 
     def owns(self, t: Any) -> bool:
         """Whether ``t`` is a tensor a unit could own (not resident, right device and kind)."""
-        if not isinstance(t, torch.Tensor) or type(t) not in (torch.Tensor, nn.Parameter):
+        if not isinstance(t, torch.Tensor) or unmovable_kind(t) is not None:
             return False
-        if t.layout != torch.strided or t.device != self.device or is_parameter_like(t):
+        if t.device != self.device or is_parameter_like(t):
             return False
         st = t.untyped_storage()
         return st.nbytes() > 0 and st.data_ptr() not in self.resident
@@ -286,7 +295,14 @@ class UnitLedger:
 
     def pack(self, t: Any, stage: int | None) -> Entry | None:
         """The entry a tensor saved while ``stage`` runs belongs to, or ``None`` if no unit's."""
-        if stage is None or not self.owns(t):
+        if stage is None:
+            return None
+        if not self.owns(t):
+            if stage >= 1 and isinstance(t, torch.Tensor) and not is_parameter_like(t):
+                kind = unmovable_kind(t)
+                if kind is not None and _device_of(t) == self.device:
+                    kinds = self.unmovable.setdefault(stage, {})
+                    kinds[kind] = kinds.get(kind, 0) + _known_bytes(t)
             return None
         return self.lookup(t, stage)
 
@@ -316,14 +332,68 @@ class UnitLedger:
         return sum(e.nbytes for e in self.units.get(unit, ()))
 
     def check_stage(self, stage: int, inp: Any, version_before: int | None, out: torch.Tensor) -> None:
-        """Mark units that share storage across a stage boundary (see NOTE [ aliasing stages ])."""
+        """Mark units that share storage across a stage boundary (see NOTE [ aliasing stages ]).
+
+        ``version_before`` (the input's version at the stage's start) is not a reason: a stage
+        that modifies its input in place but returns a storage of its own is handled by the
+        executor's version discipline (NOTE [ version discipline ] in _saved.py).
+        """
         if not isinstance(inp, torch.Tensor) or inp.device != out.device or inp.layout != torch.strided:
             return
         same = inp.untyped_storage().data_ptr() == out.untyped_storage().data_ptr() and out.untyped_storage().nbytes() > 0
-        if same or (version_before is not None and inp._version != version_before):
+        if same:
             if stage > 1:
                 self.aliased.add(stage - 1)
             self.aliased.add(stage)
+
+
+def unmovable_kind(t: torch.Tensor) -> str | None:
+    """Why a byte copy of ``t``'s storage could not give autograd ``t`` back, or ``None``.
+
+    A saved tensor is moved as the bytes of its storage and rebuilt as a strided view of them
+    with its dtype, size, stride, offset and conj/neg bits. That is not all of a tensor of a
+    subclass (DTensor, FSDP2's, a quantization wrapper), of another layout (sparse, mkldnn), a
+    quantized tensor (scale, zero point), a nested tensor (its offsets) or a named one.
+    """
+    if type(t) not in (torch.Tensor, nn.Parameter):
+        return f"{type(t).__name__} (a tensor subclass)"
+    if t.layout != torch.strided:
+        return f"{str(t.layout).removeprefix('torch.')} tensor"
+    if t.is_quantized:
+        return "quantized tensor"
+    if t.is_nested:
+        return "nested tensor"
+    names = getattr(t, "names", None)  # named tensors are gone from recent PyTorch
+    if names is not None and any(n is not None for n in names):
+        return "named tensor"
+    return None
+
+
+def _device_of(t: torch.Tensor) -> torch.device | None:
+    try:
+        return t.device
+    except (RuntimeError, NotImplementedError):
+        return None
+
+
+def _known_bytes(t: torch.Tensor) -> int:
+    """Bytes under ``t`` where PyTorch tells them (0 for a wrapper that hides its data)."""
+    try:
+        if t.layout == torch.sparse_coo:
+            return _known_bytes(t._values()) + _known_bytes(t._indices())
+        if t.layout != torch.strided:
+            return t.values().nbytes  # compressed layouts: the values, the bulk of it
+        return t.untyped_storage().nbytes()
+    except (RuntimeError, NotImplementedError, TypeError):
+        return 0
+
+
+# NOTE [ tensors that cannot move ]
+# A saved tensor that is not a plain strided tensor (see unmovable_kind) is returned to autograd
+# as it is, on the device: the executor never rebuilds what a byte copy cannot carry. Its unit
+# is kept resident -- the profile marks it "unmovable", offload() keeps it and handle.table()
+# names the kind -- and the bytes PyTorch can tell are counted in the unit, so the plan's
+# memory includes them.
 
 
 def _is_view_of(t: torch.Tensor, inp: Any) -> bool:
@@ -331,12 +401,14 @@ def _is_view_of(t: torch.Tensor, inp: Any) -> bool:
 
 
 # NOTE [ aliasing stages ]
-# A stage that modifies its input in place (nn.ReLU(inplace=True) as a stage of its own) or
-# returns a view of it shares one storage between units i-1 and i. Offloading unit i-1 would
-# copy that storage at its trigger, before stage i writes it, and bring back stale data; unit i
-# does not own the storage, so moving it would move fewer bytes than its saved[i] (which is at
-# least act[i]). Both units are therefore marked "aliased": the profile reports them, offload()
-# keeps them resident, and the executor refuses a schedule that offloads one.
+# A stage that returns its input modified in place (nn.ReLU(inplace=True) as a stage of its
+# own) or a view of it shares one storage between units i-1 and i. Unit i does not own that
+# storage, so moving it would move fewer bytes than its saved[i] (which is at least act[i]), and
+# freeing unit i-1's copy would free nothing while unit i lives. Both units are therefore marked
+# "aliased": the profile reports them, offload() keeps them resident, and the executor refuses a
+# schedule that offloads one. A stage that modifies its input in place and returns a storage of
+# its own is not aliased: the version discipline copies the input again if it was saved after
+# the change (NOTE [ version discipline ] in _saved.py).
 #
 # NOTE [ units held elsewhere ]
 # Offloading frees a unit's GPU memory only if nothing else holds its storages. Two holders the

@@ -392,6 +392,8 @@ class Offloader:
                 decision = "keep (aliased)"
             elif sizes is not None and i in sizes.held:
                 decision = "keep (held)"
+            elif sizes is not None and i in sizes.unmovable:
+                decision = f"keep (saves a {sizes.unmovable[i]})"
             else:
                 decision = "keep"
 

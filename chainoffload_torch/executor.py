@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import time
 import warnings
+import weakref
 from typing import Any, Iterable
 
 import torch
@@ -38,6 +39,7 @@ import chainoffload as co
 
 from ._copy import Copier, HostPool
 from ._instrument import Blocks, Instrument
+from ._saved import Kept, Packed, check_version, rebuild, root_of, version_probe
 from ._stages import Entry, EntryState, UnitLedger, canonical_device, resident_storages
 from ._tree import tensors_in
 
@@ -56,6 +58,9 @@ class StepStats:
         Bytes really copied device to host and host to device, counted at each copy.
     unit_offloaded, unit_prefetched
         The same per unit (stage, 1-based).
+    recopied_bytes
+        Part of ``offloaded_bytes`` copied a second time because the storage was modified in
+        place after its offload was queued and saved again (NOTE [ version discipline ]).
     released_bytes
         Bytes of offloaded GPU copies the executor let go of at their release point.
     restored_reads
@@ -74,24 +79,12 @@ class StepStats:
     prefetched_bytes: int = 0
     unit_offloaded: dict[int, int] = dataclasses.field(default_factory=dict)
     unit_prefetched: dict[int, int] = dataclasses.field(default_factory=dict)
+    recopied_bytes: int = 0
     released_bytes: int = 0
     restored_reads: int = 0
     measured_peak: int | None = None
     predicted_peak: int | None = None
     wall_time: float = 0.0
-
-
-class _Packed:
-    """What autograd keeps for a tensor of an offloaded unit: its entry and how to view it."""
-
-    __slots__ = ("entry", "dtype", "size", "stride", "offset")
-
-    def __init__(self, entry: Entry, t: torch.Tensor) -> None:
-        self.entry = entry
-        self.dtype = t.dtype
-        self.size = t.size()
-        self.stride = t.stride()
-        self.offset = t.storage_offset()
 
 
 class _Step:
@@ -131,6 +124,8 @@ class ScheduleRun:
         whole model).
     copier, pool
         Shared with other plans of the same model (made here when not given).
+    names
+        The blocks' names (``"transformer.h.0"``), for messages.
 
     Raises
     ------
@@ -149,6 +144,7 @@ class ScheduleRun:
         roots: Iterable[nn.Module] = (),
         copier: Copier | None = None,
         pool: HostPool | None = None,
+        names: Iterable[str] | None = None,
     ) -> None:
         if not isinstance(chain, co.Chain):
             raise TypeError(f"chain: expected a chainoffload.Chain, got {type(chain).__name__}")
@@ -177,9 +173,11 @@ class ScheduleRun:
         self.device = canonical_device(device)
         self.copier = copier
         self.pool = pool
+        self.names = tuple(names) if names is not None else None
         self._build_events()
         self._step: _Step | None = None
         self._warned_held: set[int] = set()
+        self._warned_recopy = False
         self.last_step: StepStats | None = None
         self.steps = 0
 
@@ -195,7 +193,7 @@ class ScheduleRun:
         self._offload_of: dict[int, co.Transfer] = {}
         self._b_start = {stage: 2 * k for k, (kind, stage) in enumerate(sched.compute) if kind == "B"}
         for idx, t in enumerate(sched.transfers):
-            self._triggers[t.event].append(t)
+            self._triggers[t.event if t.kind == "offload" else self._issue_event(idx, t)].append(t)
             if t.before is not None:
                 self._waits[t.before].append(t)
             if t.kind == "offload":
@@ -219,6 +217,33 @@ class ScheduleRun:
     # a stall the schedule did not ask for; releasing later than the boundary would hold memory
     # the simulator frees. Without a platform the end of F_{i+1} is used.
 
+    # NOTE [ prefetch issue point ]
+    # docs/model.md allocates a prefetch's destination when the prefetch *starts*, and a channel
+    # serves its queue one transfer at a time, so a prefetch triggered early may start much
+    # later, behind others. The caching allocator counts memory in the order the host allocates,
+    # so allocating every queued destination at its trigger holds them all at once: on an H200
+    # that put GPT-2's step 1.1 GiB above the simulated peak (and above the limit). The executor
+    # therefore issues a prefetch -- allocates its destination and queues its copy -- at the
+    # first boundary event at or after its simulated start (not before its trigger). The channel
+    # is FIFO, so issue points keep the trigger order, and the copy starts at most one compute op
+    # later than simulated; the memory the allocator sees is never ahead of the simulator's.
+
+    def _issue_event(self, idx: int, prefetch: co.Transfer) -> int:
+        tl = self.timeline
+        if tl is None:
+            return prefetch.event
+        return self._first_event_at(prefetch.event, float(tl.transfer_start[idx]))
+
+    def _first_event_at(self, earliest: int, when: float) -> int:
+        """The first boundary event from ``earliest`` on whose simulated time is at or after ``when``."""
+        tl = self.timeline
+        for e in range(earliest, self._n_events):
+            k, end = divmod(e, 2)
+            at = float(tl.op_end[k] if end else tl.op_start[k])
+            if at >= when - 1e-12 * max(1.0, abs(when)):
+                return e
+        return self._n_events - 1
+
     def _release_event(self, unit: int, offload: co.Transfer, length: int) -> int:
         sched = self.schedule
         earliest = offload.event
@@ -231,12 +256,7 @@ class ScheduleRun:
         free_time = float(tl.transfer_end[t_idx])
         if unit < length:
             free_time = max(free_time, float(tl.op_end[sched.index("F", unit + 1)]))
-        for e in range(earliest, self._n_events):
-            k, end = divmod(e, 2)
-            at = float(tl.op_end[k] if end else tl.op_start[k])
-            if at >= free_time - 1e-12 * max(1.0, abs(free_time)):
-                return e
-        return self._n_events - 1
+        return self._first_event_at(earliest, free_time)
 
     # -- listener: the forward -------------------------------------------------------------
 
@@ -289,7 +309,10 @@ class ScheduleRun:
             return
         ledger = step.ledger
         ledger.stage_end(idx, hidden_in, step.versions.pop(idx, None), hidden_out)
-        self._refuse(ledger.aliased, "modifies its input in place or returns a view of it, so units share storage")
+        self._refuse(ledger.aliased, "returns its input or a view of it, so units share storage")
+        out = ledger.output.get(idx)
+        if out is not None and idx in self.offloaded:
+            _counter(out, hidden_out)
         if idx < self.chain.length:
             self._advance(step, 2 * (idx - 1) + 1)
 
@@ -354,21 +377,57 @@ class ScheduleRun:
     # -- listener: saved tensors -------------------------------------------------------------
 
     def pack(self, step: _Step, t: torch.Tensor) -> Any:
-        """Keep ``t`` as it is, or hand autograd a handle if its unit is offloaded."""
+        """A record of ``t`` for autograd: the tensor and its version, or, if its unit is
+        offloaded, a handle on its storage (NOTE [ version discipline ])."""
         if step is not self._step or step.forward_done:
-            return t
+            return Kept(t, None)
         entry = step.ledger.pack(t, step.current)
         if entry is None or entry.unit not in self.offloaded:
-            return t
-        if entry.unit in step.offload_issued and entry.state is S.DEVICE and self._moves(step, entry):
-            # Saved after its unit's offload was queued (code between two blocks): send it too.
-            self._offload_entry(step, entry)
-        return _Packed(entry, t)
+            return Kept(t, step.current)
+        if entry.unit in step.offload_issued and self._moves(step, entry):
+            if entry.state is S.DEVICE:
+                # Saved after its unit's offload was queued (code between two blocks): send it too.
+                self._offload_entry(step, entry)
+            elif entry.state is S.OFFLOADING:
+                self._recopy_if_stale(step, entry, t)
+        probe = _counter(entry, t)[1]
+        return Packed(entry, t, probe, step.current)
+
+    def _recopy_if_stale(self, step: _Step, e: Entry, t: torch.Tensor) -> None:
+        """Copy ``e`` to the host again if its storage may have changed since its copy was queued.
+
+        ``t`` is being saved now, so autograd will read the storage as it is now. The copy holds
+        it as it was at the copy's trigger: the same if no version counter of the storage moved
+        since. A tensor whose counter the entry has not seen may have been changed unseen, so
+        its storage is copied again too (once: its counter is known after that).
+        """
+        known = _known(e, t)
+        moved = known is None or any(k[1]._version != k[2] for k in e.counters.values())
+        if moved:
+            _counter(e, t)
+            self._offload_entry(step, e)
+
+    def _where(self, record: Kept | Packed) -> str:
+        stage = record.stage
+        if stage is None:
+            return "outside an offloaded step"
+        if stage == 0:
+            block = "before the first block"
+        else:
+            name = self.names[stage - 1] if self.names is not None and stage <= len(self.names) else str(stage)
+            block = f"in the forward of block {stage} ({name})" + (", or after it" if stage == self.chain.length else "")
+        unit = f"unit {record.entry.unit}, offloaded" if isinstance(record, Packed) else "kept on the device"
+        return f"{block}; {unit}"
 
     def unpack(self, packed: Any) -> torch.Tensor:
-        """The tensor behind ``packed``: the original, or its copy back from the host."""
-        if not isinstance(packed, _Packed):
+        """The tensor behind ``packed``: the original, or its copy back from the host, after
+        autograd's version check (NOTE [ version discipline ])."""
+        if isinstance(packed, Kept):
+            check_version(packed, packed.tensor._version, self._where(packed))
+            return packed.tensor
+        if not isinstance(packed, Packed):
             return packed
+        check_version(packed, packed.probe._version, self._where(packed))
         e = packed.entry
         if e.state in (S.DEVICE, S.OFFLOADING):
             buf = e.src
@@ -391,9 +450,7 @@ class ScheduleRun:
             buf = e.dev
             if self._step is not None:
                 self._step.stats.restored_reads += 1
-        return torch.empty(0, dtype=packed.dtype, device=buf.device).set_(
-            buf.untyped_storage(), packed.offset, packed.size, packed.stride
-        )
+        return rebuild(packed, buf)
 
     # -- steps -------------------------------------------------------------------------------
 
@@ -426,9 +483,15 @@ class ScheduleRun:
     def _fire(self, step: _Step, event: int) -> None:
         k, end = divmod(event, 2)
         kind, stage = self.schedule.compute[k]
-        # Frees before allocations at one instant (docs/model.md).
+        # Frees before allocations at one instant (docs/model.md); transfers queued at the start
+        # of op k before op k waits, so a transfer it must wait for is already in flight.
         for unit in self._release_at[event]:
             self._release(step, unit)
+        for t in self._triggers[event]:
+            if t.kind == "offload":
+                self._offload(step, t.unit)
+            else:
+                self._prefetch(step, t.unit)
         if not end:
             for t in self._waits[k]:
                 self._wait_transfer(step, t)
@@ -436,21 +499,34 @@ class ScheduleRun:
                 for unit in (stage, stage - 1):
                     if unit in self.offloaded:
                         self._await_prefetch(step, unit)
-        for t in self._triggers[event]:
-            if t.kind == "offload":
-                self._offload(step, t.unit)
-            else:
-                self._prefetch(step, t.unit)
         if end and kind == "B":
             self._drop_unit(step, stage)
 
     # -- actions -----------------------------------------------------------------------------
 
     def _offload_entry(self, step: _Step, e: Entry) -> None:
-        host, guard = self.pool.take(e.nbytes)
+        if e.host is None:
+            host, guard = self.pool.take(e.nbytes)
+        else:
+            # Copied again (NOTE [ version discipline ]): the same buffer, on the same stream,
+            # after the first copy, so the later bytes win.
+            host, guard = e.host, None
+            step.stats.recopied_bytes += e.nbytes
+            if not self._warned_recopy:
+                self._warned_recopy = True
+                warnings.warn(
+                    f"chainoffload_torch: a storage of offloaded unit {e.unit} was modified in place after its offload "
+                    "was queued (code between blocks, or a pre-hook changing the hidden state?) and saved again: such "
+                    "storages are copied to the host again, so the gradients stay exact; the step's "
+                    "recopied_bytes (handle.last_step) says how many bytes that costs",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
         e.d2h_event = self.copier.offload(e.src, host, guard)
         e.host = host
         e.state = S.OFFLOADING
+        for k in e.counters.values():
+            k[2] = k[1]._version
         stats = step.stats
         stats.offloaded_bytes += e.nbytes
         stats.unit_offloaded[e.unit] = stats.unit_offloaded.get(e.unit, 0) + e.nbytes
@@ -540,6 +616,24 @@ class ScheduleRun:
         """Entries the step in flight holds (0 between steps)."""
         step = self._step
         return 0 if step is None else sum(len(v) for v in step.ledger.units.values())
+
+
+def _known(e: Entry, t: torch.Tensor) -> list | None:
+    """``e``'s record of the version counter of ``t`` (its root's), if it has one."""
+    r = root_of(t)
+    k = e.counters.get(id(r))
+    return k if k is not None and k[0]() is r else None
+
+
+def _counter(e: Entry, t: torch.Tensor) -> list:
+    """``e``'s record of ``t``'s version counter, made if new: [weakref to the root, version
+    probe, version when the last copy was queued (``None``: not copied since it was seen)]."""
+    k = _known(e, t)
+    if k is None:
+        r = root_of(t)
+        k = [weakref.ref(r), version_probe(r), None]
+        e.counters[id(r)] = k
+    return k
 
 
 class OffloadActivations:

@@ -248,6 +248,8 @@ def nothing_fits(
     why = []
     for u in sorted(resident):
         reasons = [r for r, s in (("user", set(keep)), ("aliased", sizes.aliased), ("held", sizes.held)) if u in s]
+        if u in sizes.unmovable:
+            reasons.append(f"saves a {sizes.unmovable[u]}")
         if u == chain.length and not reasons:
             reasons = ["last"]
         why.append(f"{u} ({', '.join(reasons)})")

@@ -40,6 +40,7 @@ import chainoffload as co
 
 from ._copy import size_class
 from ._instrument import Blocks, Instrument, find_blocks
+from ._saved import Kept, check_version
 from ._stages import UnitLedger, canonical_device, model_state, resident_storages
 from ._tree import tensors_in
 
@@ -67,6 +68,10 @@ class Sizes:
         them would free nothing, so they stay resident.
     storages
         Per unit 1..L, the bytes of each storage it owns (what the host pool must hold for it).
+    unmovable
+        Stages that save a tensor a byte copy cannot rebuild (a tensor subclass, sparse,
+        quantized, nested or named), and which kinds: they stay resident
+        (NOTE [ tensors that cannot move ]).
     """
 
     act: tuple[int, ...]
@@ -75,11 +80,12 @@ class Sizes:
     aliased: frozenset[int]
     held: frozenset[int] = frozenset()
     storages: tuple[tuple[int, ...], ...] = ()
+    unmovable: Mapping[int, str] = dataclasses.field(default_factory=dict, hash=False)
 
     @property
     def resident(self) -> frozenset[int]:
-        """Units that cannot be offloaded: aliased or held."""
-        return self.aliased | self.held
+        """Units that cannot be offloaded: aliased, held or unmovable."""
+        return self.aliased | self.held | frozenset(self.unmovable)
 
     def host_bytes(self, units: Any) -> int:
         """Bytes of host buffers (in the pool's size classes) that offloading ``units`` takes."""
@@ -229,12 +235,18 @@ class _Recorder:
     def backward_end(self, p: _Pass) -> None:
         return None
 
-    def pack(self, p: _Pass, t: torch.Tensor) -> torch.Tensor:
+    def pack(self, p: _Pass, t: torch.Tensor) -> Kept:
         p.ledger.pack(t, p.current)
-        return t
+        return Kept(t, p.current)
 
-    def unpack(self, t: Any) -> Any:
-        return t
+    def unpack(self, k: Any) -> Any:
+        # The check autograd skips under saved-tensor hooks (NOTE [ version discipline ]): a
+        # model that modifies a saved tensor in place is refused while profiling, as plain
+        # PyTorch would refuse its first backward.
+        if isinstance(k, Kept):
+            check_version(k, k.tensor._version, "while profiling (chainoffload_torch.profile)")
+            return k.tensor
+        return k
 
 
 def _backward_roots(out: Any) -> tuple[list[torch.Tensor], list[torch.Tensor | None]]:
@@ -276,7 +288,9 @@ def _tmp(marks: dict, n: int, act: list[int]) -> tuple[list[int], list[int]]:
 def _sizes(p: _Pass, n: int) -> Sizes:
     ledger = p.ledger
     act = [max(p.act.get(0, 0), ledger.unit_bytes(0))] + [p.act.get(i, 0) for i in range(1, n + 1)]
-    owned = tuple(ledger.unit_bytes(i) for i in range(1, n + 1))
+    unmovable = {i: ", ".join(sorted(kinds)) for i, kinds in ledger.unmovable.items() if 1 <= i <= n}
+    # What cannot move still takes memory in its unit (counted where PyTorch tells its bytes).
+    owned = tuple(ledger.unit_bytes(i) + sum(ledger.unmovable.get(i, {}).values()) for i in range(1, n + 1))
     aliased = set(ledger.aliased)
     saved = []
     for i, own in enumerate(owned, start=1):
@@ -284,7 +298,7 @@ def _sizes(p: _Pass, n: int) -> Sizes:
             aliased.add(i)  # its output is not a storage it owns: moving it would not move act[i]
         saved.append(max(own, act[i]))
     storages = tuple(tuple(e.nbytes for e in ledger.units.get(i, ())) for i in range(1, n + 1))
-    return Sizes(tuple(act), tuple(saved), owned, frozenset(aliased), frozenset(ledger.held), storages)
+    return Sizes(tuple(act), tuple(saved), owned, frozenset(aliased), frozenset(ledger.held), storages, unmovable)
 
 
 def _measure(

@@ -163,12 +163,14 @@ def test_kept_units_are_not_moved_and_their_tensors_stay_the_originals():
     off = ct.Offloader(model, prof.chain, schedule, platform=plat)
     packed = []
     from chainoffload_torch.executor import ScheduleRun
+    from chainoffload_torch._saved import Kept
 
     real_pack = ScheduleRun.pack
 
     def spy(self, step, t):
         out = real_pack(self, step, t)
-        packed.append((step.current, out is t))
+        # A kept tensor comes back as a record holding the original (for the version check).
+        packed.append((step.current, isinstance(out, Kept) and out.tensor is t))
         return out
 
     ScheduleRun.pack = spy
@@ -531,3 +533,56 @@ def test_offloader_refuses_a_schedule_that_offloads_a_kept_unit():
     prof, schedule, plat = offload_all_schedule(model, x)
     with pytest.raises(ValueError, match=r"unit\(s\) \[2\]"):
         ct.Offloader(model, prof.chain, schedule, platform=plat, keep=[2])
+
+
+@pytest.mark.parametrize("name", ["mlp", "transformer"])
+def test_a_prefetch_is_issued_no_earlier_than_its_simulated_start(name):
+    """NOTE [ prefetch issue point ]: on a slow link the prefetches queue behind each other; each
+    destination is allocated (the copy issued) at the first boundary at or after the prefetch's
+    simulated start, never at its trigger, so the allocator never runs ahead of the simulator."""
+    model, x = build(name)
+    prof = ct.profile_full(model, x, repeats=1, warmup=0)
+    units = [u for u in range(1, prof.chain.length) if u not in prof.sizes.aliased]
+    slow = dataclasses.replace(prof.platform, memory=10**12, bandwidth_h2d=prof.platform.bandwidth_h2d / 1e4)
+    schedule = plan_transfers(prof.chain, slow, units)
+    off = ct.Offloader(model, prof.chain, schedule, platform=slow)
+    run = off._run
+    tl = run.timeline
+    issued_at: dict[int, int] = {}
+    for event, transfers in enumerate(run._triggers):
+        for t in transfers:
+            if t.kind == "prefetch":
+                issued_at[t.unit] = event
+
+    def time_of(event):
+        k, end = divmod(event, 2)
+        return float(tl.op_end[k] if end else tl.op_start[k])
+
+    queued = 0
+    for idx, t in enumerate(schedule.transfers):
+        if t.kind != "prefetch":
+            continue
+        start = float(tl.transfer_start[idx])
+        e = issued_at[t.unit]
+        assert e >= t.event and time_of(e) >= start * (1 - 1e-9)
+        if e > t.event:
+            queued += 1
+            assert time_of(e - 1) < start  # the first such boundary, not a later one
+    assert queued, "no prefetch waited behind another: the test would prove nothing"
+
+    # The copies really are issued there: the step's cursor when the copier is asked.
+    seen = []
+    loss_of(model(x)).backward()  # the first step makes the copier
+    copier = run.copier
+
+    def spy(host, after, _real=copier.prefetch):
+        seen.append(run._step.cursor)
+        return _real(host, after)
+
+    copier.prefetch = spy
+    try:
+        loss_of(model(x)).backward()
+    finally:
+        del copier.prefetch
+    assert set(seen) == set(issued_at.values())
+    off.remove()

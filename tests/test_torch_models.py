@@ -253,7 +253,8 @@ def test_autocast_bf16_trains_bitwise_equal_and_never_moves_a_weight_cast():
     ref = copy.deepcopy(model)
     x = torch.randn(24, 8)
     handle = ct.offload(model, x, memory=0.6, repeats=1, warmup=0)
-    from chainoffload_torch.executor import ScheduleRun, _Packed
+    from chainoffload_torch.executor import ScheduleRun
+    from chainoffload_torch._saved import Packed as _Packed
 
     packed, real = [], ScheduleRun.pack
 
