@@ -294,6 +294,18 @@ def _peak_ok(r: dict) -> bool:
     return r["measured_peak"] is not None and bool(r["predicted_peak"]) and abs(r["measured_peak"] / r["predicted_peak"] - 1) <= PEAK_TARGET
 
 
+def _report(rows: list[dict], cuda: bool, name: str, steps: int, seconds: float) -> str:
+    torch_line = f"torch {torch.__version__}" + (f", CUDA {torch.version.cuda}" if cuda else "")
+    return (
+        f"## gpu_check on {name} ({torch_line}; {steps} steps per run, median step time; {seconds:.0f} s in all)\n\n"
+        + table(rows, cuda)
+        + f"\n\nTargets: step time <= {STEP_TARGET:.2f}x the simulated makespan; measured peak within "
+        + f"{PEAK_TARGET * 100:.0f} % of the predicted peak"
+        + ("" if cuda else " (not judged on CPU)")
+        + "."
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -301,6 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default=",".join(WORKLOADS), help=f"comma-separated workloads (default: {','.join(WORKLOADS)})")
     parser.add_argument("--steps", type=int, default=None, help="timed steps per run (default 20; 3 with --quick)")
     parser.add_argument("--strict", action="store_true", help="exit 1 if a target is missed (CUDA)")
+    parser.add_argument("--out", default=None, help="also write the report to this Markdown file (rewritten after each workload)")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -320,16 +333,16 @@ def main(argv: list[str] | None = None) -> int:
     warnings.filterwarnings("ignore", message=".*deterministic.*")
     rows: list[dict] = []
     t0 = time.perf_counter()
-    for w in workloads(names, args.quick, device):
-        rows.extend(check(w, device, steps, warmup, repeats))
     cuda = device.type == "cuda"
     name = torch.cuda.get_device_name(device) if cuda else "CPU"
-    print(f"## gpu_check on {name} ({steps} steps per run, median step time; {time.perf_counter() - t0:.0f} s in all)\n")
-    print(table(rows, cuda))
-    print(
-        f"\nTargets: step time <= {STEP_TARGET:.2f}x the simulated makespan; measured peak within "
-        f"{PEAK_TARGET * 100:.0f} % of the predicted peak" + ("" if cuda else " (not judged on CPU)") + "."
-    )
+    for w in workloads(names, args.quick, device):
+        rows.extend(check(w, device, steps, warmup, repeats))
+        # Written after each workload, so a run stopped at its time limit still leaves what it measured.
+        report = _report(rows, cuda, name, steps, time.perf_counter() - t0)
+        if args.out:
+            Path(args.out).write_text(report + "\n")
+        print(f"gpu_check: {w.name} done ({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
+    print(report)
     if args.strict and cuda:
         missed = [r for r in rows if r.get("offloaded") is not None and not (_step_ok(r) and _peak_ok(r))]
         return 1 if missed else 0
