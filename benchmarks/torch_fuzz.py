@@ -39,8 +39,6 @@ from chainoffload_torch.testing import (  # noqa: E402
     FAILURES,
     FEATURES,
     OUTCOMES,
-    BlockSpec,
-    HookSpec,
     ModelCase,
     ModelSpec,
     differential_check,
