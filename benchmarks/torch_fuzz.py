@@ -1,0 +1,251 @@
+"""Differential fuzzing, the long run: N random block models trained plain and offloaded.
+
+Model k is drawn by :func:`chainoffload_torch.testing.draw_model` from ``random.Random(f"{seed}:{k}")``
+(the generator behind the Hypothesis strategy ``random_models``), with a budget (1.0 one time
+in five, else a fraction in [0.4, 0.95]) and a solver drawn from the same generator, then
+:func:`~chainoffload_torch.testing.differential_check` trains it 3 SGD steps plain and offloaded
+and compares losses, gradients and parameters bitwise. Each result is one JSON line in
+``<out>.jsonl``, so a run resumes where it stopped and shards (``--shard i/n``, model k goes to
+shard ``k % n``) can run in parallel and be merged by a last call with ``--report``. The first
+failures (``--shrink``, 25 by default) are shrunk to a smaller description with the same outcome.
+
+    python benchmarks/torch_fuzz.py --models 5000 --seed 0                 # one process
+    python benchmarks/torch_fuzz.py --models 5000 --shard 0/2 &            # or two shards,
+    python benchmarks/torch_fuzz.py --models 5000 --shard 1/2; wait        # then
+    python benchmarks/torch_fuzz.py --models 5000 --report                 # the table
+
+The table (``benchmarks/results/torch_fuzz.md``): the command, torch's version, wall time and
+rate, counts per outcome, per feature, and every failure with its (shrunk) description.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import dataclasses
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch  # noqa: E402
+
+from _common import write_report  # noqa: E402
+from chainoffload_torch.testing import (  # noqa: E402
+    FAILURES,
+    FEATURES,
+    OUTCOMES,
+    ModelCase,
+    ModelSpec,
+    differential_check,
+    draw_model,
+)
+
+RESULTS = Path(__file__).resolve().parent / "results"
+#: Solvers drawn per model: the fast size-only ones, and the default search users get.
+METHODS = ("largest-first", "first-k", "offload-all", None)
+STEPS = 3
+
+
+def trial(seed: int, k: int, features: frozenset[str] = frozenset(FEATURES)) -> tuple[ModelCase, float, str | None]:
+    """Model ``k`` of the run seeded ``seed``: its case, budget and method (independent of
+    every other model, so shards and resumed runs draw exactly the same)."""
+    rng = random.Random(f"{seed}:{k}")
+    case = draw_model(rng, features=features)
+    memory = 1.0 if rng.random() < 0.2 else round(rng.uniform(0.4, 0.95), 2)
+    method = rng.choice(METHODS)
+    return case, memory, method
+
+
+def _check(spec: ModelSpec, memory: float, method: str | None, device: str) -> str:
+    return differential_check(ModelCase(spec), memory=memory, method=method, steps=STEPS, device=device).kind
+
+
+def shrink(spec: ModelSpec, memory: float, method: str | None, device: str, kind: str, budget: int = 150) -> ModelSpec:
+    """A smaller description with the same outcome ``kind``: greedy passes that drop hooks,
+    between-block ops, casts, shares, skips and masks, and ops of blocks (each block keeps at
+    least one op; the block count stays, as the chain's length matters to the plan)."""
+    tries = [0]
+
+    def keeps(candidate: ModelSpec) -> bool:
+        tries[0] += 1
+        try:
+            return _check(candidate, memory, method, device) == kind
+        except ValueError:  # an invalid candidate (a skip op without its source)
+            return False
+
+    def candidates(s: ModelSpec):
+        for i in range(len(s.hooks)):
+            yield dataclasses.replace(s, hooks=s.hooks[:i] + s.hooks[i + 1:])
+        for i in range(len(s.between)):
+            yield dataclasses.replace(s, between=s.between[:i] + s.between[i + 1:])
+        for i in range(len(s.hidden_casts)):
+            yield dataclasses.replace(s, hidden_casts=s.hidden_casts[:i] + s.hidden_casts[i + 1:])
+        for i, b in enumerate(s.blocks):
+            alts = []
+            if b.share is not None:
+                alts.append(dataclasses.replace(b, share=None))
+            if b.skip_from is not None:
+                alts.append(dataclasses.replace(b, skip_from=None, ops=tuple(o for o in b.ops if o != "skip") or ("linear",)))
+            if b.emits_mask:
+                alts.append(dataclasses.replace(b, emits_mask=False))
+            if b.ops != ("linear",):
+                alts.append(dataclasses.replace(b, ops=("linear",)))
+            if len(b.ops) > 1:
+                alts += [dataclasses.replace(b, ops=b.ops[:j] + b.ops[j + 1:]) for j in range(len(b.ops))]
+            for alt in alts:
+                yield dataclasses.replace(s, blocks=s.blocks[:i] + (alt,) + s.blocks[i + 1:])
+        if s.dtype != "float32":
+            yield dataclasses.replace(s, dtype="float32")
+        if s.batch > 1:
+            yield dataclasses.replace(s, batch=1)
+
+    improved = True
+    while improved and tries[0] < budget:
+        improved = False
+        for cand in candidates(spec):
+            if tries[0] >= budget:
+                break
+            if keeps(cand):
+                spec, improved = cand, True
+                break
+    return spec
+
+
+def _jsonl(out: Path) -> Path:
+    return out.with_suffix(".jsonl")
+
+
+def load(out: Path, seed: int) -> dict[int, dict]:
+    """The results already recorded for ``seed`` (the last line of each model wins)."""
+    done: dict[int, dict] = {}
+    path = _jsonl(out)
+    if path.exists():
+        for line in path.read_text().splitlines():
+            if line.strip():
+                row = json.loads(line)
+                if row["seed"] == seed:
+                    done[row["k"]] = row
+    return done
+
+
+def run(args: argparse.Namespace) -> None:
+    done = load(args.out, args.seed)
+    index, count = args.shard
+    todo = [k for k in range(args.models) if k % count == index and k not in done]
+    path = _jsonl(args.out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    shrunk = 0
+    with path.open("a") as f:
+        for n, k in enumerate(todo, start=1):
+            case, memory, method = trial(args.seed, k, args.features)
+            start = time.perf_counter()
+            result = differential_check(case, memory=memory, method=method, steps=STEPS, device=args.device)
+            row = {
+                "seed": args.seed,
+                "k": k,
+                "kind": result.kind,
+                "detail": result.detail,
+                "memory": memory,
+                "method": method,
+                "units": list(result.offloaded_units),
+                "features": sorted(case.features),
+                "seconds": round(time.perf_counter() - start, 4),
+                "spec": repr(case.spec),
+            }
+            if result.kind in FAILURES and shrunk < args.shrink:
+                shrunk += 1
+                row["shrunk"] = repr(shrink(case.spec, memory, method, args.device, result.kind))
+            f.write(json.dumps(row) + "\n")
+            f.flush()
+            if n % 50 == 0 or n == len(todo):
+                rate = n / (time.perf_counter() - t0)
+                print(f"{n}/{len(todo)} models, {rate:.2f} models/s", file=sys.stderr)
+
+
+def report(args: argparse.Namespace, command: str) -> None:
+    rows = [r for k, r in sorted(load(args.out, args.seed).items()) if k < args.models]
+    counts = collections.Counter(r["kind"] for r in rows)
+    check_seconds = sum(r["seconds"] for r in rows)
+    lines = [
+        "# Differential fuzzing: offloaded training against plain autograd",
+        "",
+        f"Command: `{command}`  ",
+        f"torch {torch.__version__}, device {args.device}, {torch.get_num_threads()} intra-op thread(s); "
+        f"{len(rows)} of {args.models} models (seed {args.seed}), {STEPS} SGD steps each"
+        + (f", features off: {', '.join(sorted(args.without))}" if args.without else "") + ".  ",
+        f"Time in checks: {check_seconds:.1f} s ({len(rows) / max(check_seconds, 1e-9):.2f} models/s"
+        + (f"; wall time of this call {args.wall:.1f} s" if args.wall is not None else "")
+        + "); failures are shrunk after their check (not counted in the rate).",
+        "",
+        "Outcomes: `equal` (every loss, gradient and parameter `torch.equal` after every step), `both_raised`, "
+        "`refused` (offload() raised up front on a model plain PyTorch trains) keep the promise; "
+        "`silent_difference`, `offloaded_only_raise`, `plain_only_raise` break it.",
+        "",
+        "| outcome | models |",
+        "|---|---:|",
+    ]
+    lines += [f"| {k} | {counts.get(k, 0)} |" for k in OUTCOMES]
+    lines += ["", "Per feature (a model counts under every feature it uses):", ""]
+    lines.append("| feature | models | " + " | ".join(OUTCOMES) + " |")
+    lines.append("|---|---:|" + "---:|" * len(OUTCOMES))
+    for feat in FEATURES:
+        sub = [r for r in rows if feat in r["features"]]
+        c = collections.Counter(r["kind"] for r in sub)
+        lines.append(f"| {feat} | {len(sub)} | " + " | ".join(str(c.get(k, 0)) for k in OUTCOMES) + " |")
+    failures = [r for r in rows if r["kind"] in FAILURES]
+    lines += ["", f"## Failures ({len(failures)})", ""]
+    for r in failures:
+        lines += [
+            f"### model {r['k']}: {r['kind']} (memory={r['memory']}, method={r['method']!r}, offloaded units {r['units']})",
+            "",
+            r["detail"],
+            "",
+            "Features: " + (", ".join(r["features"]) or "none"),
+            "",
+            "```python",
+            r.get("shrunk", r["spec"]) + ("  # shrunk" if "shrunk" in r else ""),
+            "```",
+            "",
+        ]
+    write_report(lines, args.out)
+
+
+def _shard(text: str) -> tuple[int, int]:
+    i, _, n = text.partition("/")
+    index, count = int(i), int(n)
+    if not 0 <= index < count:
+        raise argparse.ArgumentTypeError(f"--shard: {text!r} must be i/n with 0 <= i < n")
+    return index, count
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", type=int, default=5000, help="models to draw (default 5000)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--out", type=Path, default=RESULTS / "torch_fuzz.md", help="the table; results go to <out>.jsonl")
+    parser.add_argument("--shard", type=_shard, default=(0, 1), help="i/n: run models k with k %% n == i")
+    parser.add_argument("--report", action="store_true", help="only write the table from <out>.jsonl")
+    parser.add_argument("--shrink", type=int, default=25, help="shrink the first SHRINK failures (default 25; 0: none)")
+    parser.add_argument("--without", nargs="*", default=[], choices=FEATURES, metavar="FEATURE", help="features switched off")
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1 is fastest for these tiny models)")
+    args = parser.parse_args(argv)
+    args.features = frozenset(FEATURES) - set(args.without)
+    torch.set_num_threads(args.threads)
+    command = "python benchmarks/torch_fuzz.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    t0 = time.perf_counter()
+    if not args.report:
+        run(args)
+    args.wall = time.perf_counter() - t0 if not args.report else None
+    if args.shard == (0, 1) or args.report:
+        report(args, command)
+
+
+if __name__ == "__main__":
+    main()

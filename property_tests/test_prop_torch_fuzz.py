@@ -1,0 +1,75 @@
+"""Differential fuzzing: random block models train bitwise the same offloaded as plain.
+
+The adapter may refuse a model up front, or keep units resident, but it must never train on
+other numbers than plain PyTorch (chainoffload_torch.testing.differential_check). The models
+come from chainoffload_torch.testing.random_models (in-place ops, views, conj / neg views, mixed
+dtypes, int / bool extra args, shared weights, skips, hooks, dropout); a failure shrinks to a
+ModelSpec literal that pastes into tests/test_torch_trust.py. The long run of the same property
+is benchmarks/torch_fuzz.py.
+"""
+
+import copy
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from _budget import examples
+
+torch = pytest.importorskip("torch")
+
+from chainoffload_torch.testing import (  # noqa: E402
+    FEATURES,
+    BlockSpec,
+    HookSpec,
+    ModelSpec,
+    differential_check,
+    random_models,
+)
+
+# Budgets from the keep-all peak down to where most models still fit; 1.0 offloads nothing, so
+# any difference there comes from the instrumentation alone.
+BUDGETS = st.one_of(st.just(1.0), st.floats(0.4, 0.95))
+# Solvers whose plans depend on sizes only (not on measured times): a failure replays the same
+# plan when Hypothesis shrinks it, and they solve a 12-block chain in milliseconds.
+METHODS = st.sampled_from(["largest-first", "first-k", "offload-all"])
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    # One intra-op thread: several times faster on the shared 2-core machine for these tiny
+    # tensors, and it changes no result (both sides of every comparison run in this process).
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+@settings(max_examples=examples(2))
+@given(random_models(min_blocks=8, max_blocks=10, max_ops=3), BUDGETS, METHODS)
+def test_offloaded_training_is_plain_training_or_refused(case, memory, method):
+    result = differential_check(case, memory=memory, method=method, steps=2)
+    assert result.ok, f"{result.kind} at memory={memory}, method={method!r}: {result.detail}\n{case!r}"
+
+
+@settings(max_examples=examples(2))
+@given(random_models(), st.data())
+def test_a_case_builds_the_same_model_every_time(case, data):
+    """The promise of .build(): a rebuild and a deep copy are identical, so the plain and the
+    offloaded side of a check start from the same numbers."""
+    a, b = case.build(), case.build()
+    c = copy.deepcopy(a)
+    for (name, p), (_, q), (_, r) in zip(a.named_parameters(), b.named_parameters(), c.named_parameters()):
+        assert torch.equal(p, q) and torch.equal(p, r), name
+    x1, p1 = case.batch()
+    x2, p2 = case.batch()
+    assert torch.equal(x1, x2) and torch.equal(p1, p2)
+    # The repr is a literal of the description: a shrunk failure pastes into a test as is.
+    assert eval(repr(case.spec), {"ModelSpec": ModelSpec, "BlockSpec": BlockSpec, "HookSpec": HookSpec}) == case.spec
+    assert 8 <= len(a.blocks) <= 12
+
+
+@settings(max_examples=examples(2))
+@given(st.sets(st.sampled_from(FEATURES)), st.data())
+def test_features_switched_off_are_never_drawn(allowed, data):
+    case = data.draw(random_models(features=allowed))
+    assert case.features <= allowed
