@@ -184,6 +184,13 @@ def check(w: Workload, device: torch.device, steps: int, warmup: int, repeats: i
     plain_grads = grads_of(w.model)
     keep_all = co.simulate(chain, prof.platform.with_memory(full), co.Schedule.keep_all(chain.length))
     rows.append(_row(w.name, "plain training", None, keep_all.makespan, t_plain, full, peak_plain, 0.0, 0))
+    # Plain training against itself: the floor of the grad-diff column. A kernel without a
+    # deterministic implementation (warn_only below) differs from run to run by itself.
+    for p in w.model.parameters():
+        if p.grad is not None:
+            p.grad.zero_()
+    w.step(warmup + steps - 1)  # the seed of the step plain_grads come from
+    rows.append(_row(w.name, "plain training, again", None, None, None, None, None, max_diff(grads_of(w.model), plain_grads), None))
 
     soc = Workload(w.name, w.model, w.batch, w.loss, w.in_place)
 
