@@ -24,10 +24,14 @@ import argparse
 import collections
 import dataclasses
 import json
+import os
 import random
 import sys
 import time
 from pathlib import Path
+
+# Deterministic cuBLAS, so that a difference on CUDA is the adapter's, not the kernels'.
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -36,6 +40,7 @@ import torch  # noqa: E402
 
 from _common import write_report  # noqa: E402
 from chainoffload_torch.testing import (  # noqa: E402
+    _train_both,
     FAILURES,
     FEATURES,
     OUTCOMES,
@@ -116,6 +121,14 @@ def shrink(spec: ModelSpec, memory: float, method: str | None, device: str, kind
     return spec
 
 
+def plain_control(case: ModelCase, device: str) -> str:
+    """The outcome of training ``case`` plain twice, side by side (``equal`` or a difference)."""
+    dev = torch.device(device)
+    with torch.random.fork_rng(devices=[dev.index or 0] if dev.type == "cuda" else []):
+        a, b = case.build(dev), case.build(dev)
+        return _train_both(case, a, b, case.batch(dev), case.spec.seed, STEPS, 0.05, None, ()).kind
+
+
 def _jsonl(out: Path) -> Path:
     return out.with_suffix(".jsonl")
 
@@ -158,6 +171,10 @@ def run(args: argparse.Namespace) -> None:
                 "seconds": round(time.perf_counter() - start, 4),
                 "spec": repr(case.spec),
             }
+            if result.kind == "silent_difference" and args.device != "cpu":
+                # A GPU kernel without a deterministic implementation differs from run to run by
+                # itself: the same model trained plain twice tells it from the adapter's fault.
+                row["plain_vs_plain"] = plain_control(case, args.device)
             if result.kind in FAILURES and shrunk < args.shrink:
                 shrunk += 1
                 row["shrunk"] = repr(shrink(case.spec, memory, method, args.device, result.kind))
@@ -204,7 +221,7 @@ def report(args: argparse.Namespace, command: str) -> None:
         lines += [
             f"### model {r['k']}: {r['kind']} (memory={r['memory']}, method={r['method']!r}, offloaded units {r['units']})",
             "",
-            r["detail"],
+            r["detail"] + (f" (plain against itself: {r['plain_vs_plain']})" if "plain_vs_plain" in r else ""),
             "",
             "Features: " + (", ".join(r["features"]) or "none"),
             "",
@@ -238,6 +255,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     args.features = frozenset(FEATURES) - set(args.without)
     torch.set_num_threads(args.threads)
+    if args.device != "cpu":
+        torch.use_deterministic_algorithms(True, warn_only=True)
     command = "python benchmarks/torch_fuzz.py " + " ".join(sys.argv[1:] if argv is None else argv)
     t0 = time.perf_counter()
     if not args.report:
