@@ -67,6 +67,25 @@ def write_text(path: str | os.PathLike[str], text: str) -> None:
     atomic_write(path, write)
 
 
+class DuplicateKeyError(ValueError):
+    """A JSON object that names a key twice (``json`` would silently keep the last value)."""
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise DuplicateKeyError(key)
+        out[key] = value
+    return out
+
+
+def loads(text: str) -> Any:
+    """``json.loads`` that refuses a key given twice in one object (:class:`DuplicateKeyError`):
+    which of two values counts is no reading a file should leave to chance."""
+    return json.loads(text, object_pairs_hook=_unique_keys)
+
+
 class JsonIO:
     """Mixin: ``to_json``/``from_json``/``save``/``load`` over ``to_dict``/``from_dict``.
 
@@ -92,7 +111,9 @@ class JsonIO:
     def from_json(cls, text: str):
         """Parse from a JSON string; malformed JSON raises with line and column."""
         try:
-            data = json.loads(text)
+            data = loads(text)
+        except DuplicateKeyError as exc:
+            raise cls._json_error(f"{cls._json_label}: duplicate key {exc.args[0]!r} in a JSON object (each key may appear once)") from None
         except json.JSONDecodeError as exc:
             raise cls._json_error(
                 f"{cls._json_label}: malformed JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"
