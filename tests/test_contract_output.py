@@ -139,7 +139,9 @@ def test_ctrl_c_while_stdout_is_a_slow_pipe_leaves_no_file(work):
             proc.kill()
     assert proc.returncode == 130, err
     assert err.strip().endswith("chainoffload: interrupted") and "Traceback" not in err
-    assert 0 < len(out) < 200_000  # what the pipe held; exit 130 says it is incomplete
+    # At most what the pipe held (none if a slow machine had not started the write yet): exit
+    # 130 says it is incomplete.
+    assert len(out) < 200_000
     assert (work / "s.json").read_text() == "old" and listing(work) == ["c.json", "long.json", "s.json"]
 
 
