@@ -3,8 +3,10 @@ and :func:`atomic_write`, through which every file the library and the CLI write
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import stat
 import tempfile
 from typing import Any, Callable, ClassVar
 
@@ -16,35 +18,116 @@ def is_number(v: Any) -> bool:
     return not isinstance(v, (bool, np.bool_)) and isinstance(v, (int, float, np.integer, np.floating))
 
 
-def atomic_write(path: str | os.PathLike[str], write: Callable[[str], None]) -> None:
-    """Write a file so that ``path`` holds either its old content or the whole new one.
+class TargetError(OSError):
+    """A path that must not be written to (a device, a folder): refused before anything is written."""
 
-    ``write(tmp)`` writes the new content to a temporary file beside ``path`` (same folder, so
-    the rename cannot cross file systems; same extension, for writers that pick the format from
-    it); the file is then flushed to disk and renamed over ``path``. On any error the temporary
-    file is removed and ``path`` is left as it was; an :class:`OSError` names ``path``.
+
+def check_target(path: str | os.PathLike[str]) -> None:
+    """Raise :class:`TargetError` unless ``path`` is absent or a regular file (links followed).
+
+    ``os.replace`` would swap a device node such as ``/dev/null`` for a regular file (as root,
+    for every other process too); a folder could not be replaced and would fail late.
     """
     target = os.fspath(path)
-    folder, name = os.path.split(os.path.abspath(target))
-    suffix = os.path.splitext(name)[1]
+    if target == "":
+        raise TargetError(errno.ENOENT, "empty path: name the file to write")
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=f".tmp{suffix}", dir=folder)
+        st = os.stat(target)
+    except FileNotFoundError:
+        return
     except OSError as exc:
-        raise OSError(exc.errno, f"cannot write {target}: {exc.strerror}") from None
-    try:
-        os.close(fd)
-        write(tmp)
-        with open(tmp, "rb+") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp, target)
-    except BaseException as exc:
+        raise TargetError(exc.errno, f"cannot write {target}: {exc.strerror}") from None
+    if stat.S_ISREG(st.st_mode):
+        return
+    kind = (
+        "a folder" if stat.S_ISDIR(st.st_mode)
+        else "a character device" if stat.S_ISCHR(st.st_mode)
+        else "a block device" if stat.S_ISBLK(st.st_mode)
+        else "a named pipe" if stat.S_ISFIFO(st.st_mode)
+        else "a socket" if stat.S_ISSOCK(st.st_mode)
+        else "not a regular file"
+    )
+    raise TargetError(errno.EEXIST, f"{target} is {kind}, not a regular file: refusing to replace it")
+
+
+class PendingWrite:
+    """A file written beside its target but not yet in place: :meth:`fill` writes it,
+    :meth:`commit` renames it over the target, :meth:`discard` removes it. Split in two so that a caller (the CLI) can do
+    something that may still fail, such as writing stdout, after the slow writing and before the
+    one step that cannot be taken back.
+
+    The new content lives in a private folder beside the target (same file system, so the rename
+    cannot cross one), under the target's own name (writers that pick the format from the
+    extension see the right one). A folder rather than a lone temporary file: :meth:`discard`
+    may run in another thread while ``write`` is still running (Ctrl-C in the CLI), and once the
+    folder is gone a late ``open`` by the writer fails instead of leaving a stray file behind.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.target = os.fspath(path)
+        check_target(self.target)
+        # Links are followed: the file a link points to is replaced and the link stays a link.
+        self._real = os.path.realpath(self.target)
+        folder, name = os.path.split(self._real)
         try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        if isinstance(exc, OSError):
-            raise OSError(exc.errno, f"cannot write {target}: {exc.strerror or exc}") from None  # names the file, not the temporary
-        raise
+            self._folder = tempfile.mkdtemp(prefix=f".{name}.", suffix=".tmp", dir=folder)
+        except OSError as exc:
+            raise OSError(exc.errno, f"cannot write {self.target}: {exc.strerror}") from None
+        self._tmp = os.path.join(self._folder, name)
+
+    def fill(self, write: Callable[[str], None]) -> None:
+        """Run ``write(tmp)``, which creates the new content at ``tmp``, and flush it to disk."""
+        try:
+            write(self._tmp)
+            if not os.path.isfile(self._tmp):
+                raise OSError(errno.ENOENT, "the writer produced no file")
+            with open(self._tmp, "rb+") as fh:
+                os.fsync(fh.fileno())
+            try:  # a file that is replaced keeps its mode; a new one has the umask's (open's default)
+                os.chmod(self._tmp, stat.S_IMODE(os.stat(self._real).st_mode))
+            except FileNotFoundError:
+                pass
+        except BaseException as exc:
+            self.discard()
+            if isinstance(exc, OSError):
+                raise OSError(exc.errno, f"cannot write {self.target}: {exc.strerror or exc}") from None  # names the file, not the temporary
+            raise
+
+    def commit(self) -> None:
+        """Rename the new content over the target (checked again: it may have changed since)."""
+        try:
+            check_target(self._real)
+            os.replace(self._tmp, self._real)
+        except BaseException as exc:
+            self.discard()
+            if isinstance(exc, TargetError):
+                raise
+            if isinstance(exc, OSError):
+                raise OSError(exc.errno, f"cannot write {self.target}: {exc.strerror or exc}") from None
+            raise
+        self.discard()
+        _fsync_folder(os.path.dirname(self._real))
+
+    def discard(self) -> None:
+        """Remove the private folder and whatever is in it; safe to call twice, or from another
+        thread while ``write`` runs."""
+        for _ in range(100):  # a writer still running may add an entry between the two steps
+            try:
+                for entry in os.listdir(self._folder):
+                    try:
+                        os.unlink(os.path.join(self._folder, entry))
+                    except FileNotFoundError:
+                        pass
+                os.rmdir(self._folder)
+                return
+            except FileNotFoundError:
+                return
+            except OSError as exc:
+                if exc.errno != errno.ENOTEMPTY:
+                    return
+
+
+def _fsync_folder(folder: str) -> None:
     try:  # make the rename itself durable; not every file system lets a folder be opened
         dir_fd = os.open(folder, os.O_RDONLY)
     except OSError:
@@ -57,6 +140,22 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[str], None]) -> 
         os.close(dir_fd)
 
 
+def atomic_write(path: str | os.PathLike[str], write: Callable[[str], None]) -> None:
+    """Write a file so that ``path`` holds either its old content or the whole new one.
+
+    ``write(tmp)`` creates the new content at a temporary path ``tmp`` beside ``path`` (same
+    folder, same file name, for writers that pick the format from the extension); the file is
+    then flushed to disk and renamed over ``path``. A new file gets the mode ``open`` gives
+    (0666 less the umask), a replaced one keeps its mode; a link is followed. On any error the
+    temporary file is removed and ``path`` is left as it was; an :class:`OSError` names
+    ``path``, and a target that is not a regular file (``/dev/null``, a folder) is refused with
+    :class:`TargetError` before ``write`` runs.
+    """
+    pending = PendingWrite(path)
+    pending.fill(write)
+    pending.commit()
+
+
 def write_text(path: str | os.PathLike[str], text: str) -> None:
     """:func:`atomic_write` of a UTF-8 text."""
 
@@ -65,6 +164,25 @@ def write_text(path: str | os.PathLike[str], text: str) -> None:
             fh.write(text)
 
     atomic_write(path, write)
+
+
+class DuplicateKeyError(ValueError):
+    """A JSON object that names a key twice (``json`` would silently keep the last value)."""
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise DuplicateKeyError(key)
+        out[key] = value
+    return out
+
+
+def loads(text: str) -> Any:
+    """``json.loads`` that refuses a key given twice in one object (:class:`DuplicateKeyError`):
+    which of two values counts is no reading a file should leave to chance."""
+    return json.loads(text, object_pairs_hook=_unique_keys)
 
 
 class JsonIO:
@@ -92,7 +210,9 @@ class JsonIO:
     def from_json(cls, text: str):
         """Parse from a JSON string; malformed JSON raises with line and column."""
         try:
-            data = json.loads(text)
+            data = loads(text)
+        except DuplicateKeyError as exc:
+            raise cls._json_error(f"{cls._json_label}: duplicate key {exc.args[0]!r} in a JSON object (each key may appear once)") from None
         except json.JSONDecodeError as exc:
             raise cls._json_error(
                 f"{cls._json_label}: malformed JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"

@@ -341,14 +341,15 @@ class Chain(JsonIO):
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "Chain":
-        """Build a chain from docs/model.md's JSON object; unknown or missing keys are errors."""
+        """Build a chain from docs/model.md's JSON object; unknown or missing keys are errors
+        (``fwd_tmp`` and ``bwd_tmp`` default to zeros, ``fwd_nosave`` to ``fwd``)."""
         if not isinstance(data, Mapping):
             raise ChainError(f"chain: expected a JSON object, got {type(data).__name__}")
-        required = ("fwd", "bwd", "act", "saved", "fwd_tmp", "bwd_tmp")
+        required = ("fwd", "bwd", "act", "saved")
         missing = [k for k in required if k not in data]
         if missing:
             raise ChainError(f"chain: missing field(s) {', '.join(missing)}")
-        known = set(required) | {"name", "fwd_nosave"}
+        known = set(required) | {"name", "fwd_tmp", "bwd_tmp", "fwd_nosave"}
         unknown = sorted(set(data) - known)
         if unknown:
             raise ChainError(f"chain: unknown field(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
@@ -357,8 +358,8 @@ class Chain(JsonIO):
             data["bwd"],
             data["act"],
             data["saved"],
-            data["fwd_tmp"],
-            data["bwd_tmp"],
+            data.get("fwd_tmp"),
+            data.get("bwd_tmp"),
             data.get("fwd_nosave"),
             name=data.get("name", "chain"),
         )

@@ -6,11 +6,11 @@ Every subcommand is defined here, at the top of the import graph (model -> sched
 optional and a broken module fails loudly when its command runs instead of silently losing it.
 
 The contract, for people and scripts alike (``NOTE [ cli contract ]``): an error is one line on
-stderr and exit code 2, without a traceback and without any file written; ``--json`` prints
-exactly one JSON object on stdout; every file is written atomically; Ctrl-C ends any command
-within a second with exit code 130 and no partial output. A command function therefore never
-prints or writes itself: it computes everything, then hands its stdout text and its files to
-an :class:`Output`, which the CLI writes only once the command has returned.
+stderr and exit code 2, without a traceback; no file is written on any exit code but 0 and 1;
+``--json`` prints exactly one JSON object on stdout; every file is written atomically; Ctrl-C
+ends any command within a second with exit code 130 and no file written. A command function
+therefore never prints or writes itself: it computes everything, then hands its stdout text and
+its file to an :class:`Output`, which the CLI writes only once the command has returned.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import sys
 import threading
 from typing import Any, Callable, Sequence
 
-from ._jsonio import atomic_write
+from ._jsonio import PendingWrite, TargetError, check_target
 from .chain import Chain
 from .platform import Platform, PlatformError
 from .schedule_file import ScheduleFile
@@ -39,7 +39,7 @@ DEFAULT_BANDWIDTH = "12GB/s"
 EXIT_CODES = {
     0: "success; for solve, a schedule was found; for simulate and verify, the schedule is feasible",
     1: "solve found no schedule (status infeasible, timeout or error); simulate or verify: the schedule is infeasible",
-    2: "misuse: bad arguments or input files, or a schedule made for another chain (one line on stderr, nothing written)",
+    2: "misuse: bad arguments or input files, a schedule made for another chain, or stdout that cannot be written (one line on stderr, nothing written)",
     130: "interrupted (Ctrl-C): nothing written",
 }
 
@@ -49,17 +49,29 @@ _EPILOG = "exit codes:\n" + "\n".join(f"  {code:<4} {text}" for code, text in EX
 # * One line, exit 2, no traceback: CliError, ValueError (every model error subclasses it),
 #   OSError and ImportError (a missing extra) are printed as one line; any other exception is a
 #   bug, printed as one line too (CHAINOFFLOAD_DEBUG=1 shows its traceback).
-# * Nothing written on an error, no partial output: commands record their stdout and files in
-#   an Output; `main` writes the files (each atomically: temporary file beside it, fsync,
-#   rename) and then the text, only after the command returned without error.
+# * No file is left behind on any exit but 0 and 1. Commands record their stdout and their file
+#   in an Output, written only after the command returned without error, in the one order in
+#   which a failure can still be undone: (1) the file, whole and flushed to disk, in a private
+#   folder beside its target (PendingWrite); (2) stdout, whole and flushed; (3) the rename over
+#   the target, the only step that cannot be taken back, and the last that can fail; (4) the
+#   notes on stderr, whose failure is ignored (the work is done, and there is nowhere left to
+#   report it). A failure at (1) or (2) (a full disk, stdout on /dev/full, a reader that went
+#   away: EPIPE, as Python ignores SIGPIPE) removes the temporary and exits 2. A command writes
+#   one file at most: undoing a second rename would need the first file's old content.
+# * Stdout closed (`>&-`) is misuse, refused before any work, whatever the command: fd 1 would
+#   otherwise be handed to the next file opened, and what a library prints would land in it.
 # * Ctrl-C: the command runs in a worker thread while the main thread waits in short,
 #   interruptible joins. Python runs signal handlers only in the main thread, between bytecodes,
 #   so a SIGINT that arrives during a long Numba call (the kernels release the GIL: nogil=True)
 #   or an OR-Tools solve is handled at once, instead of after the call returns (tens of
 #   seconds) or inside it (numba's dispatcher then raised SystemError). The main thread then
-#   exits with os._exit(130): the worker cannot be stopped, and nothing it would still do
-#   matters. If the interrupt comes while the output is being written, that write (short) is
-#   let finish first, so a file is never left half-written or as a stray temporary file.
+#   removes the temporaries (_Gate) and exits with os._exit(130): the worker cannot be stopped,
+#   and nothing it would still do matters. Creating a temporary and renaming it happen under
+#   _Gate's lock, which the main thread takes and never gives back, so after an interrupt the
+#   worker can neither create nor rename anything; a Ctrl-C that comes once the rename is done
+#   is too late to undo the command and exits with the command's own code. Stdout is written
+#   outside the lock (a slow reader must not hold Ctrl-C back), so what a reader had already
+#   received before a Ctrl-C stays received: exit 130 says it is incomplete.
 #   Before `main` runs, while Python imports numpy and Numba (about a second), Ctrl-C is still
 #   Python's own: a KeyboardInterrupt traceback and death by SIGINT (130 in a shell); nothing
 #   has been read or written by then.
@@ -73,7 +85,7 @@ class Output:
     """What a command leaves behind, written by :func:`main` only once the command has returned.
 
     Commands call :meth:`print` for stdout, :meth:`note` for stderr lines and :meth:`file` for
-    each file to write; nothing reaches the terminal or the disk before the command is done.
+    the file to write; nothing reaches the terminal or the disk before the command is done.
     """
 
     def __init__(self) -> None:
@@ -90,8 +102,10 @@ class Output:
         self.notes.append(f"chainoffload: {line}\n")
 
     def file(self, path: str, content: str | Callable[[str], None]) -> None:
-        """Write ``path`` atomically: ``content`` is the text, or ``content(tmp)`` writes the
+        """Write ``path`` atomically: ``content`` is the text, or ``content(tmp)`` creates the
         file at the temporary path ``tmp`` (for writers that take a path, like matplotlib's)."""
+        if self.files:  # NOTE [ cli contract ]: a second file could not be rolled back
+            raise RuntimeError(f"Output.file: a command writes one file; {self.files[0][0]} is already recorded")
         if isinstance(content, str):
             text = content
 
@@ -105,13 +119,91 @@ class Output:
         """One JSON object on stdout: non-finite numbers become ``null`` (strict JSON)."""
         self.print(json.dumps(_json_safe(obj), allow_nan=False))
 
-    def commit(self) -> None:
-        for path, write in self.files:
-            atomic_write(path, write)
-        sys.stdout.write("".join(self.text))
+    def commit(self, gate: "_Gate", code: int) -> None:
+        """Write it all in the order of ``NOTE [ cli contract ]``: file beside its target,
+        stdout, rename, notes."""
+        pending: list[PendingWrite] = []
+        try:
+            for path, write in self.files:
+                pending.append(gate.start(path))
+                pending[-1].fill(write)
+            _write_stdout("".join(self.text))
+            gate.finish(pending, code)
+        except BaseException:
+            for p in pending:
+                p.discard()
+            raise
+        try:
+            sys.stderr.write("".join(self.notes))
+            sys.stderr.flush()
+        except (OSError, ValueError):
+            pass
+
+
+class _Gate:
+    """What the worker and the main thread share about the files on disk (``NOTE [ cli contract ]``).
+
+    The worker creates each temporary (:meth:`start`) and renames them all (:meth:`finish`)
+    under the lock; on Ctrl-C the main thread takes the lock for good (:meth:`interrupt`), so
+    either the rename is done and the command's code stands, or nothing is in place and every
+    temporary is removed.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pending: list[PendingWrite] = []
+        self.code: int | None = None  # set once the files are in place
+        self.closed = False
+
+    def start(self, path: str) -> PendingWrite:
+        with self._lock:
+            pending = PendingWrite(path)
+            self._pending.append(pending)
+            return pending
+
+    def finish(self, pending: list[PendingWrite], code: int) -> None:
+        with self._lock:
+            for p in pending:
+                p.commit()
+            self.code = code
+
+    def interrupt(self) -> int | None:
+        """Stop all writing; the command's code if its files were already in place, else ``None``
+        once every temporary is removed."""
+        self._lock.acquire()  # waits for a mkdtemp or a rename (short); never released
+        self.closed = True
+        if self.code is not None:
+            return self.code
+        for p in self._pending:
+            p.discard()
+        return None
+
+
+def _write_stdout(text: str) -> None:
+    """Write and flush stdout; a failure is a :class:`CliError` (exit 2)."""
+    if not text:
+        return
+    try:
+        sys.stdout.write(text)
         sys.stdout.flush()
-        sys.stderr.write("".join(self.notes))
-        sys.stderr.flush()
+    except (OSError, ValueError) as exc:
+        _drop_stdout()
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise CliError(f"cannot write to stdout: {reason}") from None
+
+
+def _drop_stdout() -> None:
+    """Point fd 1 at /dev/null, so that the flush at interpreter exit, which would meet the same
+    error, does not print 'Exception ignored' and turn the exit code into 120."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        return  # not a real file (pytest's capture): nothing is flushed at exit
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
 
 
 def _json_safe(obj: Any) -> Any:
@@ -129,10 +221,13 @@ class _Parser(argparse.ArgumentParser):
         raise CliError(f"{message} (see `{self.prog} --help`)")
 
 
-def add_platform_flags(parser: argparse.ArgumentParser, *, recorded: bool = False) -> None:
+def add_platform_flags(parser: argparse.ArgumentParser, *, recorded: bool = False, memory: bool = True) -> None:
     """Add the platform flags to a subcommand's parser.
 
     ``recorded``: the command reads a schedule file, whose recorded platform the flags override.
+    ``memory=False``: the command sets the memory itself; ``--memory`` is still parsed (hidden),
+    so that the command can refuse it by name: argparse would otherwise take it as an
+    abbreviation of a longer flag (``--memories``).
     """
     g = parser.add_argument_group(
         "platform",
@@ -141,7 +236,7 @@ def add_platform_flags(parser: argparse.ArgumentParser, *, recorded: bool = Fals
         else "--platform, then each flag overriding its field",
     )
     g.add_argument("--platform", metavar="PLATFORM.json", help="platform JSON; the flags below override its fields")
-    g.add_argument("--memory", help="GPU memory for activations, e.g. 6GiB, 900MB, 123456")
+    g.add_argument("--memory", help="GPU memory for activations, e.g. 6GiB, 900MB, 123456" if memory else argparse.SUPPRESS)
     g.add_argument("--bandwidth", help=f"both directions, e.g. 12GB/s, 16GiB/s (default {DEFAULT_BANDWIDTH})")
     g.add_argument("--bandwidth-d2h", help="device-to-host bandwidth")
     g.add_argument("--bandwidth-h2d", help="host-to-device bandwidth")
@@ -234,6 +329,30 @@ def _idle_text(timeline: Any) -> str:
     return f"{format_seconds(idle)}{share} in {len(found)} stall{'' if len(found) == 1 else 's'}: " + "; ".join(parts)
 
 
+def _units_text(units: Sequence[int], runs_shown: int = 12) -> str:
+    """'4 units: 1, 6, 9-10': the stages as runs of consecutive ones, for a table.
+
+    Past ``runs_shown`` runs the middle ones are left out with a count: a line must stay a line
+    at a million stages (``--json`` has every stage).
+    """
+    units = sorted(int(u) for u in units)
+    if not units:
+        return "0 units"
+    runs: list[list[int]] = []
+    for u in units:
+        if runs and u == runs[-1][1] + 1:
+            runs[-1][1] = u
+        else:
+            runs.append([u, u])
+    words = [str(a) if a == b else f"{a}-{b}" for a, b in runs]
+    if len(runs) > runs_shown:
+        head, tail = runs_shown - 4, 3
+        hidden = runs[head:-tail]
+        count = sum(b - a + 1 for a, b in hidden)
+        words = words[:head] + [f"... ({count} more in {len(hidden)} runs) ..."] + words[-tail:]
+    return f"{len(units)} unit{'' if len(units) == 1 else 's'}: " + ", ".join(words)
+
+
 def _table(out: Output, rows: Sequence[tuple[str, str]]) -> None:
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
@@ -303,11 +422,7 @@ def _cmd_solve(args: argparse.Namespace, out: Output) -> int:
             ("lower bound", f"{format_seconds(result.lower_bound)}  (gap {100 * result.gap:.2f}%; {result.info.get('bound', 'method')} bound)"),
             ("compute idle", _idle_text(result.timeline)),
             ("peak memory", f"{format_bytes(result.peak_memory)} of {format_bytes(platform.memory)}"),
-            (
-                "offloaded",
-                f"{format_bytes(result.offloaded_bytes)} in {len(result.schedule.offloaded_units)} units "
-                f"{list(result.schedule.offloaded_units)}",
-            ),
+            ("offloaded", f"{format_bytes(result.offloaded_bytes)} in {_units_text(result.schedule.offloaded_units)}"),
         ]
     else:
         if result.min_memory is not None:
@@ -376,7 +491,7 @@ def _cmd_simulate(args: argparse.Namespace, out: Output) -> int:
         ("makespan", format_seconds(timeline.makespan) + _over_compute(timeline.makespan, chain.compute_time)),
         ("compute idle", _idle_text(timeline)),
         ("peak memory", f"{format_bytes(timeline.peak_memory)} of {format_bytes(platform.memory)}"),
-        ("offloaded", f"{format_bytes(timeline.offloaded_bytes)} in units {list(schedule.offloaded_units)}"),
+        ("offloaded", f"{format_bytes(timeline.offloaded_bytes)} in {_units_text(schedule.offloaded_units)}"),
     ]
     if v is not None:
         rows.append(("violation", v["message"]))
@@ -456,8 +571,13 @@ def _cmd_plot(args: argparse.Namespace, out: Output) -> int:
 def _cmd_tradeoff(args: argparse.Namespace, out: Output) -> int:
     from .tradeoff import tradeoff
 
+    if args.memory is not None:
+        raise CliError(
+            f"--memory: tradeoff does not take one ({args.memory!r}): it sweeps the memory itself; "
+            "give the limits to try with --memories M1,M2,..."
+        )
     chain = Chain.load(args.chain)
-    if args.memory is None and args.platform is None:
+    if args.platform is None:
         args.memory = "0"  # the sweep sets the memory; only the link matters here
     link = load_platform(args)
     memories = None
@@ -598,17 +718,18 @@ def build_parser() -> argparse.ArgumentParser:
         "overhead against memory per method, from the proven floor to the keep-all peak: run methods at memory "
         "limits from the least any schedule needs to what keeping every activation needs, and print (or plot, or "
         "give as JSON) each method's overhead over compute, with the proven floors, the keep-all peak and the "
-        "pure-offloading lower bound; --memory is not needed, the sweep sets it",
+        "pure-offloading lower bound; the sweep sets the memory (--memory is refused; --memories picks the limits)",
         _cmd_tradeoff,
     )
     p.add_argument("chain", metavar="CHAIN.json")
-    add_platform_flags(p)
+    add_platform_flags(p, memory=False)
     p.add_argument("--methods", nargs="+", metavar="NAME", help="methods to run (default: offload-all first-k largest-first best rotor joint)")
     p.add_argument("--points", type=int, default=10, help="memory limits evenly from the stage floor to the keep-all peak, plus the offload floor (default 10)")
     p.add_argument("--memories", metavar="M1,M2,...", help="these memory limits instead, e.g. 2GiB,3GiB,4.5GiB")
     p.add_argument("--time-limit", type=float, default=5.0, help="seconds per run, for methods that take a time limit (default 5)")
     p.add_argument("-o", "--out", metavar="OUT.png", help="also draw the curves (PNG, SVG or PDF by extension)")
     p.add_argument("--json", action="store_true", help="print the table as one JSON object")
+    p.add_argument("--progress", action="store_true", help="show progress on stderr even when it is not a terminal (it is shown on a terminal)")
     p.add_argument("--width", type=float, default=11.0, help="inches (default 11)")
     p.add_argument("--height", type=float, default=5.6, help="inches (default 5.6)")
     p.add_argument("--dpi", type=int, default=100, help="dots per inch (default 100)")
@@ -629,14 +750,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     Exit codes are :data:`EXIT_CODES`. On Ctrl-C (from the main thread) the process ends at
     once with ``os._exit(130)`` (``NOTE [ cli contract ]``).
     """
+    if sys.stderr is None:
+        # Started with stderr closed: nowhere to say anything, but fd 2 must not be handed to a
+        # file we open (a library writing to fd 2 would write into it).
+        sys.stderr = open(os.devnull, "w")
+    if sys.stdout is None:  # started with `>&-` (NOTE [ cli contract ])
+        return _error(CliError("stdout is closed: give the command somewhere to print (e.g. >/dev/null)"))
+    gate = _Gate()
     if threading.current_thread() is not threading.main_thread():
         # Signals reach only the main thread: nothing to wait for interruptibly.
         try:
             args = build_parser().parse_args(argv)
         except CliError as exc:
             return _error(exc)
-        return _run(args, threading.Lock())
-    committing = threading.Lock()
+        return _run(args, gate)
     box: dict[str, int] = {}
     worker = None
     try:
@@ -644,30 +771,60 @@ def main(argv: Sequence[str] | None = None) -> int:
             args = build_parser().parse_args(argv)
         except CliError as exc:
             return _error(exc)
-        worker = threading.Thread(target=lambda: box.update(code=_run(args, committing)), name="chainoffload", daemon=True)
+        worker = threading.Thread(target=lambda: box.update(code=_run(args, gate)), name="chainoffload", daemon=True)
         worker.start()
         while worker.is_alive():
             worker.join(0.05)
     except KeyboardInterrupt:
-        _interrupted(worker, committing)
+        _interrupted(gate)
     return box.get("code", 2)
 
 
-def _run(args: argparse.Namespace, committing: threading.Lock) -> int:
+def _run(args: argparse.Namespace, gate: _Gate) -> int:
     """Run the command, then write its output; return the exit code (errors: one line, 2)."""
     out = Output()
     try:
         _configure(args)
+        _check_out(args)
         code = int(args.func(args, out) or 0)
-        with committing:
-            out.commit()
+        out.commit(gate, code)
         return code
     except (CliError, ValueError, OSError, ImportError) as exc:
-        return _error(exc)
+        return _error(exc, gate=gate)
     except Exception as exc:  # a bug: still one line (NOTE [ cli contract ])
         if os.environ.get("CHAINOFFLOAD_DEBUG"):
             raise
-        return _error(exc, f"internal error {type(exc).__name__}: ", " (CHAINOFFLOAD_DEBUG=1 shows the traceback)")
+        return _error(exc, f"internal error {type(exc).__name__}: ", " (CHAINOFFLOAD_DEBUG=1 shows the traceback)", gate=gate)
+
+
+# The inputs a command reads, by the attribute argparse gives them, and how to name them.
+_INPUTS = (("chain", "the chain file"), ("schedule", "the schedule file"), ("platform", "the --platform file"))
+
+
+def _check_out(args: argparse.Namespace) -> None:
+    """Refuse an ``--out`` that could not be written, or whose writing would destroy something,
+    before any work is done (the write checks the target again)."""
+    path = getattr(args, "out", None)
+    if path is None:
+        return
+    if path == "":
+        raise CliError("--out: the path is empty; name the file to write")
+    try:
+        check_target(path)
+    except TargetError as exc:
+        raise CliError(f"--out: {exc.strerror}") from None
+    for attr, what in _INPUTS:
+        source = getattr(args, attr, None)
+        if source and _same_file(path, source):
+            named = "" if os.path.abspath(path) == os.path.abspath(source) else f" ({source})"
+            raise CliError(f"--out: {path} is {what}{named}; writing it would replace an input")
+
+
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them does not exist (yet): compare the paths, links resolved
+        return os.path.realpath(a) == os.path.realpath(b)
 
 
 def _configure(args: argparse.Namespace) -> None:
@@ -681,19 +838,28 @@ def _configure(args: argparse.Namespace) -> None:
     configure(False if getattr(args, "json", False) else (True if getattr(args, "progress", False) else None))
 
 
-def _interrupted(worker: threading.Thread | None, committing: threading.Lock) -> None:
-    """Ctrl-C: end the process now with exit 130, unless the output is being written."""
+def _interrupted(gate: _Gate) -> None:
+    """Ctrl-C: end the process now with exit 130 and no file in place, unless the command's file
+    was already renamed into place (then its own code: it is done)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if worker is not None and not committing.acquire(blocking=False):
-        worker.join()  # the command had finished; let its (short) write finish whole
-    sys.stderr.write("chainoffload: interrupted\n")
-    sys.stderr.flush()
-    sys.stdout.flush()
+    code = gate.interrupt()
+    if code is not None:
+        os._exit(code)
+    try:  # stdout is left alone: a flush could block behind a slow reader
+        sys.stderr.write("chainoffload: interrupted\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
     os._exit(130)
 
 
-def _error(exc: BaseException, prefix: str = "", suffix: str = "") -> int:
-    print(f"chainoffload: error: {prefix}{_one_line(exc)}{suffix}", file=sys.stderr)
+def _error(exc: BaseException, prefix: str = "", suffix: str = "", *, gate: _Gate | None = None) -> int:
+    if gate is not None and gate.closed:
+        threading.Event().wait()  # interrupted: the main thread is ending the process; say nothing
+    try:
+        print(f"chainoffload: error: {prefix}{_one_line(exc)}{suffix}", file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
     return 2
 
 

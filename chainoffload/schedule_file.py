@@ -111,9 +111,13 @@ class ScheduleFile(JsonIO):
         own = chain.fingerprint()
         if own != self.fingerprint:
             made_for = f"chain {self.chain_name!r}" if self.chain_name is not None else "another chain"
+            # Long enough to tell them apart: through the first digit that differs, and at least
+            # 12 hex digits ("sha256:" is 7 characters).
+            first = next(k for k, (a, b) in enumerate(zip(self.fingerprint, own)) if a != b)
+            n = max(19, first + 4)
             raise ScheduleError(
-                f"schedule: made for {made_for} (fingerprint {self.fingerprint[:19]}...), not for chain "
-                f"{chain.name!r} (fingerprint {own[:19]}...): its numbers differ"
+                f"schedule: made for {made_for} (fingerprint {self.fingerprint[:n]}...), not for chain "
+                f"{chain.name!r} (fingerprint {own[:n]}...): its numbers differ"
             )
 
     # -- JSON ------------------------------------------------------------------------------

@@ -21,7 +21,9 @@ import numpy as np
 
 from .chain import Chain
 from .platform import Platform
+from ._progress import progress
 from .result import Result, Status
+from .units import format_bytes
 
 __all__ = ["tradeoff", "Tradeoff", "TradeoffPoint", "DEFAULT_TRADEOFF_METHODS", "sweep_memories"]
 
@@ -323,9 +325,9 @@ def tradeoff(
     >>> [p.status.value for p in t.curves["offload-all"]]
     ['infeasible', 'feasible', 'feasible', 'feasible']
     """
-    from .bounds import lower_bound, offload_memory_floor
+    from .bounds import offload_memory_floor
     from .simulate import keep_all_peak
-    from .solvers import DEFAULT_METHOD, solve, spec
+    from .solvers import DEFAULT_METHOD, spec
 
     if not isinstance(chain, Chain):
         raise TypeError(f"tradeoff: chain must be a Chain, got {type(chain).__name__}")
@@ -360,31 +362,10 @@ def tradeoff(
     curves: dict[str, list[TradeoffPoint]] = {name: [] for name in entries}
     bounds: list[float] = []
     base = chain.compute_time
-    for memory in swept:
-        # One platform object per memory: the fluid LP behind every pure-offloading bound is
-        # cached per (chain, platform), so the methods and the curve's bound share one solve.
-        at = platform.with_memory(memory)
-        best_bound = math.inf if memory < offload_floor else lower_bound(chain, at)
-        for name, entry in entries.items():
-            result = solve(chain, at, name, **options[name])
-            feasible = result.status.has_schedule
-            makespan = result.makespan if feasible else math.inf
-            curves[name].append(
-                TradeoffPoint(
-                    memory=memory,
-                    status=result.status,
-                    makespan=makespan,
-                    overhead=makespan / base - 1.0 if (feasible and base > 0) else (0.0 if feasible else math.inf),
-                    lower_bound=float(result.lower_bound),
-                    peak_memory=int(result.peak_memory),
-                    runtime=float(result.runtime),
-                    result=result,
-                )
-            )
-            pure = not entry.remat and (result.schedule is None or not result.schedule.has_remat)
-            if pure and feasible and math.isfinite(result.lower_bound):
-                best_bound = max(best_bound, float(result.lower_bound))
-        bounds.append(best_bound)
+    # A sweep runs len(swept) * len(entries) solves, minutes on a long chain: say how far it is.
+    with progress("tradeoff", total=len(swept) * len(entries), unit="run", leave=True) as bar:
+        for memory in swept:
+            bounds.append(_sweep_one(chain, platform, memory, offload_floor, entries, options, curves, base, bar))
     return Tradeoff(
         chain_name=chain.name,
         platform=platform.with_memory(peak),
@@ -397,6 +378,49 @@ def tradeoff(
         curves={name: tuple(pts) for name, pts in curves.items()},
         remat={name: entry.remat for name, entry in entries.items()},
     )
+
+
+def _sweep_one(
+    chain: Chain,
+    platform: Platform,
+    memory: int,
+    offload_floor: int,
+    entries: dict[str, Any],
+    options: dict[str, dict[str, Any]],
+    curves: dict[str, list["TradeoffPoint"]],
+    base: float,
+    bar: Any,
+) -> float:
+    """Run every method at ``memory``, append their points to ``curves``; the curve's bound there."""
+    from .bounds import lower_bound
+    from .solvers import solve
+
+    # One platform object per memory: the fluid LP behind every pure-offloading bound is
+    # cached per (chain, platform), so the methods and the curve's bound share one solve.
+    at = platform.with_memory(memory)
+    best_bound = math.inf if memory < offload_floor else lower_bound(chain, at)
+    for name, entry in entries.items():
+        bar.note(memory=format_bytes(memory), method=name)
+        result = solve(chain, at, name, **options[name])
+        bar.update(1)
+        feasible = result.status.has_schedule
+        makespan = result.makespan if feasible else math.inf
+        curves[name].append(
+            TradeoffPoint(
+                memory=memory,
+                status=result.status,
+                makespan=makespan,
+                overhead=makespan / base - 1.0 if (feasible and base > 0) else (0.0 if feasible else math.inf),
+                lower_bound=float(result.lower_bound),
+                peak_memory=int(result.peak_memory),
+                runtime=float(result.runtime),
+                result=result,
+            )
+        )
+        pure = not entry.remat and (result.schedule is None or not result.schedule.has_remat)
+        if pure and feasible and math.isfinite(result.lower_bound):
+            best_bound = max(best_bound, float(result.lower_bound))
+    return best_bound
 
 
 def _check_memories(memories: Sequence[int], floor: int, chain_name: str) -> tuple[int, ...]:

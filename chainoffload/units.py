@@ -65,6 +65,9 @@ def _split(value: str | int | float, field: str, what: str, regex: re.Pattern, u
 def parse_bytes(value: str | int | float, *, field: str = "memory") -> int:
     """Parse a size such as ``"6GiB"``, ``"900MB"``, ``"512 KiB"`` or ``123456`` into bytes.
 
+    A size that is not a whole number of bytes is rounded down (``"166.6"`` is 166 B): a memory
+    limit is a ceiling, and rounding it up would let a schedule go over what was asked.
+
     Parameters
     ----------
     value
@@ -80,12 +83,14 @@ def parse_bytes(value: str | int | float, *, field: str = "memory") -> int:
     number, factor = _split(value, field, "size", _SIZE_RE, _SIZE_FACTORS, "6GiB, 900MB, 1048576")
     if not math.isfinite(number) or number < 0:
         raise ValueError(f"{field}: {value!r} must be a finite size >= 0")
+    # A fraction of a byte is floored, never rounded up: a memory limit of 166.6 B must not
+    # let a schedule peak at 167 B.
     if isinstance(value, str):
         # Exact: "9223372036854775807" is that many bytes, not the float nearest to it.
-        return int(round(Fraction(_SIZE_RE.match(value).group(1)) * factor))
+        return math.floor(Fraction(_SIZE_RE.match(value).group(1)) * factor)
     if isinstance(value, int):
         return value
-    return int(round(number * factor))
+    return math.floor(number * factor)
 
 
 def parse_bandwidth(value: str | int | float, *, field: str = "bandwidth") -> float:

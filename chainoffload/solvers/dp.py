@@ -153,7 +153,11 @@ def auto_slots(length: int, seconds: float | None = None) -> tuple[int, int]:
     """
     cells = AUTO_TABLE // max(length, 1)
     if seconds is not None:
-        cells = min(cells, int(CELL_RATE * seconds / max(length, 1)))
+        # Compared as floats: a time limit such as 1e308 s makes the product infinite, which
+        # int() cannot take and which means no limit here anyway.
+        budget = CELL_RATE * seconds / max(length, 1)
+        if budget < cells:
+            cells = int(budget)
     if cells >= (DEFAULT_SLOTS + 1) * (DEFAULT_QUEUE_SLOTS + 1) ** 2:
         return DEFAULT_SLOTS, DEFAULT_QUEUE_SLOTS
     return max(8, cells // 9 - 1), 2

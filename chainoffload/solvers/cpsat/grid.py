@@ -7,7 +7,7 @@ import math
 
 from ...chain import Chain
 from ...order import fixed_order
-from ...platform import Platform
+from ...platform import Platform, PlatformError
 from .. import OptionError
 
 __all__ = ["TimeGrid"]
@@ -38,6 +38,9 @@ __all__ = ["TimeGrid"]
 
 #: Units of the whole compute time on the default grid.
 TARGET_UNITS = 1_000_000
+
+#: The longest duration the grid holds, in units: the largest float below which every integer is exact.
+MAX_UNITS = 2.0**53
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,7 +88,16 @@ class TimeGrid:
                 transfers.append(None)
                 continue
             row = []
-            for t in times:
+            for s, t in zip(chain.saved, times):
+                if not t * scale <= MAX_UNITS:
+                    # A finite time can still overflow once scaled (latency 1e308 s): the model
+                    # counts in integers, and a float beyond 2^53 is no longer a whole count.
+                    bandwidth = platform.bandwidth_d2h if timer == platform.d2h_time else platform.bandwidth_h2d
+                    raise PlatformError(
+                        f"platform.latency / bandwidth: a copy of {int(s)} B takes {t:.6g} s (latency {platform.latency:.6g} s, "
+                        f"bandwidth {bandwidth:.6g} B/s), {t / (chain.compute_time or 1.0):.3g} times the compute time; "
+                        f"cpsat's integer time grid counts at most {MAX_UNITS / scale:.3g} s"
+                    )
                 di = int(round(t * scale))
                 err += abs(di - t * scale)
                 row.append(di)
