@@ -14,9 +14,16 @@ the fast profile already covers its module. A test that once caught a bug stays 
 ``--shard I/N`` keeps every N-th of the selected tests, from the I-th (0-based, in collection
 order): a bounded, deterministic sample. ``.ci/run`` runs one shard of the thorough profile,
 picked from the commit, so successive commits cover every shard.
+
+Under CI (the ``CI`` variable set, as ``.ci/run`` is run), a skip for a module that cannot be
+imported (``pytest.importorskip``) is a failure: ``.ci/run`` installs every extra the tests use,
+so such a skip means a broken environment, not a missing optional feature. Other skips (a GPU
+present, say) are left as they are.
 """
 
 from __future__ import annotations
+
+import os
 
 import pytest
 
@@ -56,3 +63,28 @@ def pytest_collection_modifyitems(config, items):
     if dropped:
         config.hook.pytest_deselected(items=dropped)
     items[:] = kept
+
+
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").lower() not in ("", "0", "false")
+
+
+def _fail_import_skip(report) -> None:
+    if not report.skipped or not _in_ci() or not isinstance(report.longrepr, tuple):
+        return
+    message = str(report.longrepr[2])
+    if message.startswith("Skipped: could not import"):
+        report.outcome = "failed"
+        report.longrepr = f"CI: {message.removeprefix('Skipped: ')}; .ci/run installs it, so no test may skip for it"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    _fail_import_skip(outcome.get_result())
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    outcome = yield
+    _fail_import_skip(outcome.get_result())
