@@ -5,7 +5,8 @@
   Hypothesis profile ``ci`` (property_tests/conftest.py). It covers every module.
 * The **thorough** profile is ``pytest -q -m thorough``: the tests the fast run leaves out
   (large instances, heavy parametrizations, the benchmarks' quick runs). ``pytest -q -m ""``
-  runs both; ``HYPOTHESIS_PROFILE=thorough`` adds many more Hypothesis examples to either.
+  runs both (also what to add when naming a thorough test by its id, which ``-m "not thorough"``
+  would deselect); ``HYPOTHESIS_PROFILE=thorough`` adds many more Hypothesis examples to either.
 
 Mark a test with ``@pytest.mark.thorough``, or one case of a parametrization with
 ``pytest.param(..., marks=pytest.mark.thorough)``, when it costs seconds and a cheaper test of
