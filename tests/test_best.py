@@ -1,5 +1,6 @@
 """Method ``best``: local search that never loses to a baseline, and the memory bisection."""
 
+import itertools
 import math
 
 import numpy as np
@@ -28,8 +29,10 @@ def test_best_is_the_default():
     assert DEFAULT_METHOD == "best"
 
 
-def test_feasible_and_never_worse_than_any_baseline():
-    for chain, platform in _instances(12):
+# The first four of the twelve instances in the fast profile, the other eight in the thorough one.
+@pytest.mark.parametrize("part", [slice(0, 4), pytest.param(slice(4, 12), marks=pytest.mark.thorough)], ids=["0-3", "4-11"])
+def test_feasible_and_never_worse_than_any_baseline(part):
+    for chain, platform in itertools.islice(_instances(12), part.start, part.stop):
         result = solve(chain, platform, "best")
         for name in BASELINES:
             other = solve(chain, platform, name)
@@ -72,17 +75,18 @@ def test_infinite_bandwidth_gives_no_overhead_down_to_the_offload_floor():
     assert result.makespan == pytest.approx(chain.compute_time)
 
 
-def test_more_memory_never_worse():
-    for seed in range(4):
-        chain = random_chain(100 + seed, 14)
-        lo, hi = offload_memory_floor(chain), keep_all_peak(chain)
-        bw = 0.7 * float(chain.saved.sum()) / chain.compute_time
-        previous = math.inf
-        for memory in np.linspace(lo, hi, 8).astype(int):
-            platform = Platform(memory=int(memory), bandwidth_d2h=bw, bandwidth_h2d=bw, latency=1e-6)
-            result = solve(chain, platform, "best")
-            assert result.makespan <= previous * (1 + 1e-12), (seed, int(memory))
-            previous = result.makespan
+# One chain per case: the first in the fast profile, the other three in the thorough one.
+@pytest.mark.parametrize("seed", [0, *(pytest.param(seed, marks=pytest.mark.thorough) for seed in (1, 2, 3))])
+def test_more_memory_never_worse(seed):
+    chain = random_chain(100 + seed, 14)
+    lo, hi = offload_memory_floor(chain), keep_all_peak(chain)
+    bw = 0.7 * float(chain.saved.sum()) / chain.compute_time
+    previous = math.inf
+    for memory in np.linspace(lo, hi, 8).astype(int):
+        platform = Platform(memory=int(memory), bandwidth_d2h=bw, bandwidth_h2d=bw, latency=1e-6)
+        result = solve(chain, platform, "best")
+        assert result.makespan <= previous * (1 + 1e-12), (seed, int(memory))
+        previous = result.makespan
 
 
 def test_deterministic():

@@ -9,6 +9,7 @@ pytest.importorskip("matplotlib")
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "compare.py"
 
 
+@pytest.mark.thorough  # a benchmark's quick run: every method over a small sweep, in a fresh process
 def test_compare_quick_runs_and_writes_table_and_plots(tmp_path):
     proc = subprocess.run(
         [sys.executable, str(SCRIPT), "--quick", "--out", str(tmp_path)], capture_output=True, text=True, timeout=120

@@ -12,6 +12,7 @@ pytest.importorskip("torch")
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_check.py"
 
 
+@pytest.mark.thorough  # trains four workloads in a fresh process; the fast profile keeps the refusal below
 def test_gpu_check_dry_run_on_cpu_prints_the_table():
     proc = subprocess.run(
         [sys.executable, str(SCRIPT), "--device", "cpu", "--quick"], capture_output=True, text=True, timeout=300

@@ -12,20 +12,21 @@ from chainoffload.generators import random_chain
 from chainoffload.solvers import _ladder
 
 
-def test_volume_bound_is_below_the_optimum_of_tiny_chains():
-    for seed in range(4):
-        chain = random_chain(seed, 3)
-        lo, hi = offload_memory_floor(chain), keep_all_peak(chain)
-        for level in (0.0, 0.5):
-            for duplex in (True, False):
-                bw = 0.3 * float(chain.saved.sum()) / chain.compute_time
-                platform = Platform(memory=int(lo + level * (hi - lo)), bandwidth_d2h=bw, bandwidth_h2d=0.7 * bw,
-                                    latency=0.01 * chain.compute_time, duplex=duplex)
-                best = brute_force(chain, platform)
-                bound = volume_lower_bound(chain, platform)
-                assert bound >= chain.compute_time
-                if best.feasible:
-                    assert bound <= best.makespan * (1 + 1e-9)
+# One chain per case (four brute forces each): two in the fast profile, two in the thorough one.
+@pytest.mark.parametrize("seed", [0, 1, *(pytest.param(seed, marks=pytest.mark.thorough) for seed in (2, 3))])
+def test_volume_bound_is_below_the_optimum_of_tiny_chains(seed):
+    chain = random_chain(seed, 3)
+    lo, hi = offload_memory_floor(chain), keep_all_peak(chain)
+    for level in (0.0, 0.5):
+        for duplex in (True, False):
+            bw = 0.3 * float(chain.saved.sum()) / chain.compute_time
+            platform = Platform(memory=int(lo + level * (hi - lo)), bandwidth_d2h=bw, bandwidth_h2d=0.7 * bw,
+                                latency=0.01 * chain.compute_time, duplex=duplex)
+            best = brute_force(chain, platform)
+            bound = volume_lower_bound(chain, platform)
+            assert bound >= chain.compute_time
+            if best.feasible:
+                assert bound <= best.makespan * (1 + 1e-9)
 
 
 def test_volume_bound_edges(chain3):

@@ -240,6 +240,7 @@ def test_build_regenerates_resnet18_identically(rebuilt):
     assert catalog["resnet18"] == network_info("resnet18")
 
 
+@pytest.mark.thorough  # a second trace of resnet18 (the fast profile's rebuild covers build.py)
 def test_build_takes_measured_times(builder, tmp_path):
     times = {"resnet18": {"fwd": [0.001] * 10, "bwd": [0.002] * 10, "source": "a test"}}
     (tmp_path / "t.json").write_text(json.dumps(times))
@@ -250,6 +251,7 @@ def test_build_takes_measured_times(builder, tmp_path):
     assert json.loads((tmp_path / "catalog.json").read_text())["resnet18"]["times"] == "measured: a test"
 
 
+@pytest.mark.thorough  # traces resnet18 before it reads the times
 def test_build_rejects_bad_times(builder, tmp_path, capsys):
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"resnet18": {"fwd": [0.001] * 9, "bwd": [0.002] * 10}}))
@@ -334,7 +336,8 @@ def _small(kind: str):
     return staged
 
 
-@pytest.mark.parametrize("kind", ["resnet", "gpt", "densenet", "vgg"])
+# ResNet's convolutions in the fast profile; attention, concatenation and dropout in the thorough one.
+@pytest.mark.parametrize("kind", ["resnet", *(pytest.param(k, marks=pytest.mark.thorough) for k in ("gpt", "densenet", "vgg"))])
 def test_meta_trace_equals_a_real_cpu_run(builder, kind):
     """NOTE [ meta device checks ] in network_trace: the same figures with real tensors on CPU."""
     import torch

@@ -357,14 +357,20 @@ def test_zero_length_backward_still_holds_its_inputs_while_it_allocates():
     assert keep_all_peak(chain) == 4 >= chain.stage_memory_floor()
 
 
+def _read_only(arr):
+    arr.setflags(write=False)
+    return arr
+
+
 def test_array_level_replay_equals_simulate(chain3):
     """The private entry for search loops: arrays in, the kernel's outputs out, no Schedule object."""
     from chainoffload.schedule import resolve
     from chainoffload.simulate import replay
 
     op_kind, op_stage = Schedule.keep_all(3).arrays()[:2]
-    # O_1 at the end of F_1, P_1 at the end of B_3 with B_2 waiting (test_offload_frees_after_next_forward)
-    tr = [np.array(v, dtype=np.int64) for v in ([0, 1], [1, 1], [F1, B3], [1, 1], [-1, B2])]
+    # O_1 at the end of F_1, P_1 at the end of B_3 with B_2 waiting (test_offload_frees_after_next_forward);
+    # read-only like Schedule.arrays() and the planner's, so the kernel's one compiled signature serves
+    tr = [_read_only(np.array(v, dtype=np.int64)) for v in ([0, 1], [1, 1], [F1, B3], [1, 1], [-1, B2])]
     out = replay(chain3, plat(), resolve(3, op_kind, op_stage, *tr))
     op_start, op_end, tr_start, tr_end, _, _, _, peak, peak_time, rule, _, _, _ = out
     tl = simulate(chain3, plat(), sched(Transfer("offload", 1, F1, "end"), Transfer("prefetch", 1, B3, "end", before=B2)))
@@ -375,7 +381,7 @@ def test_array_level_replay_equals_simulate(chain3):
     bigger = chain3.replace(bwd_tmp=[7, 7, 107])
     assert replay(bigger, plat(), resolve(3, op_kind, op_stage, *tr))[7] == 167 + 100
     # a sequence error is a ScheduleError naming the op
-    bad_kind, bad_stage = np.array([0, 1, 0, 1]), np.array([1, 2, 2, 1])  # F_1 B_2 F_2 B_1
-    empty = [np.zeros(0, dtype=np.int64)] * 5
+    bad_kind, bad_stage = _read_only(np.array([0, 1, 0, 1])), _read_only(np.array([1, 2, 2, 1]))  # F_1 B_2 F_2 B_1
+    empty = [_read_only(np.zeros(0, dtype=np.int64))] * 5
     with pytest.raises(ScheduleError, match=r"compute\[1\] \(B_2\): B_2 needs unit 2 whole"):
         resolve(2, bad_kind, bad_stage, *empty)
