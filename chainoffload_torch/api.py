@@ -30,7 +30,7 @@ from ._instrument import COMPILE_REFUSAL, Blocks, Instrument, check_not_instrume
 from ._stages import EntryState, canonical_device
 from ._tree import call_key, describe_key
 from .executor import ScheduleRun, StepStats
-from .plans import Budget, Plan, _Planner, resident_units
+from .plans import Budget, Plan, _Planner, exact_bytes, resident_units
 from .profiler import _device_of, _to_device, as_call, measure_link
 
 __all__ = ["Offloader", "offload", "budget_curve"]
@@ -430,9 +430,9 @@ class Offloader:
         tail = [f"plan for: {plan.shapes}"]
         if plan.platform is not None:
             tail.append(
-                f"memory: {format_bytes(plan.platform.memory)} given; keep-all peak {format_bytes(co.keep_all_peak(chain))}; "
-                f"proven floors {format_bytes(offload_memory_floor(chain))} (pure offloading), "
-                f"{format_bytes(chain.stage_memory_floor())} (any schedule)"
+                f"memory: {exact_bytes(plan.platform.memory)} given; keep-all peak {exact_bytes(co.keep_all_peak(chain))}; "
+                f"proven floors {exact_bytes(offload_memory_floor(chain))} (pure offloading), "
+                f"{exact_bytes(chain.stage_memory_floor())} (any schedule)"
             )
         moved = f"offloaded per step: {format_bytes(plan.offloaded_bytes)} predicted"
         if self.last_step is not None:

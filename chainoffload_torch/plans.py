@@ -24,7 +24,7 @@ from ._instrument import Instrument
 from ._tree import describe_key
 from .profiler import Sizes, measure_chain
 
-__all__ = ["Budget", "Plan", "solve_for", "resident_units", "nothing_fits"]
+__all__ = ["Budget", "Plan", "solve_for", "resident_units", "nothing_fits", "exact_bytes"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -257,9 +257,18 @@ def nothing_fits(
     status = f"method {result.method}: {result.status}" if result is not None else "below any schedule's floor"
     shapes = f" for {describe_key(key)}" if key is not None else ""
     return (
-        f"memory: no schedule fits in {format_bytes(platform.memory)}{shapes} ({status}); "
-        f"keep-all peak {format_bytes(co.keep_all_peak(chain))}; proven floors {format_bytes(offload_memory_floor(chain))} "
-        f"for any pure-offloading schedule, {format_bytes(chain.stage_memory_floor())} for any schedule at all; "
+        f"memory: no schedule fits in {exact_bytes(platform.memory)}{shapes} ({status}); "
+        f"keep-all peak {exact_bytes(co.keep_all_peak(chain))}; proven floors {exact_bytes(offload_memory_floor(chain))} "
+        f"for any pure-offloading schedule, {exact_bytes(chain.stage_memory_floor())} for any schedule at all; "
         f"units kept resident: {', '.join(why)}"
-        + (f"; least memory known to work: {format_bytes(works)}" if works is not None else "")
+        + (f"; least memory known to work: {exact_bytes(works)}" if works is not None else "")
     )
+
+
+def exact_bytes(n: int) -> str:
+    """``n`` as a figure to paste back: the exact bytes first, then rounded for reading.
+
+    A rounded figure such as ``731.25 KiB`` is up to 5 KiB below the bytes it stands for, so
+    given back as ``memory=`` it can fall under the floor it names (NOTE [ nothing fits ]).
+    """
+    return f"{int(n)} B ({format_bytes(n)})" if n >= 1024 else f"{int(n)} B"
