@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import weakref
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -221,21 +221,32 @@ class UnitLedger:
         Data pointers never owned (see :func:`resident_storages`); the ledger adds to it.
     hold
         Units whose entries must hold their storage (the ones to be offloaded).
+    pinned
+        Per unit, the ordinals (0-based, in the order the unit first sees its storages) of
+        storages a profile found held beyond the unit's backward: they are never owned, so they
+        stay resident and the rest of the unit can move (NOTE [ units held elsewhere ]).
     """
 
-    def __init__(self, device: torch.device, resident: set[int], hold: Iterable[int] = ()) -> None:
+    def __init__(
+        self, device: torch.device, resident: set[int], hold: Iterable[int] = (), pinned: Mapping[int, Iterable[int]] | None = None
+    ) -> None:
         self.device = device
         self.resident = set(resident)
         #: Storages of a call's inputs and of blocks' extra inputs, never owned while they live:
         #: they may be freed within the forward and their address reused (NOTE [ addresses come back ]).
         self.borrowed: dict[int, StorageWeakRef] = {}
         self.hold = set(hold)
+        self.pinned = {u: frozenset(v) for u, v in (pinned or {}).items()}
+        self._seen: dict[int, int] = {}  # per stage, new storages seen so far (pinned ones too)
         self.by_key: dict[int, Entry] = {}
         self.units: dict[int, list[Entry]] = {}
         #: Units that share storage across a stage boundary (NOTE [ aliasing stages ]).
         self.aliased: set[int] = set()
         #: Units a later block or the model's output still holds (NOTE [ units held elsewhere ]).
         self.held: set[int] = set()
+        #: The entries so held, and by what: ``"output"`` or ``"block N"`` (the first later block
+        #: that took it as an extra input).
+        self.held_by: dict[Entry, str] = {}
         #: The entry of each stage's output a_i, where its unit owns it (what ``moves="act"`` moves).
         self.output: dict[int, Entry] = {}
         #: Per unit, saved tensors of a kind the executor cannot rebuild from a byte copy, and
@@ -275,10 +286,16 @@ class UnitLedger:
             return None  # a freed storage whose address was reused
         return entry
 
-    def lookup(self, t: torch.Tensor, stage: int) -> Entry:
-        """The entry of ``t``'s storage, made for ``stage``'s unit if no live unit owns it yet."""
+    def lookup(self, t: torch.Tensor, stage: int) -> Entry | None:
+        """The entry of ``t``'s storage, made for ``stage``'s unit if no live unit owns it yet;
+        ``None`` for a storage the profile pinned (it is resident from now on)."""
         entry = self.owner(t)
         if entry is None:
+            ordinal = self._seen.get(stage, 0)
+            self._seen[stage] = ordinal + 1
+            if ordinal in self.pinned.get(stage, ()):
+                self._borrow(t)
+                return None
             key, nbytes = storage_of(t)
             entry = Entry(stage, key, nbytes, t, hold=stage in self.hold)
             self.by_key[key] = entry
@@ -303,6 +320,7 @@ class UnitLedger:
                 # An earlier unit's storage handed to a later block: it stays alive beyond the
                 # unit's own backward use, so moving it would free nothing.
                 self.held.add(entry.unit)
+                self.held_by.setdefault(entry, f"block {stage}")
         if not isinstance(inp, torch.Tensor):
             return None
         if stage == 1 and self.owns(inp):
@@ -331,7 +349,7 @@ class UnitLedger:
         self.check_stage(stage, inp, version_before, out)
         if self.owns(out):
             entry = self.lookup(out, stage)
-            if entry.unit == stage:
+            if entry is not None and entry.unit == stage:
                 self.output[stage] = entry
         return out
 
@@ -342,6 +360,7 @@ class UnitLedger:
                 entry = self.owner(t)
                 if entry is not None and 1 <= entry.unit < last:
                     self.held.add(entry.unit)
+                    self.held_by.setdefault(entry, "output")
 
     def unit_bytes(self, unit: int) -> int:
         """Bytes of all storages ``unit`` owns."""
@@ -440,10 +459,20 @@ def _is_view_of(t: torch.Tensor, inp: Any) -> bool:
 # NOTE [ units held elsewhere ]
 # Offloading frees a unit's GPU memory only if nothing else holds its storages. Two holders the
 # ledger can see: a later block that takes an earlier unit's storage as an extra input (a skip
-# connection across blocks), and the model's output (Hugging Face's output_hidden_states=True
-# returns every hidden state; use_cache=True returns every layer's keys and values in a cache
-# object). Such units are marked "held" and kept resident, so the plan never counts on memory
-# that offloading would not free.
+# connection across blocks, T5's position bias, an encoder's output read by every decoder
+# block), and the model's output (Hugging Face's output_hidden_states=True returns every hidden
+# state; use_cache=True returns every layer's keys and values in a cache object). The storages
+# so held (held_by) stay resident; the rest of their unit can move:
+# * A profile pins them: the next ledgers of the same call (the executor's) never own them,
+#   recognised by their ordinal among the new storages their stage sees (the same code sees the
+#   same storages in the same order for the same shapes). The chain counts their bytes in a_0,
+#   resident from the start of the step to its end, a superset of their real lifetime (made in
+#   F_i, alive until their last reader's backward, or until the output is dropped).
+# * A unit whose output a_i is held (output_hidden_states, the last encoder block's output read
+#   by the decoder) is kept resident whole and marked "held": moving the rest of it would need
+#   a_i apart from the unit, which the chain model has no room for.
+# If a pinned storage is met out of order in a step (another path through the model), it is
+# owned after all and the executor sees it held: it warns or refuses, it never trains wrong.
 
 
 @contextlib.contextmanager

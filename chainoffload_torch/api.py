@@ -165,6 +165,7 @@ class Offloader:
             roots=(self.model,),
             copier=self._copier,
             pool=self.pool,
+            pinned=plan.sizes.pinned if plan.sizes is not None else None,
         )
         self._plans[plan.key] = (plan, run)
         while len(self._plans) > self.cache_size:
@@ -386,6 +387,8 @@ class Offloader:
             trs = by_unit.get(i, {})
             if i in run.offloaded:
                 decision = "offload a_i alone" if i in run.act_alone else "offload"
+                if sizes is not None and sizes.pinned.get(i):
+                    decision += ", held storages stay"
             elif i in plan.keep:
                 decision = "keep (user)"
             elif sizes is not None and i in sizes.aliased:
@@ -577,6 +580,15 @@ def offload(
     except BaseException:
         handle.remove()
         raise
+    held = plan.sizes.held_bytes.get("output", 0)
+    if held:
+        warnings.warn(
+            f"chainoffload_torch: the model's output holds {format_bytes(held)} of activations (a key/value cache, or "
+            "output_hidden_states): they stay resident and the rest of their blocks' activations moves; pass "
+            "use_cache=False (and output_hidden_states=False) when training to free them",
+            RuntimeWarning,
+            stacklevel=2,
+        )
     return handle
 
 

@@ -22,6 +22,7 @@ from torch import nn  # noqa: E402
 import chainoffload as co  # noqa: E402
 import chainoffload_torch as ct  # noqa: E402
 from chainoffload_torch._stages import UnitLedger  # noqa: E402
+from torch.multiprocessing.reductions import StorageWeakRef  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
@@ -117,3 +118,36 @@ def test_a_storage_whose_tensor_object_died_keeps_its_unit():
     del view  # the Python tensor goes; its storage lives on (in autograd's graph, say)
     gc.collect()
     assert ledger.pack(base, 2) is first and ledger.unit_bytes(2) == 0
+
+
+# -- 2. a key/value cache in training ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["gpt2-cache", "mistral"])
+def test_a_decoder_with_its_default_cache_offloads_all_but_the_keys_and_values(name):
+    model, batch = family(name)
+    assert model.config.use_cache
+    ref = copy.deepcopy(model)
+    sizes = ct.measure_sizes(model, batch)
+    # The cache holds storages of every unit but the last; not their outputs: no unit is held whole.
+    assert sizes.held == frozenset() and set(sizes.pinned) == set(range(1, 8))
+    held = sizes.held_bytes["output"]
+    assert held > 0 and sizes.act[0] >= held
+    with pytest.warns(RuntimeWarning, match=r"output holds .* stay resident .* use_cache=False"):
+        handle = ct.offload(model, batch, memory=0.6, repeats=1, warmup=0)
+    assert set(handle.schedule.offloaded_units) & set(range(1, 8))
+    assert any("held storages stay" in r["decision"] for r in handle.decisions())
+    train_equal(model, ref, batch, handle)
+    assert handle.offloaded_bytes > 0
+    # Every storage the cache holds stayed on the device: none of them was moved.
+    out = model(**batch)
+    units = handle._run._step.ledger.units
+    # Storage identities, not addresses: a released original's address is reused by a later layer.
+    moved = {e.ref.cdata for u in handle.schedule.offloaded_units for e in units.get(u, ())}
+    cache = [StorageWeakRef(t.untyped_storage()) for t in ct._tree.held_tensors(out.past_key_values)]
+    assert moved and cache and not moved & {w.cdata for w in cache}
+    out.loss.backward()
+    handle.remove()
+    # Without the cache the same units own those bytes again, and nothing is pinned.
+    plain = ct.measure_sizes(model, {**batch, "use_cache": False})
+    assert not plain.pinned and plain.act[0] == sizes.act[0] - held
