@@ -367,6 +367,8 @@ def hf_family(name: str, layers: int = 8) -> tuple[nn.Module, dict]:
             encoder_layers=layers, decoder_layers=layers, d_model=32, encoder_ffn_dim=64, decoder_ffn_dim=64, encoder_attention_heads=4,
             decoder_attention_heads=4, vocab_size=64, num_mel_bins=8, max_source_positions=16, max_target_positions=32,
         )
+        config.pad_token_id = config.decoder_start_token_id = 1
+        config.bos_token_id = config.eos_token_id = 2
         return tf.WhisperForConditionalGeneration(config), {"input_features": torch.randn(2, 8, 32), "labels": dec}
     if name == "clip":
         text = dict(num_hidden_layers=layers, hidden_size=32, intermediate_size=64, num_attention_heads=4, vocab_size=64, max_position_embeddings=32)

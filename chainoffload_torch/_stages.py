@@ -314,7 +314,15 @@ class UnitLedger:
             if t is inp or not isinstance(t, torch.Tensor) or t.device != self.device or t.layout != torch.strided:
                 continue
             entry = self.owner(t)
-            if entry is None:
+            if entry is None and stage >= 2 and self.owns(t):
+                # Made after the chain began (between blocks, as an encoder's output the decoder
+                # blocks read): an activation of the unit running then, and held by this block.
+                entry = self.lookup(t, stage - 1)
+                if entry is None:
+                    continue  # pinned by the profile: resident from now on
+                self.held.add(entry.unit)
+                self.held_by.setdefault(entry, f"block {stage}")
+            elif entry is None:
                 self._borrow(t)
             elif 1 <= entry.unit < stage - 1 or (1 <= entry.unit == stage - 1 and not _is_view_of(t, inp)):
                 # An earlier unit's storage handed to a later block: it stays alive beyond the

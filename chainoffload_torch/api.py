@@ -583,8 +583,8 @@ def offload(
     held = plan.sizes.held_bytes.get("output", 0)
     if held:
         warnings.warn(
-            f"chainoffload_torch: the model's output holds {format_bytes(held)} of activations (a key/value cache, or "
-            "output_hidden_states): they stay resident and the rest of their blocks' activations moves; pass "
+            f"chainoffload_torch: the model's output holds {format_bytes(held)} of activations (a key/value cache, hidden "
+            "states it returns): they stay resident and the rest of their blocks' activations moves; pass "
             "use_cache=False (and output_hidden_states=False) when training to free them",
             RuntimeWarning,
             stacklevel=2,

@@ -151,3 +151,112 @@ def test_a_decoder_with_its_default_cache_offloads_all_but_the_keys_and_values(n
     # Without the cache the same units own those bytes again, and nothing is pinned.
     plain = ct.measure_sizes(model, {**batch, "use_cache": False})
     assert not plain.pinned and plain.act[0] == sizes.act[0] - held
+
+
+# -- 3. a chain over the whole forward -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name, first, last, boundary",
+    [
+        ("t5", "encoder.block.0", "decoder.block.7", 8),
+        ("bart", "model.encoder.layers.0", "model.decoder.layers.7", 8),
+        ("whisper", "model.encoder.layers.0", "model.decoder.layers.7", 8),
+        ("clip", "vision_model.encoder.layers.0", "text_model.encoder.layers.7", 8),
+    ],
+)
+def test_stacks_run_one_after_another_make_one_chain_that_trains_bitwise_equal(name, first, last, boundary):
+    model, batch = family(name)
+    ref = copy.deepcopy(model)
+    handle = ct.offload(model, batch, memory=0.6, repeats=1, warmup=0)
+    blocks = handle.blocks
+    assert len(blocks) == 16 and blocks.names[0] == first and blocks.names[-1] == last
+    # The second stack's first block takes a new hidden state (its embeddings), not the first's output.
+    assert blocks.is_linked(boundary - 1) and not blocks.is_linked(boundary)
+    # Both stacks can move: the decoder's (or the second tower's) activations are in the chain.
+    resident = ct.plans.resident_units(handle.chain, handle.plan.sizes)
+    assert set(range(1, boundary)) - resident and set(range(boundary + 1, 16)) - resident, resident
+    assert handle.schedule.offloaded_units
+    train_equal(model, ref, batch, handle)
+
+
+def test_the_encoder_output_every_decoder_block_reads_stays_resident_and_counted():
+    """T5's encoder output (after its final norm) is made between the stacks and read by every
+    decoder block: pinned in unit 9 and counted in a_0; the rest of unit 9 moves."""
+    model, batch = family("t5")
+    sizes = ct.measure_sizes(model, batch)
+    encoder_out = 2 * 32 * 32 * 4
+    assert sizes.held_bytes["blocks"] >= encoder_out
+    assert 9 in sizes.pinned and 9 not in sizes.held
+
+
+class ParentResidual(nn.Module):
+    def __init__(self, layers=8, d=16):
+        super().__init__()
+        torch.manual_seed(0)
+        self.inp = nn.Linear(8, d)
+        self.blocks = nn.ModuleList([nn.Sequential(nn.LayerNorm(d), nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d)) for _ in range(layers)])
+        self.head = nn.Linear(d, 3)
+
+    def forward(self, x):
+        h = self.inp(x)
+        for block in self.blocks:
+            h = h + block(h)
+        return self.head(h)
+
+
+def test_a_residual_added_by_the_parent_makes_a_chain_of_the_blocks_not_of_their_layers():
+    model = ParentResidual()
+    ref = copy.deepcopy(model)
+    x = torch.randn(32, 8)
+    found = ct.find_blocks(model, (x,), {})
+    assert found.names == tuple(f"blocks.{i}" for i in range(8))
+    assert found.linked == (False,) * 7 + (True,)
+    assert ct.find_blocks(model, (x,), {}, "blocks").modules == found.modules
+    sizes = ct.measure_sizes(model, x)
+    assert sizes.act[1:] == (32 * 16 * 4,) * 8  # a_i is the sum, the next block's input
+    handle = ct.offload(model, x, memory=0.5, repeats=1, warmup=0)
+    assert handle.schedule.offloaded_units
+    for _ in range(3):
+        model(x).square().mean().backward()
+        ref(x).square().mean().backward()
+        assert same_grads(model, ref)
+        assert handle.offloaded_bytes == handle.plan.offloaded_bytes > 0
+
+
+def test_a_layer_called_several_times_is_one_stage_per_call():
+    model, batch = family("albert")
+    ref = copy.deepcopy(model)
+    group = "albert.encoder.albert_layer_groups.0"
+    handle = ct.offload(model, batch, memory=0.6, repeats=1, warmup=0)
+    assert handle.blocks.names == tuple(f"{group}#{k}" for k in range(1, 9))
+    assert len({id(m) for m in handle.blocks.modules}) == 1
+    assert handle.schedule.offloaded_units
+    train_equal(model, ref, batch, handle)
+    handle.remove()
+    assert ct.find_blocks(model, (), batch, group).names == handle.blocks.names  # the call pattern, by path
+
+
+def test_hf_resnet_s_stages_become_one_chain_of_their_blocks():
+    model, batch = family("resnet")
+    found = ct.find_blocks(model, (), batch)
+    assert found.names == tuple(f"resnet.encoder.stages.{s}.layers.{i}" for s in range(4) for i in range(2))
+
+
+@pytest.mark.parametrize("name", ["convnext", "swin"])
+def test_a_cnn_in_stages_makes_one_chain_of_every_stage_s_blocks(name):
+    model, batch = family(name)
+    ref = copy.deepcopy(model)
+    handle = ct.offload(model, batch, memory=0.6, repeats=1, warmup=0)
+    names = handle.blocks.names
+    assert len(names) == 8 and len({n.rsplit(".", 2)[0] for n in names}) >= 3, names  # blocks of 3 or 4 stages
+    assert handle.schedule.offloaded_units
+    train_equal(model, ref, batch, handle)
+
+
+def test_blocks_given_as_a_list_of_module_lists():
+    model, batch = family("bart")
+    found = ct.find_blocks(model, (), batch, ["model.encoder.layers", "model.decoder.layers"])
+    assert len(found) == 16 and found.names[8] == "model.decoder.layers.0" and not found.is_linked(8)
+    with pytest.raises(ValueError, match="not called in order"):
+        ct.find_blocks(model, (), batch, ["model.decoder.layers", "model.encoder.layers"])
