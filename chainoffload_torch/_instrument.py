@@ -67,12 +67,28 @@ class Blocks:
         hidden state is made between them (the parent adds a residual, ``h = h + block(h)``, or
         one stack ends and the next begins): a_i is then the next block's hidden input
         (NOTE [ blocks not linked ]). Empty: all linked.
+    left_out
+        Module lists of repeated blocks the search found running wholly before or after the
+        chain: (path, number of blocks, whether before): what ``blocks=`` could add (empty when
+        the blocks were given).
     """
 
     modules: tuple[nn.Module, ...]
     names: tuple[str, ...]
     hidden_in: tuple[tuple[str, Any], ...]
     linked: tuple[bool, ...] = ()
+    left_out: tuple[tuple[str, int, bool], ...] = ()
+
+    @property
+    def lists(self) -> tuple[str, ...]:
+        """The module lists the blocks come from, in order (a block's path less its last part)."""
+        out: list[str] = []
+        for n in self.names:
+            # "path#k" is the k-th call of the module at path: the path itself names them all.
+            parent = n.partition("#")[0] if "#" in n else n.rpartition(".")[0]
+            if parent and parent not in out:
+                out.append(parent)
+        return tuple(out)
 
     def __len__(self) -> int:
         return len(self.modules)
@@ -441,7 +457,18 @@ def find_blocks(model: nn.Module, args: tuple, kwargs: dict, blocks: Any = None)
     _, main = max(runs, key=lambda r: r[0])
     main = _refine(main, list(whole.values()))
     main = _extend(main, [r for _, r in runs if r.name != main.name])
-    return _as_blocks(main, names)
+    found = _as_blocks(main, names)
+    # Runs of repeated blocks wholly before or after the chain (code between its blocks already
+    # runs in its stages), not inside one another: what blocks= could add.
+    first, last = main.stages[0][1].order, main.stages[-1][1].end
+    outside: list[tuple[str, int, bool]] = []
+    spans: list[tuple[int, int]] = []
+    for _, r in sorted(runs, key=lambda r: (-len(r[1].stages), r[1].start)):
+        if r.name and (r.stop < first or r.start > last) and _score(r)[0] >= 2:
+            if not any(a <= r.start and r.stop <= b for a, b in spans):
+                outside.append((r.name, len(r.stages), r.stop < first))
+                spans.append((r.start, r.stop))
+    return dataclasses.replace(found, left_out=tuple(outside))
 
 
 def _refine(run: _Run, whole: list[_Run]) -> _Run:

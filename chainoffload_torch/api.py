@@ -30,7 +30,7 @@ from ._instrument import COMPILE_REFUSAL, Blocks, Instrument, check_not_instrume
 from ._stages import EntryState, canonical_device
 from ._tree import call_key, describe_key
 from .executor import ScheduleRun, StepStats
-from .plans import Budget, Plan, _Planner, exact_bytes, resident_units
+from .plans import Budget, Plan, _Planner, coverage, exact_bytes, resident_units
 from .profiler import _device_of, _to_device, as_call, measure_link
 
 __all__ = ["Offloader", "offload", "budget_curve"]
@@ -437,6 +437,8 @@ class Offloader:
                 f"proven floors {exact_bytes(offload_memory_floor(chain))} (pure offloading), "
                 f"{exact_bytes(chain.stage_memory_floor())} (any schedule)"
             )
+        if plan.sizes is not None:
+            tail.append(coverage(chain, plan.sizes, self.blocks).describe())
         moved = f"offloaded per step: {format_bytes(plan.offloaded_bytes)} predicted"
         if self.last_step is not None:
             moved += f", {format_bytes(self.offloaded_bytes)} measured"
@@ -580,6 +582,9 @@ def offload(
     except BaseException:
         handle.remove()
         raise
+    cover = coverage(plan.chain, plan.sizes, blks)
+    if cover.share < 0.5:
+        warnings.warn(f"chainoffload_torch: {cover.describe()}", RuntimeWarning, stacklevel=2)
     held = plan.sizes.held_bytes.get("output", 0)
     if held:
         warnings.warn(

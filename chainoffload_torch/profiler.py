@@ -113,6 +113,14 @@ class Profile:
     device: torch.device
     blocks: Blocks
 
+    @property
+    def coverage(self) -> Any:
+        """What share of the keep-all peak the chain can move, and what it leaves out
+        (:class:`chainoffload_torch.plans.Coverage`; ``.describe()`` says it in one line)."""
+        from .plans import coverage
+
+        return coverage(self.chain, self.sizes, self.blocks)
+
 
 def as_call(sample: Any) -> tuple[tuple, dict]:
     """``(args, kwargs)`` of a sample: a tensor, a tuple of positional arguments, or a mapping

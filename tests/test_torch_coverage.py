@@ -260,3 +260,58 @@ def test_blocks_given_as_a_list_of_module_lists():
     assert len(found) == 16 and found.names[8] == "model.decoder.layers.0" and not found.is_linked(8)
     with pytest.raises(ValueError, match="not called in order"):
         ct.find_blocks(model, (), batch, ["model.decoder.layers", "model.encoder.layers"])
+
+
+# -- 4. what the chain covers ------------------------------------------------------------------------
+
+
+class Wide(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.lin = nn.Linear(d, d)
+
+    def forward(self, x):
+        return torch.tanh(self.lin(x))
+
+
+class TwoKinds(nn.Module):
+    """A narrow stack of 8 blocks, then a wide one of 4 of another class: the search takes the
+    longer, and the wide one, most of the memory, is left in the last unit."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.blocks = nn.ModuleList([torch_models.ResidualBlock(8) for _ in range(8)])
+        self.up = nn.Linear(8, 256)
+        self.tail = nn.ModuleList([Wide(256) for _ in range(4)])
+        self.head = nn.Linear(256, 2)
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = b(x)
+        x = self.up(x)
+        for b in self.tail:
+            x = b(x)
+        return self.head(x)
+
+
+def test_a_chain_that_covers_under_half_says_what_it_left_out_and_the_blocks_that_cover_it():
+    model = TwoKinds()
+    ref = copy.deepcopy(model)
+    x = torch.randn(16, 8)
+    with pytest.warns(RuntimeWarning, match=r"can move .*, \d+ % of the keep-all peak .* tail \(4 blocks\)") as record:
+        handle = ct.offload(model, x, memory=0.9, repeats=1, warmup=0)
+    assert handle.blocks.lists == ("blocks",)
+    cover = ct.plans.coverage(handle.chain, handle.plan.sizes, handle.blocks)
+    assert cover.share < 0.5 and "the chain can move" in handle.table()
+    suggested = re.search(r"blocks=(\[.*?\])", str(record[0].message)).group(1)
+    assert suggested == "['blocks', 'tail']"
+    handle.remove()
+    handle = ct.offload(model, x, memory=0.5, blocks=eval(suggested), repeats=1, warmup=0)
+    prof = ct.profile_full(ref, x, blocks=eval(suggested), repeats=1, warmup=0, measure_platform=False)
+    assert prof.coverage.share >= 0.5 and len(handle.blocks) == 12
+    for _ in range(3):
+        model(x).square().mean().backward()
+        ref(x).square().mean().backward()
+        assert same_grads(model, ref)
+        assert handle.offloaded_bytes == handle.plan.offloaded_bytes > 0
