@@ -263,3 +263,134 @@ class Embed(nn.Module):
 def gpt_like(vocab: int, seq: int, d: int, heads: int, layers: int) -> nn.Sequential:
     """Embedding, ``layers`` blocks, final norm and vocabulary head."""
     return nn.Sequential(Embed(vocab, seq, d), *[GPTBlock(d, heads) for _ in range(layers)], nn.Sequential(nn.LayerNorm(d), nn.Linear(d, vocab)))
+
+
+# -- the families people train (issue 20) -------------------------------------------------------
+
+
+class ParentResidual(nn.Module):
+    """Blocks that return only their branch: the parent adds it (``h = h + block(h)``), so a
+    block's output is not the next block's input."""
+
+    def __init__(self, d: int = 32, layers: int = 8, classes: int = 3) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.inp = nn.Linear(8, d)
+        self.blocks = nn.ModuleList([nn.Sequential(nn.LayerNorm(d), nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d)) for _ in range(layers)])
+        self.head = nn.Linear(d, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.inp(x)
+        for block in self.blocks:
+            h = h + block(h)
+        return self.head(h)
+
+
+class UNet(nn.Module):
+    """A small U-Net: ``depth`` down blocks whose outputs are read again by the up blocks (skips
+    to later blocks), and ``depth`` up blocks."""
+
+    def __init__(self, width: int = 4, depth: int = 4, classes: int = 3) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.stem = nn.Conv2d(3, width, 3, padding=1)
+        self.down = nn.ModuleList([nn.Sequential(nn.Conv2d(width, width, 3, padding=1), nn.ReLU()) for _ in range(depth)])
+        self.up = nn.ModuleList([nn.Sequential(nn.Conv2d(2 * width, width, 3, padding=1), nn.ReLU()) for _ in range(depth)])
+        self.head = nn.Conv2d(width, classes, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.stem(x)
+        skips = []
+        for block in self.down:
+            h = block(h)
+            skips.append(h)
+        for block in self.up:
+            h = block(torch.cat([h, skips.pop()], 1))
+        return self.head(h)
+
+
+def _lm(tf: object, ids: torch.Tensor, cls: str, config: object) -> tuple[nn.Module, dict]:
+    return getattr(tf, cls)(config), {"input_ids": ids, "labels": ids}
+
+
+def hf_family(name: str, layers: int = 8) -> tuple[nn.Module, dict]:
+    """A model of one of :data:`FAMILIES` from a tiny config (random weights, no download, the
+    library's defaults otherwise: ``use_cache`` stays as the config has it) and a batch for
+    it, used as its documentation shows: ``model(**batch).loss``. Every stack has ``layers``
+    blocks (a CNN: ``layers`` blocks over its stages)."""
+    tf = _transformers()
+    torch.manual_seed(0)
+    ids = torch.randint(0, 64, (2, 32))
+    small = dict(hidden_size=32, intermediate_size=64, num_attention_heads=4, vocab_size=64)
+    if name in ("gpt2", "llama", "bert", "vit"):
+        return hf_tiny(name, layers)
+    if name == "gpt2-cache":
+        config = tf.GPT2Config(n_layer=layers, n_embd=32, n_head=4, vocab_size=64, n_positions=64)
+        return tf.GPT2LMHeadModel(config), {"input_ids": ids, "labels": ids}
+    if name == "mistral":
+        return _lm(tf, ids, "MistralForCausalLM", tf.MistralConfig(num_hidden_layers=layers, num_key_value_heads=2, max_position_embeddings=64, **small))
+    if name == "qwen2":
+        return _lm(tf, ids, "Qwen2ForCausalLM", tf.Qwen2Config(num_hidden_layers=layers, num_key_value_heads=2, max_position_embeddings=64, **small))
+    if name == "phi3":
+        return _lm(tf, ids, "Phi3ForCausalLM", tf.Phi3Config(num_hidden_layers=layers, num_key_value_heads=4, max_position_embeddings=64, pad_token_id=0, **small))
+    if name == "gpt-neox":
+        return _lm(tf, ids, "GPTNeoXForCausalLM", tf.GPTNeoXConfig(num_hidden_layers=layers, max_position_embeddings=64, **small))
+    if name == "falcon":
+        config = tf.FalconConfig(num_hidden_layers=layers, hidden_size=32, num_attention_heads=4, vocab_size=64)
+        return _lm(tf, ids, "FalconForCausalLM", config)
+    if name == "gemma":
+        return _lm(tf, ids, "GemmaForCausalLM", tf.GemmaConfig(num_hidden_layers=layers, num_key_value_heads=2, head_dim=8, max_position_embeddings=64, **small))
+    if name == "opt":
+        config = tf.OPTConfig(num_hidden_layers=layers, hidden_size=32, ffn_dim=64, num_attention_heads=4, vocab_size=64, word_embed_proj_dim=32, max_position_embeddings=64)
+        return _lm(tf, ids, "OPTForCausalLM", config)
+    if name == "mamba":
+        config = tf.MambaConfig(num_hidden_layers=layers, hidden_size=32, state_size=8, vocab_size=64, expand=2, conv_kernel=4)
+        return _lm(tf, ids, "MambaForCausalLM", config)
+    if name == "roberta":
+        config = tf.RobertaConfig(num_hidden_layers=layers, max_position_embeddings=64, num_labels=3, **small)
+        return tf.RobertaForSequenceClassification(config), {"input_ids": ids, "labels": torch.tensor([0, 2])}
+    if name == "albert":
+        config = tf.AlbertConfig(num_hidden_layers=layers, embedding_size=16, max_position_embeddings=64, num_labels=3, **small)
+        return tf.AlbertForSequenceClassification(config), {"input_ids": ids, "labels": torch.tensor([0, 2])}
+    dec = torch.randint(0, 64, (2, 16))
+    if name == "t5":
+        config = tf.T5Config(num_layers=layers, num_decoder_layers=layers, d_model=32, d_ff=64, d_kv=8, num_heads=4, vocab_size=64, decoder_start_token_id=0)
+        return tf.T5ForConditionalGeneration(config), {"input_ids": ids, "labels": dec}
+    if name == "bart":
+        config = tf.BartConfig(
+            encoder_layers=layers, decoder_layers=layers, d_model=32, encoder_ffn_dim=64, decoder_ffn_dim=64, encoder_attention_heads=4,
+            decoder_attention_heads=4, vocab_size=64, max_position_embeddings=64,
+        )
+        return tf.BartForConditionalGeneration(config), {"input_ids": ids, "labels": dec}
+    if name == "whisper":
+        config = tf.WhisperConfig(
+            encoder_layers=layers, decoder_layers=layers, d_model=32, encoder_ffn_dim=64, decoder_ffn_dim=64, encoder_attention_heads=4,
+            decoder_attention_heads=4, vocab_size=64, num_mel_bins=8, max_source_positions=16, max_target_positions=32,
+        )
+        config.pad_token_id = config.decoder_start_token_id = 1
+        config.bos_token_id = config.eos_token_id = 2
+        return tf.WhisperForConditionalGeneration(config), {"input_features": torch.randn(2, 8, 32), "labels": dec}
+    if name == "clip":
+        text = dict(num_hidden_layers=layers, hidden_size=32, intermediate_size=64, num_attention_heads=4, vocab_size=64, max_position_embeddings=32)
+        vision = dict(num_hidden_layers=layers, hidden_size=32, intermediate_size=64, num_attention_heads=4, image_size=32, patch_size=4)
+        config = tf.CLIPConfig(text_config=text, vision_config=vision, projection_dim=16)
+        return tf.CLIPModel(config), {"input_ids": ids[:, :16], "pixel_values": torch.randn(2, 3, 32, 32), "return_loss": True}
+    labels = torch.tensor([0, 2])
+    pixels = torch.randn(2, 3, 32, 32)
+    if name == "resnet":
+        config = tf.ResNetConfig(embedding_size=8, hidden_sizes=[8, 16, 32, 64], depths=[2, 2, 2, 2], layer_type="bottleneck", num_labels=3)
+        return tf.ResNetForImageClassification(config), {"pixel_values": pixels, "labels": labels}
+    if name == "convnext":
+        config = tf.ConvNextConfig(hidden_sizes=[8, 16, 32, 64], depths=[2, 2, 2, 2], num_labels=3)
+        return tf.ConvNextForImageClassification(config), {"pixel_values": pixels, "labels": labels}
+    if name == "swin":
+        config = tf.SwinConfig(image_size=32, patch_size=2, embed_dim=8, depths=[2, 2, 4], num_heads=[2, 2, 4], window_size=4, num_labels=3)
+        return tf.SwinForImageClassification(config), {"pixel_values": pixels, "labels": labels}
+    raise ValueError(f"name: {name!r} is not one of {', '.join(FAMILIES)}")
+
+
+#: The architectures :func:`hf_family` builds (issue 20's table and more).
+FAMILIES = (
+    "gpt2", "gpt2-cache", "llama", "mistral", "qwen2", "phi3", "gpt-neox", "falcon", "gemma", "opt", "mamba",
+    "bert", "roberta", "albert", "vit", "t5", "bart", "whisper", "clip", "resnet", "convnext", "swin",
+)

@@ -54,17 +54,41 @@ class Blocks:
     Attributes
     ----------
     modules
-        Stage i is ``modules[i - 1]``.
+        Stage i is a call of ``modules[i - 1]``. One module may be several stages, one per call
+        (ALBERT's shared layer): its k-th call in a forward is its k-th stage.
     names
-        Their paths in the model (``"transformer.h.0"``), for tables and messages.
+        Their paths in the model (``"transformer.h.0"``; ``"path#k"`` for the k-th call of a
+        shared module), for tables and messages.
     hidden_in
         Per block, where the hidden state a_{i-1} enters: ``("arg", k)`` (the k-th positional
         argument) or ``("kw", name)``.
+    linked
+        Per block, whether the next block takes its output as hidden state. ``False`` where the
+        hidden state is made between them (the parent adds a residual, ``h = h + block(h)``, or
+        one stack ends and the next begins): a_i is then the next block's hidden input
+        (NOTE [ blocks not linked ]). Empty: all linked.
+    left_out
+        Module lists of repeated blocks the search found running wholly before or after the
+        chain: (path, number of blocks, whether before): what ``blocks=`` could add (empty when
+        the blocks were given).
     """
 
     modules: tuple[nn.Module, ...]
     names: tuple[str, ...]
     hidden_in: tuple[tuple[str, Any], ...]
+    linked: tuple[bool, ...] = ()
+    left_out: tuple[tuple[str, int, bool], ...] = ()
+
+    @property
+    def lists(self) -> tuple[str, ...]:
+        """The module lists the blocks come from, in order (a block's path less its last part)."""
+        out: list[str] = []
+        for n in self.names:
+            # "path#k" is the k-th call of the module at path: the path itself names them all.
+            parent = n.partition("#")[0] if "#" in n else n.rpartition(".")[0]
+            if parent and parent not in out:
+                out.append(parent)
+        return tuple(out)
 
     def __len__(self) -> int:
         return len(self.modules)
@@ -76,6 +100,10 @@ class Blocks:
         if names is None:
             names = [str(i) for i in range(len(mods))]
         return cls(tuple(mods), tuple(names), tuple(("arg", 0) for _ in mods))
+
+    def is_linked(self, idx: int) -> bool:
+        """Whether block ``idx`` (1-based) hands its output to block ``idx + 1`` (true for the last)."""
+        return not self.linked or idx >= len(self.modules) or self.linked[idx - 1]
 
     def hidden_of(self, idx: int, args: tuple, kwargs: dict) -> Any:
         """The hidden state among the arguments of block ``idx`` (1-based); ``None`` if absent."""
@@ -89,16 +117,31 @@ class Blocks:
 
 # NOTE [ finding the blocks ]
 # One forward of the sample (no autograd, model state restored after) with hooks on every child
-# of every nn.ModuleList / nn.Sequential of the model records which is called, when, with what
-# and returning what. A container's children form a run when each is called exactly once, in
-# the container's order, and each takes the hidden state the previous one returned (the
-# returned tensor itself, or its first tensor when it returns a tuple or a dict, found among
-# the next block's positional or keyword arguments; an alias with the same storage, offset,
-# shape, stride and dtype counts, as wrappers such as FSDP hand blocks a new tensor object). Sibling
-# containers whose runs cover them entirely and chain into each other are joined, so a ResNet's
-# layer1..layer4 make one run of all its bottleneck blocks. The run kept is the one with the
-# most blocks of one class (repeated blocks), then the longest, then the shallowest; the
-# model itself counts as a container when it is an nn.Sequential. A run needs two blocks.
+# of every nn.ModuleList / nn.Sequential of the model records which is called, when (start and
+# end), with what and returning what. A container gives a run of stages when its children are
+# called once each, in the container's order (or when its one child is called several times:
+# ALBERT's shared layer, one stage per call), and each stage's hidden state comes from the one
+# before: either the returned tensor itself (or its first tensor when it returns a tuple or a
+# dict, found among the next call's arguments; an alias with the same storage, offset, shape,
+# stride and dtype counts, as wrappers such as FSDP hand blocks a new tensor object), or a new
+# tensor of the same shape and dtype made between the two calls (the parent adds a residual:
+# h = h + block(h)), never an input an earlier stage already took (blocks reading one input in
+# parallel are no chain). The chain is then built in three steps:
+# 1. The main run: the one with the most blocks of one class (repeated blocks), then the
+#    longest, then the shallowest; the model itself counts as a container when it is an
+#    nn.Sequential. A run needs two blocks.
+# 2. Refined: a block of it that ends with a run of blocks of one class in a module list of its
+#    own (a CNN stage whose forward runs its list of residual blocks: HF ResNet's, ConvNeXt's)
+#    is replaced by that run. A block whose sub-layers differ (T5's attention and feed-forward)
+#    or that is itself the list (an nn.Sequential block) stays whole.
+# 3. Extended: every other run that lies wholly before or after the chain so far (not inside one
+#    of its blocks, not around one) and is of the same kind, by the same container name
+#    (encoder.block and decoder.block, each tower's encoder.layers, Swin's per-stage blocks) or
+#    the same block class, joins it, in the order the forward calls them. A ResNet's layer1 ..
+#    layer4 are joined this way.
+# `blocks=` names the stages instead: a path or a container (its children), a list of paths,
+# modules and containers, or a module called several times (one stage per call); they must be
+# called in that order, each stage's hidden state coming from the one before as above.
 
 
 @dataclasses.dataclass
@@ -110,6 +153,26 @@ class _Call:
     args: tuple
     kwargs: dict
     out: Any = None
+    end: int = 0
+
+
+@dataclasses.dataclass
+class _Run:
+    """Consecutive stages (module, call) and how each takes its hidden state."""
+
+    stages: list[tuple[nn.Module, _Call]]
+    locs: list[tuple[str, Any] | None]  # per stage; None for the first (filled in at the end)
+    linked: list[bool]  # per stage but the last: the next stage takes this one's output
+    name: str
+    container: tuple[nn.Module, ...] = ()  # the module list whose children it calls
+
+    @property
+    def start(self) -> int:
+        return self.stages[0][1].order
+
+    @property
+    def stop(self) -> int:
+        return self.stages[-1][1].end
 
 
 def _hidden_location(prev_out: Any, args: tuple, kwargs: dict) -> tuple[str, Any] | None:
@@ -136,22 +199,37 @@ def _first_location(args: tuple, kwargs: dict) -> tuple[str, Any] | None:
     return None
 
 
+def _at(call: _Call, loc: tuple[str, Any] | None) -> Any:
+    if loc is None:
+        return None
+    where, key = loc
+    if where == "arg":
+        return call.args[key] if key < len(call.args) else None
+    return call.kwargs.get(key)
+
+
 def _trace(model: nn.Module, args: tuple, kwargs: dict, modules: Sequence[nn.Module]) -> dict[int, list[_Call]]:
     calls: dict[int, list[_Call]] = collections.defaultdict(list)
     counter = [0]
     handles = []
+    running: dict[int, list[_Call]] = collections.defaultdict(list)
+    last: list[Any] = []
 
     def pre(mod: nn.Module, a: tuple, kw: dict) -> None:
         counter[0] += 1
-        calls[id(mod)].append(_Call(counter[0], tuple(map(signature, a)), {k: signature(v) for k, v in kw.items()}))
-
-    last: list[Any] = [None]
+        call = _Call(counter[0], tuple(map(signature, a)), {k: signature(v) for k, v in kw.items()})
+        calls[id(mod)].append(call)
+        running[id(mod)].append(call)
+        last.append((a, kw))
 
     def post(mod: nn.Module, a: tuple, kw: dict, out: Any) -> None:
-        calls[id(mod)][-1].out = signature(first_tensor(out))
-        # Held until the next block's output: its address cannot be reused by a tensor made
-        # between this call and the next one (which would look like this output).
-        last[0] = out
+        counter[0] += 1
+        call = running[id(mod)].pop()
+        call.out = signature(first_tensor(out))
+        call.end = counter[0]
+        # Every input and output is held until the trace ends: its address cannot be reused by
+        # a tensor made later (which would look like this output, or like a new hidden state).
+        last.append(out)
 
     for m in {id(m): m for m in modules}.values():
         handles.append(m.register_forward_pre_hook(pre, with_kwargs=True))
@@ -162,61 +240,136 @@ def _trace(model: nn.Module, args: tuple, kwargs: dict, modules: Sequence[nn.Mod
     finally:
         for h in handles:
             h.remove()
+        last.clear()
     return calls
 
 
-def _run_of(
-    children: Sequence[nn.Module], calls: dict[int, list[_Call]]
-) -> tuple[int, int, list[tuple[str, Any]] | None, str]:
-    """The longest chained run [a, b) of ``children``, the hidden-input locations of its blocks
-    (the first one's filled in later), and why a longer one failed."""
+def _link(
+    prev: _Call, prev_in: Any, cur: _Call, seen: set, same_shape: bool, usual: tuple[str, Any] | None
+) -> tuple[tuple[str, Any] | None, bool | None]:
+    """How ``cur`` takes its hidden state after ``prev``: (location, linked) with linked True
+    (``prev``'s output), False (a new tensor made between them), or None (neither).
+
+    ``usual`` is where the stages before took theirs: ``prev``'s output there links them; a new
+    tensor there comes before ``prev``'s output found elsewhere (a decoder block's first one
+    takes its embeddings there and the encoder's output as ``encoder_hidden_states``).
+    """
+    if cur.order <= prev.end or prev.out is None:
+        return None, None
+
+    def fresh(h: Any) -> bool:
+        if h is None or h in seen or h == prev_in or h == prev.out:
+            return False
+        return not same_shape or (h[3], h[5]) == (prev.out[3], prev.out[5])
+
+    here = _at(cur, usual)
+    if here is not None and here == prev.out:
+        return usual, True
+    if fresh(here):
+        return usual, False
+    loc = _hidden_location(prev.out, cur.args, cur.kwargs)
+    if loc is not None:
+        return loc, True
+    loc = _first_location(cur.args, cur.kwargs)
+    return (loc, False) if fresh(_at(cur, loc)) else (None, None)
+
+
+def _chain(stages: list[tuple[nn.Module, _Call]], same_shape: bool = True) -> tuple[int, int, list, list, str]:
+    """The longest run [a, b) of ``stages`` in which each takes its hidden state from the one
+    before; its locations and links, and why a longer one failed."""
     why = ""
-    best = (0, 0, None)
-    start = 0
-    locs: list[tuple[str, Any] | None] = []
+    best = (0, 0, [], [])
+    start, locs, links = 0, [None], []
+    seen: set = set()
+    usual = _first_location(stages[0][1].args, stages[0][1].kwargs) if stages else None
+    prev_in: Any = _at(stages[0][1], usual) if stages else None
+    for j in range(1, len(stages)):
+        prev, cur = stages[j - 1][1], stages[j][1]
+        loc, linked = _link(prev, prev_in, cur, seen, same_shape, usual)
+        if linked is None:
+            why = why or (
+                f"block {j} was called before block {j - 1} ended" if cur.order <= prev.end else f"block {j} does not take block {j - 1}'s output"
+            )
+            start, locs, links, seen = j, [None], [], set()
+            usual = _first_location(cur.args, cur.kwargs)
+            prev_in = _at(cur, usual)
+            continue
+        seen.update(x for x in (prev_in, prev.out) if x is not None)
+        prev_in, usual = _at(cur, loc), loc
+        locs.append(loc)
+        links.append(linked)
+        if j + 1 - start > best[1] - best[0]:
+            best = (start, j + 1, list(locs), list(links))
+    return best[0], best[1], best[2], best[3], why
+
+
+def _container_stages(children: Sequence[nn.Module], calls: dict[int, list[_Call]]) -> tuple[list, str]:
+    """The calls of a container's children as stages: each child once, in order; or its one
+    child called several times (one stage per call)."""
+    if len(children) == 1 and len(calls.get(id(children[0]), [])) >= 2:
+        return [(children[0], c) for c in calls[id(children[0])]], ""
+    stages = []
     for j, child in enumerate(children):
         cs = calls.get(id(child), [])
-        ok = len(cs) == 1
-        if not ok:
-            why = why or (f"block {j} was not called" if not cs else f"block {j} was called {len(cs)} times")
-        loc = None
-        if ok and j > start:
-            prev = calls[id(children[j - 1])][0]
-            if cs[0].order <= prev.order:
-                ok, why = False, why or f"block {j} was called before block {j - 1}"
-            else:
-                loc = _hidden_location(prev.out, cs[0].args, cs[0].kwargs)
-                if loc is None:
-                    why = why or f"block {j} does not take block {j - 1}'s output"
-        if not ok:
-            start, locs = j + 1, []
-            continue
-        if j > start and loc is None:
-            start, locs = j, []
-        locs.append(loc)
-        if j + 1 - start > best[1] - best[0]:
-            best = (start, j + 1, list(locs))
-    return best[0], best[1], best[2], why
+        if len(cs) != 1:
+            return stages, (f"block {j} was not called" if not cs else f"block {j} was called {len(cs)} times")
+        stages.append((child, cs[0]))
+    return stages, ""
 
 
-def _finish_locations(modules: list[nn.Module], locs: list, calls: dict[int, list[_Call]]) -> list[tuple[str, Any]]:
-    """Fill in where the first block takes its hidden state: where the second one does (if it
-    has a tensor there), else its first tensor argument."""
-    first = calls[id(modules[0])][0]
-    loc = locs[1] if len(locs) > 1 else None
-    if loc is not None:
-        where, key = loc
-        value = first.args[key] if where == "arg" and key < len(first.args) else first.kwargs.get(key) if where == "kw" else None
-        if value is None:
-            loc = None
-    loc = loc or _first_location(first.args, first.kwargs)
+def _finish(run: _Run) -> list[tuple[str, Any]]:
+    """Where each stage takes its hidden state; the first: where the second does (if it has a
+    tensor there), else its first tensor argument."""
+    first = run.stages[0][1]
+    loc = run.locs[1] if len(run.locs) > 1 and run.linked and run.linked[0] else None
+    if _at(first, loc) is None:
+        loc = _first_location(first.args, first.kwargs)
     if loc is None:
         raise ValueError("blocks: the first block takes no tensor argument (its hidden state)")
-    return [loc] + list(locs[1:])
+    return [loc] + list(run.locs[1:])
 
 
 def _label(name: str) -> str:
     return name or "(the model itself)"
+
+
+def _stage_names(run: _Run, names: dict[int, str]) -> tuple[str, ...]:
+    counts = collections.Counter(id(m) for m, _ in run.stages)
+    seen: collections.Counter = collections.Counter()
+    out = []
+    for k, (m, _) in enumerate(run.stages):
+        base = names.get(id(m), f"blocks[{k}]")
+        seen[id(m)] += 1
+        out.append(f"{base}#{seen[id(m)]}" if counts[id(m)] > 1 else base)
+    return tuple(out)
+
+
+def _as_blocks(run: _Run, names: dict[int, str]) -> Blocks:
+    locs = _finish(run)
+    linked = tuple(run.linked) + (True,)
+    return Blocks(tuple(m for m, _ in run.stages), _stage_names(run, names), tuple(locs), () if all(linked) else linked)
+
+
+def _join(runs: list[_Run]) -> _Run:
+    """Runs in time order joined into one (each one's first stage takes a new hidden state)."""
+    runs = sorted(runs, key=lambda r: r.start)
+    out = _Run(list(runs[0].stages), list(runs[0].locs), list(runs[0].linked), runs[0].name)
+    for r in runs[1:]:
+        prev = out.stages[-1][1]
+        first = r.stages[0][1]
+        # Where the run's own blocks take their hidden state: the previous stack's output may be
+        # among the first block's other arguments (a decoder's encoder_hidden_states).
+        loc = None
+        nxt = r.locs[1] if len(r.locs) > 1 and r.linked and r.linked[0] else None
+        for guess in (nxt, r.locs[0], _hidden_location(prev.out, first.args, first.kwargs), _first_location(first.args, first.kwargs)):
+            if _at(first, guess) is not None:
+                loc = guess
+                break
+        linked = loc is not None and _at(first, loc) == prev.out
+        out.stages += r.stages
+        out.locs += [loc] + list(r.locs[1:])
+        out.linked += [linked] + list(r.linked)
+    return out
 
 
 def find_blocks(model: nn.Module, args: tuple, kwargs: dict, blocks: Any = None) -> Blocks:
@@ -231,8 +384,9 @@ def find_blocks(model: nn.Module, args: tuple, kwargs: dict, blocks: Any = None)
         buffers and the RNG are restored after).
     blocks
         ``None``: found (NOTE [ finding the blocks ]). A module path (``"transformer.h"``, an
-        ``nn.ModuleList`` or ``nn.Sequential``: its children), a list of modules or of paths,
-        or a container module.
+        ``nn.ModuleList`` or ``nn.Sequential``: its children), a container module, or a list of
+        modules, paths and containers (``["encoder.block", "decoder.block"]``); a module the
+        forward calls several times is one stage per call.
 
     Returns
     -------
@@ -242,8 +396,8 @@ def find_blocks(model: nn.Module, args: tuple, kwargs: dict, blocks: Any = None)
     ------
     ValueError
         No run of blocks is found (the message lists the module lists seen and why each was
-        not taken, and how to pass ``blocks=``), or the given blocks are not called once each,
-        in order, each feeding the next.
+        not taken, and how to pass ``blocks=``), or the given blocks are not called in order,
+        each taking its hidden state from the one before.
     TypeError
         ``blocks`` is of another type.
     """
@@ -251,47 +405,48 @@ def find_blocks(model: nn.Module, args: tuple, kwargs: dict, blocks: Any = None)
         raise TypeError(f"model: expected an nn.Module, got {type(model).__name__}")
     names = {id(m): n for n, m in model.named_modules()}
     if blocks is not None:
-        mods = resolve_blocks(model, blocks)
+        mods = resolve_blocks(model, blocks, repeat=True)
         calls = _trace(model, args, kwargs, mods)
-        start, end, locs, why = _run_of(mods, calls)
-        if start != 0 or end != len(mods):
+        stages: list[tuple[nn.Module, _Call]] = []
+        done: set[int] = set()
+        for k, m in enumerate(mods):
+            if id(m) in done:
+                continue
+            done.add(id(m))
+            cs = calls.get(id(m), [])
+            if not cs:
+                raise ValueError(f"blocks: {names.get(id(m), f'blocks[{k}]')} is not called by the forward")
+            stages += [(m, c) for c in cs]
+        start, end, locs, links, why = _chain(stages, same_shape=False)
+        if start != 0 or end != len(stages):
             raise ValueError(
-                f"blocks: the given blocks are not called once each, in order, each feeding the next ({why or 'the run breaks'})"
+                "blocks: the given blocks are not called in order, each taking its hidden state from the one before "
+                f"({why or 'the run breaks'})"
             )
-        locs = _finish_locations(mods, locs, calls)
-        return Blocks(tuple(mods), tuple(names.get(id(m), f"blocks[{k}]") for k, m in enumerate(mods)), tuple(locs))
+        return _as_blocks(_Run(stages, locs, links, ""), names)
 
     containers = [(n, m) for n, m in model.named_modules() if isinstance(m, (nn.ModuleList, nn.Sequential)) and len(m)]
     calls = _trace(model, args, kwargs, [c for _, m in containers for c in m])
-    runs: list[tuple[tuple, list[nn.Module], list]] = []
+    runs: list[tuple[tuple, _Run]] = []
+    whole: dict[int, _Run] = {}  # id(container) -> its run, when it covers the container
     seen: list[str] = []
-    full: dict[str, list[tuple[int, str, list[nn.Module], list]]] = collections.defaultdict(list)
     for name, cont in containers:
         children = list(cont)
-        start, end, locs, why = _run_of(children, calls)
+        stages, why_calls = _container_stages(children, calls)
         kind = f"{type(cont).__name__} of {_classes(children)}"
+        start, end, locs, links, why = _chain(stages) if stages else (0, 0, [], [], "")
+        why = why_calls if why_calls and (end - start == len(stages)) else why or why_calls
         if end - start < 2:
             # One block is no chain (offloading the last unit frees nothing): not a candidate.
             seen.append(f"{_label(name)} ({kind}): {why or 'not called'}")
             continue
-        run = children[start:end]
-        note = "" if (start, end) == (0, len(children)) else f", only blocks {start}..{end - 1} ({why})"
+        run = _Run(stages[start:end], locs, links, name, (cont,))
+        full = (start, end) == (0, len(stages)) and not why_calls
+        note = "" if full else f", only blocks {start}..{end - 1} ({why})"
         seen.append(f"{_label(name)} ({kind}): a run of {end - start}{note}")
-        runs.append((_score(run, name), run, locs))
-        if (start, end) == (0, len(children)) and name:
-            parent = name.rpartition(".")[0]
-            full[parent].append((calls[id(run[0])][0].order, name, run, locs))
-    for group in full.values():
-        group.sort(key=lambda g: g[0])
-        cur_run, cur_locs = list(group[0][2]), list(group[0][3])
-        for _, name, run, locs in group[1:]:
-            loc = _hidden_location(calls[id(cur_run[-1])][0].out, calls[id(run[0])][0].args, calls[id(run[0])][0].kwargs)
-            if loc is not None and calls[id(run[0])][0].order > calls[id(cur_run[-1])][0].order:
-                cur_run += run
-                cur_locs += [loc] + list(locs[1:])
-                runs.append((_score(cur_run, name), list(cur_run), list(cur_locs)))
-            else:
-                cur_run, cur_locs = list(run), list(locs)
+        runs.append((_score(run), run))
+        if full:
+            whole[id(cont)] = run
     if not runs:
         listing = "; ".join(seen) if seen else "none (the model has no nn.ModuleList or nn.Sequential)"
         raise ValueError(
@@ -299,9 +454,66 @@ def find_blocks(model: nn.Module, args: tuple, kwargs: dict, blocks: Any = None)
             f"Module lists seen: {listing}. Pass blocks='path.to.list' (an nn.ModuleList or nn.Sequential) "
             "or blocks=[module, ...] in the order the forward calls them"
         )
-    _, run, locs = max(runs, key=lambda r: r[0])
-    locs = _finish_locations(run, locs, calls)
-    return Blocks(tuple(run), tuple(names.get(id(m), "?") for m in run), tuple(locs))
+    _, main = max(runs, key=lambda r: r[0])
+    main = _refine(main, list(whole.values()))
+    main = _extend(main, [r for _, r in runs if r.name != main.name])
+    found = _as_blocks(main, names)
+    # Runs of repeated blocks wholly before or after the chain (code between its blocks already
+    # runs in its stages), not inside one another: what blocks= could add.
+    first, last = main.stages[0][1].order, main.stages[-1][1].end
+    outside: list[tuple[str, int, bool]] = []
+    spans: list[tuple[int, int]] = []
+    for _, r in sorted(runs, key=lambda r: (-len(r[1].stages), r[1].start)):
+        if r.name and (r.stop < first or r.start > last) and _score(r)[0] >= 2:
+            if not any(a <= r.start and r.stop <= b for a, b in spans):
+                outside.append((r.name, len(r.stages), r.stop < first))
+                spans.append((r.start, r.stop))
+    return dataclasses.replace(found, left_out=tuple(outside))
+
+
+def _refine(run: _Run, whole: list[_Run]) -> _Run:
+    """Step 2 of NOTE [ finding the blocks ]: a block that ends with a run of its own becomes that run."""
+    parts: list[_Run] = []
+    changed = False
+    for k, (m, call) in enumerate(run.stages):
+        inner = [
+            r for r in whole
+            if call.order < r.start and r.stop < call.end and r.stages[-1][1].out == call.out
+            and len({type(b) for b, _ in r.stages}) == 1 and not any(b is m for b in r.container)
+        ]
+        if inner:
+            parts.append(max(inner, key=lambda r: len(r.stages)))
+            changed = True
+        else:
+            parts.append(_Run([(m, call)], [run.locs[k]], [], run.name))
+    if not changed:
+        return run
+    joined = _join(parts)
+    joined.name = run.name
+    # Where two consecutive parts were linked in the run, they stay linked.
+    return joined
+
+
+def _extend(main: _Run, others: list[_Run]) -> _Run:
+    """Step 3 of NOTE [ finding the blocks ]: runs of the same kind before or after the chain join it."""
+    tail = main.name.rpartition(".")[2]
+    cls = _dominant(main)
+    chosen = [main]
+    for r in sorted(others, key=lambda r: (-len(r.stages), r.start)):
+        if r.name.rpartition(".")[2] != tail and _dominant(r) is not cls:
+            continue
+        if any(not (r.stop < c.start or r.start > c.stop) for c in chosen):
+            continue
+        chosen.append(r)
+    if len(chosen) == 1:
+        return main
+    joined = _join(chosen)
+    joined.name = main.name
+    return joined
+
+
+def _dominant(run: _Run) -> type:
+    return collections.Counter(type(m) for m, _ in run.stages).most_common(1)[0][0]
 
 
 def _classes(mods: Sequence[nn.Module]) -> str:
@@ -309,27 +521,35 @@ def _classes(mods: Sequence[nn.Module]) -> str:
     return ", ".join(f"{c} {n}" for n, c in counts.most_common(3)) + (", ..." if len(counts) > 3 else "")
 
 
-def _score(run: Sequence[nn.Module], name: str) -> tuple[int, int, int]:
-    repeated = collections.Counter(type(m) for m in run).most_common(1)[0][1]
-    return (repeated, len(run), -name.count(".") - (1 if name else 0))
+def _score(run: _Run) -> tuple[int, int, int]:
+    repeated = collections.Counter(type(m) for m, _ in run.stages).most_common(1)[0][1]
+    return (repeated, len(run.stages), -run.name.count(".") - (1 if run.name else 0))
 
 
-def resolve_blocks(model: nn.Module, blocks: Any) -> list[nn.Module]:
-    """The modules ``blocks`` names in ``model``: a path, a module list, or a list of modules or paths."""
+def resolve_blocks(model: nn.Module, blocks: Any, repeat: bool = False) -> list[nn.Module]:
+    """The modules ``blocks`` names in ``model``: a path, a module list, or a list of modules,
+    paths and module lists (each list's children, in order). ``repeat``: one module may be
+    named once and be several stages (one per call), so it is not refused as a duplicate."""
     def get(path: str) -> nn.Module:
         try:
             return model.get_submodule(path)
         except AttributeError:
             raise ValueError(f"blocks: {type(model).__name__} has no submodule {path!r}") from None
 
+    def expand(item: Any) -> list[Any]:
+        item = get(item) if isinstance(item, str) else item
+        return list(item) if isinstance(item, (nn.ModuleList, nn.Sequential)) else [item]
+
     if isinstance(blocks, str):
         blocks = get(blocks)
     if isinstance(blocks, (nn.ModuleList, nn.Sequential)):
         return as_stages(blocks)
     if isinstance(blocks, nn.Module):
+        if repeat:
+            return [blocks]
         raise TypeError(f"blocks: a single {type(blocks).__name__}; pass an nn.ModuleList, an nn.Sequential or a list of modules")
     if isinstance(blocks, (list, tuple)):
-        return as_stages([get(b) if isinstance(b, str) else b for b in blocks])
+        return as_stages([m for b in blocks for m in expand(b)])
     raise TypeError(f"blocks: expected None, a module path, a module list or a list of modules, got {type(blocks).__name__}")
 
 
@@ -358,13 +578,15 @@ class Listener(Protocol):
 class _Pass:
     """One instrumented forward (and its backward)."""
 
-    __slots__ = ("listener", "step", "expect", "inputs", "saved_hooks", "callback_queued", "done")
+    __slots__ = ("listener", "step", "expect", "inputs", "saved_hooks", "callback_queued", "done", "running", "pending")
 
     def __init__(self, listener: Listener, step: Any) -> None:
         self.listener = listener
         self.step = step
         self.expect = 1
         self.inputs: dict[int, Any] = {}
+        self.running: dict[int, list[int]] = {}  # id(module) -> the stages it is running
+        self.pending: tuple[int, Any] | None = None  # a block whose end waits for the next one's input
         self.saved_hooks: Any = None
         self.callback_queued = False
         self.done = False
@@ -472,8 +694,11 @@ class Instrument:
         self._install_blocks()
 
     def _install_blocks(self) -> None:
+        stages: dict[int, tuple[nn.Module, list[int]]] = {}
         for idx, block in enumerate(self.blocks.modules, start=1):
-            pre, post = functools.partial(self._block_pre, idx), functools.partial(self._block_post, idx)
+            stages.setdefault(id(block), (block, []))[1].append(idx)
+        for block, idxs in stages.values():
+            pre, post = functools.partial(self._block_pre, tuple(idxs)), functools.partial(self._block_post, tuple(idxs))
             self._handles.append(block.register_forward_pre_hook(_Hook(pre), with_kwargs=True))
             self._handles.append(block.register_forward_hook(_Hook(post), with_kwargs=True))
 
@@ -567,10 +792,18 @@ class Instrument:
 
     # -- the blocks --------------------------------------------------------------------------
 
-    def _block_pre(self, idx: int, module: nn.Module, args: tuple, kwargs: dict) -> None:
+    def _block_pre(self, idxs: tuple[int, ...], module: nn.Module, args: tuple, kwargs: dict) -> None:
         p = self._current()
         if p is None:
             return None
+        # A module that is several stages (one per call) is the stage expected next, if it is one.
+        idx = p.expect if p.expect in idxs else idxs[0]
+        if p.pending is not None and p.pending[0] == idx - 1:
+            # NOTE [ blocks not linked ]: block idx - 1 ends here, its a_i is this block's input.
+            prev, prev_in = p.pending
+            p.pending = None
+            self._end(p, prev, prev_in, self.blocks.hidden_of(idx, args, kwargs))
+            del prev_in
         if idx != p.expect:
             raise RuntimeError(
                 f"chainoffload_torch: block {idx} ({self.blocks.names[idx - 1]}) started while block {p.expect} was "
@@ -578,19 +811,38 @@ class Instrument:
             )
         hidden = self.blocks.hidden_of(idx, args, kwargs)
         p.inputs[idx] = hidden
+        p.running.setdefault(id(module), []).append(idx)
         p.listener.stage_start(p.step, idx, hidden, args, kwargs)
         return None
 
-    def _block_post(self, idx: int, module: nn.Module, args: tuple, kwargs: dict, out: Any) -> None:
+    def _block_post(self, idxs: tuple[int, ...], module: nn.Module, args: tuple, kwargs: dict, out: Any) -> None:
         p = self._current()
         if p is None:
             return None
-        hidden_out = first_tensor(out)
-        p.listener.stage_end(p.step, idx, p.inputs.pop(idx, None), hidden_out)
+        running = p.running.get(id(module))
+        idx = running.pop() if running else idxs[0]
+        if not self.blocks.is_linked(idx):
+            p.pending = (idx, p.inputs.pop(idx, None))
+            p.expect = idx + 1
+            return None
+        self._end(p, idx, p.inputs.pop(idx, None), first_tensor(out))
+        return None
+
+    def _end(self, p: _Pass, idx: int, hidden_in: Any, hidden_out: Any) -> None:
+        p.listener.stage_end(p.step, idx, hidden_in, hidden_out)
         p.expect = idx + 1
         if isinstance(hidden_out, torch.Tensor) and hidden_out.requires_grad:
             hidden_out.register_hook(functools.partial(self._grad_hook, p, idx))
-        return None
+
+    # NOTE [ blocks not linked ]
+    # Where block i's output is not block i+1's hidden input (Blocks.linked: the parent adds a
+    # residual, h = h + block(h); a stack ends and the next begins, as an encoder and a decoder,
+    # or two towers), a_i is block i+1's hidden input: the chain's state at that boundary. Block
+    # i's end is then told to the listener at block i+1's start, with that input as its output,
+    # so the code between them runs in stage i (as for linked blocks), the ledger makes a_i an
+    # entry of unit i, act[i] is its size, and the tensor hook that marks the start of B_i is on
+    # it: its gradient is complete once B_{i+1} is done, and every part of it as well (the
+    # residual's branch, the encoder's output that every decoder block reads).
 
     # -- the backward ------------------------------------------------------------------------
 

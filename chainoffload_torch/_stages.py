@@ -11,10 +11,11 @@ from __future__ import annotations
 import contextlib
 import enum
 import weakref
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import torch
 from torch import nn
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from ._tree import held_tensors, tensors_in
 
@@ -171,8 +172,10 @@ class Entry:
         self.unit = unit
         self.key = key
         self.nbytes = nbytes
-        # A weak reference tells a live storage from a freed one whose address came back.
-        self.ref = weakref.ref(tensor)
+        # A weak reference to the storage itself (not to the Python tensor, which dies while
+        # autograd still holds its storage) tells a live storage from a freed one whose address
+        # came back (NOTE [ addresses come back ]).
+        self.ref = StorageWeakRef(tensor.untyped_storage())
         # The byte view holds the storage alive (without the tensor's autograd graph) until the
         # offload has copied it and the release point is reached.
         self.src = _byte_view(tensor) if hold else None
@@ -188,7 +191,7 @@ class Entry:
 
     def alive(self) -> bool:
         """Whether the storage this entry was made for is still the one at its address."""
-        return self.src is not None or self.ref() is not None
+        return self.src is not None or not self.ref.expired()
 
 
 def _byte_view(t: torch.Tensor) -> torch.Tensor:
@@ -218,18 +221,32 @@ class UnitLedger:
         Data pointers never owned (see :func:`resident_storages`); the ledger adds to it.
     hold
         Units whose entries must hold their storage (the ones to be offloaded).
+    pinned
+        Per unit, the ordinals (0-based, in the order the unit first sees its storages) of
+        storages a profile found held beyond the unit's backward: they are never owned, so they
+        stay resident and the rest of the unit can move (NOTE [ units held elsewhere ]).
     """
 
-    def __init__(self, device: torch.device, resident: set[int], hold: Iterable[int] = ()) -> None:
+    def __init__(
+        self, device: torch.device, resident: set[int], hold: Iterable[int] = (), pinned: Mapping[int, Iterable[int]] | None = None
+    ) -> None:
         self.device = device
         self.resident = set(resident)
+        #: Storages of a call's inputs and of blocks' extra inputs, never owned while they live:
+        #: they may be freed within the forward and their address reused (NOTE [ addresses come back ]).
+        self.borrowed: dict[int, StorageWeakRef] = {}
         self.hold = set(hold)
+        self.pinned = {u: frozenset(v) for u, v in (pinned or {}).items()}
+        self._seen: dict[int, int] = {}  # per stage, new storages seen so far (pinned ones too)
         self.by_key: dict[int, Entry] = {}
         self.units: dict[int, list[Entry]] = {}
         #: Units that share storage across a stage boundary (NOTE [ aliasing stages ]).
         self.aliased: set[int] = set()
         #: Units a later block or the model's output still holds (NOTE [ units held elsewhere ]).
         self.held: set[int] = set()
+        #: The entries so held, and by what: ``"output"`` or ``"block N"`` (the first later block
+        #: that took it as an extra input).
+        self.held_by: dict[Entry, str] = {}
         #: The entry of each stage's output a_i, where its unit owns it (what ``moves="act"`` moves).
         self.output: dict[int, Entry] = {}
         #: Per unit, saved tensors of a kind the executor cannot rebuild from a byte copy, and
@@ -240,7 +257,17 @@ class UnitLedger:
         """Never own the storages of the tensors in ``obj`` (a call's inputs)."""
         for t in tensors_in(obj):
             if t.layout == torch.strided and t.device == self.device:
-                self.resident.add(t.untyped_storage().data_ptr())
+                self._borrow(t)
+
+    def _borrow(self, t: torch.Tensor) -> None:
+        st = t.untyped_storage()
+        self.borrowed[st.data_ptr()] = StorageWeakRef(st)
+
+    def _resident(self, key: int) -> bool:
+        if key in self.resident:
+            return True
+        ref = self.borrowed.get(key)
+        return ref is not None and not ref.expired()
 
     def owns(self, t: Any) -> bool:
         """Whether ``t`` is a tensor a unit could own (not resident, right device and kind)."""
@@ -249,7 +276,7 @@ class UnitLedger:
         if t.device != self.device or is_parameter_like(t):
             return False
         st = t.untyped_storage()
-        return st.nbytes() > 0 and st.data_ptr() not in self.resident
+        return st.nbytes() > 0 and not self._resident(st.data_ptr())
 
     def owner(self, t: torch.Tensor) -> Entry | None:
         """The live entry of ``t``'s storage, if a unit owns it."""
@@ -259,10 +286,16 @@ class UnitLedger:
             return None  # a freed storage whose address was reused
         return entry
 
-    def lookup(self, t: torch.Tensor, stage: int) -> Entry:
-        """The entry of ``t``'s storage, made for ``stage``'s unit if no live unit owns it yet."""
+    def lookup(self, t: torch.Tensor, stage: int) -> Entry | None:
+        """The entry of ``t``'s storage, made for ``stage``'s unit if no live unit owns it yet;
+        ``None`` for a storage the profile pinned (it is resident from now on)."""
         entry = self.owner(t)
         if entry is None:
+            ordinal = self._seen.get(stage, 0)
+            self._seen[stage] = ordinal + 1
+            if ordinal in self.pinned.get(stage, ()):
+                self._borrow(t)
+                return None
             key, nbytes = storage_of(t)
             entry = Entry(stage, key, nbytes, t, hold=stage in self.hold)
             self.by_key[key] = entry
@@ -281,12 +314,21 @@ class UnitLedger:
             if t is inp or not isinstance(t, torch.Tensor) or t.device != self.device or t.layout != torch.strided:
                 continue
             entry = self.owner(t)
-            if entry is None:
-                self.resident.add(t.untyped_storage().data_ptr())
+            if entry is None and stage >= 2 and self.owns(t):
+                # Made after the chain began (between blocks, as an encoder's output the decoder
+                # blocks read): an activation of the unit running then, and held by this block.
+                entry = self.lookup(t, stage - 1)
+                if entry is None:
+                    continue  # pinned by the profile: resident from now on
+                self.held.add(entry.unit)
+                self.held_by.setdefault(entry, f"block {stage}")
+            elif entry is None:
+                self._borrow(t)
             elif 1 <= entry.unit < stage - 1 or (1 <= entry.unit == stage - 1 and not _is_view_of(t, inp)):
                 # An earlier unit's storage handed to a later block: it stays alive beyond the
                 # unit's own backward use, so moving it would free nothing.
                 self.held.add(entry.unit)
+                self.held_by.setdefault(entry, f"block {stage}")
         if not isinstance(inp, torch.Tensor):
             return None
         if stage == 1 and self.owns(inp):
@@ -315,7 +357,7 @@ class UnitLedger:
         self.check_stage(stage, inp, version_before, out)
         if self.owns(out):
             entry = self.lookup(out, stage)
-            if entry.unit == stage:
+            if entry is not None and entry.unit == stage:
                 self.output[stage] = entry
         return out
 
@@ -326,6 +368,7 @@ class UnitLedger:
                 entry = self.owner(t)
                 if entry is not None and 1 <= entry.unit < last:
                     self.held.add(entry.unit)
+                    self.held_by.setdefault(entry, "output")
 
     def unit_bytes(self, unit: int) -> int:
         """Bytes of all storages ``unit`` owns."""
@@ -400,6 +443,17 @@ def _is_view_of(t: torch.Tensor, inp: Any) -> bool:
     return isinstance(inp, torch.Tensor) and t.untyped_storage().data_ptr() == inp.untyped_storage().data_ptr()
 
 
+# NOTE [ addresses come back ]
+# A storage is known by its data pointer while a forward runs, and the allocator hands a freed
+# address to the next allocation of a fitting size (on CPU, malloc decides, so whether it does
+# varies from run to run). Every map keyed by address therefore checks that the storage it was
+# made for is still alive, with a weak reference to the storage itself: an extra input freed
+# after its block (a mask made per call) must not make a later activation at its address look
+# resident, and a unit's storage whose Python tensor died while autograd holds it must not be
+# counted again by the next unit that saves a view of it. Before this, one storage of BERT's
+# suffix was seen or not from one profile to the next (256 B of unit L), and T5's 2 KiB.
+
+
 # NOTE [ aliasing stages ]
 # A stage that returns its input modified in place (nn.ReLU(inplace=True) as a stage of its
 # own) or a view of it shares one storage between units i-1 and i. Unit i does not own that
@@ -413,10 +467,20 @@ def _is_view_of(t: torch.Tensor, inp: Any) -> bool:
 # NOTE [ units held elsewhere ]
 # Offloading frees a unit's GPU memory only if nothing else holds its storages. Two holders the
 # ledger can see: a later block that takes an earlier unit's storage as an extra input (a skip
-# connection across blocks), and the model's output (Hugging Face's output_hidden_states=True
-# returns every hidden state; use_cache=True returns every layer's keys and values in a cache
-# object). Such units are marked "held" and kept resident, so the plan never counts on memory
-# that offloading would not free.
+# connection across blocks, T5's position bias, an encoder's output read by every decoder
+# block), and the model's output (Hugging Face's output_hidden_states=True returns every hidden
+# state; use_cache=True returns every layer's keys and values in a cache object). The storages
+# so held (held_by) stay resident; the rest of their unit can move:
+# * A profile pins them: the next ledgers of the same call (the executor's) never own them,
+#   recognised by their ordinal among the new storages their stage sees (the same code sees the
+#   same storages in the same order for the same shapes). The chain counts their bytes in a_0,
+#   resident from the start of the step to its end, a superset of their real lifetime (made in
+#   F_i, alive until their last reader's backward, or until the output is dropped).
+# * A unit whose output a_i is held (output_hidden_states, the last encoder block's output read
+#   by the decoder) is kept resident whole and marked "held": moving the rest of it would need
+#   a_i apart from the unit, which the chain model has no room for.
+# If a pinned storage is met out of order in a step (another path through the model), it is
+# owned after all and the executor sees it held: it warns or refuses, it never trains wrong.
 
 
 @contextlib.contextmanager

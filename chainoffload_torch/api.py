@@ -30,7 +30,7 @@ from ._instrument import COMPILE_REFUSAL, Blocks, Instrument, check_not_instrume
 from ._stages import EntryState, canonical_device
 from ._tree import call_key, describe_key
 from .executor import ScheduleRun, StepStats
-from .plans import Budget, Plan, _Planner, resident_units
+from .plans import Budget, Plan, _Planner, coverage, exact_bytes, resident_units
 from .profiler import _device_of, _to_device, as_call, measure_link
 
 __all__ = ["Offloader", "offload", "budget_curve"]
@@ -165,6 +165,7 @@ class Offloader:
             roots=(self.model,),
             copier=self._copier,
             pool=self.pool,
+            pinned=plan.sizes.pinned if plan.sizes is not None else None,
         )
         self._plans[plan.key] = (plan, run)
         while len(self._plans) > self.cache_size:
@@ -386,6 +387,8 @@ class Offloader:
             trs = by_unit.get(i, {})
             if i in run.offloaded:
                 decision = "offload a_i alone" if i in run.act_alone else "offload"
+                if sizes is not None and sizes.pinned.get(i):
+                    decision += ", held storages stay"
             elif i in plan.keep:
                 decision = "keep (user)"
             elif sizes is not None and i in sizes.aliased:
@@ -430,10 +433,12 @@ class Offloader:
         tail = [f"plan for: {plan.shapes}"]
         if plan.platform is not None:
             tail.append(
-                f"memory: {format_bytes(plan.platform.memory)} given; keep-all peak {format_bytes(co.keep_all_peak(chain))}; "
-                f"proven floors {format_bytes(offload_memory_floor(chain))} (pure offloading), "
-                f"{format_bytes(chain.stage_memory_floor())} (any schedule)"
+                f"memory: {exact_bytes(plan.platform.memory)} given; keep-all peak {exact_bytes(co.keep_all_peak(chain))}; "
+                f"proven floors {exact_bytes(offload_memory_floor(chain))} (pure offloading), "
+                f"{exact_bytes(chain.stage_memory_floor())} (any schedule)"
             )
+        if plan.sizes is not None:
+            tail.append(coverage(chain, plan.sizes, self.blocks).describe())
         moved = f"offloaded per step: {format_bytes(plan.offloaded_bytes)} predicted"
         if self.last_step is not None:
             moved += f", {format_bytes(self.offloaded_bytes)} measured"
@@ -577,6 +582,18 @@ def offload(
     except BaseException:
         handle.remove()
         raise
+    cover = coverage(plan.chain, plan.sizes, blks)
+    if cover.share < 0.5:
+        warnings.warn(f"chainoffload_torch: {cover.describe()}", RuntimeWarning, stacklevel=2)
+    held = plan.sizes.held_bytes.get("output", 0)
+    if held:
+        warnings.warn(
+            f"chainoffload_torch: the model's output holds {format_bytes(held)} of activations (a key/value cache, hidden "
+            "states it returns): they stay resident and the rest of their blocks' activations moves; pass "
+            "use_cache=False (and output_hidden_states=False) when training to free them",
+            RuntimeWarning,
+            stacklevel=2,
+        )
     return handle
 
 

@@ -126,6 +126,9 @@ class ScheduleRun:
         Shared with other plans of the same model (made here when not given).
     names
         The blocks' names (``"transformer.h.0"``), for messages.
+    pinned
+        Per unit, the storages its profile found held beyond its backward
+        (:attr:`chainoffload_torch.Sizes.pinned`): left resident, the rest of the unit moves.
 
     Raises
     ------
@@ -145,6 +148,7 @@ class ScheduleRun:
         copier: Copier | None = None,
         pool: HostPool | None = None,
         names: Iterable[str] | None = None,
+        pinned: dict[int, tuple[int, ...]] | None = None,
     ) -> None:
         if not isinstance(chain, co.Chain):
             raise TypeError(f"chain: expected a chainoffload.Chain, got {type(chain).__name__}")
@@ -174,6 +178,7 @@ class ScheduleRun:
         self.copier = copier
         self.pool = pool
         self.names = tuple(names) if names is not None else None
+        self.pinned = dict(pinned or {})
         self._build_events()
         self._step: _Step | None = None
         self._warned_held: set[int] = set()
@@ -280,7 +285,7 @@ class ScheduleRun:
             self.copier = Copier(device, duplex=self.platform.duplex if self.platform is not None else True)
         if self.pool is None:
             self.pool = HostPool(pin=device.type == "cuda")
-        ledger = UnitLedger(device, resident_storages(self.roots), hold=self.offloaded)
+        ledger = UnitLedger(device, resident_storages(self.roots), hold=self.offloaded, pinned=self.pinned)
         ledger.add_resident((args, kwargs))
         step = _Step(ledger)
         if device.type == "cuda":

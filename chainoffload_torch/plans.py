@@ -24,7 +24,7 @@ from ._instrument import Instrument
 from ._tree import describe_key
 from .profiler import Sizes, measure_chain
 
-__all__ = ["Budget", "Plan", "solve_for", "resident_units", "nothing_fits"]
+__all__ = ["Budget", "Plan", "solve_for", "resident_units", "nothing_fits", "exact_bytes", "Coverage", "coverage"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -257,9 +257,103 @@ def nothing_fits(
     status = f"method {result.method}: {result.status}" if result is not None else "below any schedule's floor"
     shapes = f" for {describe_key(key)}" if key is not None else ""
     return (
-        f"memory: no schedule fits in {format_bytes(platform.memory)}{shapes} ({status}); "
-        f"keep-all peak {format_bytes(co.keep_all_peak(chain))}; proven floors {format_bytes(offload_memory_floor(chain))} "
-        f"for any pure-offloading schedule, {format_bytes(chain.stage_memory_floor())} for any schedule at all; "
+        f"memory: no schedule fits in {exact_bytes(platform.memory)}{shapes} ({status}); "
+        f"keep-all peak {exact_bytes(co.keep_all_peak(chain))}; proven floors {exact_bytes(offload_memory_floor(chain))} "
+        f"for any pure-offloading schedule, {exact_bytes(chain.stage_memory_floor())} for any schedule at all; "
         f"units kept resident: {', '.join(why)}"
-        + (f"; least memory known to work: {format_bytes(works)}" if works is not None else "")
+        + (f"; least memory known to work: {exact_bytes(works)}" if works is not None else "")
+    )
+
+
+def exact_bytes(n: int) -> str:
+    """``n`` as a figure to paste back: the exact bytes first, then rounded for reading.
+
+    A rounded figure such as ``731.25 KiB`` is up to 5 KiB below the bytes it stands for, so
+    given back as ``memory=`` it can fall under the floor it names (NOTE [ nothing fits ]).
+    """
+    return f"{int(n)} B ({format_bytes(n)})" if n >= 1024 else f"{int(n)} B"
+
+
+@dataclasses.dataclass(frozen=True)
+class Coverage:
+    """How much of a step's activation memory the chain can move (NOTE [ coverage ]).
+
+    Attributes
+    ----------
+    movable
+        Bytes of the units that may be offloaded (not the last, held, aliased or unmovable).
+    keep_all
+        The keep-all peak of the chain.
+    prefix
+        a_0: the hidden input of the first block, what the code before it saves, and the
+        storages pinned resident (a key/value cache, a tensor later blocks read).
+    last
+        Unit L: the last block and the code after it (head, loss).
+    resident
+        Bytes of the other units that stay resident, with why, by unit.
+    left_out
+        Module lists found outside the chain (:attr:`Blocks.left_out`).
+    lists
+        The module lists the chain's blocks come from.
+    """
+
+    movable: int
+    keep_all: int
+    prefix: int
+    last: int
+    resident: dict[int, tuple[int, str]]
+    left_out: tuple[tuple[str, int, bool], ...] = ()
+    lists: tuple[str, ...] = ()
+
+    @property
+    def share(self) -> float:
+        """``movable`` over the keep-all peak."""
+        return self.movable / self.keep_all if self.keep_all else 0.0
+
+    def describe(self) -> str:
+        """One line: the share, and what is left out of it."""
+        parts = [f"before the first block (a_0) {format_bytes(self.prefix)}", f"the last block and after it {format_bytes(self.last)}"]
+        if self.resident:
+            kept = sum(b for b, _ in self.resident.values())
+            why = sorted({w for _, w in self.resident.values()})
+            parts.append(f"{len(self.resident)} unit(s) kept resident ({', '.join(why)}) {format_bytes(kept)}")
+        text = (
+            f"the chain can move {format_bytes(self.movable)}, {100 * self.share:.0f} % of the keep-all peak "
+            f"{format_bytes(self.keep_all)}; left out: {'; '.join(parts)}"
+        )
+        if self.left_out:
+            lists = [n for n, _, before in self.left_out if before] + list(self.lists)
+            lists += [n for n, _, before in self.left_out if not before]
+            others = ", ".join(f"{n} ({k} blocks)" for n, k, _ in self.left_out)
+            text += f"; module lists outside the chain: {others}: blocks={lists!r} would add them"
+        return text
+
+
+# NOTE [ coverage ]
+# A chain moves only its units, less those that must stay (the last, held, aliased, unmovable
+# ones): what runs before the first block sits in a_0 and what runs after the last in unit L,
+# both resident. The share of the keep-all peak the movable units make is the most offloading
+# can ever take off the peak; offload() warns below half, naming the parts left out and the
+# module lists the search saw outside the chain, as a blocks= to try.
+
+
+def coverage(chain: co.Chain, sizes: Sizes, blocks: Any = None) -> Coverage:
+    """What the chain of ``sizes`` can move (NOTE [ coverage ]); ``blocks`` for the lists left out."""
+    resident: dict[int, tuple[int, str]] = {}
+    movable = 0
+    for i in range(1, chain.length):
+        size = int(chain.saved[i - 1])
+        why = next((w for w, s in (("held", sizes.held), ("aliased", sizes.aliased), ("unmovable", sizes.unmovable)) if i in s), None)
+        if why is None:
+            movable += size
+        else:
+            resident[i] = (size, why)
+    return Coverage(
+        movable,
+        co.keep_all_peak(chain),
+        int(chain.act[0]),
+        int(chain.saved[-1]),
+        resident,
+        tuple(getattr(blocks, "left_out", ())),
+        tuple(getattr(blocks, "lists", ())),
     )

@@ -6,7 +6,9 @@ executor uses (see NOTE [ what the profiler measures ]):
 
 * ``act[i]``: bytes of block i's hidden output a_i (numel x element size). ``act[0]``: the
   hidden input of block 1, plus the storages the code before it (embeddings) saves for its
-  backward (NOTE [ prefix and suffix ]).
+  backward (NOTE [ prefix and suffix ]), plus the storages of units 1..L-1 held beyond their
+  backward, by the model's output (a key/value cache) or by later blocks, which stay resident
+  (NOTE [ units held elsewhere ]).
 * ``saved[i]``: bytes of the storages unit i owns after one forward under
   ``saved_tensors_hooks`` (:class:`~chainoffload_torch._stages.UnitLedger`: what is saved from
   the start of block i to the start of block i+1 that is not an earlier unit's, a parameter,
@@ -63,15 +65,22 @@ class Sizes:
         Stages whose units share storage with a neighbour (a block that writes its input in
         place or returns a view of it): they must stay resident.
     held
-        Stages whose storages a later block or the model's output still holds (a skip
-        connection across blocks, ``output_hidden_states``, a key/value cache): offloading
-        them would free nothing, so they stay resident.
+        Stages whose output a_i a later block or the model's output still holds (a skip
+        connection across blocks, ``output_hidden_states``, an encoder's output read by a
+        decoder): they stay resident whole.
     storages
         Per unit 1..L, the bytes of each storage it owns (what the host pool must hold for it).
     unmovable
         Stages that save a tensor a byte copy cannot rebuild (a tensor subclass, sparse,
         quantized, nested or named), and which kinds: they stay resident
         (NOTE [ tensors that cannot move ]).
+    pinned
+        Per unit, the ordinals of its storages held beyond its backward other than its output
+        (a key/value cache in the model's output, a tensor later blocks read): they stay
+        resident, counted in ``act[0]``, and the rest of the unit can move (NOTE [ units held
+        elsewhere ]).
+    held_bytes
+        The bytes so pinned, by holder: ``"output"`` (the model's output) and ``"blocks"``.
     """
 
     act: tuple[int, ...]
@@ -81,6 +90,8 @@ class Sizes:
     held: frozenset[int] = frozenset()
     storages: tuple[tuple[int, ...], ...] = ()
     unmovable: Mapping[int, str] = dataclasses.field(default_factory=dict, hash=False)
+    pinned: Mapping[int, tuple[int, ...]] = dataclasses.field(default_factory=dict, hash=False)
+    held_bytes: Mapping[str, int] = dataclasses.field(default_factory=dict, hash=False)
 
     @property
     def resident(self) -> frozenset[int]:
@@ -101,6 +112,14 @@ class Profile:
     sizes: Sizes
     device: torch.device
     blocks: Blocks
+
+    @property
+    def coverage(self) -> Any:
+        """What share of the keep-all peak the chain can move, and what it leaves out
+        (:class:`chainoffload_torch.plans.Coverage`; ``.describe()`` says it in one line)."""
+        from .plans import coverage
+
+        return coverage(self.chain, self.sizes, self.blocks)
 
 
 def as_call(sample: Any) -> tuple[tuple, dict]:
@@ -287,18 +306,38 @@ def _tmp(marks: dict, n: int, act: list[int]) -> tuple[list[int], list[int]]:
 
 def _sizes(p: _Pass, n: int) -> Sizes:
     ledger = p.ledger
-    act = [max(p.act.get(0, 0), ledger.unit_bytes(0))] + [p.act.get(i, 0) for i in range(1, n + 1)]
+    held, pinned, held_bytes = set(), {}, {"output": 0, "blocks": 0}
+    for i in range(1, n):
+        entries = ledger.units.get(i, [])
+        mine = [e for e in entries if e in ledger.held_by]
+        if not mine:
+            continue
+        if ledger.output.get(i) in ledger.held_by:
+            held.add(i)
+            continue
+        pinned[i] = tuple(k for k, e in enumerate(entries) if e in ledger.held_by)
+        for e in mine:
+            holder = "output" if ledger.held_by[e] == "output" else "blocks"
+            held_bytes[holder] += e.nbytes
+    pinned_bytes = sum(held_bytes.values())
+    act = [max(p.act.get(0, 0), ledger.unit_bytes(0)) + pinned_bytes] + [p.act.get(i, 0) for i in range(1, n + 1)]
     unmovable = {i: ", ".join(sorted(kinds)) for i, kinds in ledger.unmovable.items() if 1 <= i <= n}
+
+    def kept(i: int) -> list:
+        return [e for k, e in enumerate(ledger.units.get(i, ())) if k not in pinned.get(i, ())]
+
     # What cannot move still takes memory in its unit (counted where PyTorch tells its bytes).
-    owned = tuple(ledger.unit_bytes(i) + sum(ledger.unmovable.get(i, {}).values()) for i in range(1, n + 1))
+    owned = tuple(sum(e.nbytes for e in kept(i)) + sum(ledger.unmovable.get(i, {}).values()) for i in range(1, n + 1))
     aliased = set(ledger.aliased)
     saved = []
     for i, own in enumerate(owned, start=1):
         if own < act[i]:
             aliased.add(i)  # its output is not a storage it owns: moving it would not move act[i]
         saved.append(max(own, act[i]))
-    storages = tuple(tuple(e.nbytes for e in ledger.units.get(i, ())) for i in range(1, n + 1))
-    return Sizes(tuple(act), tuple(saved), owned, frozenset(aliased), frozenset(ledger.held), storages, unmovable)
+    storages = tuple(tuple(e.nbytes for e in kept(i)) for i in range(1, n + 1))
+    return Sizes(
+        tuple(act), tuple(saved), owned, frozenset(aliased), frozenset(held), storages, unmovable, pinned, {k: v for k, v in held_bytes.items() if v}
+    )
 
 
 def _measure(

@@ -345,7 +345,7 @@ def test_no_blocks_found_says_what_was_seen_and_how_to_pass_blocks():
     msg = str(err.value)
     assert "heads (ModuleList of 3 Linear): block 1 does not take block 0's output" in msg
     assert "blocks='path.to.list'" in msg
-    with pytest.raises(ValueError, match="blocks: the given blocks are not called once each, in order, each feeding the next"):
+    with pytest.raises(ValueError, match="blocks: the given blocks are not called in order, each taking its hidden state from the one before"):
         ct.offload(Parallel(), torch.randn(2, 4), blocks="heads")
     with pytest.raises(ValueError, match="has no submodule 'nope'"):
         ct.offload(Net(), torch.randn(2, 8), blocks="nope")
