@@ -208,8 +208,9 @@ class HostPool:
 #   for compute since the host's previous call (NOTE [ compute positions ]);
 # * a stream carries copies of one direction in duplex mode (a prefetch behind an offload
 #   would run, but serialize what the platform says is two channels);
-# * a source let go, a host buffer handed out again or freed is poisoned when nothing else
-#   holds it, as the caching allocator or the next owner would overwrite it on a GPU.
+# * a source let go is poisoned when nothing else holds it, as the caching allocator would hand
+#   its block to the next kernel; so is a host buffer freed, or handed out again once its guard
+#   has passed, as its next owner may write it at once.
 
 
 class CopyEngineError(RuntimeError):
@@ -351,6 +352,7 @@ class CudaEngine(CopyEngine):
 # -- the threaded test engine -------------------------------------------------------------------
 
 _POISON = 0xFF  # every float format reads 0xFF... bytes as NaN
+WAIT_LIMIT = 60.0  # seconds a wait of the threaded engine may take before it is called a deadlock
 
 
 def _storage_key(t: torch.Tensor) -> int:
@@ -489,6 +491,10 @@ class ThreadedEngine(CopyEngine):
         self._records: dict[int, _Record] = {}
         self._hosts: set[int] = set()  # storages of the host buffers it made
         self._failed: list[BaseException] = []  # copies that raised on a worker
+        # Streams whose handle was collected. The finalizer only appends here: it may run in any
+        # thread at any allocation, e.g. in a worker thread that has not yet signalled its start
+        # to the thread that started it while holding the lock, so it must never wait for it.
+        self._closing: collections.deque[_Lane] = collections.deque()
         self.violations: list[str] = []
         self.copies = 0
         self.late = 0
@@ -548,7 +554,7 @@ class ThreadedEngine(CopyEngine):
             if lane is not self._compute:
                 lane.demand = max(lane.demand, event.seq)
                 self._cond.notify_all()
-                self._cond.wait_for(lambda: lane.done >= event.seq)
+                self._wait_for(lambda: lane.done >= event.seq, f"operation {event.seq} of the {lane.name} stream")
             self._merge(self._compute, event.clock)
             self._raise_failed()
 
@@ -596,6 +602,7 @@ class ThreadedEngine(CopyEngine):
                 self.late += 1
 
     def _enqueue(self, lane: _Lane, op: _Op) -> None:
+        self._drain_closing()
         lane.queue.append(op)
         if not lane.worker:
             # Not a daemon: a worker ends once its queue has been idle a moment, so the
@@ -608,6 +615,7 @@ class ThreadedEngine(CopyEngine):
         cond = self._cond
         while True:
             with cond:
+                self._drain_closing()
                 cond.wait_for(lambda: lane.queue or lane.closed, timeout=0.1)
                 if not lane.queue:
                     lane.worker = False
@@ -622,7 +630,10 @@ class ThreadedEngine(CopyEngine):
                     other, seq = op.event.lane, op.event.seq
                     other.demand = max(other.demand, seq)
                     cond.notify_all()
-                    cond.wait_for(lambda: other.done >= seq)
+                    try:
+                        self._wait_for(lambda: other.done >= seq, f"operation {seq} of the {other.name} stream")
+                    except CopyEngineError as exc:
+                        self._failed.append(exc)
             if op.run is not None:
                 try:
                     op.run()
@@ -635,12 +646,23 @@ class ThreadedEngine(CopyEngine):
                 cond.notify_all()
 
     def _close(self, lane: _Lane) -> None:
-        with self._cond:
+        self._closing.append(lane)  # taken up under the lock (see self._closing)
+
+    def _drain_closing(self) -> None:
+        while self._closing:
+            lane = self._closing.popleft()
             lane.closed = True
             lane.demand = lane.count
             if not lane.worker:
                 self._lanes.pop(lane.ident, None)
             self._cond.notify_all()
+
+    def _wait_for(self, done: Callable[[], bool], what: str) -> None:
+        # A test that hangs says nothing: a wait this long is a bug of the engine or of its
+        # caller, reported instead.
+        if not self._cond.wait_for(done, timeout=WAIT_LIMIT):
+            states = ", ".join(f"{lane.name}: {lane.done}/{lane.count} run" for lane in self._lanes.values() if lane.direction)
+            raise CopyEngineError(f"threaded engine: {what} did not run within {WAIT_LIMIT:.0f} s ({states})")
 
     def _raise_failed(self) -> None:
         if self._failed:

@@ -529,16 +529,16 @@ def test_a_forward_that_fails_with_copies_in_flight_leaves_no_copy_behind():
 # -- the adapter's own tests on the threaded engine ------------------------------------------------------
 
 ADAPTER_TESTS = {
-    "bitwise transformer f32": lambda mp: tte.test_training_is_bitwise_equal_and_moves_what_the_schedule_says("transformer", torch.float32),
-    "bitwise cnn bf16": lambda mp: tte.test_training_is_bitwise_equal_and_moves_what_the_schedule_says("cnn", torch.bfloat16),
-    "host copy is read": lambda mp: tte.test_the_backward_really_reads_the_host_copy(mp, "transformer", "act"),
-    "before waits, late prefetch": lambda mp: tte.test_before_waits_and_late_prefetch_still_train_exactly(),
-    "no release platform": lambda mp: tte.test_release_without_platform_and_context_manager_form(),
-    "exception in backward": lambda mp: tte.test_exception_in_backward_leaves_no_hooks_or_buffers(),
-    "second forward": lambda mp: tte.test_a_second_forward_abandons_the_first_with_a_clear_error(),
+    "bitwise-transformer-f32": lambda mp: tte.test_training_is_bitwise_equal_and_moves_what_the_schedule_says("transformer", torch.float32),
+    "bitwise-cnn-bf16": lambda mp: tte.test_training_is_bitwise_equal_and_moves_what_the_schedule_says("cnn", torch.bfloat16),
+    "host-copy-is-read": lambda mp: tte.test_the_backward_really_reads_the_host_copy(mp, "transformer", "act"),
+    "before-waits-late-prefetch": lambda mp: tte.test_before_waits_and_late_prefetch_still_train_exactly(),
+    "no-platform-context-manager": lambda mp: tte.test_release_without_platform_and_context_manager_form(),
+    "exception-in-backward": lambda mp: tte.test_exception_in_backward_leaves_no_hooks_or_buffers(),
+    "second-forward": lambda mp: tte.test_a_second_forward_abandons_the_first_with_a_clear_error(),
     "views": lambda mp: tte.test_views_and_non_contiguous_tensors_move_once_and_come_back_exactly(),
     "one-liner": lambda mp: tte.test_offload_one_liner_fits_a_smaller_memory_and_trains_exactly(),
-    "a_i alone": lambda mp: ttg.test_act_alone_trains_exactly_and_moves_only_the_outputs("cnn"),
+    "act-alone-cnn": lambda mp: ttg.test_act_alone_trains_exactly_and_moves_only_the_outputs("cnn"),
 }
 
 
