@@ -15,14 +15,15 @@ that silently disarms a mutation stops this script instead.
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
 import os
-import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+import xml.etree.ElementTree as ET
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -33,6 +34,8 @@ SUBSET = ("tests/test_torch_copy_engine.py",)
 COPY = "_copy.py"
 EXEC = "executor.py"
 #: Tests of the subset that train through the executor (the others drive the engine, copier and pool).
+#: How a test failed, by the exception it ended with.
+HOW = {"CopyEngineError": "reported (CopyEngineError)", "AssertionError": "assertion failed (wrong data or state)"}
 EXECUTOR_TESTS = (
     "test_offloaded_training",
     "test_a_prefetch_during_the_forward",
@@ -174,8 +177,8 @@ def mutated_copy(dest: Path, mutation: Mutation | None) -> None:
         path.write_text(mutate(path.read_text(), mutation))
 
 
-def run_subset(mutation: Mutation | None, timeout: float) -> tuple[int, list[str], float]:
-    """Exit status and failing tests of the subset against a (mutated) copy."""
+def run_subset(mutation: Mutation | None, timeout: float) -> tuple[int, list[tuple[str, str]], float]:
+    """Exit status and failing tests (name, exception type) of the subset against a (mutated) copy."""
     with tempfile.TemporaryDirectory() as tmp:
         mutated_copy(Path(tmp), mutation)
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([tmp, str(ROOT)]))
@@ -185,20 +188,31 @@ def run_subset(mutation: Mutation | None, timeout: float) -> tuple[int, list[str
                                cwd=tmp, env=env, capture_output=True, text=True, check=True).stdout.split()
         if not where[0].startswith(tmp) or not where[1].startswith(str(ROOT)):
             raise SystemExit(f"the copy is not what gets imported: {where}")
+        report = Path(tmp) / "report.xml"
         t0 = time.perf_counter()
         try:
             out = subprocess.run(
-                [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--tb=no", "-rf", "--rootdir", str(ROOT),
-                 *(str(ROOT / s) for s in SUBSET)],
+                [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--tb=no", "--junitxml", str(report),
+                 "--rootdir", str(ROOT), *(str(ROOT / s) for s in SUBSET)],
                 cwd=tmp, env=env, capture_output=True, text=True, timeout=timeout,
             )
         except subprocess.TimeoutExpired:
-            return -1, ["(timed out: a deadlock)"], time.perf_counter() - t0
-        failed = re.findall(r"^FAILED (\S+(?: - \S+)?)", out.stdout, re.M)
+            return -1, [("(timed out)", "deadlock")], time.perf_counter() - t0
+        failed = []
+        if report.exists():
+            for case in ET.parse(report).getroot().iter("testcase"):
+                bad = case.find("failure")
+                if bad is None:
+                    bad = case.find("error")
+                if bad is not None:
+                    message = bad.get("message") or ""
+                    # pytest reports a failed assert as "assert ...", other exceptions as "module.Type: ..."
+                    kind = "AssertionError" if message.startswith("assert") else message.split(":")[0].split(".")[-1] or "?"
+                    failed.append((case.get("name", "?"), kind))
         if out.returncode not in (0, 1):
             if mutation is None:
                 raise SystemExit(f"pytest could not run the unmutated copy:\n{out.stdout}\n{out.stderr}")
-            failed = failed or [f"(pytest exited {out.returncode})"]
+            failed = failed or [(f"(pytest exited {out.returncode})", "crash")]
         return out.returncode, failed, time.perf_counter() - t0
 
 
@@ -225,14 +239,12 @@ def main(argv=None) -> int:
     for m, (code, failed, _secs) in zip(MUTATIONS, outcomes):
         if code == 0:
             survivors.append(m.name)
-        tests = [f.split(" - ")[0].split("::")[-1] for f in failed]
+        tests = [name for name, _ in failed]
         on_executor = [t for t in tests if t.startswith(EXECUTOR_TESTS)]
         ordered = on_executor + [t for t in tests if t not in on_executor]
         names = [f"`{t}`" for t in ordered[:3]] + ([f"+{len(ordered) - 3} more"] if len(ordered) > 3 else [])
-        errors = sum("CopyEngineError" in f for f in failed)
-        how = ", ".join(
-            part for part in (f"{errors} CopyEngineError" if errors else "", f"{len(failed) - errors} wrong data or other" if len(failed) > errors else "") if part
-        )
+        kinds = collections.Counter(HOW.get(kind, kind) for _, kind in failed)
+        how = ", ".join(f"{n} {kind}" for kind, n in kinds.most_common())
         lines.append(
             f"| {m.name} | drops: {m.rule} | `{m.file}` | {', '.join(names) or 'SURVIVED'} | "
             f"{len(on_executor)} / {len(tests) - len(on_executor)} | {how or '-'} |"
