@@ -539,6 +539,7 @@ ADAPTER_TESTS = {
     "exception-in-backward": lambda mp: tte.test_exception_in_backward_leaves_no_hooks_or_buffers(),
     "second-forward": lambda mp: tte.test_a_second_forward_abandons_the_first_with_a_clear_error(),
     "views": lambda mp: tte.test_views_and_non_contiguous_tensors_move_once_and_come_back_exactly(),
+    "no-memory-growth": lambda mp: tte.test_no_memory_growth_over_50_steps(),
     "one-liner": lambda mp: tte.test_offload_one_liner_fits_a_smaller_memory_and_trains_exactly(),
     "act-alone-cnn": lambda mp: ttg.test_act_alone_trains_exactly_and_moves_only_the_outputs("cnn"),
 }
