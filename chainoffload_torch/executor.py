@@ -445,7 +445,7 @@ class ScheduleRun:
                     raise RuntimeError(f"chainoffload_torch: unit {e.unit} is read after its step ended")
                 self._prefetch_entry(step, e)
             if e.state is S.PREFETCHING:
-                self.copier.wait(e.h2d_event)
+                self.copier.await_prefetch(e.h2d_event, e.dev)
                 e.state = S.RESTORED
             if e.state is not S.RESTORED:
                 raise RuntimeError(
@@ -552,7 +552,7 @@ class ScheduleRun:
                 self._offload_entry(step, e)
 
     def _release_entry(self, step: _Step, e: Entry) -> None:
-        self.copier.wait(e.d2h_event)
+        self.copier.release(e.src, e.d2h_event)
         e.src = None
         e.state = S.HOST
         step.ledger.forget(e)
@@ -583,7 +583,7 @@ class ScheduleRun:
     def _await_prefetch(self, step: _Step, unit: int) -> None:
         for e in self._moving(step, unit):
             if e.state is S.PREFETCHING:
-                self.copier.wait(e.h2d_event)
+                self.copier.await_prefetch(e.h2d_event, e.dev)
                 e.state = S.RESTORED
 
     def _wait_transfer(self, step: _Step, t: co.Transfer) -> None:
@@ -591,7 +591,7 @@ class ScheduleRun:
             if t.kind == "offload" and e.d2h_event is not None:
                 self.copier.wait(e.d2h_event)
             elif t.kind == "prefetch" and e.state is S.PREFETCHING:
-                self.copier.wait(e.h2d_event)
+                self.copier.await_prefetch(e.h2d_event, e.dev)
                 e.state = S.RESTORED
 
     def _drop_unit(self, step: _Step, unit: int) -> None:
@@ -599,7 +599,7 @@ class ScheduleRun:
         for e in step.ledger.units.pop(unit, ()):
             if e.state is S.PREFETCHING:
                 # Its destination must not be reused by compute before the copy into it ends.
-                self.copier.wait(e.h2d_event)
+                self.copier.await_prefetch(e.h2d_event, e.dev)
                 e.state = S.RESTORED
             if e.host is not None:  # offloaded but never prefetched: nothing will read it
                 self.copier.wait(e.d2h_event)
