@@ -586,3 +586,38 @@ def test_a_prefetch_is_issued_no_earlier_than_its_simulated_start(name):
         del copier.prefetch
     assert set(seen) == set(issued_at.values())
     off.remove()
+
+
+def test_no_prefetched_copy_outlives_its_units_backward_in_the_executor():
+    """After B_i the executor holds nothing of unit i: with the graph still alive (the loss held,
+    retain_graph off), no entry with a device copy is reachable, so the allocator frees each
+    prefetched copy when autograd's last reader of it has run, as the simulator frees unit i."""
+    model, x = build("transformer")
+    prof, schedule, plat = offload_all_schedule(model, x)
+    off = ct.Offloader(model, prof.chain, schedule, platform=plat)
+    loss = loss_of(model(x))
+    loss.backward()
+    assert off.last_step.prefetched_bytes > 0
+    gc.collect()
+    from chainoffload_torch._stages import Entry
+
+    held = [o for o in gc.get_objects() if isinstance(o, Entry) and o.dev is not None]
+    assert held == [], f"{len(held)} prefetched copies still held after the backward"
+    del loss
+    off.remove()
+
+
+def test_a_second_backward_with_retain_graph_reads_the_same_copies_as_plain():
+    """retain_graph=True: autograd keeps its records, so the prefetched copies stay with them and
+    a second backward computes what plain PyTorch does (the executor has let go of them)."""
+    model, x = build("transformer")
+    ref = copy.deepcopy(model)
+    prof, schedule, plat = offload_all_schedule(model, x)
+    off = ct.Offloader(model, prof.chain, schedule, platform=plat)
+    for m in (model, ref):
+        loss = loss_of(m(x))
+        loss.backward(retain_graph=True)
+        loss.backward()
+    assert off.last_step.prefetched_bytes > 0
+    assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(), ref.parameters()))
+    off.remove()
