@@ -327,8 +327,8 @@ def _tight(seed, length, level, rate):
 def test_unit_bound_against_cpsat_optimum(seed, length, level, rate):
     # Sound against the proven optimum, and (the point of it) much tighter than the fluid LP
     # where memory moves by whole moves: on the first instance the fluid LP is at the compute
-    # time, and the whole-move bound 1.43x it (moving a_4 alone, 44 of its 153 MB, is the
-    # cheapest way to fit, and a unit that moves is freed and comes back whole).
+    # time, while the optimum is 1.43x it (moving a_4 alone, 44 of its 153 MB, is the cheapest
+    # way to fit), and the whole-move bound reaches the optimum.
     chain, platform = _tight(seed, length, level, rate)
     exact = solve(chain, platform, "cpsat", time_limit=60.0, bound=False)  # not floored by the bound under test
     assert exact.status.value == "optimal"
@@ -337,7 +337,9 @@ def test_unit_bound_against_cpsat_optimum(seed, length, level, rate):
     assert unit.bound <= exact.makespan * (1 + 1e-9)
     assert unit.bound >= fluid_lower_bound(chain, platform) * (1 - 1e-9)
     if seed == 0:
-        assert unit.bound > 1.4 * fluid_lower_bound(chain, platform)
+        assert fluid_lower_bound(chain, platform) < 0.71 * exact.makespan
+        assert any(t.moves == "act" for t in exact.schedule.transfers)
+        assert unit.bound == pytest.approx(exact.makespan, rel=1e-5)
 
 
 def test_unit_bound_below_brute_force():
