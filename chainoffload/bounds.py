@@ -1,10 +1,16 @@
 """Proven lower bounds: on the makespan (the fluid LP relaxation) and on the memory of offloading.
 
+Every bound here holds for the problem the simulator accepts in the fixed order: any unit may
+move whole or as a_i alone (``moves: "act"``), with any triggers and waits
+(``NOTE [ what a unit moves ]``).
+
 * :func:`fluid_lower_bound` solves the fluid LP relaxation (transfers
   divisible and preemptive, units offloaded by a fraction, memory moved in proportion to bytes,
   compute ops that may wait) and returns its optimum, a lower bound on the makespan of every
   schedule the simulator accepts (``NOTE [ fluid LP lower bound ]``).
 * :func:`lower_bound` is ``max(chain.compute_time, fluid_lower_bound)``.
+* :func:`volume_lower_bound` (closed form) and :func:`unit_milp` (whole moves, a MILP) are the
+  cheaper and the stronger rung; :func:`stronger_bound` takes the best of them in a budget.
 * :func:`offload_memory_floor` is the least memory any pure-offloading schedule needs.
 * :func:`fluid_lp` returns the whole LP solution (the fractions ``x`` that method ``lp``
   rounds, the op start times, solve time).
@@ -150,6 +156,29 @@ def offload_memory_floor(chain: Chain) -> int:
     return int(best)
 
 
+# NOTE [ what a unit moves ]
+# ---------------------------
+# The problem every bound of this module is proven for: the schedules the simulator accepts in
+# the fixed order (pure offloading), each unit i not offloaded, moved whole (``moves: "unit"``,
+# b_i = saved_i bytes) or moved as a_i alone (``"act"``, b_i = act_i bytes; the rest,
+# saved_i - act_i, stays on the GPU from F_i's start to B_i's end, as with no offload at all:
+# docs/model.md, "Which instance a transfer moves"). In the fixed order the two moves differ
+# only in b_i: the moved part's GPU copy is released at max(end of O_i, end of F_{i+1}) (rule 4
+# of docs/model.md's memory), P_i allocates b_i bytes when it starts, starts after O_i ends and
+# ends before B_{i+1} starts (B_{i+1} reads a_i, which moves either way), and each transfer
+# lasts latency + b_i / bandwidth. So memory just after op k's allocation is keepall_k less the
+# b_i of the units whose moved part is off the GPU then; every proof below is written with b_i.
+# A move of b_i = 0 bytes (act_i = 0) frees nothing and only holds a channel: read as "unit i
+# is not offloaded", such a schedule still satisfies every row of every relaxation here (its
+# rows only lose a term that took time), so the relaxations need not offer that move; and a
+# move of a_i alone with act_i = saved_i is the whole-unit move.
+#
+# Why not narrow the problem to whole units instead: users run what the simulator accepts
+# (``joint`` and the torch executor move a_i alone), and moving a_i alone does win where only a
+# few bytes must leave: on resnet18 at 1438209368 B (25 GB/s, 10 us) offloading a_2 alone runs
+# at the compute time, 14.306 ms, while CP-SAT over whole-unit moves only proved 17.698 ms
+# optimal.
+
 # NOTE [ volume lower bound ]
 # ----------------------------
 # A closed-form bound in O(L), the cheap rung of the bound ladder (``chainoffload.solvers``,
@@ -157,8 +186,8 @@ def offload_memory_floor(chain: Chain) -> int:
 # ``NOTE [ fluid LP lower bound ]``; e_k = keepall_k - memory. Take a schedule the simulator
 # accepts and an op k with dur_k > 0 and e_k > 0. By (5) of that note, memory at op k's
 # allocation is keepall_k - f_k + P_k + (unit L's adjustment, >= 0), so f_k - P_k >= e_k: the
-# units (<= L-1) whose first GPU copy was freed before op k's allocation and whose prefetch had
-# not allocated by then hold at least e_k bytes.
+# units (<= L-1) whose moved part (b_i bytes, NOTE [ what a unit moves ]) was freed before op
+# k's allocation and whose prefetch had not allocated by then hold at least e_k bytes.
 #  (a) Each of those frees came after its offload ended, and every offload starts after F_1
 #      ends (O_i after F_i): at least e_k bytes crossed the D2H channel, one transfer at a time,
 #      in [fwd_1, S_k]. So S_k >= fwd_1 + latency + e_k / bw_d2h, and S_k >= sum_{j<k} dur_j.
@@ -223,7 +252,7 @@ def volume_lower_bound(chain: Chain, platform: Platform) -> float:
 # are scaled in ``fluid_lp``; the constraints below are in bytes and seconds.
 #
 # LP variables: s_0 = 0, s_1, ..., s_n (start of op k; s_n the makespan, minimised);
-# x_i in [0, 1] (fraction of unit i offloaded; 0 if a bandwidth is 0); X_m = sum_{i<=m} x_i
+# x_i in [0, 1] (fraction of unit i moved; 0 if a bandwidth is 0); X_m = sum_{i<=m} x_i
 # saved_i (X_0 = 0; "X_{>=i}" is X_{L-1} - X_{i-1}); O_k, P_k >= 0 for k = 0..n (bytes
 # offloaded / prefetched by time s_k); f_k >= 0 for each op k with dur_k > 0 (bytes of first
 # GPU copies freed by the start of op k). Constraints:
@@ -242,14 +271,16 @@ def volume_lower_bound(chain: Chain, platform: Platform) -> float:
 # Claim: every schedule the simulator accepts at this memory maps to a feasible LP point whose
 # objective is its makespan; so the LP optimum is <= the optimum (and an infeasible LP proves
 # that no schedule fits). Take the simulated timeline: op k runs [S_k, E_k], E_k = S_k + dur_k;
-# transfer t runs [a_t, c_t], c_t - a_t = latency + saved/bw. Its bytes moved by time u are
-# B_t(u) = saved * clip((u - a_t)/(c_t - a_t), 0, 1) (for c_t = a_t: saved if u >= a_t else 0).
-# Set s_k = S_k (s_n = E_{n-1}, the makespan), x_i = 1 for offloaded units i <= L-1 else 0,
-# O_k = sum over offloads of units <= L-1 of B_t(S_k), P_k likewise over prefetches, f_k = sum
-# of saved_i over offloaded i <= L-1 whose first-copy free comes before op k's allocation in
-# the simulator's order of events.
+# transfer t of unit i runs [a_t, c_t], c_t - a_t = latency + b_i/bw, b_i the bytes it moves
+# (saved_i whole, act_i for a_i alone: NOTE [ what a unit moves ]). Its bytes moved by time u
+# are B_t(u) = b_i * clip((u - a_t)/(c_t - a_t), 0, 1) (for c_t = a_t: b_i if u >= a_t else 0).
+# Set s_k = S_k (s_n = E_{n-1}, the makespan), x_i = b_i / saved_i for offloaded units i <= L-1
+# (1 for a whole unit, act_i / saved_i for a_i alone; 0 if saved_i = 0) else 0, so that X_m is
+# the bytes units 1..m move; O_k = sum over offloads of units <= L-1 of B_t(S_k), P_k likewise
+# over prefetches, f_k = sum of b_i over offloaded i <= L-1 whose moved part's free comes
+# before op k's allocation in the simulator's order of events.
 #  (1) S_{k+1} >= E_k: compute is one op at a time.
-#  (2) A transfer moves bytes only within [a_t, c_t], at rate saved/(latency + saved/bw) <= bw;
+#  (2) A transfer moves bytes only within [a_t, c_t], at rate b_i/(latency + b_i/bw) <= bw;
 #      a channel serves one transfer at a time (FIFO, non-preemptive), so in [S_k, S_{k+1}] it
 #      moves at most bw (S_{k+1} - S_k) bytes, and on a shared channel the offload and prefetch
 #      bytes need at least O/bw_d2h + P/bw_h2d seconds of it. B_t is non-decreasing.
@@ -257,7 +288,7 @@ def volume_lower_bound(chain: Chain, platform: Platform) -> float:
 #      reports a read violation). B_t(S_k) > 0 needs a_t <= S_k, so E_{f(i)} <= S_k: either
 #      f(i) < k, or f(i) >= k and ops k..f(i) all have duration 0 (E_f(i) >= S_k with equality
 #      only then), i.e. f(i) < nz(k), i.e. i <= nz(k).
-#  (4) P_i starts after O_i ends, so B_P(u) > 0 implies B_O(u) = saved_i: P_k <= O_k. P_j ends
+#  (4) P_i starts after O_i ends, so B_P(u) > 0 implies B_O(u) = b_i: P_k <= O_k. P_j ends
 #      before B_{j+1} starts (B waits for it; one triggered later is a read violation), and
 #      S_{b(j+1)} <= S_{b(i+1)} for j >= i, so every unit j >= i is fully back by S_{b(i+1)}.
 #      All transfers end before B_1 ends.
@@ -265,11 +296,13 @@ def volume_lower_bound(chain: Chain, platform: Platform) -> float:
 #      at times <= S_k, and at S_k only frees or zero-length ops of lower index, which the
 #      simulator orders first); no event of a later op does (they happen at times >= E_k >
 #      S_k). So the compute-made part of memory just after op k's allocation is keepall_k
-#      exactly, and the memory there is keepall_k - (first copies freed) + (prefetch
-#      allocations made) + (unit L's adjustment). The free of unit i happens at max(c_{O_i},
+#      exactly, and the memory there is keepall_k - (moved parts freed) + (prefetch
+#      allocations made) + (unit L's adjustment): the part of a unit that does not move (a
+#      unit of which a_i alone moves) is on the GPU from F_i's start to B_i's end, as keepall_k
+#      counts it. The free of unit i's moved part happens at max(c_{O_i},
 #      E_{f(i+1)}) (frees before allocations at one instant), so a freed unit has c_{O_i} <=
 #      S_k — its bytes count in O_k, f_k <= O_k — and E_{f(i+1)} <= S_k, which with dur_k > 0
-#      means f(i+1) < k, i.e. i <= k-1. A prefetch allocates its whole unit when it starts, at
+#      means f(i+1) < k, i.e. i <= k-1. A prefetch allocates its b_i bytes when it starts, at
 #      or before any of its bytes move: P_k <= the prefetch allocations made by S_k. Unit L:
 #      O_L, P_L both lie in [E_{f(L)}, S_{b(L)}]; its GPU copy is missing only between the end
 #      of O_L and the start of P_L, an interval in which no op with dur > 0 starts (op L-1 = F_L
@@ -278,7 +311,8 @@ def volume_lower_bound(chain: Chain, platform: Platform) -> float:
 #      Hence keepall_k - f_k + P_k <= simulated memory <= memory.
 #  (6) O_j for j >= i starts at or after E_{f(j)} >= E_{f(i)} and ends before P_j, which ends
 #      by S_{b(j+1)} <= S_{b(i+1)}; so does P_j. On one channel, these transfers are disjoint,
-#      each lasting D_j (or H_j).
+#      each lasting latency + b_j / bw >= x_j D_j (x_j <= 1: a move of a_i alone is charged a
+#      fraction of the latency, which only relaxes), or the same with H_j.
 # With a bandwidth 0 no schedule transfers anything (the simulator refuses it): x = 0 is exact.
 # The LP drops a_0 and unit L and pools transfers, so it is a relaxation, not a model; waits
 # are free in it, so its optimum is at least sum(dur) (s_n >= sum of (1)).
@@ -665,7 +699,7 @@ def lower_bound(chain: Chain, platform: Platform, *, solver: str = "glop", time_
     return max(chain.compute_time, fluid_lower_bound(chain, platform, solver=solver, time_limit=time_limit))
 
 
-# -- the whole-unit relaxation -------------------------------------------------------------------
+# -- the whole-move relaxation -------------------------------------------------------------------
 
 # NOTE [ unit MILP lower bound ]
 # ------------------------------
@@ -678,25 +712,31 @@ def lower_bound(chain: Chain, platform: Platform, *, solver: str = "glop", time_
 # ended, a prefetch allocates the whole unit when it starts, and starts after the whole
 # offload. On the 6-stage chain the one large unit must leave during a wait and come back
 # during another wait, each a full transfer time; the fluid LP overlaps both with compute.
-# This relaxation keeps whole units and whole-unit memory, and relaxes only the channels
-# (each is a preemptive machine: only its total busy time in a window is bounded).
+# This relaxation keeps whole moves (a unit moves whole, or a_i alone, never a fraction) and
+# their memory, and relaxes only the channels (each is a preemptive machine: only its total
+# busy time in a window is bounded).
 #
 # Ops k = 0..n-1 (n = 2L) in the fixed order, F_i at f(i) = i-1, B_i at b(i) = 2L-i; S_k the
-# start of op k, E_k = S_k + dur_k, S_n the makespan. D_i, H_i: the transfer times of unit i
-# (latency + saved_i / bandwidth). Units i = 1..L-1 (unit L is never off the GPU at a check:
-# its copy is away only between the end of F_L and the start of B_L, see (c) below).
+# start of op k, E_k = S_k + dur_k, S_n the makespan. Units i = 1..L-1 (unit L is never off
+# the GPU at a check: its copy is away only between the end of F_L and the start of B_L, see
+# (4) below). Each unit has one or two *moves* j (``moves_of``, NOTE [ what a unit moves ]):
+# the whole unit (b_j = saved_i) and, when 0 < act_i < saved_i, a_i alone (b_j = act_i); i(j)
+# is the move's unit, D_j, H_j its transfer times (latency + b_j / bandwidth). In the rows
+# below "unit i" ranges over moves j, with i = i(j), saved_i read as b_j.
 # ex_k = keepall_k - memory (``keep_all_start_memory``); C = the ops with dur_k > 0 and
 # ex_k > 0 (memory is checked there only; leaving checks out only relaxes).
 # Binary variables, read off any schedule the simulator accepts:
-#   x_i     unit i is offloaded;
+#   x_j     unit i(j) is offloaded and moves b_j bytes (a move of 0 bytes is read as no
+#           offload, NOTE [ what a unit moves ]);
 #   d_{i,k} x_i and the GPU copy of unit i is released before op k's allocation (in the
 #           simulator's order of events); for k >= b(i+1) it is x_i itself;
 #   g_{i,k} x_i and P_i starts at or after E_k.
 # Constraints (all ops in the index sets below; S_0 = 0, minimise S_n):
+#  (0) the x_j of one unit's moves add up to at most 1.
 #  (1) S_{k+1} - S_k >= dur_k.
 #  (2) d <= x, g <= x; d_{i,k} non-decreasing and g_{i,k} non-increasing in k.
 #  (3) d_{i,k} + g_{i,k-1} >= x_i and d_{i,k+1} + g_{i,k} >= x_i.
-#  (4) for k in C, with A_k = {i : i+1 <= k < b(i+1)} and m_i = min(saved_i, ex_k):
+#  (4) for k in C, with A_k = {i : i+1 <= k < b(i+1)} and m_i = min(b_i, ex_k):
 #        sum_{A_k} m_i (d_{i,k} + g_{i,k-1} - x_i) >= ex_k        (check at S_k)
 #        sum_{A_k} m_i (d_{i,k+1} + g_{i,k} - x_i) >= ex_k        (check at t0, below)
 #  (5) S_k >= E_{f(h)} + sum_{i >= h} D_i d_{i,k} + sum_{i >= h, b(i+1) <= k} D'_i x_i
@@ -719,7 +759,8 @@ def lower_bound(chain: Chain, platform: Platform, *, solver: str = "glop", time_
 #  (4), first row: take the memory just after op k's allocation (dur_k > 0). As in NOTE
 #  [ fluid LP lower bound ] (5), it is keepall_k less the units released before it whose
 #  prefetch has not allocated before it (plus copies held twice, plus unit L's adjustment,
-#  both >= 0), and it is <= memory. Such a unit has d_{i,k} = 1, and its prefetch starts after
+#  both >= 0; a unit off the GPU lacks exactly b_i bytes), and it is <= memory. Such a unit
+#  has d_{i,k} = 1, and its prefetch starts after
 #  S_k (prefetch allocations at S_k come before op k's), so g_{i,k-1} = 1; it is in A_k: its
 #  release needs E_i <= S_k < E_k, so i <= k-1, and its prefetch ends by S_{b(i+1)}, after
 #  S_k. So the bytes of units with d + g - x = 1 in A_k cover ex_k; the other terms are >= 0
@@ -731,17 +772,21 @@ def lower_bound(chain: Chain, platform: Platform, *, solver: str = "glop", time_
 #  <= S_{k+1}, so d_{i,k+1} = 1, and its prefetch starts after t0, hence at or after E_k, so
 #  g_{i,k} = 1. Unit L is off the GPU only inside (E_{L-1}, S_L), which contains no point of
 #  [S_k, E_k) of an op with dur_k > 0.
+#  (0) a unit makes at most one offload, of one kind.
 #  (5) d_{i,k} = 1: O_i ran inside [E_{f(i)}, S_k] (it starts after its trigger, at or after
 #  the end of F_i, or the simulator reports a read violation) and [E_{f(i)}, S_k] lies in
 #  [E_{f(h)}, S_k] for i >= h; an offloaded unit with b(i+1) <= k has both transfers inside
-#  [E_{f(i)}, S_{b(i+1)}]. A channel runs one transfer at a time, each for exactly D_i or H_i.
+#  [E_{f(i)}, S_{b(i+1)}]. A channel runs one transfer at a time, each for exactly D_j or H_j
+#  of the move j unit i makes (its other move has x = 0 and adds nothing).
 #  (6) g_{i,k} = 1: P_i runs inside [E_k, S_{b(i+1)}] (it must end before B_{i+1} starts); for
 #  i >= k+1 both transfers start after E_{f(i)} >= E_k. (7) as the fluid LP's (6).
 # The constraints use each d_{i,k} and g_{i,k} only at the ops that (4) needs; dropping the
-# others (and their rows) only relaxes. The bound is the MILP solver's proven dual bound (its
+# others (and their rows) only relaxes; rows (5) and (6) are written once per unit h, over the
+# moves of all units >= h. The bound is the MILP solver's proven dual bound (its
 # LP relaxation is no better than the fluid LP; the integrality is what counts: on random
-# chains of 6-10 stages the MILP optimum equals CP-SAT's proven optimum on 60 of 72 instances,
-# and is within 2.6 % on the others), less a relative 1e-7 for the solver's tolerances.
+# chains of 6-10 stages, when both offered whole-unit moves only, the MILP optimum equaled
+# CP-SAT's proven optimum on 60 of 72 instances and was within 2.6 % on the others), less a
+# relative 1e-7 for the solver's tolerances.
 
 _MILP_MARGIN = 1e-7
 # SCIP's probing presolve and its Gomory / MIR / flow-cover separators cost most of the root
@@ -757,7 +802,7 @@ _SCIP_PARAMS = (
 
 @dataclasses.dataclass(frozen=True)
 class UnitMILP:
-    """The answer of the whole-unit relaxation (see ``NOTE [ unit MILP lower bound ]``).
+    """The answer of the whole-move relaxation (see ``NOTE [ unit MILP lower bound ]``).
 
     Attributes
     ----------
@@ -829,7 +874,7 @@ class _MILPBuilder(_LPBuilder):
 
 
 def unit_milp(chain: Chain, platform: Platform, *, time_limit: float = 10.0) -> UnitMILP:
-    """Solve the whole-unit relaxation of ``chain`` on ``platform`` for at most ``time_limit`` seconds.
+    """Solve the whole-move relaxation of ``chain`` on ``platform`` for at most ``time_limit`` seconds.
 
     Parameters
     ----------
@@ -875,6 +920,21 @@ def _final_milp(chain: Chain, platform: Platform) -> UnitMILP | None:
     return hit[1] if hit is not None and hit[0] is chain and hit[1].status in _FINAL else None
 
 
+def moves_of(chain: Chain) -> list[tuple[int, str, int]]:
+    """What each offloadable unit 1..L-1 can move: ``(stage, moves, bytes)`` (``NOTE [ what a unit moves ]``).
+
+    Unit i moves all of it (``"unit"``, saved[i] bytes) or a_i alone (``"act"``, act[i] bytes)
+    when that is neither nothing nor the whole unit.
+    """
+    out = []
+    for i in range(1, chain.length):
+        whole, alone = int(chain.saved[i - 1]), int(chain.act[i])
+        out.append((i, "unit", whole))
+        if 0 < alone < whole:
+            out.append((i, "act", alone))
+    return out
+
+
 def _solve_unit_milp(chain: Chain, platform: Platform, time_limit: float) -> UnitMILP:
     t0 = time.perf_counter()
     length = chain.length
@@ -892,24 +952,34 @@ def _solve_unit_milp(chain: Chain, platform: Platform, time_limit: float) -> Uni
     byte_unit = float(max(int(chain.saved.max()), 1))
     d = dur / time_unit
     ex = excess / byte_unit
-    sv = chain.saved.astype(np.float64) / byte_unit
-    out_t = [platform.d2h_time(int(s)) / time_unit for s in chain.saved]
-    back_t = [platform.h2d_time(int(s)) / time_unit for s in chain.saved]
+    # Items: one per move a unit can make (NOTE [ what a unit moves ]); at most one per unit.
+    items = moves_of(chain)
+    stage = [i for i, _, _ in items]
+    sv = [b / byte_unit for _, _, b in items]
+    out_t = [platform.d2h_time(b) / time_unit for _, _, b in items]
+    back_t = [platform.h2d_time(b) / time_unit for _, _, b in items]
     if platform.duplex:
         out_both, back_both = out_t, back_t
     else:
         out_both = back_both = [a + b for a, b in zip(out_t, back_t)]
+    of_stage: dict[int, list[int]] = {}
+    for j, i in enumerate(stage):
+        of_stage.setdefault(i, []).append(j)
 
     def b(j: int) -> int:
         return 2 * length - j
 
     units = range(1, length)
+    every = range(len(items))
     m = _MILPBuilder()
     S = [m.var(0.0, 0.0)] + [m.var() for _ in range(n)]
     m.obj[S[n]] = 1.0
     for k in range(n):
         m.add(float(d[k]), math.inf, {S[k + 1]: 1.0, S[k]: -1.0})
-    x = {i: m.bool() for i in units}
+    x = {j: m.bool() for j in every}
+    for i in units:
+        if len(of_stage[i]) > 1:
+            m.add(-math.inf, 1.0, {x[j]: 1.0 for j in of_stage[i]})  # (0)
     need_d: dict[int, set[int]] = {i: set() for i in units}
     need_g: dict[int, set[int]] = {i: set() for i in units}
     for k in checked:
@@ -919,70 +989,76 @@ def _solve_unit_milp(chain: Chain, platform: Platform, time_limit: float) -> Uni
                 need_g[i].update((k - 1, k))
     dv: dict[tuple[int, int], int] = {}
     gv: dict[tuple[int, int], int] = {}
-    for i in units:
+    for j in every:
+        i = stage[j]
         prev = None
         for k in sorted(k for k in need_d[i] if k < b(i + 1)):
-            dv[i, k] = m.bool()
-            m.add(-math.inf, 0.0, {dv[i, k]: 1.0, x[i]: -1.0})
+            dv[j, k] = m.bool()
+            m.add(-math.inf, 0.0, {dv[j, k]: 1.0, x[j]: -1.0})
             if prev is not None:
-                m.add(0.0, math.inf, {dv[i, k]: 1.0, dv[i, prev]: -1.0})
+                m.add(0.0, math.inf, {dv[j, k]: 1.0, dv[j, prev]: -1.0})
             prev = k
         prev = None
         for k in sorted(need_g[i]):
-            gv[i, k] = m.bool()
-            m.add(-math.inf, 0.0, {gv[i, k]: 1.0, x[i]: -1.0})
+            gv[j, k] = m.bool()
+            m.add(-math.inf, 0.0, {gv[j, k]: 1.0, x[j]: -1.0})
             if prev is not None:
-                m.add(-math.inf, 0.0, {gv[i, k]: 1.0, gv[i, prev]: -1.0})
+                m.add(-math.inf, 0.0, {gv[j, k]: 1.0, gv[j, prev]: -1.0})
             prev = k
 
-    def released(i: int, k: int) -> int:
-        return dv[i, k] if k < b(i + 1) else x[i]
+    def released(j: int, k: int) -> int:
+        return dv[j, k] if k < b(stage[j] + 1) else x[j]
 
     linked: set[tuple[int, int, int]] = set()
     for k in checked:
         for kd, kg in ((k, k - 1), (k + 1, k)):
             terms: dict[int, float] = {}
-            for i in units:
+            for j in every:
+                i = stage[j]
                 if not i + 1 <= k < b(i + 1):
                     continue
-                cap = min(float(sv[i - 1]), float(ex[k]))
-                di, gi = released(i, kd), gv[i, kg]
-                for col, c in ((di, cap), (gi, cap), (x[i], -cap)):
+                cap = min(float(sv[j]), float(ex[k]))
+                dj, gj = released(j, kd), gv[j, kg]
+                for col, c in ((dj, cap), (gj, cap), (x[j], -cap)):
                     terms[col] = terms.get(col, 0.0) + c
-                if (i, kd, kg) not in linked and di != x[i]:
-                    linked.add((i, kd, kg))
-                    m.add(0.0, math.inf, {di: 1.0, gi: 1.0, x[i]: -1.0})  # (3)
+                if (j, kd, kg) not in linked and dj != x[j]:
+                    linked.add((j, kd, kg))
+                    m.add(0.0, math.inf, {dj: 1.0, gj: 1.0, x[j]: -1.0})  # (3)
             if terms:
                 m.add(float(ex[k]), math.inf, terms)  # (4)
-    # (5) offload windows.
+    # (5) offload windows, one row per (stage h, check k): the items of stages >= h.
     for k in sorted({k for _, k in dv}):
-        lhs = {S[k]: 1.0}
         tail: dict[int, float] = {}
         for i in sorted(units, reverse=True):
-            if (i, k) in dv:
-                tail[dv[i, k]] = out_t[i - 1]
-                m.add(float(d[i - 1]), math.inf, {**lhs, S[i - 1]: -1.0, **{c: -v for c, v in tail.items()}})
-            elif b(i + 1) <= k:
-                tail[x[i]] = out_both[i - 1]
+            row = False
+            for j in of_stage[i]:
+                if (j, k) in dv:
+                    tail[dv[j, k]] = out_t[j]
+                    row = True
+                elif b(i + 1) <= k:
+                    tail[x[j]] = out_both[j]
+            if row:
+                m.add(float(d[i - 1]), math.inf, {S[k]: 1.0, S[i - 1]: -1.0, **{c: -v for c, v in tail.items()}})
     # (6) prefetch windows.
     for k in sorted({k for _, k in gv}):
         tail = {}
         for i in sorted(units, reverse=True):
-            if (i, k) in gv:
-                tail[gv[i, k]] = back_t[i - 1]
-            elif i >= k + 1:
-                tail[x[i]] = back_both[i - 1]
-            else:
-                continue
-            if b(i + 1) > k and (i, k) in gv:
+            row = False
+            for j in of_stage[i]:
+                if (j, k) in gv:
+                    tail[gv[j, k]] = back_t[j]
+                    row = True
+                elif i >= k + 1:
+                    tail[x[j]] = back_both[j]
+            if row and b(i + 1) > k:
                 m.add(float(d[k]), math.inf, {S[b(i + 1)]: 1.0, S[k]: -1.0, **{c: -v for c, v in tail.items()}})
     # (7) whole windows.
     for side in ((out_t, back_t) if platform.duplex else (out_both,)):
         for h in units:
             terms = {S[b(h + 1)]: 1.0, S[h - 1]: -1.0}
-            for i in units:
-                if i >= h:
-                    terms[x[i]] = -side[i - 1]
+            for j in every:
+                if stage[j] >= h:
+                    terms[x[j]] = -side[j]
             m.add(float(d[h - 1]), math.inf, terms)
     status, value = m.solve_milp(max(1e-3, float(time_limit) - (time.perf_counter() - t0)))
     elapsed = time.perf_counter() - t0
@@ -1003,7 +1079,7 @@ class Bound:
         ``"compute time"`` (sum(fwd) + sum(bwd)), ``"volume"`` (:func:`volume_lower_bound`),
         ``"fluid LP"`` (:func:`fluid_lower_bound`),
         ``"unit MILP"`` (:func:`unit_milp`, stopped by its time limit) or ``"unit MILP,
-        optimal"`` (the whole-unit relaxation solved to optimality).
+        optimal"`` (the whole-move relaxation solved to optimality).
     seconds
         Time spent computing it.
     """
@@ -1020,16 +1096,24 @@ UNIT_MILP_MAX_SIZE = 2_000_000
 
 
 def _unit_milp_size(chain: Chain, platform: Platform) -> int:
-    """(ops whose memory check binds) x L^2: how the unit MILP's model and solve time grow."""
+    """(ops whose memory check binds) x M^2, M the moves offered (``moves_of``): how the unit
+    MILP's model and solve time grow.
+
+    The cost model below was fitted when only whole units moved (M = L - 1); offering a_i alone
+    as well doubles M and, as measured on benchmarks/relaxations.py's chains at L = 20-40, takes
+    SCIP 2.5x or more the time to the same status, which M^2 charges as 4x: on the side of
+    skipping the MILP rather than overrunning a budget.
+    """
     dur = np.concatenate([chain.fwd, chain.bwd[::-1]])
     checked = int(np.count_nonzero((keep_all_start_memory(chain) > platform.memory) & (dur > 0)))
-    return checked * chain.length**2
+    return checked * len(moves_of(chain)) ** 2
 
 
 def unit_milp_seconds(chain: Chain, platform: Platform) -> float:
     """Estimated seconds before :func:`unit_milp` has its bound: building the model and SCIP's root.
 
-    ``0.5 + (ops whose memory check binds) x L^2 / 20,000``, fitted on random chains of
+    ``0.5 + (ops whose memory check binds) x M^2 / 20,000`` (M: the moves offered, see
+    ``_unit_milp_size``), fitted on random chains of
     benchmarks/relaxations.py's family on the shared 2-core machine (load 4-5): the bound SCIP
     proves stops moving after 0.6-0.8 s at L = 12, ~1 s at L = 20, 1-4 s at L = 30 and 2-5 s at
     L = 40-60 with roomy memory; with tight memory at L >= 40 it is still far below the fluid LP
@@ -1048,9 +1132,9 @@ def unit_milp_seconds(chain: Chain, platform: Platform) -> float:
 def stronger_bound(chain: Chain, platform: Platform, *, time_limit: float = 10.0) -> Bound:
     """The best proven lower bound within ``time_limit`` seconds: compute time, volume, fluid LP, unit MILP.
 
-    The whole-unit relaxation (:func:`unit_milp`, ``NOTE [ unit MILP lower bound ]``) keeps
-    what the fluid LP loses: a unit is freed only when its whole offload has ended and comes
-    back whole when its prefetch starts. It gets the time left after the fluid LP and is
+    The whole-move relaxation (:func:`unit_milp`, ``NOTE [ unit MILP lower bound ]``) keeps
+    what the fluid LP loses: what a unit moves (all of it, or a_i alone) is freed only when its
+    whole offload has ended and comes back whole when its prefetch starts. It gets the time left after the fluid LP and is
     skipped on chains where building it alone would cost seconds (see
     :data:`UNIT_MILP_MAX_SIZE`); then the answer is the best of the others. The fluid LP gets
     the whole ``time_limit`` (it is free when cached); when even it runs out, so would the

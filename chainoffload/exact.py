@@ -24,7 +24,9 @@ __all__ = ["brute_force", "enumerate_schedules"]
 
 # NOTE [ brute force: what is enumerated ]
 # Per unit u (1..L, unit L included: offloading it frees nothing for long but can delay a
-# queue): not offloaded, or an offload trigger event e_O and a prefetch trigger e_P with
+# queue): not offloaded, or moved whole or as a_u alone (``moves: "act"``, when act[u] differs
+# from saved[u]: else both moves are the same schedule), with an offload trigger event e_O and
+# a prefetch trigger e_P with
 # end(F_u) <= e_O <= e_P <= end of the op before B_{u+1} (B_L for u = L; a prefetch triggered
 # at or after the start of the backward that reads the unit is a read violation), and an
 # optional `before` on the offload at an op after its trigger op and before B_{u+1} (at
@@ -48,10 +50,12 @@ def enumerate_schedules(chain: Chain, platform: Platform) -> Iterator[Schedule]:
     n = len(ops)
     units = list(range(1, length + 1)) if platform.can_transfer else []
     channel = {"offload": 0, "prefetch": 1 if platform.duplex else 0}
-    # 1. offload set and the explicit waits.
+    # 1. what each unit moves (nothing, all of it, or a_u alone) and the explicit waits.
     per_unit_waits = [[None, *wait_ops(length, u)] for u in units]
-    for chosen in itertools.product((False, True), repeat=len(units)):
-        off = [u for u, c in zip(units, chosen) if c]
+    per_unit_moves = [[None, "unit"] + (["act"] if chain.act[u] != chain.saved[u - 1] else []) for u in units]
+    for chosen in itertools.product(*per_unit_moves):
+        moves = {u: c for u, c in zip(units, chosen) if c is not None}
+        off = list(moves)
         wait_options = [per_unit_waits[u - 1] for u in off]
         for waits in itertools.product(*wait_options):
             before = dict(zip(off, waits))
@@ -80,8 +84,8 @@ def enumerate_schedules(chain: Chain, platform: Platform) -> Iterator[Schedule]:
             for events in itertools.product(*event_options):
                 transfers = []
                 for u, (eo, ep) in zip(off, events):
-                    transfers.append(Transfer("offload", u, *trigger(eo), before[u]))
-                    transfers.append(Transfer("prefetch", u, *trigger(ep)))
+                    transfers.append(Transfer("offload", u, *trigger(eo), before[u], moves[u]))
+                    transfers.append(Transfer("prefetch", u, *trigger(ep), moves=moves[u]))
                 yield from _tie_orders(ops, transfers, channel)
 
 

@@ -126,8 +126,11 @@ def check_units(chain: Chain, platform: Platform, units: Iterable[int]) -> np.nd
     return chosen
 
 
-def plan_arrays(chain: Chain, platform: Platform, chosen: np.ndarray) -> list[tuple[np.ndarray, ...]]:
+def plan_arrays(chain: Chain, platform: Platform, chosen: np.ndarray, alone: np.ndarray | None = None) -> list[tuple[np.ndarray, ...]]:
     """The planner's candidate plans for the sorted units ``chosen`` as transfer arrays.
+
+    Units in ``alone`` (a subset of ``chosen``) move a_i alone (``moves: "act"``): the plan
+    frees and brings back act[i] bytes for them, at act[i]'s transfer time.
 
     Returns the safe sweep, the optimistic sweep and the eager timing, in that order (ties go
     to the first), each ``(kind, unit, op, at, before)`` int64 arrays as
@@ -136,11 +139,13 @@ def plan_arrays(chain: Chain, platform: Platform, chosen: np.ndarray) -> list[tu
     length = chain.length
     offload = np.zeros(length + 1, dtype=np.int64)
     offload[chosen] = 1
-    saved = chain.saved
+    moved = chain.saved.copy()
+    if alone is not None and alone.shape[0]:
+        moved[alone - 1] = chain.act[alone]
     # Platform.d2h_time / h2d_time, element-wise (the same float operations).
-    d_time = platform.latency + saved / platform.bandwidth_d2h
-    h_time = platform.latency + saved / platform.bandwidth_h2d
-    plans = [_kernel_arrays(chain, platform, chosen, offload, d_time, h_time, opt) for opt in (False, True)]
+    d_time = platform.latency + moved / platform.bandwidth_d2h
+    h_time = platform.latency + moved / platform.bandwidth_h2d
+    plans = [_kernel_arrays(chain, platform, chosen, offload, d_time, h_time, opt, moved) for opt in (False, True)]
     plans.append(eager_arrays(length, chosen))
     return plans
 
@@ -166,6 +171,7 @@ def _kernel_arrays(
     d_time: np.ndarray,
     h_time: np.ndarray,
     optimistic: bool,
+    moved: np.ndarray,
 ) -> tuple[np.ndarray, ...]:
     off_before, pre_op, _fits, _makespan = _kplan.plan_kernel(
         chain.fwd,
@@ -180,6 +186,7 @@ def _kernel_arrays(
         platform.duplex,
         offload,
         optimistic,
+        moved,
     )
     m = chosen.shape[0]
     # Decreasing stage order within one trigger: the H2D queue serves them in need order.
@@ -194,11 +201,14 @@ def _kernel_arrays(
     return kind, unit, op, at, before
 
 
-def schedule_from_arrays(length: int, transfers: tuple[np.ndarray, ...]) -> Schedule:
-    """A fixed-order :class:`Schedule` from ``(kind, unit, op, at, before)`` transfer arrays."""
+def schedule_from_arrays(length: int, transfers: tuple[np.ndarray, ...], alone: Iterable[int] = ()) -> Schedule:
+    """A fixed-order :class:`Schedule` from ``(kind, unit, op, at, before)`` transfer arrays; the
+    units in ``alone`` move a_i alone."""
     kind, unit, op, at, before = (a.tolist() for a in transfers)
+    act = set(alone)
     out = tuple(
-        Transfer(_KIND[k], u, o, _AT[a], None if b < 0 else b) for k, u, o, a, b in zip(kind, unit, op, at, before)
+        Transfer(_KIND[k], u, o, _AT[a], None if b < 0 else b, "act" if u in act else "unit")
+        for k, u, o, a, b in zip(kind, unit, op, at, before)
     )
     return Schedule(fixed_order(length), out)
 
@@ -231,6 +241,8 @@ class Candidate:
     ----------
     units
         The offloaded stages, sorted.
+    alone
+        Those of them that move a_i alone (``moves: "act"``), sorted.
     transfers
         ``(kind, unit, op, at, before)`` int64 arrays.
     feasible, makespan, peak, rule
@@ -239,11 +251,12 @@ class Candidate:
         Bytes the offloads move.
     """
 
-    __slots__ = ("length", "units", "transfers", "feasible", "makespan", "peak", "rule", "offloaded", "source")
+    __slots__ = ("length", "units", "transfers", "feasible", "makespan", "peak", "rule", "offloaded", "source", "alone")
 
-    def __init__(self, length, units, transfers, makespan, peak, rule, offloaded, source=""):
+    def __init__(self, length, units, transfers, makespan, peak, rule, offloaded, source="", alone=()):
         self.length = length
         self.units = units
+        self.alone = tuple(alone)
         self.transfers = transfers
         self.rule = int(rule)
         self.feasible = self.rule == 0
@@ -254,7 +267,7 @@ class Candidate:
 
     def schedule(self):
         """The candidate as a :class:`~chainoffload.Schedule` (built once, for the winner)."""
-        return schedule_from_arrays(self.length, self.transfers)
+        return schedule_from_arrays(self.length, self.transfers, self.alone)
 
     @property
     def rank(self) -> tuple[float, int]:
@@ -274,24 +287,39 @@ def score(
     transfers: tuple[np.ndarray, ...],
     ops: tuple[np.ndarray, np.ndarray],
     saved: np.ndarray,
+    alone: tuple[int, ...] = (),
 ) -> Candidate:
-    """Resolve and replay one well-formed transfer list on the fixed order (``ops``: :func:`fixed_arrays`)."""
+    """Resolve and replay one well-formed transfer list on the fixed order (``ops``: :func:`fixed_arrays`);
+    the units in ``alone`` move a_i alone."""
     op_kind, op_stage = ops
     kind, unit, op, at, before = transfers
     for arr in transfers:
         # Read-only like Schedule.arrays(): the kernels then reuse simulate()'s compiled code.
         arr.setflags(write=False)
-    structure = resolve(chain.length, op_kind, op_stage, kind, unit, op, at, before)
+    tr_act = None
+    if alone:
+        tr_act = np.isin(unit, np.asarray(alone, dtype=np.int64)).astype(np.int64)
+        tr_act.setflags(write=False)
+    structure = resolve(chain.length, op_kind, op_stage, kind, unit, op, at, before, tr_act)
     out = replay(chain, platform, structure)
     op_end, peak, rule = out[1], out[7], out[9]
     moved = int(saved[np.asarray(units, dtype=np.int64)].sum()) if units else 0
-    return Candidate(chain.length, units, transfers, op_end[-1] if op_end.shape[0] else 0.0, peak, rule, moved)
+    if alone:
+        idx = np.asarray(alone, dtype=np.int64)
+        moved -= int(saved[idx].sum()) - int(chain.act[idx].sum())
+    return Candidate(chain.length, units, transfers, op_end[-1] if op_end.shape[0] else 0.0, peak, rule, moved, alone=alone)
 
 
 def plan_units(
-    chain: Chain, platform: Platform, chosen: np.ndarray, ops: tuple[np.ndarray, np.ndarray], saved: np.ndarray
+    chain: Chain,
+    platform: Platform,
+    chosen: np.ndarray,
+    ops: tuple[np.ndarray, np.ndarray],
+    saved: np.ndarray,
+    alone: tuple[int, ...] = (),
 ) -> Candidate:
-    """The best of the planner's plans (:func:`plan_arrays`) for the sorted units ``chosen``, scored.
+    """The best of the planner's plans (:func:`plan_arrays`) for the sorted units ``chosen``, scored
+    (those in ``alone`` move a_i alone).
 
     Feasible first, then the shorter makespan, then the lower peak (a hint for repairs); ties
     go to the earlier plan.
@@ -302,8 +330,8 @@ def plan_units(
         return score(chain, platform, key, (empty, empty, empty, empty, empty), ops, saved)
     best = None
     best_key = None
-    for transfers in plan_arrays(chain, platform, chosen):
-        cand = score(chain, platform, key, transfers, ops, saved)
+    for transfers in plan_arrays(chain, platform, chosen, np.asarray(alone, dtype=np.int64)):
+        cand = score(chain, platform, key, transfers, ops, saved, alone)
         rank = (0, cand.makespan, cand.peak) if cand.feasible else (1, 0.0, cand.peak)
         if best_key is None or rank < best_key:
             best, best_key = cand, rank

@@ -272,3 +272,67 @@ def test_bad_options_name_the_field(chain3, options, match):
 def test_unknown_option_is_rejected(chain3):
     with pytest.raises(ValueError, match=r"does not take slots"):
         solve(chain3, Platform(memory=180, bandwidth_d2h=25.0, bandwidth_h2d=25.0), "cpsat", slots=4)
+
+
+def _tight(seed, length, level, rate):
+    """Memory ``level`` of the way from the offloading floor to keep-all (tests/test_bounds.py's family)."""
+    from chainoffload.bounds import offload_memory_floor
+
+    chain = random_chain(seed, length)
+    floor, peak = offload_memory_floor(chain), keep_all_peak(chain)
+    bw = rate * float(chain.saved.sum()) / chain.compute_time
+    return chain, Platform(memory=int(floor + level * (peak - floor)), bandwidth_d2h=bw, bandwidth_h2d=bw, latency=1e-5)
+
+
+def test_moving_a_i_alone_is_in_the_model_and_replays_exactly():
+    # Issue 21: the simulator accepts moves="act", so "optimal" must range over it. Here 37 MB
+    # must leave; a_4 alone (44 of unit 4's 153 MB) is the cheap way, and the optimum (1.2549 s)
+    # is half what the best whole-unit schedule takes (2.507 s, CP-SAT's old "optimum").
+    chain, platform = _tight(0, 6, 0.25, 0.5)
+    grid = TimeGrid.build(chain, platform)
+    model = CPModel(chain, platform, grid)
+    solver, status = model.solve(time_limit=30.0, workers=2, gap_units=grid.slack)
+    assert status == "OPTIMAL"
+    schedule = model.schedule_from(solver)
+    assert any(t.moves == "act" for t in schedule.transfers)
+    times = model.solution_times(solver)
+    rep = integer_replay(grid, chain.length, schedule, platform.duplex)
+    assert (rep["op_start"], rep["op_end"]) == (times["op_start"], times["op_end"])
+    for idx, t in enumerate(schedule.transfers):
+        assert (rep["start"][idx], rep["end"][idx]) == times["transfers"][("O" if t.kind == "offload" else "P", t.unit)]
+    tl = simulate(chain, platform, schedule)
+    assert tl.feasible and abs(tl.makespan - solver.objective_value / grid.scale) <= grid.slack / grid.scale
+    assert tl.makespan < 0.55 * 2.507
+
+    # The same schedule as a warm start: accepted, mapped onto every variable (the hint is
+    # complete), and the answer is no worse.
+    again = cpsat(chain, platform, time_limit=20.0, hint=[schedule], bound=False)
+    assert again.info["hint"] == "given[0]" and again.info["hint_complete"] is True
+    assert again.status == Status.OPTIMAL
+    assert again.makespan <= tl.makespan + 3 * again.info["tolerance"]
+
+
+def test_a_unit_whose_output_is_all_it_saves_has_one_move():
+    # act[u] = saved[u]: moving a_u alone is moving the unit; the model offers no second literal.
+    chain, platform = instance(1, 4)
+    saved = list(chain.saved)
+    saved[1] = int(chain.act[2])
+    same = chain.replace(saved=saved)
+    v = CPModel(same, platform, TimeGrid.build(same, platform)).variables
+    assert v.units[2].alone is None and v.units[2].whole is v.units[2].offloaded
+    assert v.units[1].alone is not None
+
+
+@pytest.mark.parametrize("seed,level", [(8, 0.1), (3, 0.4)])
+def test_cpsat_equals_brute_force_where_a_i_alone_wins(seed, level):
+    # Instances where the optimum moves a_1 alone: CP-SAT's whole-unit model called 27.84 s and
+    # 0.686 s "optimal" here; the brute force over every move finds 8.824 s and 0.652 s.
+    from chainoffload.exact import brute_force
+
+    chain, platform = _tight(seed, 3, level, 0.1)
+    oracle = brute_force(chain, platform)
+    exact = solve(chain, platform, "cpsat", time_limit=20.0)
+    assert oracle.status == exact.status == Status.OPTIMAL
+    assert any(t.moves == "act" for t in oracle.schedule.transfers)
+    assert abs(exact.makespan - oracle.makespan) <= 3 * exact.info["tolerance"] + 1e-12 * chain.compute_time
+    assert exact.lower_bound <= oracle.makespan + 1e-12

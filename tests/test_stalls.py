@@ -49,6 +49,16 @@ def test_explicit_wait_for_an_offload_to_free_memory(chain3):
     assert "O_1 to free unit 1 (an explicit wait)" in s.message
 
 
+def test_a_stall_of_the_second_op_is_reported(chain3):
+    # The first op that can wait at all is op 1: F_2 waits (before) for O_1, [1, 2] at 25 B/s,
+    # so compute idles from 1 to 2. A scan that starts one op late would miss it.
+    tl = simulate(chain3, plat(), sched(Transfer("offload", 1, F1, before=F2), Transfer("prefetch", 1, B3)))
+    first = stalls(tl)[0]
+    assert (first.op, first.op_name, first.transfer_name, first.cause, first.explicit) == (F2, "F_2", "O_1", "offload", True)
+    assert (first.start, first.end) == pytest.approx((1.0, 2.0))
+    assert sum(s.duration for s in stalls(tl)) == pytest.approx(tl.makespan - chain3.compute_time)
+
+
 def test_explicit_wait_for_a_prefetch(chain3):
     # P_1 at the end of B_3 with before=B_2 is both explicit and implicit: explicit wins.
     tl = simulate(chain3, plat(), sched(Transfer("offload", 1, F1), Transfer("prefetch", 1, B3, before=B2)))

@@ -112,8 +112,12 @@ def _slack_last_below(vals, badd, bmin, width, a, b, s):
 
 
 @njit
-def plan_kernel(fwd, bwd, act, saved, fwd_tmp, bwd_tmp, memory, d_time, h_time, duplex, offload, optimistic):
+def plan_kernel(fwd, bwd, act, saved, fwd_tmp, bwd_tmp, memory, d_time, h_time, duplex, offload, optimistic, moved):
     """Plan the transfers of the units ``offload[i] != 0`` (index i = stage, 1..L; index 0 unused).
+
+    ``moved[i - 1]`` is what the offload of unit i moves: saved[i - 1] for the whole unit, or
+    act[i] when a_i moves alone (the rest stays on the GPU from F_i to B_i); ``d_time`` and
+    ``h_time`` are those bytes' transfer times.
 
     With ``optimistic`` false a prefetch's memory is counted from its trigger on (safe); with
     it true, from the backward phase in which the copy is expected to start, given the H2D
@@ -155,7 +159,7 @@ def plan_kernel(fwd, bwd, act, saved, fwd_tmp, bwd_tmp, memory, d_time, h_time, 
     for k in range(1, n + 1):
         s = t
         while fp < n_off and off_units[fp] <= k - 2 and oend[off_units[fp]] <= s:
-            cur -= saved[off_units[fp] - 1]
+            cur -= moved[off_units[fp] - 1]
             fp += 1
         need = cur + saved[k - 1] + fwd_tmp[k - 1]
         wait_on = -1
@@ -164,8 +168,8 @@ def plan_kernel(fwd, bwd, act, saved, fwd_tmp, bwd_tmp, memory, d_time, h_time, 
             if oend[u] > s:
                 s = oend[u]
                 wait_on = u
-            cur -= saved[u - 1]
-            need -= saved[u - 1]
+            cur -= moved[u - 1]
+            need -= moved[u - 1]
             fp += 1
         if need > memory:
             fits = False
@@ -193,8 +197,7 @@ def plan_kernel(fwd, bwd, act, saved, fwd_tmp, bwd_tmp, memory, d_time, h_time, 
     bmin = np.zeros(n_blk)
     kept = act[0]
     for j in range(1, n + 1):
-        if offload[j] == 0:
-            kept += saved[j - 1]
+        kept += saved[j - 1] if offload[j] == 0 else saved[j - 1] - moved[j - 1]
         need_b = kept + act[j] + act[j - 1] + bwd_tmp[j - 1]
         if j == n:
             need_b += act[n]
@@ -226,16 +229,16 @@ def plan_kernel(fwd, bwd, act, saved, fwd_tmp, bwd_tmp, memory, d_time, h_time, 
                 lo = mid + 1
             else:
                 hi = mid
-        j = _slack_last_below(slack, badd, bmin, width, lo, n, saved[v - 1])
+        j = _slack_last_below(slack, badd, bmin, width, lo, n, moved[v - 1])
         if j >= 0:
             # B_j cannot run beside this copy: it waits for the offload, after which the
             # copy is gone (F_{v+1} ended in the forward) for B_j and every later phase.
             off_before[v] = 2 * n - j
             if oend[v] > bwait[j]:
                 bwait[j] = oend[v]
-            _slack_add(slack, badd, bmin, width, j + 1, n, -float(saved[v - 1]))
+            _slack_add(slack, badd, bmin, width, j + 1, n, -float(moved[v - 1]))
         else:
-            _slack_add(slack, badd, bmin, width, lo, n, -float(saved[v - 1]))
+            _slack_add(slack, badd, bmin, width, lo, n, -float(moved[v - 1]))
 
     # ---- backward: prefetches in decreasing stage order on the H2D channel, each triggered at
     # the earliest boundary (end of F_L, then end of B_{j+1}) where its memory fits up to B_u;
@@ -272,12 +275,12 @@ def plan_kernel(fwd, bwd, act, saved, fwd_tmp, bwd_tmp, memory, d_time, h_time, 
                     else:
                         lo = mid + 1
                 first = lo
-            ok = _slack_min(slack, badd, bmin, width, u, first) >= saved[u - 1]
+            ok = _slack_min(slack, badd, bmin, width, u, first) >= moved[u - 1]
             if not ok and not mandatory:
                 break
             if not ok:
                 fits = False
-            _slack_add(slack, badd, bmin, width, u, first, -float(saved[u - 1]))
+            _slack_add(slack, badd, bmin, width, u, first, -float(moved[u - 1]))
             pre_op[u] = trig_op
             pend[u] = st + h_time[u - 1]
             chan_h = pend[u]

@@ -132,30 +132,34 @@ class Evaluator:
 
     # -- scoring -----------------------------------------------------------------------------
 
-    def _score(self, units: tuple[int, ...], transfers: tuple[np.ndarray, ...]) -> Candidate:
-        return score(self.chain, self.platform, units, transfers, self._ops, self._saved)
+    def _score(self, units: tuple[int, ...], transfers: tuple[np.ndarray, ...], alone: tuple[int, ...] = ()) -> Candidate:
+        return score(self.chain, self.platform, units, transfers, self._ops, self._saved, alone)
 
-    def units(self, units: Iterable[int]) -> Candidate:
+    def units(self, units: Iterable[int], alone: Iterable[int] = ()) -> Candidate:
         """Plan ``units`` and score the planner's best plan (cached per set; one evaluation).
 
+        The units in ``alone`` (a subset of ``units``) move a_i alone (``moves: "act"``).
         Raises ``ValueError`` for a unit outside 1..L or units over a link of bandwidth 0.
         """
         chosen = check_units(self.chain, self.platform, units)
-        key = tuple(chosen.tolist())
+        act = tuple(sorted({int(u) for u in alone} & set(chosen.tolist())))
+        key = tuple(chosen.tolist()) + tuple(-u for u in act)
         hit = self.cache.get(key)
         if hit is not None:
             return hit
         self.evals += 1
-        best = plan_units(self.chain, self.platform, chosen, self._ops, self._saved)
+        best = plan_units(self.chain, self.platform, chosen, self._ops, self._saved, act)
         self.cache[key] = best
         return best
 
-    def transfers(self, units: tuple[int, ...], transfers: tuple[np.ndarray, ...]) -> Candidate | None:
-        """Score a changed transfer list of the same units; ``None`` when it is not well formed."""
+    def transfers(
+        self, units: tuple[int, ...], transfers: tuple[np.ndarray, ...], alone: tuple[int, ...] = ()
+    ) -> Candidate | None:
+        """Score a changed transfer list of the same units (and moves); ``None`` when it is not well formed."""
         self.evals += 1
         if not well_formed(2 * self.chain.length, transfers):
             return None
-        return self._score(units, transfers)
+        return self._score(units, transfers, alone)
 
     # -- keeping the best --------------------------------------------------------------------
 

@@ -8,8 +8,11 @@ The search works on two levels, and the simulator scores every candidate:
    baseline (keep-all, offload-all, first-k, largest-first): starting from the baselines'
    sets is what makes ``best`` never worse than any of them, since the search only ever
    accepts a strictly better candidate. From the best start it applies first-improvement
-   moves: add a unit, remove one, or move one to a neighbouring stage, and once none of
-   those helps, swap any offloaded unit for any kept one (O(L^2) candidates); each set is
+   moves: add a unit, remove one, or move one to a neighbouring stage; then change what a unit
+   moves (its a_i alone instead of the whole unit, or back; or offload a kept unit's a_i
+   alone: moving fewer bytes is what wins where little memory must be freed and a whole
+   unit's transfer would make compute wait, docs/model.md's ``moves: "act"``); and once none
+   of those helps, swap any offloaded unit for any kept one (O(L^2) candidates); each set is
    planned by :func:`chainoffload.planner.plan_transfers` and simulated.
 2. **When.** On the best set found, every trigger is moved one boundary earlier or later or
    to the other end of its op, each offload's ``before`` wait is dropped or moved by one
@@ -75,6 +78,12 @@ _TARGETS = {
 }
 
 
+def _moves(c: Candidate) -> frozenset[int]:
+    """What ``c`` offloads: +u for unit u moved whole, -u for a_u moved alone."""
+    alone = set(c.alone)
+    return frozenset(-u if u in alone else u for u in c.units)
+
+
 def _key(c: Candidate) -> tuple[int, float]:
     return (0, c.makespan) if c.feasible else (1, float(c.peak))
 
@@ -105,16 +114,21 @@ class _Search:
 
     # -- level 1: which units ----------------------------------------------------------------
 
+    def _plan(self, moves: frozenset[int]) -> Candidate:
+        return self.search.units([abs(u) for u in moves], [-u for u in moves if u < 0])
+
     def improve_units(self, current: Candidate, candidates: list[int]) -> Candidate:
         chain = self.search.chain
         by_size = sorted(candidates, key=lambda u: (-int(chain.saved[u - 1]), u))
+        # Units whose a_i alone is a move of its own (less than the unit, more than nothing).
+        act_able = [u for u in by_size if 0 < int(chain.act[u]) < int(chain.saved[u - 1])]
         while not self.search.at_bound(current):
-            for moves in (self._local_moves, self._swaps):
+            for moves in (self._local_moves, lambda units, _: self._act_moves(units, act_able), self._swaps):
                 found = None
-                for move in moves(frozenset(current.units), by_size):
+                for move in moves(_moves(current), by_size):
                     if self.search.exhausted:
                         return current
-                    trial = self.search.units(move)
+                    trial = self._plan(move)
                     if _beats(trial, current):
                         found = trial
                         break
@@ -128,22 +142,36 @@ class _Search:
 
     @staticmethod
     def _local_moves(units: frozenset[int], by_size: list[int]) -> Iterator[frozenset[int]]:
-        """Toggle one unit, or move an offloaded unit to a neighbouring stage."""
+        """Toggle one unit (kept: offload it whole; offloaded: keep it), or move a unit offloaded
+        whole to a neighbouring stage (``units``: +u whole, -u a_u alone)."""
         allowed = set(by_size)
+        offloaded = {abs(u) for u in units}
         for u in by_size:
-            yield units ^ {u}
+            yield units - {u, -u} if u in offloaded else units | {u}
             if u in units:
                 for v in (u - 1, u + 1):
-                    if v in allowed and v not in units:
+                    if v in allowed and v not in offloaded:
                         yield (units - {u}) | {v}
 
     @staticmethod
+    def _act_moves(units: frozenset[int], act_able: list[int]) -> Iterator[frozenset[int]]:
+        """Change what one unit moves: whole to a_u alone or back, or offload a kept unit's a_u alone."""
+        for u in act_able:
+            if u in units:
+                yield (units - {u}) | {-u}
+            elif -u in units:
+                yield (units - {-u}) | {u}
+            else:
+                yield units | {-u}
+
+    @staticmethod
     def _swaps(units: frozenset[int], by_size: list[int]) -> Iterator[frozenset[int]]:
-        """Swap any offloaded unit for any kept one (tried once the local moves are exhausted)."""
+        """Swap any unit offloaded whole for any kept one (tried once the local moves are exhausted)."""
+        offloaded = {abs(u) for u in units}
         for u in by_size:
             if u in units:
                 for v in by_size:
-                    if v not in units:
+                    if v not in offloaded:
                         yield (units - {u}) | {v}
 
     # -- level 2: when -----------------------------------------------------------------------
@@ -156,7 +184,7 @@ class _Search:
             for transfers in _neighbours(current.transfers, n_ops):
                 if self.search.exhausted:
                     return current
-                trial = self.search.transfers(current.units, transfers)
+                trial = self.search.transfers(current.units, transfers, current.alone)
                 if trial is not None and _beats(trial, current):
                     current = trial
                     improved = True
@@ -290,7 +318,7 @@ def best(
     Result
         ``info`` holds ``start`` (the name of the starting point the search improved),
         ``evals``, ``evals_per_s`` (of the search), ``stopped`` (``converged``, ``evals`` or
-        ``time``), ``units``, each start's makespan and ``starts_skipped`` (those the time
+        ``time``), ``units``, ``alone`` (those of them that move a_i alone), each start's makespan and ``starts_skipped`` (those the time
         limit left out).
     """
     if time_limit is None:
@@ -331,6 +359,7 @@ def best(
         evals_per_s=(search.evals - evals0) / spent if spent > 0 else math.nan,
         stopped=search.stopped or ("time" if info.get("starts_skipped") else "converged"),
         units=list(current.units),
+        alone=list(current.alone),
     )
     result: Result
     if current.feasible:

@@ -494,8 +494,9 @@ def _listed(draw, pairs: list[tuple[int, int, int]], n: int, waits: bool, granul
 
 
 @st.composite
-def _transfer_pairs(draw, length: int, units: Iterable[int], waits: bool) -> list[Transfer]:
-    """One valid offload and prefetch per unit, listed in a random order that keeps ties legal."""
+def _transfer_pairs(draw, length: int, units: Iterable[int], waits: bool, act_alone: bool = False) -> list[Transfer]:
+    """One valid offload and prefetch per unit, listed in a random order that keeps ties legal;
+    with ``act_alone``, a pair may move a_i alone."""
     pairs = []
     for u in units:
         first, last = transfer_events(length, u)  # from the end of F_u to just before its first backward reader
@@ -503,15 +504,17 @@ def _transfer_pairs(draw, length: int, units: Iterable[int], waits: bool) -> lis
         e_o = first + draw(st.integers(0, last - first))
         e_p = last - draw(st.integers(0, last - e_o))
         pairs.append((u, e_o, e_p))
-    return draw(_listed(pairs, 2 * length, waits))
+    return draw(_listed(pairs, 2 * length, waits, granular=act_alone))
 
 
 @st.composite
-def _valid_schedules(draw, chain: Chain, min_offloads: int, max_offloads: int | None, waits: bool) -> Schedule:
+def _valid_schedules(
+    draw, chain: Chain, min_offloads: int, max_offloads: int | None, waits: bool, act_alone: bool = False
+) -> Schedule:
     length = chain.length
     hi = length if max_offloads is None else min(length, max_offloads)
     units = sorted(draw(st.sets(st.integers(1, length), min_size=min_offloads, max_size=hi)))
-    transfers = draw(_transfer_pairs(length, units, waits))
+    transfers = draw(_transfer_pairs(length, units, waits, act_alone))
     return Schedule(fixed_order(length), tuple(transfers))
 
 
@@ -523,6 +526,7 @@ def schedules(
     max_offloads: int | None = None,
     waits: bool = True,
     kinds: Iterable[str] | None = None,
+    act_alone: bool = False,
 ) -> SearchStrategy[Schedule]:
     """Fixed-order schedules of ``chain``.
 
@@ -544,6 +548,9 @@ def schedules(
         Draw explicit ``before`` waits (``valid=True``).
     kinds
         For ``valid=False``, the kinds of breakage to draw (keys of :data:`BROKEN_KINDS`).
+    act_alone
+        Also draw transfers that move a_i alone (``moves="act"``, ``valid=True``): what the
+        bounds and ``cpsat`` must cover, since the simulator accepts them.
 
     Returns
     -------
@@ -557,7 +564,7 @@ def schedules(
     if kinds is not None:
         raise ValueError("kinds: only for valid=False")
     _check_offloads(chain, min_offloads, max_offloads)
-    return _valid_schedules(chain, min_offloads, max_offloads, bool(waits))
+    return _valid_schedules(chain, min_offloads, max_offloads, bool(waits), bool(act_alone))
 
 
 def _find(transfers: list[Transfer], kind: str, unit: int) -> int:

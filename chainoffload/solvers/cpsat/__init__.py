@@ -1,6 +1,7 @@
 """Exact method ``cpsat``: a CP-SAT model of docs/model.md's rules, for small chains.
 
-The model decides which units to offload, the trigger event of every transfer, the order of
+The model decides which units to offload and what each moves (the whole unit, or a_i alone:
+``moves: "act"``), the trigger event of every transfer, the order of
 each channel's queue and the explicit waits of compute ops, minimises the makespan, and proves
 a lower bound. Its solution is converted to the one schedule format and replayed by the
 simulator. The package is laid out like the model:

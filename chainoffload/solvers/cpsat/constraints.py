@@ -48,6 +48,9 @@ __all__ = ["Constraints"]
 #   at one instant a free ([.., t)) is not counted and an allocation ([t, ..)) is, which is
 #   the simulator's "frees before allocations". Unit u is resident from F_u's start to
 #   max(end O_u, end F_{u+1}) (F_{u+1} reads a_u) and again from P_u's *start* to B_u's end;
+#   when a literal says a_u moves alone (``moves: "act"``, docs/model.md), that holds for
+#   a_u's act[u] bytes, the transfers take a_u's time, and the rest, saved[u] - act[u],
+#   stays from F_u's start to B_u's end;
 # * (duplicates only) a transfer is not triggered at the start of op k+1 when that start is
 #   the instant op k ends: the end of op k is the same instant, and since transfers at one
 #   event may take any queue order, every queue the start could give, the end gives too.
@@ -56,7 +59,8 @@ __all__ = ["Constraints"]
 # timeline is the simulator's deterministic replay of the converted schedule (with the
 # integer durations; `integer_replay` is that replay, and the tests check that it reproduces
 # every CP-SAT time exactly). The search space is therefore: every fixed-order schedule in
-# the format whose explicit waits are on offloads. The brute-force oracle
+# the format whose explicit waits are on offloads, each unit moved whole or as a_u alone (a
+# choice only where act[u] != saved[u]; else both are one schedule). The brute-force oracle
 # (chainoffload.exact) enumerates the same space through the float simulator.
 
 # NOTE [ cpsat: canonical triggers ]
@@ -92,13 +96,15 @@ __all__ = ["Constraints"]
 # excess. The second instant is what a check at op starts alone misses: a prefetch that
 # starts while op k runs brings its whole unit back then, not at the next op.
 # Each unit's bytes are capped at the excess in those sums (keeps every 0/1 point, tightens
-# the LP). Channels: the offloads of the units a[., k] marks, i >= h, ran after F_h ended and
+# the LP). There is one such literal per move a unit can make (whole, a_i alone), each
+# implying that move and counting its bytes and transfer time: the move decides both.
+# Channels: the offloads of the units a[., k] marks, i >= h, ran after F_h ended and
 # before S_k; their prefetches (and those z[., k] marks) run after S_k (after E_k) and end
 # before B_{h+1} starts (each P_i ends before B_{i+1}, which is at or before B_{h+1} for
 # i >= h). Any solution satisfies all of this with a, z set to "is off the GPU then", so no
 # solution is cut; they only make the bound provable sooner. The same structure, with
-# whole units and preemptive channels, is the lower bound of chainoffload.bounds
-# (NOTE [ unit LP lower bound ] there).
+# whole moves and preemptive channels, is the lower bound of chainoffload.bounds
+# (NOTE [ unit MILP lower bound ] there).
 
 
 class Constraints:
@@ -291,8 +297,17 @@ class Constraints:
             else:
                 md.add(r == o.end).only_enforce_if(x)
             self.resident_end[i] = r
-            add(self._interval(f.start, r, f"unit{i}a"), saved[i - 1])
-            add(self._interval(unit.prefetch.start, b.end, f"unit{i}b", x), saved[i - 1])
+            # What moves (a_i alone, or the whole unit) leaves at r and is back from P_i's
+            # start; the rest of a unit of which a_i alone moves stays from F_i to B_i.
+            moved = act[i] if unit.alone is not None else saved[i - 1]
+            add(self._interval(f.start, r, f"unit{i}a"), moved)
+            add(self._interval(unit.prefetch.start, b.end, f"unit{i}b", x), moved)
+            if unit.alone is not None:
+                rest_end = md.new_int_var(0, v.horizon, f"rest{i}")
+                md.add(rest_end == r).only_enforce_if(unit.whole)
+                md.add(rest_end == b.end).only_enforce_if(~unit.whole)
+                add(self._interval(f.start, rest_end, f"rest{i}a"), saved[i - 1] - act[i])
+                add(self._interval(unit.prefetch.start, b.end, f"rest{i}b", unit.whole), saved[i - 1] - act[i])
         md.add_cumulative(intervals, demands, v.platform.memory)
 
     def redundant_memory(self) -> None:
@@ -307,38 +322,43 @@ class Constraints:
         saved = [int(s) for s in chain.saved]
         excess = keep_all_start_memory(chain).astype(np.int64) - int(v.platform.memory)
         units = sorted(v.units)
+        # One literal per move a unit can make (whole, a_i alone): bytes and transfer times differ.
+        moves = {i: [("unit", v.units[i].whole, saved[i - 1])]
+                 + ([("act", v.units[i].alone, int(chain.act[i]))] if v.units[i].alone is not None else [])
+                 for i in units}
         for k, op in enumerate(ops):
             at_start, at_end = [], []
             for i in units:
                 unit = v.units[i]
                 if not i + 1 <= k < reader_pos(length, i):
                     continue
-                a = md.new_bool_var(f"absent{i}_{k}")
-                md.add_implication(a, unit.offloaded)
-                md.add(self.resident_end[i] <= op.start).only_enforce_if(a)
-                md.add(unit.prefetch.start >= op.start + 1).only_enforce_if(a)
-                at_start.append((i, a))
-                z = md.new_bool_var(f"absent_end{i}_{k}")
-                md.add_implication(z, unit.offloaded)
-                md.add(self.resident_end[i] <= op.end - 1).only_enforce_if(z)
-                md.add(unit.prefetch.start >= op.end).only_enforce_if(z)
-                at_end.append((i, z))
+                for how, lit, size in moves[i]:
+                    a = md.new_bool_var(f"absent{i}{how}_{k}")
+                    md.add_implication(a, lit)
+                    md.add(self.resident_end[i] <= op.start).only_enforce_if(a)
+                    md.add(unit.prefetch.start >= op.start + 1).only_enforce_if(a)
+                    at_start.append((i, how, size, a))
+                    z = md.new_bool_var(f"absent_end{i}{how}_{k}")
+                    md.add_implication(z, lit)
+                    md.add(self.resident_end[i] <= op.end - 1).only_enforce_if(z)
+                    md.add(unit.prefetch.start >= op.end).only_enforce_if(z)
+                    at_end.append((i, how, size, z))
             if not at_start:
                 continue
             need = int(excess[k])
             if need > 0:
                 for group in (at_start, at_end):
                     # Capping each unit at the excess keeps every 0/1 point and tightens the LP.
-                    md.add(sum(min(saved[i - 1], need) * lit for i, lit in group) >= need)
+                    md.add(sum(min(size, need) * lit for _, _, size, lit in group) >= need)
             # Channels: the absent units i >= h went out on D2H after F_h ended and before the
             # check, and come back on H2D after it and before B_{h+1} starts (each P_i ends
             # before B_{i+1}, at or before B_{h+1} for i >= h). One pair of cuts per h.
-            for h in sorted({i for i, _ in at_start}):
+            for h in sorted({i for i, *_ in at_start}):
                 f_end = ops[f_pos(h)].end
                 reader = ops[b_pos(length, h + 1)].start
-                out_a = sum(grid.offload[i - 1] * a for i, a in at_start if i >= h)
-                back_a = sum(grid.prefetch[i - 1] * a for i, a in at_start if i >= h)
-                back_z = sum(grid.prefetch[i - 1] * z for i, z in at_end if i >= h)
+                out_a = sum(grid.transfer("offload", i, how) * a for i, how, _, a in at_start if i >= h)
+                back_a = sum(grid.transfer("prefetch", i, how) * a for i, how, _, a in at_start if i >= h)
+                back_z = sum(grid.transfer("prefetch", i, how) * z for i, how, _, z in at_end if i >= h)
                 md.add(op.start >= f_end + out_a)
                 md.add(reader >= op.start + back_a)
                 md.add(reader >= op.end + back_z)

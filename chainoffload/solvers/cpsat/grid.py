@@ -54,7 +54,10 @@ class TimeGrid:
     op
         Duration of each compute op of the fixed order (index into ``fixed_order``), units.
     offload, prefetch
-        Duration of O_u / P_u at index u - 1, units (``None`` when a link has bandwidth 0).
+        Duration of O_u / P_u moving unit u whole, at index u - 1, units (``None`` when a link
+        has bandwidth 0).
+    offload_act, prefetch_act
+        The same when they move a_u alone (act[u] bytes; ``moves: "act"``).
     slack
         R: the sum of all rounding errors, in units (NOTE [ cpsat: time scale ]).
     """
@@ -63,6 +66,8 @@ class TimeGrid:
     op: tuple[int, ...]
     offload: tuple[int, ...] | None
     prefetch: tuple[int, ...] | None
+    offload_act: tuple[int, ...] | None
+    prefetch_act: tuple[int, ...] | None
     slack: float
 
     @classmethod
@@ -82,36 +87,45 @@ class TimeGrid:
             err += abs(di - d)
             ops.append(di)
         transfers: list[tuple[int, ...] | None] = []
-        for timer in (platform.d2h_time, platform.h2d_time):
-            times = [timer(int(s)) for s in chain.saved]
-            if not all(math.isfinite(t) for t in times):
-                transfers.append(None)
-                continue
-            row = []
-            for s, t in zip(chain.saved, times):
-                if not t * scale <= MAX_UNITS:
-                    # A finite time can still overflow once scaled (latency 1e308 s): the model
-                    # counts in integers, and a float beyond 2^53 is no longer a whole count.
-                    bandwidth = platform.bandwidth_d2h if timer == platform.d2h_time else platform.bandwidth_h2d
-                    raise PlatformError(
-                        f"platform.latency / bandwidth: a copy of {int(s)} B takes {t:.6g} s (latency {platform.latency:.6g} s, "
-                        f"bandwidth {bandwidth:.6g} B/s), {t / (chain.compute_time or 1.0):.3g} times the compute time; "
-                        f"cpsat's integer time grid counts at most {MAX_UNITS / scale:.3g} s"
-                    )
-                di = int(round(t * scale))
-                err += abs(di - t * scale)
-                row.append(di)
-            transfers.append(tuple(row))
-        if transfers[0] is None or transfers[1] is None:
-            transfers = [None, None]
+        # Whole units (saved[u]) and a_u alone (act[u]); every transfer the model may pick
+        # counts in R, whichever move it makes.
+        for sizes in (chain.saved, chain.act[1:]):
+            for timer in (platform.d2h_time, platform.h2d_time):
+                times = [timer(int(s)) for s in sizes]
+                if not all(math.isfinite(t) for t in times):
+                    transfers.append(None)
+                    continue
+                row = []
+                for s, t in zip(sizes, times):
+                    if not t * scale <= MAX_UNITS:
+                        # A finite time can still overflow once scaled (latency 1e308 s): the model
+                        # counts in integers, and a float beyond 2^53 is no longer a whole count.
+                        bandwidth = platform.bandwidth_d2h if timer == platform.d2h_time else platform.bandwidth_h2d
+                        raise PlatformError(
+                            f"platform.latency / bandwidth: a copy of {int(s)} B takes {t:.6g} s (latency {platform.latency:.6g} s, "
+                            f"bandwidth {bandwidth:.6g} B/s), {t / (chain.compute_time or 1.0):.3g} times the compute time; "
+                            f"cpsat's integer time grid counts at most {MAX_UNITS / scale:.3g} s"
+                        )
+                    di = int(round(t * scale))
+                    err += abs(di - t * scale)
+                    row.append(di)
+                transfers.append(tuple(row))
+        if any(t is None for t in transfers):
+            transfers = [None] * 4
         # Float sums in another order, for safety: one unit per 2^40 of the horizon.
         err += sum(ops) * 2.0**-40
-        return cls(scale, tuple(ops), transfers[0], transfers[1], err)
+        return cls(scale, tuple(ops), transfers[0], transfers[1], transfers[2], transfers[3], err)
 
     @property
     def can_transfer(self) -> bool:
         """Whether both directions have finite transfer times."""
         return self.offload is not None
+
+    def transfer(self, kind: str, unit: int, moves: str = "unit") -> int:
+        """Units of the ``kind`` (offload / prefetch) transfer of ``unit`` that ``moves`` unit / act."""
+        table = {("offload", "unit"): self.offload, ("prefetch", "unit"): self.prefetch,
+                 ("offload", "act"): self.offload_act, ("prefetch", "act"): self.prefetch_act}[kind, moves]
+        return table[unit - 1]
 
     def units_below(self, seconds: float) -> int:
         """The largest integer objective that a float makespan of ``seconds`` or more cannot replay under.

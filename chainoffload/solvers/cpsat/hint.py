@@ -99,11 +99,12 @@ def integer_replay(grid: TimeGrid, length: int, schedule: Schedule, duplex: bool
                 t = order[ptr]
                 ptr += 1
                 tr = transfers[t]
+                dur = grid.transfer(tr.kind, tr.unit, tr.moves)
                 if tr.kind == "offload":
-                    c, dur = 0, grid.offload[tr.unit - 1]
+                    c = 0
                     st = max(chan_free[c], when)
                 else:
-                    c, dur = (1 if duplex else 0), grid.prefetch[tr.unit - 1]
+                    c = 1 if duplex else 0
                     st = max(chan_free[c], when)
                     o = offload_of.get(tr.unit)
                     if o is not None and done[o]:
@@ -188,8 +189,12 @@ def hint_values(variables: Variables, schedule: Schedule) -> dict[Any, int]:
     def event_time(e: int) -> int:
         return rep["op_start"][e // 2] if e % 2 == 0 else rep["op_end"][e // 2]
 
+    alone = {t.unit for t in schedule.transfers if t.moves == "act"}
     for u, unit in v.units.items():
         values[unit.offloaded] = int(("O", u) in timed)
+        if unit.alone is not None:
+            values[unit.alone] = int(("O", u) in timed and u in alone)
+            values[unit.whole] = int(("O", u) in timed and u not in alone)
         for tr in (unit.offload, unit.prefetch):
             if tr.key in timed:
                 st, en, ev, _ = timed[tr.key]

@@ -118,6 +118,7 @@ class CPModel:
         for u, unit in v.units.items():
             if not solver.boolean_value(unit.offloaded):
                 continue
+            moves = "act" if unit.alone is not None and solver.boolean_value(unit.alone) else "unit"
             for tr in (unit.offload, unit.prefetch):
                 ev = int(solver.value(tr.event))
                 before = None
@@ -128,7 +129,7 @@ class CPModel:
                 op, at = trigger(ev)
                 # List order: trigger event, then the channel's order (start, end), offload first.
                 key = (ev, int(solver.value(tr.start)), int(solver.value(tr.end)), tr.kind == "prefetch")
-                rows.append((key, Transfer(tr.kind, u, op, at, before)))
+                rows.append((key, Transfer(tr.kind, u, op, at, before, moves)))
         rows.sort(key=lambda r: r[0])
         return Schedule(fixed_order(self.chain.length), tuple(tr for _, tr in rows))
 

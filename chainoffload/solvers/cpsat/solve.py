@@ -158,8 +158,10 @@ def cpsat(
 
         * ``optimal``: CP-SAT proved its schedule optimal for the integer model (gap below
           its rounding slack; the simulated makespan is within ``3 * info["tolerance"]``
-          seconds of the optimum over the model's space, NOTE [ cpsat: time scale ]), or the
-          warm start reaches a proven bound;
+          seconds of the optimum over the model's space, NOTE [ cpsat: time scale ]): every
+          fixed-order schedule, each unit moved whole or as a_i alone, explicit waits on
+          offloads (NOTE [ cpsat: expressible timings ]); or the warm start reaches a proven
+          bound;
         * ``feasible``: the time limit came first; the schedule is CP-SAT's best or the warm
           start (``info["kept_hint"]``), the message says which and the gap;
         * ``infeasible``: CP-SAT proved that no schedule of the model's space fits, and there

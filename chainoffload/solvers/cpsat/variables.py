@@ -61,7 +61,13 @@ class TransferVar:
     unit
         Stage 1..L.
     duration
-        Units.
+        Units, moving the whole unit.
+    act_duration
+        Units, moving a_u alone (``moves: "act"``); equal to ``duration`` when the unit has no
+        such move (act[u] = saved[u]).
+    size
+        The duration the transfer takes in the model: ``duration``, or ``act_duration`` when its
+        unit's ``alone`` literal is true.
     channel
         0 (D2H, or the one channel of a half-duplex link) or 1 (H2D).
     present
@@ -80,6 +86,8 @@ class TransferVar:
     kind: str
     unit: int
     duration: int
+    act_duration: int
+    size: Any
     channel: int
     present: Any
     start: Any
@@ -110,6 +118,12 @@ class UnitVar:
         Stage 1..L.
     offloaded
         Literal: the unit goes to the host and comes back.
+    alone
+        Literal: what moves is a_u alone (``moves: "act"``; implies ``offloaded``); ``None``
+        when act[u] = saved[u], where both moves are one schedule.
+    whole
+        Literal: the unit is offloaded and moves whole (``offloaded`` itself when ``alone`` is
+        ``None``).
     offload, prefetch
         Its two transfers.
     waits
@@ -119,6 +133,8 @@ class UnitVar:
 
     unit: int
     offloaded: Any
+    alone: Any | None
+    whole: Any
     offload: TransferVar
     prefetch: TransferVar
     waits: dict[int, Any]
@@ -166,11 +182,16 @@ class Variables:
         if grid.can_transfer:
             # Every start equals some earlier end or event: no schedule is longer than all
             # durations end to end.
+            # (A move of a_u alone is never longer than the whole unit's.)
             horizon += sum(grid.offload) + sum(grid.prefetch)
         self.horizon = horizon
         self.ops = self._make_ops()
         free = [u for u in range(1, length + 1) if u not in keep] if grid.can_transfer else []
-        self.canonical = bool(free) and min(grid.offload) >= 1 and min(grid.prefetch) >= 1
+        #: Units that may move a_u alone as a schedule of its own (act[u] != saved[u]).
+        self.act_units = frozenset(u for u in free if int(chain.act[u]) != int(chain.saved[u - 1]))
+        durations = [grid.transfer(kind, u, moves) for u in free for kind in ("offload", "prefetch")
+                     for moves in (("unit", "act") if u in self.act_units else ("unit",))]
+        self.canonical = bool(free) and min(durations) >= 1
         self.units = {u: self._make_unit(u) for u in free}
         offloads = [self.units[u].offload.key for u in free]
         prefetches = [self.units[u].prefetch.key for u in free]
@@ -210,27 +231,35 @@ class Variables:
             ops.append(OpVar(k, kind, stage, self.grid.op[k], start, end, gap))
         return ops
 
-    def _make_transfer(self, kind: str, u: int, present: Any) -> TransferVar:
+    def _make_transfer(self, kind: str, u: int, present: Any, alone: Any | None) -> TransferVar:
         md, h, grid = self.model, self.horizon, self.grid
         tag = "O" if kind == "offload" else "P"
-        duration = grid.offload[u - 1] if kind == "offload" else grid.prefetch[u - 1]
+        duration = grid.transfer(kind, u)
+        act_duration = grid.transfer(kind, u, "act") if alone is not None else duration
+        size = duration if alone is None else duration - (duration - act_duration) * alone
         channel = 1 if kind == "prefetch" and self.platform.duplex else 0
         start = md.new_int_var(0, h, f"{tag}{u}_s")
         end = md.new_int_var(0, h, f"{tag}{u}_e")
-        interval = md.new_optional_interval_var(start, duration, end, present, f"{tag}{u}_iv")
+        interval = md.new_optional_interval_var(start, size, end, present, f"{tag}{u}_iv")
         lo, hi = transfer_events(self.length, u)
         event = md.new_int_var(lo, hi, f"{tag}{u}_ev")
         trigger_time = md.new_int_var(0, h, f"{tag}{u}_trig")
         triggers = {e: md.new_bool_var(f"y_{tag}{u}_{e}") for e in range(lo, hi + 1)}
-        return TransferVar(kind, u, duration, channel, present, start, end, interval, event, trigger_time, triggers)
+        return TransferVar(kind, u, duration, act_duration, size, channel, present, start, end, interval, event,
+                           trigger_time, triggers)
 
     def _make_unit(self, u: int) -> UnitVar:
         md = self.model
         offloaded = md.new_bool_var(f"x{u}")
-        offload = self._make_transfer("offload", u, offloaded)
-        prefetch = self._make_transfer("prefetch", u, offloaded)
+        alone = whole = None
+        if u in self.act_units:
+            alone = md.new_bool_var(f"act{u}")
+            whole = md.new_bool_var(f"whole{u}")
+            md.add(alone + whole == offloaded)
+        offload = self._make_transfer("offload", u, offloaded, alone)
+        prefetch = self._make_transfer("prefetch", u, offloaded, alone)
         waits = {k: md.new_bool_var(f"w{u}_{k}") for k in wait_ops(self.length, u)}
-        return UnitVar(u, offloaded, offload, prefetch, waits)
+        return UnitVar(u, offloaded, alone, whole if whole is not None else offloaded, offload, prefetch, waits)
 
     def _make_order(self) -> dict[tuple[TransferKey, TransferKey], Any]:
         order = {}
