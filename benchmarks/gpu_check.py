@@ -17,6 +17,7 @@ one, bytes moved against the plan's, and the largest gradient difference from pl
     python benchmarks/gpu_check.py                        # CUDA, every workload: about 3-5 minutes on one H100/H200
     python benchmarks/gpu_check.py --only gpt2,resnet50   # the real models only
     python benchmarks/gpu_check.py --device cpu --quick   # the dry run the test suite runs (tiny models)
+    python benchmarks/gpu_check.py --fuzz 500             # then the differential fuzz profile on the GPU
 
 The CUDA command needs ``pip install -e '.[torch,dev]'`` (transformers for GPT-2) and no download.
 Targets (CUDA): step time <= 1.05 x the simulated makespan; peak within 2 % of the prediction
@@ -321,6 +322,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=None, help="timed steps per run (default 20; 3 with --quick)")
     parser.add_argument("--strict", action="store_true", help="exit 1 if a target is missed (CUDA)")
     parser.add_argument("--out", default=None, help="also write the report to this Markdown file (rewritten after each workload)")
+    parser.add_argument(
+        "--fuzz",
+        type=int,
+        default=0,
+        metavar="MODELS",
+        help="then run the differential fuzz profile (benchmarks/torch_fuzz.py) on the same device for MODELS random models",
+    )
+    parser.add_argument("--fuzz-out", default=None, help="the fuzz table (default: benchmarks/results/torch_fuzz_<device>.md)")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -350,6 +359,13 @@ def main(argv: list[str] | None = None) -> int:
             Path(args.out).write_text(report + "\n")
         print(f"gpu_check: {w.name} done ({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
     print(report)
+    if args.fuzz:
+        # The adapter's promise on this device: random block models trained plain and offloaded,
+        # bitwise (benchmarks/torch_fuzz.py; on CUDA with deterministic kernels and a control).
+        import torch_fuzz
+
+        out = args.fuzz_out or str(Path(__file__).resolve().parent / "results" / f"torch_fuzz_{device.type}.md")
+        torch_fuzz.main(["--models", str(args.fuzz), "--device", str(device), "--shrink", "3", "--out", out])
     if args.strict and cuda:
         missed = [r for r in rows if r.get("offloaded") is not None and not (_step_ok(r) and _peak_ok(r))]
         return 1 if missed else 0
