@@ -127,6 +127,10 @@ def is_parameter_like(t: torch.Tensor) -> bool:
     or the cast of one that autocast keeps for the whole forward (see NOTE [ never a parameter ])."""
     if isinstance(t, nn.Parameter) or isinstance(t._base, nn.Parameter):
         return True
+    if t._base is not None:
+        # A view of autocast's cast of a weight (w.t() that a bf16 matmul saves): the cache
+        # holds its storage until the autocast region exits, as it holds the cast's.
+        return is_parameter_like(t._base)
     fn = t.grad_fn
     if fn is not None and fn.name() == "ToCopyBackward0":
         nxt = fn.next_functions
@@ -141,7 +145,8 @@ def is_parameter_like(t: torch.Tensor) -> bool:
 # nn.Parameter, wherever it is held (a block's own, a parent's, a tied or shared weight, an
 # FSDP2 unsharded parameter, which is an nn.Parameter over a fresh all-gather buffer); a view of
 # one (w.t() saved by a matmul); the cast autocast makes of one (ToCopyBackward0 of a leaf
-# parameter), which autocast's cache holds until the autocast region exits; and any storage of a
+# parameter), which autocast's cache holds until the autocast region exits, and a view of that
+# cast (w.t() of it, which a bf16 matmul saves); and any storage of a
 # parameter, buffer or tensor attribute of the model (resident_storages), views included. Nor
 # does it own a tensor passed to a block other than its hidden state (masks, position
 # embeddings): the caller holds those for the whole forward.
