@@ -210,8 +210,10 @@ class UnitLedger:
     Rules (docs/model.md, the chain's "saved"): a storage belongs to the unit of the stage during whose forward
     it is first seen, by the pack hook of ``saved_tensors_hooks`` or as the stage's output.
     The caller says which stage is running: 0 before the first block (the prefix: embeddings;
-    never offloaded, counted in a_0), i from the start of block i to the start of block i+1,
-    and L after the last block (the suffix: head and loss, counted in unit L). A stage that
+    never offloaded, resident outside the chain, NOTE [ prefix and suffix ] in profiler.py;
+    when the prefix is a stage of its own, it is stage 1 and nothing runs in 0), i from the
+    start of block i to the start of block i+1, and L after the last block (the suffix: head and
+    loss, counted in unit L). A stage that
     saves its input a_{i-1} adds nothing to its own unit, since that storage is already unit
     i-1's. Never owned (NOTE [ never a parameter ]): parameters wherever they are held, the
     model's buffers and tensor attributes, the model's inputs and the extra inputs of a block.
@@ -478,9 +480,13 @@ def _is_view_of(t: torch.Tensor, inp: Any) -> bool:
 # so held (held_by) stay resident; the rest of their unit can move:
 # * A profile pins them: the next ledgers of the same call (the executor's) never own them,
 #   recognised by their ordinal among the new storages their stage sees (the same code sees the
-#   same storages in the same order for the same shapes). The chain counts their bytes in a_0,
-#   resident from the start of the step to its end, a superset of their real lifetime (made in
-#   F_i, alive until their last reader's backward, or until the output is dropped).
+#   same storages in the same order for the same shapes). Their bytes are resident outside the
+#   chain (NOTE [ resident outside the chain ] in plans.py: off the budget, added to the
+#   predicted peak) from the start of the step to its end, a superset of their real lifetime
+#   (made in F_i, alive until their last reader's backward, or until the output is dropped).
+#   A third holder the ledger cannot see, the forward's own code (a list of skips), is found by
+#   the profile's probe pass and treated the same way (NOTE [ storages the forward keeps ] in
+#   profiler.py).
 # * A unit whose output a_i is held (output_hidden_states, the last encoder block's output read
 #   by the decoder) is kept resident whole and marked "held": moving the rest of it would need
 #   a_i apart from the unit, which the chain model has no room for.
