@@ -71,6 +71,10 @@ class Blocks:
         Module lists of repeated blocks the search found running wholly before or after the
         chain: (path, number of blocks, whether before): what ``blocks=`` could add (empty when
         the blocks were given).
+    prefix
+        Whether the code before the first block (a stem, embeddings) is stage 1 of the chain,
+        from the start of the forward to the first block's start, its output the first block's
+        hidden input (NOTE [ the prefix as a stage ]). Block k is then stage k + 1.
     """
 
     modules: tuple[nn.Module, ...]
@@ -78,6 +82,18 @@ class Blocks:
     hidden_in: tuple[tuple[str, Any], ...]
     linked: tuple[bool, ...] = ()
     left_out: tuple[tuple[str, int, bool], ...] = ()
+    prefix: bool = False
+
+    @property
+    def stages(self) -> int:
+        """The chain's length: one stage per block, plus the prefix's when it is one."""
+        return len(self.modules) + int(self.prefix)
+
+    @property
+    def stage_names(self) -> tuple[str, ...]:
+        """One name per stage of the chain: the blocks', after ``"(before <first block>)"``
+        for the prefix when it is a stage."""
+        return ((f"(before {self.names[0]})",) if self.prefix else ()) + self.names
 
     @property
     def lists(self) -> tuple[str, ...]:
@@ -738,7 +754,7 @@ class Instrument:
         if not failed:
             for t in tensors_in(out):
                 if t.requires_grad:
-                    t.register_hook(functools.partial(self._grad_hook, p, len(self.blocks)))
+                    t.register_hook(functools.partial(self._grad_hook, p, self.blocks.stages))
         return None
 
     def begin(self) -> None:
@@ -768,6 +784,10 @@ class Instrument:
         p = _Pass(listener, step)
         p.saved_hooks = torch.autograd.graph.saved_tensors_hooks(functools.partial(listener.pack, step), listener.unpack)
         p.saved_hooks.__enter__()
+        if self.blocks.prefix:
+            # NOTE [ the prefix as a stage ]: stage 1 starts with the forward; its input is the
+            # model's arguments, which the listener already holds as the call's (never owned).
+            listener.stage_start(step, 1, None, (), {})
         return p
 
     def _close(self, p: _Pass, out: Any, failed: bool) -> None:
@@ -798,6 +818,10 @@ class Instrument:
             return None
         # A module that is several stages (one per call) is the stage expected next, if it is one.
         idx = p.expect if p.expect in idxs else idxs[0]
+        off = int(self.blocks.prefix)
+        if off and idx == 1 and p.expect == 1:
+            # The prefix ends where the first block starts; its output is that block's input.
+            self._end(p, 0, None, self.blocks.hidden_of(1, args, kwargs))
         if p.pending is not None and p.pending[0] == idx - 1:
             # NOTE [ blocks not linked ]: block idx - 1 ends here, its a_i is this block's input.
             prev, prev_in = p.pending
@@ -812,7 +836,7 @@ class Instrument:
         hidden = self.blocks.hidden_of(idx, args, kwargs)
         p.inputs[idx] = hidden
         p.running.setdefault(id(module), []).append(idx)
-        p.listener.stage_start(p.step, idx, hidden, args, kwargs)
+        p.listener.stage_start(p.step, idx + off, hidden, args, kwargs)
         return None
 
     def _block_post(self, idxs: tuple[int, ...], module: nn.Module, args: tuple, kwargs: dict, out: Any) -> None:
@@ -829,10 +853,20 @@ class Instrument:
         return None
 
     def _end(self, p: _Pass, idx: int, hidden_in: Any, hidden_out: Any) -> None:
-        p.listener.stage_end(p.step, idx, hidden_in, hidden_out)
+        """Block ``idx`` (0: the prefix, when it is a stage) ended with ``hidden_out``."""
+        stage = idx + int(self.blocks.prefix)
+        p.listener.stage_end(p.step, stage, hidden_in, hidden_out)
         p.expect = idx + 1
         if isinstance(hidden_out, torch.Tensor) and hidden_out.requires_grad:
-            hidden_out.register_hook(functools.partial(self._grad_hook, p, idx))
+            hidden_out.register_hook(functools.partial(self._grad_hook, p, stage))
+
+    # NOTE [ the prefix as a stage ]
+    # With Blocks.prefix, the code before the first block is stage 1: it starts with the forward
+    # (the listener's stage_start(1) follows forward_start at once, with no hidden input: a_0 is
+    # the model's arguments, which are the caller's) and ends at the first block's pre-hook with
+    # that block's hidden input as its output a_1; a tensor hook on a_1 marks the start of B_1,
+    # whose end is the backward's. Block k is stage k + 1 for the listener. The chain then owns
+    # what the stem saves as unit 1, which can move, instead of keeping it resident.
 
     # NOTE [ blocks not linked ]
     # Where block i's output is not block i+1's hidden input (Blocks.linked: the parent adds a

@@ -127,6 +127,10 @@ def is_parameter_like(t: torch.Tensor) -> bool:
     or the cast of one that autocast keeps for the whole forward (see NOTE [ never a parameter ])."""
     if isinstance(t, nn.Parameter) or isinstance(t._base, nn.Parameter):
         return True
+    if t._base is not None:
+        # A view of autocast's cast of a weight (w.t() that a bf16 matmul saves): the cache
+        # holds its storage until the autocast region exits, as it holds the cast's.
+        return is_parameter_like(t._base)
     fn = t.grad_fn
     if fn is not None and fn.name() == "ToCopyBackward0":
         nxt = fn.next_functions
@@ -141,7 +145,8 @@ def is_parameter_like(t: torch.Tensor) -> bool:
 # nn.Parameter, wherever it is held (a block's own, a parent's, a tied or shared weight, an
 # FSDP2 unsharded parameter, which is an nn.Parameter over a fresh all-gather buffer); a view of
 # one (w.t() saved by a matmul); the cast autocast makes of one (ToCopyBackward0 of a leaf
-# parameter), which autocast's cache holds until the autocast region exits; and any storage of a
+# parameter), which autocast's cache holds until the autocast region exits, and a view of that
+# cast (w.t() of it, which a bf16 matmul saves); and any storage of a
 # parameter, buffer or tensor attribute of the model (resident_storages), views included. Nor
 # does it own a tensor passed to a block other than its hidden state (masks, position
 # embeddings): the caller holds those for the whole forward.
@@ -205,8 +210,10 @@ class UnitLedger:
     Rules (docs/model.md, the chain's "saved"): a storage belongs to the unit of the stage during whose forward
     it is first seen, by the pack hook of ``saved_tensors_hooks`` or as the stage's output.
     The caller says which stage is running: 0 before the first block (the prefix: embeddings;
-    never offloaded, counted in a_0), i from the start of block i to the start of block i+1,
-    and L after the last block (the suffix: head and loss, counted in unit L). A stage that
+    never offloaded, resident outside the chain, NOTE [ prefix and suffix ] in profiler.py;
+    when the prefix is a stage of its own, it is stage 1 and nothing runs in 0), i from the
+    start of block i to the start of block i+1, and L after the last block (the suffix: head and
+    loss, counted in unit L). A stage that
     saves its input a_{i-1} adds nothing to its own unit, since that storage is already unit
     i-1's. Never owned (NOTE [ never a parameter ]): parameters wherever they are held, the
     model's buffers and tensor attributes, the model's inputs and the extra inputs of a block.
@@ -473,9 +480,13 @@ def _is_view_of(t: torch.Tensor, inp: Any) -> bool:
 # so held (held_by) stay resident; the rest of their unit can move:
 # * A profile pins them: the next ledgers of the same call (the executor's) never own them,
 #   recognised by their ordinal among the new storages their stage sees (the same code sees the
-#   same storages in the same order for the same shapes). The chain counts their bytes in a_0,
-#   resident from the start of the step to its end, a superset of their real lifetime (made in
-#   F_i, alive until their last reader's backward, or until the output is dropped).
+#   same storages in the same order for the same shapes). Their bytes are resident outside the
+#   chain (NOTE [ resident outside the chain ] in plans.py: off the budget, added to the
+#   predicted peak) from the start of the step to its end, a superset of their real lifetime
+#   (made in F_i, alive until their last reader's backward, or until the output is dropped).
+#   A third holder the ledger cannot see, the forward's own code (a list of skips), is found by
+#   the profile's probe pass and treated the same way (NOTE [ storages the forward keeps ] in
+#   profiler.py).
 # * A unit whose output a_i is held (output_hidden_states, the last encoder block's output read
 #   by the decoder) is kept resident whole and marked "held": moving the rest of it would need
 #   a_i apart from the unit, which the chain model has no room for.

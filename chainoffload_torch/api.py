@@ -102,8 +102,8 @@ class Offloader:
             mods = resolve_blocks(model, blocks)
             names = {id(m): n for n, m in model.named_modules()}
             blks = Blocks.of(mods, [names.get(id(m), str(k)) for k, m in enumerate(mods)])
-        if chain.length != len(blks):
-            raise ValueError(f"chain: has {chain.length} stages but the model has {len(blks)} blocks")
+        if chain.length != blks.stages:
+            raise ValueError(f"chain: has {chain.length} stages but the model has {blks.stages}")
         kept = frozenset(co.solvers.check_keep(chain, keep))
         clash = sorted(kept & set(schedule.offloaded_units))
         if clash:
@@ -166,6 +166,7 @@ class Offloader:
             copier=self._copier,
             pool=self.pool,
             pinned=plan.sizes.pinned if plan.sizes is not None else None,
+            resident_bytes=plan.resident_bytes,
         )
         self._plans[plan.key] = (plan, run)
         while len(self._plans) > self.cache_size:
@@ -333,9 +334,10 @@ class Offloader:
 
     @property
     def predicted_peak(self) -> int | None:
-        """The simulator's peak memory of the plan in force (needs a platform)."""
+        """The simulator's peak memory of the plan in force, plus the bytes resident outside
+        the chain (needs a platform; NOTE [ resident outside the chain ])."""
         tl = self._run.timeline
-        return None if tl is None else tl.peak_memory
+        return None if tl is None else tl.peak_memory + self._plan.resident_bytes
 
     @property
     def measured_peak(self) -> int | None:
@@ -383,7 +385,7 @@ class Offloader:
             by_unit.setdefault(t.unit, {})[t.kind] = t
         last = run.last_step
         rows = []
-        for i, name in enumerate(self.blocks.names, start=1):
+        for i, name in enumerate(self.blocks.stage_names, start=1):
             trs = by_unit.get(i, {})
             if i in run.offloaded:
                 decision = "offload a_i alone" if i in run.act_alone else "offload"
@@ -432,10 +434,12 @@ class Offloader:
         plan, chain = self._plan, self._plan.chain
         tail = [f"plan for: {plan.shapes}"]
         if plan.platform is not None:
+            r = plan.resident_bytes
+            outside = f", {exact_bytes(r)} of it resident outside the chain" if r else ""
             tail.append(
-                f"memory: {exact_bytes(plan.platform.memory)} given; keep-all peak {exact_bytes(co.keep_all_peak(chain))}; "
-                f"proven floors {exact_bytes(offload_memory_floor(chain))} (pure offloading), "
-                f"{exact_bytes(chain.stage_memory_floor())} (any schedule)"
+                f"memory: {exact_bytes(plan.memory)} given{outside}; keep-all peak {exact_bytes(plan.keep_all_peak)}; "
+                f"proven floors {exact_bytes(offload_memory_floor(chain) + r)} (pure offloading), "
+                f"{exact_bytes(chain.stage_memory_floor() + r)} (any schedule)"
             )
         if plan.sizes is not None:
             tail.append(coverage(chain, plan.sizes, self.blocks).describe())
@@ -514,15 +518,18 @@ def offload(
         The chain's stages. ``None`` finds them: the longest ``nn.ModuleList`` / ``nn.Sequential``
         of repeated blocks that the forward calls in order, each feeding the next (HF
         ``model.layers``, ``transformer.h``, ``encoder.layer``; a ResNet's stages, joined). A
-        module path (``"transformer.h"``) or a list of modules also works. Code before the
-        first block and after the last runs as usual and is never offloaded.
+        module path (``"transformer.h"``) or a list of modules also works. Code after the last
+        block is never offloaded; code before the first is stage 1 of its own where it keeps as
+        much as a block (a stem: :attr:`Blocks.prefix`, NOTE [ prefix and suffix ]), else what
+        it saves stays resident outside the chain.
     method
         A pure-offloading :func:`chainoffload.methods` name; default
         :data:`chainoffload.solvers.DEFAULT_METHOD`.
     device
         Where to profile; default the model's device.
     keep
-        Blocks (1-based) whose activations stay resident whatever the solver would do.
+        Units (1-based stages of the chain: block k, or block k - 1 when the code before the
+        first block is stage 1) whose activations stay resident whatever the solver would do.
     on_new_shape
         A call with other input shapes than the plan's: ``"replan"`` (profile and solve for
         them once; plans are cached), ``"warn"`` (warn, run the plan in force as it is) or
@@ -578,10 +585,27 @@ def offload(
     handle._instrument.install()
     try:
         plan = planner.plan(handle._instrument, args, kwargs, call_key(model, args, kwargs))
+        # The first plan may have made the prefix a stage (NOTE [ the prefix as a stage ]).
+        handle.blocks = blks = handle._instrument.blocks
         handle._use(plan)
     except BaseException:
         handle.remove()
         raise
+    sizes = plan.sizes
+    kept = [u for u, by in sorted(sizes.held_why.items()) if by == "forward"]
+    if kept or sizes.held_bytes.get("forward"):
+        # NOTE [ storages the forward keeps ]: say which blocks, and that no plan counts on them.
+        names = blks.stage_names
+        whole = f"the outputs of {', '.join(names[u - 1] for u in kept)} (their units stay resident whole)" if kept else ""
+        part = sizes.held_bytes.get("forward", 0)
+        some = f"{format_bytes(part)} of other blocks' activations (they stay resident, the rest of those units moves)" if part else ""
+        warnings.warn(
+            f"chainoffload_torch: the model's forward keeps {' and '.join(x for x in (whole, some) if x)} alive after the "
+            "next block has run (a Python reference such as a list of skips read after the last block, or a tensor kept "
+            "as a ctx attribute): offloading them would free nothing, so the plan does not count on them",
+            RuntimeWarning,
+            stacklevel=2,
+        )
     cover = coverage(plan.chain, plan.sizes, blks)
     if cover.share < 0.5:
         warnings.warn(f"chainoffload_torch: {cover.describe()}", RuntimeWarning, stacklevel=2)
@@ -663,11 +687,15 @@ def budget_curve(
     )
     chain = prof.chain
     link = platform if platform is not None else prof.platform
+    # The sweep runs on the chain; every memory it reports is shifted by the bytes resident
+    # outside it, so that its figures are a whole step's, as offload() takes them
+    # (NOTE [ resident outside the chain ]).
+    resident = prof.sizes.resident_bytes
     limits = None
     if memories is not None:
-        limits = [Budget.parse(m).bytes_for(chain) for m in memories]
+        limits = [max(1, Budget.parse(m).bytes_for(chain, resident) - resident) for m in memories]
     keep = co.solvers.check_keep(chain, tuple(keep))
-    return tradeoff(
+    curve = tradeoff(
         chain,
         link,
         names,
@@ -676,4 +704,25 @@ def budget_curve(
         time_limit=time_limit,
         keep=sorted(resident_units(chain, prof.sizes, keep)),
         **options,
+    )
+    return _shifted(curve, resident)
+
+
+def _shifted(curve: Any, r: int) -> Any:
+    """``curve`` (a :class:`chainoffload.tradeoff.Tradeoff`) with every memory ``r`` bytes higher."""
+    if not r:
+        return curve
+    import dataclasses
+
+    def point(p: Any) -> Any:
+        return dataclasses.replace(p, memory=p.memory + r, peak_memory=p.peak_memory + r if p.peak_memory else 0)
+
+    return dataclasses.replace(
+        curve,
+        platform=curve.platform.with_memory(curve.platform.memory + r),
+        keep_all_peak=curve.keep_all_peak + r,
+        offload_floor=curve.offload_floor + r,
+        stage_floor=curve.stage_floor + r,
+        memories=tuple(m + r for m in curve.memories),
+        curves={k: tuple(point(p) for p in v) for k, v in curve.curves.items()},
     )

@@ -70,7 +70,8 @@ class StepStats:
         plus the input a_0 when it was allocated before (the simulator's peak counts a_0);
         ``None`` on CPU.
     predicted_peak
-        The simulator's peak of the schedule (``None`` without a platform).
+        The simulator's peak of the schedule plus the bytes resident outside the chain
+        (``None`` without a platform).
     wall_time
         Host seconds from the start of the forward to the end of the backward.
     """
@@ -129,6 +130,9 @@ class ScheduleRun:
     pinned
         Per unit, the storages its profile found held beyond its backward
         (:attr:`chainoffload_torch.Sizes.pinned`): left resident, the rest of the unit moves.
+    resident_bytes
+        Bytes resident for the whole step outside the chain
+        (:attr:`chainoffload_torch.Sizes.resident_bytes`), added to the predicted peak.
 
     Raises
     ------
@@ -149,6 +153,7 @@ class ScheduleRun:
         pool: HostPool | None = None,
         names: Iterable[str] | None = None,
         pinned: dict[int, tuple[int, ...]] | None = None,
+        resident_bytes: int = 0,
     ) -> None:
         if not isinstance(chain, co.Chain):
             raise TypeError(f"chain: expected a chainoffload.Chain, got {type(chain).__name__}")
@@ -179,6 +184,7 @@ class ScheduleRun:
         self.pool = pool
         self.names = tuple(names) if names is not None else None
         self.pinned = dict(pinned or {})
+        self.resident_bytes = int(resident_bytes)
         self._build_events()
         self._step: _Step | None = None
         self._warned_held: set[int] = set()
@@ -292,7 +298,7 @@ class ScheduleRun:
             torch.cuda.reset_peak_memory_stats(device)
             step.mem_base = torch.cuda.memory_allocated(device)
         if self.timeline is not None:
-            step.stats.predicted_peak = self.timeline.peak_memory
+            step.stats.predicted_peak = self.timeline.peak_memory + self.resident_bytes
         self._step = step
         return step
 

@@ -22,9 +22,9 @@ from chainoffload.units import format_bytes, parse_bytes
 
 from ._instrument import Instrument
 from ._tree import describe_key
-from .profiler import Sizes, measure_chain
+from .profiler import Sizes, measure_chain, prefix_pays
 
-__all__ = ["Budget", "Plan", "solve_for", "resident_units", "nothing_fits", "exact_bytes", "Coverage", "coverage"]
+__all__ = ["Budget", "Plan", "solve_for", "resident_units", "nothing_fits", "exact_bytes", "Coverage", "coverage", "step_peak"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,9 +56,10 @@ class Budget:
             return cls(float(memory))
         return cls(int(memory))
 
-    def bytes_for(self, chain: co.Chain) -> int:
-        """The memory limit for ``chain``."""
-        peak = co.keep_all_peak(chain)
+    def bytes_for(self, chain: co.Chain, resident: int = 0) -> int:
+        """The memory limit for a step of ``chain`` with ``resident`` bytes outside it (a
+        fraction is of the whole step's keep-all peak: :func:`step_peak`)."""
+        peak = co.keep_all_peak(chain) + int(resident)
         if self.value is None:
             return peak
         if isinstance(self.value, float):
@@ -103,11 +104,26 @@ class Plan:
     host_bytes: int | None = None
 
     @property
+    def resident_bytes(self) -> int:
+        """Bytes resident for the whole step outside the chain (NOTE [ resident outside the chain ])."""
+        return 0 if self.sizes is None else self.sizes.resident_bytes
+
+    @property
+    def memory(self) -> int | None:
+        """The budget: the platform's memory (the chain's share) plus :attr:`resident_bytes`."""
+        return None if self.platform is None else int(self.platform.memory) + self.resident_bytes
+
+    @property
+    def keep_all_peak(self) -> int:
+        """The step's peak when nothing is offloaded (:func:`step_peak`)."""
+        return step_peak(self.chain, self.sizes)
+
+    @property
     def predicted_peak(self) -> int | None:
-        """The simulator's peak of the schedule (needs a platform)."""
+        """The simulator's peak of the schedule plus :attr:`resident_bytes` (needs a platform)."""
         if self.platform is None:
             return None
-        return co.simulate(self.chain, self.platform, self.schedule).peak_memory
+        return co.simulate(self.chain, self.platform, self.schedule).peak_memory + self.resident_bytes
 
     @property
     def makespan(self) -> float | None:
@@ -167,20 +183,25 @@ class _Planner:
         self.repeats = repeats
         self.warmup = warmup
         self.options = options
+        #: Whether the first plan may make the prefix a stage (NOTE [ the prefix as a stage ]);
+        #: the chain's layout is the handle's, so later plans keep it.
+        self.may_split_prefix = True
 
     def plan(self, instrument: Instrument, args: tuple, kwargs: dict, key: tuple) -> Plan:
-        chain, sizes = measure_chain(
-            instrument,
-            self.model,
-            args,
-            kwargs,
-            self.device,
-            repeats=self.repeats,
-            warmup=self.warmup,
-            name=type(self.model).__name__,
-        )
+        def measure() -> tuple[co.Chain, Sizes]:
+            return measure_chain(
+                instrument, self.model, args, kwargs, self.device, repeats=self.repeats, warmup=self.warmup, name=type(self.model).__name__
+            )
+
+        chain, sizes = measure()
+        if self.may_split_prefix and not instrument.blocks.prefix and prefix_pays(sizes):
+            instrument.blocks = dataclasses.replace(instrument.blocks, prefix=True)
+            chain, sizes = measure()
+        self.may_split_prefix = False
         keep = co.solvers.check_keep(chain, self.keep)
-        platform = self.link.with_memory(self.budget.bytes_for(chain))
+        resident = sizes.resident_bytes
+        # NOTE [ resident outside the chain ]: the solver gets the budget less what stays resident.
+        platform = self.link.with_memory(max(0, self.budget.bytes_for(chain, resident) - resident))
         result = solve_for(chain, platform, self.method, keep, sizes, self.options, key)
         host = sizes.host_bytes(result.schedule.offloaded_units)
         if self.host_memory is not None and host > self.host_memory:
@@ -190,6 +211,26 @@ class _Planner:
                 f"buffers, above host_memory={format_bytes(self.host_memory)}; give more GPU memory or more host memory"
             )
         return Plan(key, chain, platform, result.schedule, result, sizes, keep, host)
+
+
+# NOTE [ resident outside the chain ]
+# Some activations stay on the device for the whole step whatever the schedule does, and are no
+# unit's: what the code before the first block saves besides a_0 (when it is not a stage of its
+# own: NOTE [ prefix and suffix ] in profiler.py), and the storages pinned because something
+# holds them beyond their unit's backward (a key/value cache in the output, a tensor later blocks
+# read, a list of skips in the forward: NOTE [ units held elsewhere ] in _stages.py). Their bytes
+# R (Sizes.resident_bytes) are counted outside the chain, as weights are: the chain's act[0] is
+# a_0 alone (so g_0, which docs/model.md makes act[0] bytes at B_1, is a_0's gradient and not
+# the stem twice), the solver gets the budget less R, and the step's peak is the simulated peak
+# plus R (Plan.predicted_peak, StepStats.predicted_peak). R is a superset of their lifetime
+# (made in the forward, gone by the end of the backward), so the prediction errs only on the
+# safe side there; a fraction such as memory=0.6 is of the step's keep-all peak, the chain's
+# plus R (step_peak). docs/model.md states the rule ("The PyTorch adapter's chain").
+
+
+def step_peak(chain: co.Chain, sizes: Sizes | None) -> int:
+    """The keep-all peak of a whole step: the chain's plus the bytes resident outside it."""
+    return co.keep_all_peak(chain) + (0 if sizes is None else sizes.resident_bytes)
 
 
 def resident_units(chain: co.Chain, sizes: Sizes, keep: Iterable[int] = ()) -> set[int]:
@@ -247,7 +288,9 @@ def nothing_fits(
     """The message of NOTE [ nothing fits ]."""
     why = []
     for u in sorted(resident):
-        reasons = [r for r, s in (("user", set(keep)), ("aliased", sizes.aliased), ("held", sizes.held)) if u in s]
+        reasons = [r for r, s in (("user", set(keep)), ("aliased", sizes.aliased)) if u in s]
+        if u in sizes.held:
+            reasons.append(_held_reason(sizes.held_why.get(u)))
         if u in sizes.unmovable:
             reasons.append(f"saves a {sizes.unmovable[u]}")
         if u == chain.length and not reasons:
@@ -256,13 +299,27 @@ def nothing_fits(
     works = co.minimum_memory(chain, platform, "largest-first", keep=sorted(resident))
     status = f"method {result.method}: {result.status}" if result is not None else "below any schedule's floor"
     shapes = f" for {describe_key(key)}" if key is not None else ""
+    # Every figure is a whole step's: the chain's plus what stays resident outside it.
+    r = sizes.resident_bytes
+    outside = f"; {exact_bytes(r)} of it resident outside the chain (NOTE [ resident outside the chain ])" if r else ""
     return (
-        f"memory: no schedule fits in {exact_bytes(platform.memory)}{shapes} ({status}); "
-        f"keep-all peak {exact_bytes(co.keep_all_peak(chain))}; proven floors {exact_bytes(offload_memory_floor(chain))} "
-        f"for any pure-offloading schedule, {exact_bytes(chain.stage_memory_floor())} for any schedule at all; "
+        f"memory: no schedule fits in {exact_bytes(platform.memory + r)}{shapes} ({status}); "
+        f"keep-all peak {exact_bytes(co.keep_all_peak(chain) + r)}{outside}; proven floors {exact_bytes(offload_memory_floor(chain) + r)} "
+        f"for any pure-offloading schedule, {exact_bytes(chain.stage_memory_floor() + r)} for any schedule at all; "
         f"units kept resident: {', '.join(why)}"
-        + (f"; least memory known to work: {exact_bytes(works)}" if works is not None else "")
+        + (f"; least memory known to work: {exact_bytes(works + r)}" if works is not None else "")
     )
+
+
+def _held_reason(by: str | None) -> str:
+    """Why a held unit stays, in words."""
+    if by == "forward":
+        return "held: the forward keeps its output alive past the next block, e.g. a list of skips"
+    if by == "output":
+        return "held: the model's output returns its output"
+    if by:
+        return f"held: {by} reads its output"
+    return "held"
 
 
 def exact_bytes(n: int) -> str:
@@ -285,8 +342,9 @@ class Coverage:
     keep_all
         The keep-all peak of the chain.
     prefix
-        a_0: the hidden input of the first block, what the code before it saves, and the
-        storages pinned resident (a key/value cache, a tensor later blocks read).
+        a_0 (the hidden input of the first stage) and the bytes resident outside the chain: what
+        the code before the first block saves when it is no stage, and the storages pinned
+        resident (a key/value cache, a tensor later blocks read, a list of skips).
     last
         Unit L: the last block and the code after it (head, loss).
     resident
@@ -350,8 +408,8 @@ def coverage(chain: co.Chain, sizes: Sizes, blocks: Any = None) -> Coverage:
             resident[i] = (size, why)
     return Coverage(
         movable,
-        co.keep_all_peak(chain),
-        int(chain.act[0]),
+        step_peak(chain, sizes),
+        int(chain.act[0]) + sizes.resident_bytes,
         int(chain.saved[-1]),
         resident,
         tuple(getattr(blocks, "left_out", ())),

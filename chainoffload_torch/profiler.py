@@ -5,10 +5,11 @@ everything is measured in whole training steps of the real model, through the sa
 executor uses (see NOTE [ what the profiler measures ]):
 
 * ``act[i]``: bytes of block i's hidden output a_i (numel x element size). ``act[0]``: the
-  hidden input of block 1, plus the storages the code before it (embeddings) saves for its
-  backward (NOTE [ prefix and suffix ]), plus the storages of units 1..L-1 held beyond their
-  backward, by the model's output (a key/value cache) or by later blocks, which stay resident
-  (NOTE [ units held elsewhere ]).
+  hidden input of block 1 alone. What the code before it (embeddings, a stem) saves besides it,
+  and the storages of units held beyond their backward (by the model's output, later blocks,
+  or the forward's own code: NOTE [ units held elsewhere ]) stay resident outside the chain
+  (``Sizes.resident_bytes``, NOTE [ resident outside the chain ] in plans.py); a large stem is
+  a stage of its own instead (NOTE [ prefix and suffix ]).
 * ``saved[i]``: bytes of the storages unit i owns after one forward under
   ``saved_tensors_hooks`` (:class:`~chainoffload_torch._stages.UnitLedger`: what is saved from
   the start of block i to the start of block i+1 that is not an earlier unit's, a parameter,
@@ -46,7 +47,7 @@ from ._saved import Kept, check_version
 from ._stages import UnitLedger, canonical_device, model_state, resident_storages
 from ._tree import tensors_in
 
-__all__ = ["Sizes", "measure_sizes", "measure_link", "profile", "profile_full", "Profile", "as_call"]
+__all__ = ["Sizes", "measure_sizes", "measure_link", "profile", "profile_full", "Profile", "as_call", "prefix_pays"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,7 +81,18 @@ class Sizes:
         resident, counted in ``act[0]``, and the rest of the unit can move (NOTE [ units held
         elsewhere ]).
     held_bytes
-        The bytes so pinned, by holder: ``"output"`` (the model's output) and ``"blocks"``.
+        The bytes so pinned, by holder: ``"output"`` (the model's output), ``"blocks"`` (later
+        blocks' extra inputs) and ``"forward"`` (a reference the forward's own code keeps, such
+        as a list of skips: NOTE [ storages the forward keeps ]).
+    prefix_unit
+        Bytes of the storages the code before the first block keeps for the backward, its
+        output a_0 included, when that code is not a stage of its own (0 when it is):
+        NOTE [ prefix and suffix ].
+    prefix_bytes
+        Of these, the bytes beyond a_0's: resident outside the chain (:attr:`resident_bytes`).
+    held_why
+        Per unit kept resident whole because its output is held: by what (``"output"``,
+        ``"block N"``, ``"forward"``).
     """
 
     act: tuple[int, ...]
@@ -92,11 +104,22 @@ class Sizes:
     unmovable: Mapping[int, str] = dataclasses.field(default_factory=dict, hash=False)
     pinned: Mapping[int, tuple[int, ...]] = dataclasses.field(default_factory=dict, hash=False)
     held_bytes: Mapping[str, int] = dataclasses.field(default_factory=dict, hash=False)
+    prefix_unit: int = 0
+    prefix_bytes: int = 0
+    held_why: Mapping[int, str] = dataclasses.field(default_factory=dict, hash=False)
 
     @property
     def resident(self) -> frozenset[int]:
         """Units that cannot be offloaded: aliased, held or unmovable."""
         return self.aliased | self.held | frozenset(self.unmovable)
+
+    @property
+    def resident_bytes(self) -> int:
+        """Bytes resident for the whole step outside the chain: what the code before the first
+        block saves besides a_0, and the storages pinned because something holds them beyond
+        their unit's backward. The solver gets the budget less these (NOTE [ resident outside
+        the chain ] in plans.py)."""
+        return int(self.prefix_bytes) + sum(self.held_bytes.values())
 
     def host_bytes(self, units: Any) -> int:
         """Bytes of host buffers (in the pool's size classes) that offloading ``units`` takes."""
@@ -205,6 +228,11 @@ class _Pass:
         self.versions: dict[int, int | None] = {}
         self.marks: dict[Any, tuple[Any, int, int]] = {}
         self.act: dict[int, int] = {}
+        self.a0_entry: Any = None  # the ledger's entry of a_0, when a unit owns it
+
+
+#: What a probe pass gives autograd instead of a saved tensor (it never runs a backward).
+_PROBED = object()
 
 
 class _Recorder:
@@ -216,6 +244,8 @@ class _Recorder:
         self.roots = roots
         self.timer = _Timer(device)
         self.current: _Pass | None = None
+        #: A probe pass keeps no saved tensor (NOTE [ storages the forward keeps ]).
+        self.probe = False
 
     def wants(self) -> bool:
         return True
@@ -228,9 +258,12 @@ class _Recorder:
         return p
 
     def stage_start(self, p: _Pass, idx: int, hidden: Any, args: tuple, kwargs: dict) -> None:
+        p.versions[idx] = p.ledger.stage_start(idx, hidden, (args, kwargs))
+        if self.probe:
+            self._still_alive(p, idx - 2)
         if idx == 1:
             p.act[0] = _nbytes(hidden)
-        p.versions[idx] = p.ledger.stage_start(idx, hidden, (args, kwargs))
+            p.a0_entry = p.ledger.owner(hidden) if isinstance(hidden, torch.Tensor) else None
         p.current = idx
 
     def stage_end(self, p: _Pass, idx: int, hidden_in: Any, hidden_out: Any) -> None:
@@ -242,7 +275,18 @@ class _Recorder:
     def forward_end(self, p: _Pass, outputs: Any) -> None:
         p.marks[("f", self.n)] = self.timer.mark()
         p.ledger.forward_end(outputs, self.n)
+        if self.probe:
+            self._still_alive(p, self.n - 1)
         p.current = None
+
+    def _still_alive(self, p: _Pass, upto: int) -> None:
+        """Mark the storages of units 1..``upto`` that are still alive as held by the forward
+        (NOTE [ storages the forward keeps ])."""
+        ledger = p.ledger
+        for u in range(1, upto + 1):
+            for e in ledger.units.get(u, ()):
+                if e not in ledger.held_by and not e.ref.expired():
+                    ledger.held_by[e] = "forward"
 
     def forward_failed(self, p: _Pass) -> None:
         p.current = None
@@ -254,11 +298,13 @@ class _Recorder:
     def backward_end(self, p: _Pass) -> None:
         return None
 
-    def pack(self, p: _Pass, t: torch.Tensor) -> Kept:
+    def pack(self, p: _Pass, t: torch.Tensor) -> Any:
         p.ledger.pack(t, p.current)
-        return Kept(t, p.current)
+        return _PROBED if self.probe else Kept(t, p.current)
 
     def unpack(self, k: Any) -> Any:
+        if k is _PROBED:
+            raise RuntimeError("chainoffload_torch: a saved tensor of a probe pass was read (the probe has no backward)")
         # The check autograd skips under saved-tensor hooks (NOTE [ version discipline ]): a
         # model that modifies a saved tensor in place is refused while profiling, as plain
         # PyTorch would refuse its first backward.
@@ -304,23 +350,34 @@ def _tmp(marks: dict, n: int, act: list[int]) -> tuple[list[int], list[int]]:
     return fwd_tmp, bwd_tmp
 
 
+def _holder(by: str) -> str:
+    """The ``held_bytes`` key of a ledger's ``held_by`` value."""
+    return by if by in ("output", "forward") else "blocks"
+
+
 def _sizes(p: _Pass, n: int) -> Sizes:
     ledger = p.ledger
-    held, pinned, held_bytes = set(), {}, {"output": 0, "blocks": 0}
+    held, pinned, held_bytes, held_why = set(), {}, {"output": 0, "blocks": 0, "forward": 0}, {}
     for i in range(1, n):
         entries = ledger.units.get(i, [])
         mine = [e for e in entries if e in ledger.held_by]
         if not mine:
             continue
-        if ledger.output.get(i) in ledger.held_by:
+        out = ledger.output.get(i)
+        if out in ledger.held_by:
             held.add(i)
+            held_why[i] = ledger.held_by[out]
             continue
         pinned[i] = tuple(k for k, e in enumerate(entries) if e in ledger.held_by)
         for e in mine:
-            holder = "output" if ledger.held_by[e] == "output" else "blocks"
-            held_bytes[holder] += e.nbytes
-    pinned_bytes = sum(held_bytes.values())
-    act = [max(p.act.get(0, 0), ledger.unit_bytes(0)) + pinned_bytes] + [p.act.get(i, 0) for i in range(1, n + 1)]
+            held_bytes[_holder(ledger.held_by[e])] += e.nbytes
+    # a_0 is the hidden input of the first stage alone: its size is also g_0's, which B_1 makes
+    # (docs/model.md). What the code before it saves besides it (a stem's activations) is
+    # resident outside the chain, never in act[0], where it would be counted again as g_0.
+    prefix_unit = ledger.unit_bytes(0)
+    a0 = p.a0_entry
+    prefix_bytes = prefix_unit - (a0.nbytes if a0 is not None and a0.unit == 0 else 0)
+    act = [p.act.get(0, 0)] + [p.act.get(i, 0) for i in range(1, n + 1)]
     unmovable = {i: ", ".join(sorted(kinds)) for i, kinds in ledger.unmovable.items() if 1 <= i <= n}
 
     def kept(i: int) -> list:
@@ -336,7 +393,18 @@ def _sizes(p: _Pass, n: int) -> Sizes:
         saved.append(max(own, act[i]))
     storages = tuple(tuple(e.nbytes for e in kept(i)) for i in range(1, n + 1))
     return Sizes(
-        tuple(act), tuple(saved), owned, frozenset(aliased), frozenset(held), storages, unmovable, pinned, {k: v for k, v in held_bytes.items() if v}
+        tuple(act),
+        tuple(saved),
+        owned,
+        frozenset(aliased),
+        frozenset(held),
+        storages,
+        unmovable,
+        pinned,
+        {k: v for k, v in held_bytes.items() if v},
+        prefix_unit,
+        prefix_bytes,
+        held_why,
     )
 
 
@@ -351,7 +419,7 @@ def _measure(
     timed: bool = True,
 ) -> tuple[Sizes, dict[str, list]]:
     """Run profiling steps through ``instrument`` (its listener swapped for a recorder)."""
-    n = len(instrument.blocks)
+    n = instrument.blocks.stages
     rec = _Recorder(n, device, (root,))
     before = instrument.listener
     instrument.listener = rec
@@ -359,9 +427,14 @@ def _measure(
     sizes = None
     try:
         with model_state([root]), torch.enable_grad():
+            kept_alive = _probe(rec, root, args, kwargs)
             for r in range(warmup + repeats if timed else 1):
                 out = root(*args, **kwargs)
                 p = rec.current
+                for u, k in kept_alive:
+                    entries = p.ledger.units.get(u, ())
+                    if k < len(entries):
+                        p.ledger.held_by.setdefault(entries[k], "forward")
                 # The last step's: a first call may make what the model then caches (and so holds).
                 sizes = _sizes(p, n)
                 if not timed:
@@ -391,6 +464,44 @@ def _measure(
     return sizes, runs
 
 
+def _probe(rec: _Recorder, root: nn.Module, args: tuple, kwargs: dict) -> set[tuple[int, int]]:
+    """(unit, ordinal) of the storages the forward keeps alive by itself (NOTE [ storages the
+    forward keeps ]), found by one forward whose saved tensors autograd does not hold."""
+    rec.probe = True
+    try:
+        out = root(*args, **kwargs)
+        p = rec.current
+        found = {
+            (u, k)
+            for u, entries in p.ledger.units.items()
+            for k, e in enumerate(entries)
+            if p.ledger.held_by.get(e) == "forward"
+        }
+        del out, p
+        return found
+    finally:
+        rec.probe = False
+        rec.current = None
+
+
+# NOTE [ storages the forward keeps ]
+# Offloading unit i frees its storages once autograd's references are the executor's handles,
+# at the end of F_{i+1} or later (docs/model.md's release point). A reference the forward's own
+# code keeps defeats that: a U-Net's down blocks append their outputs to a Python list in the
+# parent's forward and its up path reads them after the last block, a custom autograd Function
+# keeps a tensor as a ctx attribute. Such a storage stays alive, so moving it would free nothing
+# until its holder lets go, and the prefetched copy would come on top of it. The ledger sees only
+# what autograd saves and what blocks receive, so the profile runs one probe forward whose pack
+# hook keeps nothing (no backward follows it; the model's state is restored after): any storage
+# of unit i still alive at the start of a stage after F_{i+1} has ended (stage i+2 on), or when
+# the forward returns, is held by something other than autograd and the executor. Those found
+# are held by "forward" (by ordinal, as the pinned storages of NOTE [ units held elsewhere ]):
+# a unit whose output is so held stays resident whole, the others' storages stay resident
+# outside the chain and the rest moves; offload() names the blocks (a warning, or the reasons
+# of a refusal). A unit's own output is alive at the start of the next stage (its hidden input),
+# which is why the check waits one stage.
+
+
 def _median(values: list[float]) -> float:
     return float(statistics.median(values)) if values else 0.0
 
@@ -409,6 +520,16 @@ def _check_counts(repeats: Any, warmup: Any) -> None:
             raise ValueError(f"{fname}: {v!r} must be an integer >= {least}")
 
 
+def prefix_pays(sizes: Sizes) -> bool:
+    """Whether the code before the first block should be a stage of its own
+    (NOTE [ the prefix as a stage ]): it keeps at least as much as the smallest block the
+    solver may move."""
+    if not sizes.prefix_unit:
+        return False
+    movable = [s for i, s in enumerate(sizes.saved[:-1], start=1) if i not in sizes.resident]
+    return bool(movable) and sizes.prefix_unit >= min(movable)
+
+
 def measure_chain(
     instrument: Instrument,
     root: nn.Module,
@@ -422,7 +543,7 @@ def measure_chain(
 ) -> tuple[co.Chain, Sizes]:
     """The chain and sizes of one call, measured through an installed ``instrument``."""
     sizes, runs = _measure(instrument, root, args, kwargs, device, repeats, warmup)
-    n = len(instrument.blocks)
+    n = instrument.blocks.stages
     chain = co.Chain(
         _median_rows(runs["fwd"], n),
         _median_rows(runs["bwd"], n),
@@ -463,10 +584,13 @@ def measure_sizes(model: Any, sample: Any, *, blocks: Any = None) -> Sizes:
     wrong = [t.device for t in tensors_in((args, kwargs)) if t.device != device]
     if wrong:
         raise ValueError(f"sample: is on {wrong[0]} but the model is on {device}")
-    instrument = Instrument(root, blks, _Recorder(len(blks), device, (root,)))
+    instrument = Instrument(root, blks, _Recorder(blks.stages, device, (root,)))
     instrument.install()
     try:
         sizes, _ = _measure(instrument, root, args, kwargs, device, 1, 0, timed=False)
+        if not blks.prefix and prefix_pays(sizes):
+            instrument.blocks = dataclasses.replace(blks, prefix=True)
+            sizes, _ = _measure(instrument, root, args, kwargs, device, 1, 0, timed=False)
     finally:
         instrument.remove()
     return sizes
@@ -584,13 +708,21 @@ def measure_link(device: torch.device | str, *, nbytes: int | None = None, small
 #
 # NOTE [ prefix and suffix ]
 # The chain is the blocks; a model has code before the first block (embeddings, a ResNet's
-# stem) and after the last (final norm, head, loss). Neither is ever offloaded. The prefix's
-# time is counted in stage 1 and the suffix's in stage L (both ends of the compute sequence,
-# where no transfer can overlap them anyway), so the simulated makespan is a whole step's. The
-# storages the prefix saves are counted in a_0 (resident from the start to the end of B_1, as
-# they are); those the suffix saves in unit L, which the adapter keeps resident. a_0 is also
-# the size of g_0 in the chain model, so that gradient is over-counted by the prefix's saved
-# bytes at B_1: the predicted peak errs on the safe side there.
+# stem) and after the last (final norm, head, loss). The suffix's time is counted in stage L and
+# the storages it saves in unit L, which the adapter keeps resident. The prefix is one of two
+# things:
+# * Not a stage (the default): its time is counted in stage 1, a_0 is the first block's hidden
+#   input alone (act[0], which is also g_0's size), and the other storages the prefix saves
+#   (Sizes.prefix_bytes) stay resident for the whole step outside the chain (NOTE [ resident
+#   outside the chain ] in plans.py): counted once, never as g_0 again.
+# * Stage 1 of its own, when what it keeps (its unit: those storages and its output, when it
+#   owns it) is at least the smallest unit the solver may move (prefix_pays): a ResNet's stem.
+#   It then moves like any unit, a_0 is the forward's hidden input (none: 0 bytes, the model's
+#   arguments being the caller's, as they are for every chain of the adapter) and g_0 nothing.
+#   The profile is measured once as above, and again with the prefix as a stage when it pays
+#   (NOTE [ the prefix as a stage ] in _instrument.py).
+# Below that size a stage would only renumber the units (keep= and the tables count blocks from
+# 1) to move a few KiB of embeddings.
 
 
 def profile_full(
@@ -616,11 +748,15 @@ def profile_full(
         args, kwargs = _to_device(args, dev), _to_device(kwargs, dev)
     root, blks = _root_and_blocks(model, args, kwargs, blocks)
     dev = _device_of(root, args, kwargs, device)
-    instrument = Instrument(root, blks, _Recorder(len(blks), dev, (root,)))
+    instrument = Instrument(root, blks, _Recorder(blks.stages, dev, (root,)))
     instrument.install()
     try:
         label = name or (type(model).__name__ if isinstance(model, nn.Module) else "chain")
         chain, sizes = measure_chain(instrument, root, args, kwargs, dev, repeats=repeats, warmup=warmup, name=label)
+        if not blks.prefix and prefix_pays(sizes):
+            # NOTE [ the prefix as a stage ]: measured again with the stem as stage 1.
+            blks = instrument.blocks = dataclasses.replace(blks, prefix=True)
+            chain, sizes = measure_chain(instrument, root, args, kwargs, dev, repeats=repeats, warmup=warmup, name=label)
     finally:
         instrument.remove()
     if measure_platform:

@@ -153,13 +153,15 @@ class TanhBlock(nn.Module):
 
 
 class WithPrefixAndSuffix(nn.Module):
-    """sin in the prefix saves its input (a storage of the prefix's own, besides a_0); exp in
-    the suffix saves its output (the suffix's own): NOTE [ prefix and suffix ]."""
+    """sin in the prefix saves its input (a storage of the prefix's own, besides its output); exp
+    in the suffix saves its output (the suffix's own): NOTE [ prefix and suffix ]. ``wide``
+    blocks keep five hidden states' worth, narrow ones (tanh) one."""
 
-    def __init__(self, d=8, layers=3):
+    def __init__(self, d=8, layers=3, wide=False):
         super().__init__()
         self.inp = nn.Linear(4, d)
-        self.blocks = nn.ModuleList([TanhBlock(d) for _ in range(layers)])
+        block = (lambda: nn.Sequential(nn.Linear(d, 4 * d), nn.Tanh(), nn.Linear(4 * d, d))) if wide else (lambda: TanhBlock(d))
+        self.blocks = nn.ModuleList([block() for _ in range(layers)])
         self.head = nn.Linear(d, 3)
 
     def forward(self, x):
@@ -169,13 +171,31 @@ class WithPrefixAndSuffix(nn.Module):
         return self.head(h).exp()
 
 
-def test_prefix_storages_count_in_a0_and_suffix_storages_in_the_last_unit():
+def test_a_prefix_that_keeps_as_much_as_a_block_is_stage_1_and_the_suffix_is_in_the_last_unit():
     torch.manual_seed(0)
     model = WithPrefixAndSuffix()
     n, d = 5, 8
     sizes = ct.measure_sizes(model, torch.randn(n, 4))
-    assert sizes.act == (2 * n * d * F32, n * d * F32, n * d * F32, n * d * F32)  # a_0 and sin's input
-    assert sizes.saved == (n * d * F32, n * d * F32, n * d * F32 + n * 3 * F32)  # exp's output in unit 3
+    # The prefix keeps sin's input and its output (2 n d floats), a block n d: the prefix is
+    # stage 1, a_0 is nothing (the model's input is the caller's) and nothing stays outside.
+    assert sizes.act == (0, n * d * F32, n * d * F32, n * d * F32, n * d * F32)
+    assert sizes.saved == (2 * n * d * F32, n * d * F32, n * d * F32, n * d * F32 + n * 3 * F32)  # exp's output in unit 4
+    assert sizes.resident_bytes == 0 and sizes.prefix_unit == 0
+    prof = ct.profile_full(model, torch.randn(n, 4), repeats=1, warmup=0, measure_platform=False)
+    assert prof.blocks.prefix and prof.blocks.stage_names[0] == "(before blocks.0)"
+    # The prefix's time is stage 1's and the suffix's stage 4's: the chain's compute time is a step's.
+    chain = prof.chain
+    assert chain.length == 4 and all(t > 0 for t in chain.fwd) and all(t > 0 for t in chain.bwd)
+
+
+def test_a_small_prefix_keeps_its_storages_resident_outside_the_chain_and_a0_is_its_output():
+    torch.manual_seed(0)
+    model = WithPrefixAndSuffix(wide=True)
+    n, d = 5, 8
+    sizes = ct.measure_sizes(model, torch.randn(n, 4))
+    # A block keeps tanh's output (4 n d) and its own output: more than the prefix's 2 n d. a_0 is
+    # the first block's input alone (the size of g_0 too); sin's input stays resident outside.
+    assert sizes.act[0] == n * d * F32 and len(sizes.saved) == 3
+    assert sizes.prefix_unit == 2 * n * d * F32 and sizes.prefix_bytes == sizes.resident_bytes == n * d * F32
     chain, _ = ct.profile(model, torch.randn(n, 4), repeats=1, warmup=0)
-    # The prefix's time is in stage 1 and the suffix's in stage 3: the chain's compute time is a step's.
-    assert chain.length == 3 and all(t > 0 for t in chain.fwd) and all(t > 0 for t in chain.bwd)
+    assert chain.length == 3 and all(t > 0 for t in chain.fwd)
