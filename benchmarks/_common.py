@@ -1,4 +1,5 @@
-"""What several benchmarks share: the mid-memory random instance and writing a report.
+"""What several benchmarks share: the mid-memory random instance, writing a report, and the
+mutants of the mutation benchmarks.
 
 Child processes of the benchmarks import this module by putting ``BENCH`` on ``sys.path``
 (it needs only ``chainoffload``'s public names, so it also runs against an older revision).
@@ -6,6 +7,7 @@ Child processes of the benchmarks import this module by putting ``BENCH`` on ``s
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -37,4 +39,24 @@ def write_report(lines: list[str], out: Path) -> str:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
     print(f"wrote {out}", file=sys.stderr)
+    return text
+
+
+@dataclasses.dataclass(frozen=True)
+class Mutation:
+    """One single-rule mutant: text edits to one file of a temporary copy of the package."""
+
+    name: str
+    rule: str
+    file: str
+    edits: tuple[tuple[str, str], ...]
+
+
+def mutate(text: str, mutation: Mutation) -> str:
+    """``text`` (the source of ``mutation.file``) with the mutation applied; each edit must match once."""
+    for old, new in mutation.edits:
+        found = text.count(old)
+        if found != 1:
+            raise SystemExit(f"mutation {mutation.name!r}: its text occurs {found} times in {mutation.file}, expected once")
+        text = text.replace(old, new)
     return text

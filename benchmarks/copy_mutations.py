@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import dataclasses
 import os
 import shutil
 import subprocess
@@ -26,6 +25,8 @@ import time
 import xml.etree.ElementTree as ET
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+from _common import Mutation, mutate  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -42,14 +43,6 @@ EXECUTOR_TESTS = (
     "test_a_forward_that_fails",
     "test_adapter_tests",
 )
-
-
-@dataclasses.dataclass(frozen=True)
-class Mutation:
-    name: str
-    rule: str
-    file: str
-    edits: tuple[tuple[str, str], ...]
 
 
 _PREFETCH_TAIL = """        engine.wait_stream(self.h2d, compute)
@@ -158,16 +151,6 @@ MUTATIONS = (
         ),
     ),
 )
-
-
-def mutate(text: str, mutation: Mutation) -> str:
-    """``text`` (the source of ``mutation.file``) with the mutation applied; each edit must match once."""
-    for old, new in mutation.edits:
-        found = text.count(old)
-        if found != 1:
-            raise SystemExit(f"mutation {mutation.name!r}: its text occurs {found} times in {mutation.file}, expected once")
-        text = text.replace(old, new)
-    return text
 
 
 def mutated_copy(dest: Path, mutation: Mutation | None) -> None:

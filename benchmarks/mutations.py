@@ -15,7 +15,6 @@ silently disarms a mutation stops this script instead.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import re
 import shutil
@@ -26,20 +25,14 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from _common import Mutation, mutate  # noqa: E402
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 RESULTS = HERE / "results"
 SUBSET = ("tests/test_simulate.py", "tests/test_remat_sim.py")
 SIM = "_kernels/simulate.py"
 STRUCT = "_kernels/structure.py"
-
-
-@dataclasses.dataclass(frozen=True)
-class Mutation:
-    name: str
-    rule: str
-    file: str
-    edits: tuple[tuple[str, str], ...]
 
 
 MUTATIONS = (
@@ -176,16 +169,6 @@ MUTATIONS = (
         (("        tr_size[t] = inst_unit[u] if inst_kind[u] == INST_ACT else length + inst_unit[u]", "        tr_size[t] = length + inst_unit[u]"),),
     ),
 )
-
-
-def mutate(text: str, mutation: Mutation) -> str:
-    """``text`` (the source of ``mutation.file``) with the mutation applied; each edit must match once."""
-    for old, new in mutation.edits:
-        found = text.count(old)
-        if found != 1:
-            raise SystemExit(f"mutation {mutation.name!r}: its text occurs {found} times in {mutation.file}, expected once")
-        text = text.replace(old, new)
-    return text
 
 
 def mutated_copy(dest: Path, mutation: Mutation | None) -> None:

@@ -167,6 +167,10 @@ class Offloader:
             pool=self.pool,
             pinned=plan.sizes.pinned if plan.sizes is not None else None,
             resident_bytes=plan.resident_bytes,
+            names=self.blocks.names,
+            # A plan of offload()'s own came from a profile: what it did not see is warned of,
+            # not refused mid-training; a schedule given by hand is the user's word, refused.
+            strict=self._planner is None,
         )
         self._plans[plan.key] = (plan, run)
         while len(self._plans) > self.cache_size:

@@ -127,6 +127,12 @@ class ScheduleRun:
         Shared with other plans of the same model (made here when not given).
     names
         The blocks' names (``"transformer.h.0"``), for messages.
+    strict
+        A schedule given by hand (``True``) is refused when the step shows that a unit it
+        offloads cannot move (held by a later block, or sharing storage with its neighbour); a
+        plan made by :func:`~chainoffload_torch.offload` from a profile that did not see it (a
+        hook added afterwards) warns once and goes on: the numbers stay exact, only the memory
+        freed is less than planned (NOTE [ version discipline ] keeps the copies right).
     pinned
         Per unit, the storages its profile found held beyond its backward
         (:attr:`chainoffload_torch.Sizes.pinned`): left resident, the rest of the unit moves.
@@ -154,6 +160,7 @@ class ScheduleRun:
         names: Iterable[str] | None = None,
         pinned: dict[int, tuple[int, ...]] | None = None,
         resident_bytes: int = 0,
+        strict: bool = True,
     ) -> None:
         if not isinstance(chain, co.Chain):
             raise TypeError(f"chain: expected a chainoffload.Chain, got {type(chain).__name__}")
@@ -183,6 +190,8 @@ class ScheduleRun:
         self.copier = copier
         self.pool = pool
         self.names = tuple(names) if names is not None else None
+        self.strict = strict
+        self._warned_unmoved: set[tuple[int, str]] = set()
         self.pinned = dict(pinned or {})
         self.resident_bytes = int(resident_bytes)
         self._build_events()
@@ -329,10 +338,22 @@ class ScheduleRun:
 
     def _refuse(self, units: set[int], why: str) -> None:
         bad = sorted(units & self.offloaded)
-        if bad:
+        if not bad:
+            return
+        if self.strict:
             raise RuntimeError(
                 f"chainoffload_torch: unit(s) {bad}: a block {why}; the schedule offloads them: keep them "
                 f"resident (offload(..., keep={bad}))"
+            )
+        new = [u for u in bad if (u, why) not in self._warned_unmoved]
+        if new:
+            self._warned_unmoved.update((u, why) for u in new)
+            warnings.warn(
+                f"chainoffload_torch: unit(s) {new}: a block {why}, which the profile did not see (a hook or a code "
+                "path added after offload()?); the plan offloads them, so this step frees less memory than planned. "
+                "The gradients stay exact. Profile again (handle.remove(), then offload()) to plan with it",
+                RuntimeWarning,
+                stacklevel=3,
             )
 
     def forward_end(self, step: _Step, outputs: Any) -> None:

@@ -11,7 +11,6 @@ these tests fail.
 
 import copy
 import dataclasses
-import importlib.util
 import sys
 import time
 from pathlib import Path
@@ -31,9 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import test_torch_executor as tte  # noqa: E402
 import test_torch_granularity as ttg  # noqa: E402
 
-_spec = importlib.util.spec_from_file_location("torch_models", Path(__file__).resolve().parents[1] / "benchmarks" / "torch_models.py")
-torch_models = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(torch_models)
+from bench_models import torch_models  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 

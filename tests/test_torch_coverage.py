@@ -8,10 +8,8 @@ a small model written here, with 8 blocks per stack; training is compared with a
 
 import copy
 import gc
-import importlib.util
 import os
 import re
-from pathlib import Path
 
 import pytest
 
@@ -19,16 +17,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 
-import chainoffload as co  # noqa: E402
 import chainoffload_torch as ct  # noqa: E402
 from chainoffload_torch._stages import UnitLedger  # noqa: E402
 from torch.multiprocessing.reductions import StorageWeakRef  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
-_spec = importlib.util.spec_from_file_location("torch_models", Path(__file__).resolve().parents[1] / "benchmarks" / "torch_models.py")
-torch_models = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(torch_models)
+from bench_models import torch_models  # noqa: E402
 
 
 def family(name):

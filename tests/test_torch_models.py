@@ -6,11 +6,9 @@ gradient accumulation, evaluation, autocast; plus the refusals (torch.compile, a
 """
 
 import copy
-import importlib.util
 import os
 import time
 import warnings
-from pathlib import Path
 
 import pytest
 
@@ -23,9 +21,7 @@ import chainoffload_torch as ct  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
-_spec = importlib.util.spec_from_file_location("torch_models", Path(__file__).resolve().parents[1] / "benchmarks" / "torch_models.py")
-torch_models = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(torch_models)
+from bench_models import torch_models  # noqa: E402
 
 
 # -- Hugging Face models ---------------------------------------------------------------------
