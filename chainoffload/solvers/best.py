@@ -43,7 +43,8 @@ from .._progress import progress
 from ..chain import Chain
 from ..platform import Platform
 from ..result import Result, Status
-from . import OptionError, baselines
+from . import baselines
+from ._options import OptionError
 from ._search import Candidate, Evaluator
 
 __all__ = ["best", "default_time_limit"]
@@ -327,7 +328,7 @@ def best(
         raise OptionError(f"time_limit: {time_limit!r} must be a number of seconds > 0")
     if isinstance(max_evals, bool) or not isinstance(max_evals, int) or max_evals < 1:
         raise OptionError(f"max_evals: expected an integer >= 1, got {max_evals!r}")
-    from . import check_keep
+    from ._options import check_keep
 
     kept = check_keep(chain, keep)
     t0 = time.perf_counter()

@@ -19,7 +19,7 @@ from ..bounds import LP_SOLVERS, FluidLP, fluid_lp
 from ..chain import Chain
 from ..platform import Platform
 from ..result import Result, Status
-from . import OptionError
+from ._options import OptionError
 from ._search import Evaluator
 
 __all__ = ["lp", "DEFAULT_ROUNDINGS"]
@@ -96,7 +96,7 @@ def lp(
         If ``roundings`` is not an integer >= 1, ``solver`` is unknown, ``time_limit`` is not a
         number > 0 or ``keep`` names a unit that is not a stage.
     """
-    from . import check_keep, check_time_limit
+    from ._options import check_keep, check_time_limit
 
     t0 = time.perf_counter()
     kept = check_keep(chain, keep)
