@@ -49,6 +49,7 @@ LAYERS = {
         "chainoffload.result",
         "chainoffload.schedule_file",
         "chainoffload.bounds",
+        "chainoffload.bounds.*",
         "chainoffload.planner",
         "chainoffload._compile",
         "chainoffload.exact",

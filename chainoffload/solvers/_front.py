@@ -57,16 +57,18 @@ def solve(chain: Chain, platform: Platform, method: str | None = None, **options
         malformed or that the simulator rejects, offloads a unit of ``keep``, or (registered
         without ``remat=True``) returns a schedule that recomputes, gets status ``error`` with
         the reason in ``message`` (never ``feasible``). A pure-offloading result with a
-        schedule carries the strongest lower bound the budget affords, from a ladder climbed
-        cheapest first: ``trivial`` (sum of op times), ``volume`` (closed form, O(L):
-        :func:`chainoffload.bounds.volume_lower_bound`), ``fluid-lp`` (the fluid LP, when its
-        estimated time fits what is left of ``time_limit``, or of ``max(1 s, the method's
-        runtime)`` without one, or when a method already solved it), then any rung added with
-        ``chainoffload.solvers._ladder.add_rung``; or the method's own bound when larger.
-        ``info["bound"]`` names the one kept (``NOTE [ bound ladder ]`` in
-        ``chainoffload/solvers/_ladder.py``); a rung whose solver fails is skipped, with the
-        reason in ``info["lower_bound_note"]``. The climb stops once the bound meets the
-        makespan, so ``keep-all`` never pays for more than the trivial bound.
+        schedule carries the problem's lower bound, :func:`chainoffload.bounds.problem_bound`
+        (the same figure ``plot``, ``verify`` and ``tradeoff`` report): a ladder climbed
+        cheapest first, ``trivial`` (sum of op times), ``volume`` (closed form, O(L)),
+        ``fluid-lp`` (up to 2,000 stages), ``unit-milp`` (small models, SCIP's root node), then
+        any rung added with ``chainoffload.bounds.ladder.add_rung``; which rungs run depends on
+        the instance only, unless ``time_limit`` is set (then a rung that does not fit what is
+        left is skipped, and the bound may depend on the machine). The method's own bound
+        replaces it only when strictly larger (``cpsat``'s). ``info["bound"]`` names the one
+        kept (``NOTE [ bound ladder ]`` in ``chainoffload/bounds/ladder.py``); a rung whose
+        solver fails is skipped, with the reason in ``info["lower_bound_note"]``. The climb
+        stops once the bound meets the makespan, so ``keep-all`` never pays for more than the
+        trivial bound.
 
     Raises
     ------
@@ -75,6 +77,12 @@ def solve(chain: Chain, platform: Platform, method: str | None = None, **options
         ``keep`` or ``time_limit`` too), or memory below :meth:`Chain.stage_memory_floor`
         (:class:`~chainoffload.PlatformError`).
     """
+    return _solve(chain, platform, method, True, options)
+
+
+def _solve(chain: Chain, platform: Platform, method: str | None, bound: bool, options: dict[str, Any]) -> Result:
+    """:func:`solve`; ``bound`` false leaves the bound ladder out (for :func:`minimum_memory`,
+    which only asks whether a schedule fits)."""
     if not isinstance(chain, Chain):
         raise TypeError(f"solve: chain must be a Chain, got {type(chain).__name__}")
     if not isinstance(platform, Platform):
@@ -109,10 +117,10 @@ def solve(chain: Chain, platform: Platform, method: str | None = None, **options
         if not isinstance(result, Result):
             result = Result(entry.name, Status.ERROR, message=f"{entry.name}: the method returned {type(result).__name__}, not a Result")
         may_recompute = entry.remat or (entry.remat_option is not None and bool(options.get(entry.remat_option)))
-        return _finish(chain, platform, entry, result, elapsed, ready, jit.seconds, keep, may_recompute, time_limit, deadline)
+        return _finish(chain, platform, entry, result, elapsed, ready, jit.seconds, keep, may_recompute, time_limit, deadline, bound)
 
 
-def _finish(chain, platform, entry, result, elapsed, ready, compiled, keep, may_recompute, time_limit, deadline) -> Result:
+def _finish(chain, platform, entry, result, elapsed, ready, compiled, keep, may_recompute, time_limit, deadline, bound=True) -> Result:
     """The rest of :func:`solve`: runtime, the recompute check, the bound ladder, ``keep`` and the judging."""
     info = dict(result.info)
     if ready.seconds + compiled > 0:
@@ -131,21 +139,18 @@ def _finish(chain, platform, entry, result, elapsed, ready, compiled, keep, may_
             "is registered without remat=True",
         )
     pure = not entry.remat and (result.schedule is None or not result.schedule.has_remat)
-    if pure and result.status.has_schedule:
-        # Every pure-offloading result carries a bound of the problem, as strong as the budget
-        # affords (NOTE [ bound ladder ]); a schedule that recomputes solves another problem.
-        from ._ladder import DEFAULT_BOUND_BUDGET, climb
+    if pure and result.status.has_schedule and bound:
+        # Every pure-offloading result carries the problem's bound (NOTE [ bound ladder ]), the
+        # one every command reports; a schedule that recomputes solves another problem.
+        from ..bounds.ladder import climb
 
-        if time_limit is not None:
-            budget = deadline - time.perf_counter() - _judge_cost(chain)
-        else:
-            budget = max(DEFAULT_BOUND_BUDGET, runtime)
+        limit = None if time_limit is None else max(deadline - time.perf_counter() - _judge_cost(chain), 0.0)
         own = result.lower_bound if math.isfinite(result.lower_bound) else -math.inf
         value, rung = own, f"{entry.name}'s own"
         notes: list[str] = []
         if own < result.makespan * (1 - 1e-12):
-            got, name, _ = climb(chain, platform, budget, target=result.makespan, notes=notes)
-            if got > value:
+            got, name, _ = climb(chain, platform, limit, target=result.makespan, notes=notes)
+            if got >= value:
                 value, rung = got, name
         info["bound"] = rung
         if notes:
@@ -277,7 +282,7 @@ def minimum_memory(
     with progress("minimum memory", total=steps, unit="solve") as bar:
 
         def fits(memory: int) -> bool:
-            ok = solve(chain, platform.with_memory(memory), entry.name, **options).feasible
+            ok = _solve(chain, platform.with_memory(memory), entry.name, False, dict(options)).feasible
             bar.update(1)
             bar.note(memory=memory, fits=ok)
             return ok

@@ -214,7 +214,7 @@ def _relaxation(chain: Chain, platform: Platform, solver: str, deadline: float) 
     """The fluid LP of ``chain``, or of a coarser chain when the real one would not fit the
     time (``NOTE [ coarse LP ]``). Returns ``(FluidLP, stages of the LP)`` with ``x`` per stage;
     stages 0 when even the coarsest LP ran out of time (then ``x`` is all ones)."""
-    from ._ladder import fluid_lp_cost
+    from ..bounds.ladder import fluid_lp_cost
 
     length = chain.length
     left = deadline - time.perf_counter()
