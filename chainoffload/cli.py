@@ -525,7 +525,9 @@ def _cmd_verify(args: argparse.Namespace, out: Output) -> int:
     if report["optimum"] is not None:
         rows.append(("optimum" if report["cpsat_status"] == "optimal" else "best found", format_seconds(report["optimum"])))
     if report["lower_bound"] is not None:
-        rows.append(("lower bound", format_seconds(report["lower_bound"])))
+        rows.append(("lower bound", f"{format_seconds(report['lower_bound'])}  ({report['lower_bound_rung']} bound)"))
+    if report["cpsat_bound"] is not None and report["cpsat_status"] != "optimal":
+        rows.append(("cpsat bound", format_seconds(report["cpsat_bound"])))
     if report["gap"] is not None:
         rows.append(("gap", f"{100 * report['gap']:.3f}% over the {report['gap_reference'].replace('_', ' ')}"))
     if report["message"]:
@@ -548,9 +550,12 @@ def _cmd_plot(args: argparse.Namespace, out: Output) -> int:
         if schedule.has_remat:
             bound = chain.compute_time  # every schedule runs each F and B at least once
         else:
-            from .bounds import lower_bound
+            from .bounds import problem_bound
 
-            bound = lower_bound(chain, platform)
+            # The problem's bound, the figure solve printed for this schedule (NOTE [ bound ladder ]).
+            bound = problem_bound(chain, platform, target=timeline.makespan if timeline.feasible else math.inf).value
+            if timeline.feasible and math.isfinite(timeline.makespan):
+                bound = min(bound, timeline.makespan)
     method = args.method or record.method
     # Drawn at the temporary path when the output is written (the extension picks the format).
     out.file(

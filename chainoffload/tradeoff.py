@@ -110,7 +110,7 @@ class Tradeoff:
     lower_bound
         Per memory, the proven lower bound on the makespan of every pure-offloading schedule
         (seconds): the best bound any pure-offloading result reported there or at a larger
-        memory, and at least :func:`chainoffload.bounds.lower_bound`; ``inf`` below
+        memory, and at least :func:`chainoffload.bounds.problem_bound` there; ``inf`` below
         ``offload_floor``. (A schedule that fits in some memory fits in more, so the optimum
         only falls as memory grows and a bound at a larger memory holds at a smaller one.)
     curves
@@ -392,13 +392,15 @@ def _sweep_one(
     bar: Any,
 ) -> float:
     """Run every method at ``memory``, append their points to ``curves``; the curve's bound there."""
-    from .bounds import lower_bound
+    from .bounds import problem_bound
     from .solvers import solve
 
-    # One platform object per memory: the fluid LP behind every pure-offloading bound is
-    # cached per (chain, platform), so the methods and the curve's bound share one solve.
+    # One platform object per memory: the LP and MILP behind every pure-offloading bound are
+    # cached per (chain, platform), so the methods and the curve's bound share one solve. The
+    # curve's bound is the problem's (NOTE [ bound ladder ]): what solve, plot and verify
+    # report, whatever time limit the methods had.
     at = platform.with_memory(memory)
-    best_bound = math.inf if memory < offload_floor else lower_bound(chain, at)
+    best_bound = math.inf if memory < offload_floor else problem_bound(chain, at).value
     for name, entry in entries.items():
         bar.note(memory=format_bytes(memory), method=name)
         result = solve(chain, at, name, **options[name])

@@ -43,9 +43,13 @@ def verify(chain: Chain, platform: Platform, schedule: Schedule, *, time_limit: 
         Plain JSON-ready data: ``feasible``, ``makespan``, ``peak_memory``, ``offloaded_bytes``,
         ``violation`` (the simulator's verdict); ``cpsat_status`` (optimal, feasible,
         infeasible, timeout), ``optimum`` (makespan of the best schedule CP-SAT found, ``None``
-        if none), ``lower_bound`` (the larger of CP-SAT's proven bound and :func:`chainoffload.bounds.lower_bound`, seconds); ``gap`` = makespan /
-        reference - 1 with ``gap_reference`` ``"optimum"`` when CP-SAT proved optimality and
-        ``"lower_bound"`` otherwise (``None`` for an infeasible schedule), and ``tolerance``,
+        if none), ``lower_bound`` (the problem's bound,
+        :func:`chainoffload.bounds.problem_bound`: the figure ``solve``, ``plot`` and
+        ``tradeoff`` report, which does not depend on the machine), ``lower_bound_rung`` (its
+        rung), ``cpsat_bound`` (CP-SAT's own proven bound, which may depend on the machine when
+        the time limit stops it); ``gap`` = makespan / reference - 1 with ``gap_reference``
+        ``"optimum"`` when CP-SAT proved optimality, else ``"lower_bound"`` or ``"cpsat_bound"``,
+        the larger of the two (``None`` for an infeasible schedule), and ``tolerance``,
         the CP-SAT time scale's rounding in seconds (a gap within 3 * tolerance / makespan of
         0 means optimal). Infinite values are ``None``.
 
@@ -55,7 +59,7 @@ def verify(chain: Chain, platform: Platform, schedule: Schedule, *, time_limit: 
         A malformed schedule, a transfer over a link of bandwidth 0, or memory below the
         chain's stage floor.
     """
-    from .bounds import lower_bound
+    from .bounds import problem_bound
     from .solvers import check_memory_floor
     from .solvers.cpsat import cpsat
 
@@ -63,10 +67,12 @@ def verify(chain: Chain, platform: Platform, schedule: Schedule, *, time_limit: 
     check_memory_floor(chain, platform)
     exact = cpsat(chain, platform, time_limit=time_limit, workers=workers, hint=schedule if timeline.feasible else True)
     optimum = exact.makespan if exact.feasible else None
-    lb = exact.lower_bound
-    if math.isfinite(lb):
-        # The problem's own bound (sum(fwd) + sum(bwd), fluid LP) may beat CP-SAT's at a timeout.
-        lb = max(lb, lower_bound(chain, platform))
+    cp_bound = exact.lower_bound
+    # The problem's bound, as solve and plot compute it for this schedule.
+    found = problem_bound(chain, platform, target=timeline.makespan if timeline.feasible else math.inf)
+    lb = found.value
+    if timeline.feasible and math.isfinite(timeline.makespan):
+        lb = min(lb, timeline.makespan)  # as solve's judge: float noise never puts it above
     proven = exact.status.value == "optimal"
     gap = None
     reference = None
@@ -76,8 +82,10 @@ def verify(chain: Chain, platform: Platform, schedule: Schedule, *, time_limit: 
             ref = min(optimum, timeline.makespan)
             reference = "optimum"
         else:
-            ref = lb if math.isfinite(lb) else None
-            reference = "lower_bound" if ref is not None else None
+            # The larger proven bound (CP-SAT's may beat the ladder's when it ran long enough).
+            ref, reference = max((lb, "lower_bound"), (cp_bound if math.isfinite(cp_bound) else -math.inf, "cpsat_bound"))
+            if not (math.isfinite(ref) and ref > 0):
+                ref, reference = None, None
         if ref is not None and ref > 0:
             gap = timeline.makespan / ref - 1.0
     v = timeline.violation
@@ -90,6 +98,8 @@ def verify(chain: Chain, platform: Platform, schedule: Schedule, *, time_limit: 
         "cpsat_status": exact.status.value,
         "optimum": _num(optimum),
         "lower_bound": _num(lb),
+        "lower_bound_rung": found.rung,
+        "cpsat_bound": _num(cp_bound),
         "gap": _num(gap),
         "gap_reference": reference,
         "tolerance": _num(exact.info.get("tolerance")),

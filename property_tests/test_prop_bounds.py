@@ -18,7 +18,7 @@ from chainoffload import Platform, Schedule, Status, methods, simulate, solve
 from chainoffload.generators import random_chain
 from chainoffload.bounds import fluid_lower_bound, stronger_bound, unit_milp, volume_lower_bound
 from chainoffload.solvers import spec
-from chainoffload.solvers._ladder import climb
+from chainoffload.bounds.ladder import climb
 from chainoffload.testing import chains, instances, schedules
 
 SMALL = chains(min_length=2, max_length=5, max_bytes=4096, min_time=1e-3)

@@ -147,3 +147,68 @@ def test_moves_a_i_alone_where_that_wins(name, memory):
     assert any(t.moves == "act" for t in result.schedule.transfers)
     assert result.makespan == pytest.approx(chain.compute_time, rel=1e-12)
     assert result.status.value == "optimal"
+
+
+# -- NOTE [ best's work budget ]: no clock by default ---------------------------------------------
+
+
+def _mid_instance(length):
+    # benchmarks/_common.py's scaling instance: memory halfway from the floor to the keep-all
+    # peak, links at half the balance rate.
+    chain = random_chain(1000 + length, length)
+    floor, peak = offload_memory_floor(chain), keep_all_peak(chain)
+    bw = 0.5 * float(chain.saved.sum()) / chain.compute_time
+    return chain, Platform(memory=int(floor + 0.5 * (peak - floor)), bandwidth_d2h=bw, bandwidth_h2d=bw, latency=1e-5)
+
+
+def _fingerprint(result):
+    return result.status, result.makespan, result.lower_bound, result.schedule.to_dict(), result.info["evals"], result.info["stopped"]
+
+
+def test_best_by_default_does_not_read_the_clock(monkeypatch):
+    # A clock that runs 10^4 s per reading spends any wall-clock budget at once: by default best
+    # (and the bound, and solve) must return the same schedule all the same.
+    import time
+
+    chain, platform = _mid_instance(400)
+    normal = solve(chain, platform)
+    assert normal.feasible and normal.info["stopped"] in ("converged", "evals")
+    ticks = itertools.count()
+    real = time.perf_counter
+    monkeypatch.setattr(time, "perf_counter", lambda: real() + 1e4 * next(ticks))
+    slowed = solve(_copy(chain), platform)
+    assert _fingerprint(slowed) == _fingerprint(normal)
+    # A time limit the user sets is wall-clock: under that clock it stops the search at once.
+    timed = solve(_copy(chain), platform, time_limit=60.0)
+    assert timed.info["stopped"] == "time"
+
+
+def _copy(chain):
+    from chainoffload import Chain
+
+    return Chain.from_dict(chain.to_dict())
+
+
+@pytest.mark.thorough
+def test_best_at_ten_thousand_stages_is_the_same_under_load():
+    # Issue 21: with default options best's result does not depend on the machine's load. A
+    # busy thread takes the GIL half the time (the run takes longer in wall time).
+    import threading
+
+    chain, platform = _mid_instance(10_000)
+    quiet = solve(chain, platform)
+    stop = threading.Event()
+
+    def busy():
+        x = 0
+        while not stop.is_set():
+            x += 1
+
+    worker = threading.Thread(target=busy, daemon=True)
+    worker.start()
+    try:
+        loaded = solve(_copy(chain), platform)
+    finally:
+        stop.set()
+        worker.join()
+    assert _fingerprint(loaded) == _fingerprint(quiet)

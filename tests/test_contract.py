@@ -487,12 +487,13 @@ def test_the_kernels_release_the_gil():
 
 
 def test_a_failing_lp_bound_degrades_to_the_trivial_one(chain3, monkeypatch):
-    import chainoffload.bounds as bounds
+    import chainoffload.bounds.fluid as bounds
 
     def fails(chain, platform, **options):
         raise RuntimeError("fluid_lp: the glop LP solver ended with status 'abnormal'")
 
     monkeypatch.setattr(bounds, "lower_bound", fails)
+    monkeypatch.setattr("chainoffload.bounds.milp.unit_milp", fails)  # the rung above it fails too
     # offload-all's makespan (127 s) is above the trivial and volume bounds (12 s), so the
     # bound ladder reaches the LP rung (keep-all's makespan is the trivial bound: no LP asked).
     r = solve(chain3, Platform(memory=192, bandwidth_d2h=1.0, bandwidth_h2d=1.0), "offload-all")

@@ -49,6 +49,7 @@ LAYERS = {
         "chainoffload.result",
         "chainoffload.schedule_file",
         "chainoffload.bounds",
+        "chainoffload.bounds.*",
         "chainoffload.planner",
         "chainoffload._compile",
         "chainoffload.exact",
@@ -73,6 +74,15 @@ LAYERS = {
 }
 ORDER = list(LAYERS)
 UPWARD_ALLOWED = {("chainoffload.simulate", "chainoffload.plot")}
+
+# Inside ``chainoffload.solvers``: the option validators are a leaf, the registry sits on them,
+# the front door (solve, judge, minimum_memory) on both, and the package's ``__init__`` only
+# re-exports. A method module may import the validators, the registry and other methods, never
+# the package itself nor the front door (that would make a method depend on the code that
+# judges it, and the package's import on every method).
+SOLVERS_LEAF = "chainoffload.solvers._options"
+SOLVERS_FRONT = ("chainoffload.solvers", "chainoffload.solvers._front")
+
 
 
 def module_name(path: Path, package: Path = PACKAGE) -> str:
@@ -209,3 +219,41 @@ def test_the_checker_sees_lazy_imports_and_cycles(tmp_path):
     assert edges["chainoffload.c"] == {"chainoffload._kernels", "chainoffload._kernels.k"}
     assert find_cycle(edges) == ["chainoffload.a", "chainoffload.b", "chainoffload.a"]
 
+
+
+def test_the_solvers_package_is_split_into_leaf_registry_and_front(graph):
+    solvers = {m for m in graph if m.startswith("chainoffload.solvers.")}
+    assert {SOLVERS_LEAF, "chainoffload.solvers._registry", "chainoffload.solvers._front"} <= solvers
+    leaf = {t for t in graph[SOLVERS_LEAF] if t.startswith("chainoffload.solvers")}
+    assert not leaf, f"{SOLVERS_LEAF} must not import the solvers package: {sorted(leaf)}"
+    registry = {t for t in graph["chainoffload.solvers._registry"] if t.startswith("chainoffload.solvers")}
+    assert registry <= {SOLVERS_LEAF}, f"the registry imports {sorted(registry)}"
+    methods = solvers - {SOLVERS_LEAF, "chainoffload.solvers._registry", "chainoffload.solvers._front"}
+    up = sorted(f"{m} -> {t}" for m in methods for t in graph[m] if t in SOLVERS_FRONT)
+    assert not up, "method modules import the package or its front door:\n" + "\n".join(up)
+
+
+def _direct_kernel_imports(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text(), str(path))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and (node.module.startswith("_kernels.") or node.module.startswith("chainoffload._kernels.")):
+            if not node.module.endswith(".config"):
+                found.append(node.module)
+        if isinstance(node, ast.ImportFrom) and node.module == "_kernels" and node.level:
+            found += [f"_kernels.{a.name}" for a in node.names if a.name not in ("lazy", "module", "INTERPRETED", "config")]
+    return found
+
+
+def test_kernels_are_reached_only_through_lazy():
+    # One mechanism, so a cold start can run every method's kernels interpreted and `import
+    # chainoffload` never imports Numba (NOTE [ lazy kernels ]): no module outside _kernels
+    # imports a kernel module directly (the config module, which has no kernels, is allowed).
+    offenders = {
+        name: found
+        for name, path in all_modules().items()
+        if not name.startswith("chainoffload._kernels") and name != "chainoffload._compile"
+        for found in [_direct_kernel_imports(path)]
+        if found
+    }
+    assert not offenders, f"kernel modules imported directly, not through _kernels.lazy: {offenders}"

@@ -249,3 +249,42 @@ def test_slot_rounding_is_conservative(chain3):
     sl = slots_for(chain3, 175, 7)
     assert sl.quantum == 24 and sl.budget == 6  # (175 - 10) B in 7 slots of 24 B: 6 whole slots
     assert list(sl.act) == [1, 1, 2, 2] and list(sl.act_down) == [0, 0, 1, 1]
+
+
+def test_a_prefetch_is_triggered_where_it_must_start_not_one_op_later():
+    # joint_schedule(early=0) triggers each prefetch at the start of the backward part in which
+    # it must start to end (model durations) just before its reader's part. joint()'s candidate
+    # search also tries early=1, which hid a mutant that triggered every prefetch one part late
+    # (its early=1 is the right early=0). So pin the trigger on an instance with one offload, and
+    # check that one op later costs time in the simulator.
+    from chainoffload.schedule import Schedule, Transfer
+    from chainoffload.solvers.joint import _item_bytes, _with_waits
+
+    def single_offload(case):
+        chain, platform = case
+        table = joint_table(chain, platform, slots_for(chain, platform.memory, 100))
+        nodes = walk(table, chain)
+        return sum(n.offload for n in nodes) == 1
+
+    chain, platform = next(filter(single_offload, instances(8, 40, lengths=(6, 12))))
+    table = joint_table(chain, platform, slots_for(chain, platform.memory, 100))
+    nodes = walk(table, chain)
+    schedule = joint_schedule(table, chain, platform)
+    (moved,) = [n for n in nodes if n.offload]
+    (prefetch,) = [t for t in schedule.transfers if t.kind == "prefetch"]
+    # The rule, from the docstring: backward parts deepest first, each ending at its B_s.
+    order = list(reversed(nodes))
+    ends = [schedule.compute.index(("B", n.s)) for n in order]
+    starts = np.concatenate(([0.0], np.cumsum([n.tau for n in order])))
+    k = order.index(moved)
+    begin = starts[k] - platform.h2d_time(_item_bytes(chain, moved))
+    part = max(p for p in range(k + 1) if starts[p] <= begin) if begin >= 0 else -1
+    last_forward = max(i for i, (kind, _) in enumerate(schedule.compute[: ends[0]]) if kind != "B")
+    expected = ends[part - 1] if part >= 1 else last_forward
+    assert (prefetch.op, prefetch.at) == (expected, "end")
+    late = Schedule(schedule.compute, tuple(
+        Transfer(t.kind, t.unit, t.op + 1, t.at, t.before, t.moves) if t is prefetch else t for t in schedule.transfers
+    ))
+    on_time, one_late = _with_waits(chain, platform, schedule)[1], _with_waits(chain, platform, late)[1]
+    assert on_time.feasible and one_late.feasible
+    assert on_time.makespan < one_late.makespan * (1 - 1e-9)

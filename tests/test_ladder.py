@@ -9,7 +9,7 @@ from chainoffload import Platform, keep_all_peak, solve
 from chainoffload.bounds import lower_bound, offload_memory_floor, volume_lower_bound
 from chainoffload.exact import brute_force
 from chainoffload.generators import random_chain
-from chainoffload.solvers import _ladder
+from chainoffload.bounds import ladder as _ladder
 
 
 # One chain per case (four brute forces each): two in the fast profile, two in the thorough one.
@@ -53,7 +53,7 @@ def test_keep_all_never_pays_for_a_bound(chain3, monkeypatch):
     def boom(*args, **kwargs):
         raise AssertionError("the LP was solved")
 
-    monkeypatch.setattr("chainoffload.bounds.lower_bound", boom)
+    monkeypatch.setattr("chainoffload.bounds.fluid.lower_bound", boom)
     fits = solve(chain3, Platform(memory=keep_all_peak(chain3), bandwidth_d2h=1.0, bandwidth_h2d=1.0), "keep-all")
     assert fits.status == co.Status.OPTIMAL and fits.info["bound"] == "trivial"
     short = solve(chain3, Platform(memory=keep_all_peak(chain3) - 1, bandwidth_d2h=1.0, bandwidth_h2d=1.0), "keep-all")
@@ -64,14 +64,15 @@ def test_an_unaffordable_rung_is_skipped_and_a_new_rung_slots_in(monkeypatch):
     chain = random_chain(6, 12)
     lo, hi = offload_memory_floor(chain), keep_all_peak(chain)
     platform = Platform(memory=int(lo + 0.3 * (hi - lo)), bandwidth_d2h=1e8, bandwidth_h2d=1e8)
-    value, name, tried = _ladder.climb(chain, platform, budget=0.0)
+    # Under a time limit of 0 s only the first rung and free ones run.
+    value, name, tried = _ladder.climb(chain, platform, 0.0)
     assert "fluid-lp" not in tried and name in ("trivial", "volume")
-    rung = _ladder.Rung("test-rung", lambda c, p, budget: value * 1.0000001, lambda c, p: 0.0)
+    rung = _ladder.Rung("test-rung", lambda c, p, limit: value * 1.0000001, lambda c, p: True, lambda c, p: 0.0)
     monkeypatch.setattr(_ladder, "LADDER", list(_ladder.LADDER))
     _ladder.add_rung(rung, after="fluid-lp")
     names = [r.name for r in _ladder.LADDER]
     assert names[names.index("fluid-lp") + 1] == "test-rung"
-    got, name, _ = _ladder.climb(chain, platform, budget=0.0)
+    got, name, _ = _ladder.climb(chain, platform, 0.0)
     assert name == "test-rung" and got > value
     with pytest.raises(ValueError, match="exists already"):
         _ladder.add_rung(rung)
@@ -94,9 +95,9 @@ def test_unit_milp_rung_when_affordable():
     assert r.lower_bound <= r.makespan
     from chainoffload.bounds import unit_milp_seconds
 
-    assert unit_milp_seconds(chain, platform) == 0.0  # solved to optimality and cached: free now
-    value, name, tried = _ladder.climb(chain, platform, budget=0.0)
-    assert name == "unit-milp" and tried[-1] == "unit-milp" and value == pytest.approx(r.lower_bound, rel=1e-6)
+    assert unit_milp_seconds(chain, platform) > 0.0  # the ladder's node-limited MILP is not the untimed one's cache
+    found = _ladder.problem_bound(chain, platform)
+    assert found.rung == "unit-milp" and found.tried[-1] == "unit-milp" and found.value == r.lower_bound
 
 
 def test_unit_milp_rung_skipped_when_it_does_not_fit():
@@ -105,7 +106,12 @@ def test_unit_milp_rung_skipped_when_it_does_not_fit():
     chain, platform = _tight(5, 60, 0.25, 0.5)
     cost = unit_milp_seconds(chain, platform)
     assert cost > 5.0  # tight memory at L = 60: seconds before SCIP has a useful bound
-    _, _, tried = _ladder.climb(chain, platform, budget=2.0)
+    _, _, tried = _ladder.climb(chain, platform, 2.0)
     assert "unit-milp" not in tried
+    # Without a time limit the rule is the model's size, which this one exceeds.
+    from chainoffload.bounds.milp import _unit_milp_size
+
+    assert _unit_milp_size(chain, platform) > _ladder.UNIT_MILP_WORK_SIZE
+    assert "unit-milp" not in _ladder.problem_bound(chain, platform).tried
     roomy = platform.with_memory(keep_all_peak(chain))
     assert unit_milp_seconds(chain, roomy) == 0.0  # no check binds: free

@@ -21,7 +21,7 @@ __all__ = ["keep_all", "offload_all", "first_k", "largest_first"]
 
 def _offloadable(chain: Chain, platform: Platform, keep: Iterable[int] = ()) -> list[int]:
     # Unit L is read by B_L right after F_L: offloading it frees nothing, so baselines skip it.
-    from . import check_keep
+    from ._options import check_keep
 
     kept = check_keep(chain, keep)
     if not platform.can_transfer:

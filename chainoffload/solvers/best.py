@@ -26,8 +26,18 @@ A candidate is better when it is feasible and the other is not, or both are feas
 makespan is shorter (by more than a relative 1e-12, so float noise does not make the search
 walk), or neither is feasible and its peak is lower (which steers an infeasible start
 towards feasibility). The search stops when no move improves, after ``max_evals``
-simulations, or after ``time_limit`` seconds (reported in ``info["stopped"]``); with the
-default limits small and medium chains stop by convergence, so the result is deterministic.
+simulations, or after ``time_limit`` seconds (reported in ``info["stopped"]``).
+
+NOTE [ best's work budget ]
+---------------------------
+**By default ``best`` never reads the clock to decide anything**: every starting point runs
+without a time limit (each by its own rules, which depend on the instance only), and the search
+stops by convergence or after :func:`default_max_evals` evaluations, a work budget of
+``EVAL_WORK`` stage-evaluations (an evaluation plans and simulates the whole chain, so its cost
+grows with L). So the same call returns the same schedule on any machine and at any load, as
+CP-SAT does with a deterministic time. A ``time_limit`` (``--time-limit``) brings the clock in:
+starting points get shares of it and the search stops at it, so the result may then depend on
+the machine.
 """
 
 from __future__ import annotations
@@ -43,10 +53,11 @@ from .._progress import progress
 from ..chain import Chain
 from ..platform import Platform
 from ..result import Result, Status
-from . import OptionError, baselines
+from . import baselines
+from ._options import OptionError
 from ._search import Candidate, Evaluator
 
-__all__ = ["best", "default_time_limit"]
+__all__ = ["best", "default_max_evals", "default_time_limit", "EVAL_WORK"]
 
 _EPS = 1e-12
 
@@ -243,15 +254,16 @@ def _neighbours(transfers: tuple[np.ndarray, ...], n_ops: int) -> Iterator[tuple
 
 
 def _start_sets(
-    chain: Chain, platform: Platform, use_relaxations: bool, keep: frozenset[int], deadline: float
+    chain: Chain, platform: Platform, use_relaxations: bool, keep: frozenset[int], deadline: float | None
 ) -> tuple[dict[str, frozenset[int]], dict]:
-    """Unit sets to start from: the relaxations' and every baseline's, by name, within ``deadline``."""
+    """Unit sets to start from: the relaxations' and every baseline's, by name, within ``deadline``
+    (``None``: no clock, each start runs to its own end)."""
     starts: dict[str, frozenset[int]] = {}
     info: dict = {}
     runs = [(name, share) for name, share in _STARTS if use_relaxations or name not in ("lp", "dp")]
     skipped = []
     for i, (name, share) in enumerate(runs):
-        left = deadline - time.perf_counter()
+        left = math.inf if deadline is None else deadline - time.perf_counter()
         if left <= 0:
             skipped.append(name)
             continue
@@ -260,7 +272,7 @@ def _start_sets(
             module, _, attr = target.partition(":")
             target = getattr(importlib.import_module(module), attr)
         rest = sum(s for _, s in runs[i:])
-        result = target(chain, platform, keep=keep, time_limit=left * share / rest)
+        result = target(chain, platform, keep=keep, time_limit=None if deadline is None else left * share / rest)
         if result.schedule is not None:
             starts[name] = frozenset(result.schedule.offloaded_units)
             info[f"{name}_makespan"] = result.makespan
@@ -272,8 +284,22 @@ def _start_sets(
 
 
 def default_time_limit(length: int) -> float:
-    """``best``'s time limit when none is given: 5 s plus 0.5 ms per stage."""
+    """5 s plus 0.5 ms per stage: a wall-clock cap for callers that run ``best`` under a clock
+    of their own (``cpsat``'s warm start); ``best`` itself has no default time limit."""
     return 5.0 + 5e-4 * length
+
+
+#: The default work budget of the search, in stage-evaluations (NOTE [ best's work budget ]).
+EVAL_WORK = 2_000_000
+
+#: Evaluations the search may make when a time limit is given and ``max_evals`` is not.
+TIMED_MAX_EVALS = 4000
+
+
+def default_max_evals(length: int) -> int:
+    """The search's evaluations without a time limit: ``EVAL_WORK / L``, between 20 and 4000
+    (4000 up to L = 500, 200 at L = 10,000, 20 from L = 100,000)."""
+    return int(min(TIMED_MAX_EVALS, max(20, EVAL_WORK // max(length, 1))))
 
 
 def best(
@@ -281,7 +307,7 @@ def best(
     platform: Platform,
     *,
     time_limit: float | None = None,
-    max_evals: int = 4000,
+    max_evals: int | None = None,
     relaxations: bool = True,
     remat: bool = False,
     keep: Iterable[int] = (),
@@ -298,12 +324,13 @@ def best(
         The instance.
     time_limit
         Seconds the whole method may take, starting points included (> 0; they get at most
-        ``START_SHARE`` of it). ``None`` (default): :func:`default_time_limit`, 5 s plus
-        0.5 ms per stage (5.05 s at L = 100, 55 s at L = 100,000, where one evaluation takes
-        ~0.25 s). Past it the best schedule found so far is returned
-        (``info["stopped"]`` is ``"time"``; status ``timeout`` when none fits yet).
+        ``START_SHARE`` of it). Past it the best schedule found so far is returned
+        (``info["stopped"]`` is ``"time"``; status ``timeout`` when none fits yet); the result
+        may then depend on the machine. ``None`` (default): no clock at all (NOTE [ best's
+        work budget ]): the starts run to their end and ``max_evals`` stops the search.
     max_evals
         Evaluations the search may make (>= 1): unit sets planned or transfer lists scored.
+        ``None`` (default): :func:`default_max_evals` without a time limit, 4000 with one.
     relaxations
         Start from ``lp`` and ``dp`` too (false: baselines only; for comparisons).
     remat
@@ -321,19 +348,20 @@ def best(
         ``time``), ``units``, ``alone`` (those of them that move a_i alone), each start's makespan and ``starts_skipped`` (those the time
         limit left out).
     """
-    if time_limit is None:
-        time_limit = default_time_limit(chain.length)
-    if isinstance(time_limit, bool) or not (isinstance(time_limit, (int, float)) and time_limit > 0 and math.isfinite(time_limit)):
+    timed = time_limit is not None
+    if timed and (isinstance(time_limit, bool) or not (isinstance(time_limit, (int, float)) and time_limit > 0 and math.isfinite(time_limit))):
         raise OptionError(f"time_limit: {time_limit!r} must be a number of seconds > 0")
+    if max_evals is None:
+        max_evals = TIMED_MAX_EVALS if timed else default_max_evals(chain.length)
     if isinstance(max_evals, bool) or not isinstance(max_evals, int) or max_evals < 1:
         raise OptionError(f"max_evals: expected an integer >= 1, got {max_evals!r}")
-    from . import check_keep
+    from ._options import check_keep
 
     kept = check_keep(chain, keep)
     t0 = time.perf_counter()
-    deadline = t0 + time_limit
-    with progress("best", total=time_limit, unit="s") as bar:
-        starts, info = _start_sets(chain, platform, relaxations, kept, t0 + START_SHARE * time_limit)
+    deadline = t0 + time_limit if timed else math.inf
+    with progress("best", total=time_limit if timed else None, unit="s") as bar:
+        starts, info = _start_sets(chain, platform, relaxations, kept, t0 + START_SHARE * time_limit if timed else None)
         bar.set(time.perf_counter() - t0)
         bound = max(chain.compute_time, info.get("lp_bound", 0.0))
         search = Evaluator(chain, platform, deadline=deadline, max_evals=max_evals, bound=bound)

@@ -87,7 +87,7 @@ from ..platform import Platform
 from ..result import Result, Status
 from ..schedule import Schedule
 from ..simulate import keep_all_peak
-from . import OptionError, check_keep, check_memory_floor, check_time_limit
+from ._options import OptionError, check_keep, check_memory_floor, check_time_limit
 from ._search import Evaluator, boundary
 
 _kdp = lazy("dp")  # imports Numba on first use only

@@ -97,8 +97,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from .._kernels.joint import NO_CHOICE, OFFLOADS, child_rows, pipe_slots, spine_table
-from .._kernels.rotor import rotor_table
+from .._kernels import lazy
 from ..chain import Chain
 from ..platform import Platform
 from ..result import Result, Status
@@ -106,6 +105,9 @@ from ..schedule import Schedule, Transfer
 from ..simulate import Timeline, simulate
 from .joint_exact import dp_result, joint_exact
 from .rotor import DEFAULT_SLOTS, Slots, emit_segment, slots_for
+
+_kj = lazy("joint")  # the joint DP's kernels (NOTE [ lazy kernels ] in chainoffload._compile)
+_kr = lazy("rotor")
 
 __all__ = ["joint", "joint_dp", "joint_table", "joint_schedule", "walk", "window_tables", "JointTable", "Node"]
 
@@ -226,7 +228,7 @@ def window_tables(
     win = np.full((n + 2, span, sl.budget + 1), np.inf)
     choice = np.full((n + 2, span, sl.budget + 1), -1, dtype=np.int32)
     if rot is None and 2 * span >= n:
-        rot = rotor_table(chain.fwd, chain.bwd, chain.fwd_nosave, sl.act, sl.saved, sl.fwd_tmp, sl.bwd_tmp, sl.budget)
+        rot = _kr.rotor_table(chain.fwd, chain.bwd, chain.fwd_nosave, sl.act, sl.saved, sl.fwd_tmp, sl.bwd_tmp, sl.budget)
     if rot is not None:
         opt, full_choice = rot
         for d in range(span):
@@ -238,7 +240,7 @@ def window_tables(
     while start <= n:
         end = min(n, start + 2 * span - 1)
         piece = slice(start - 1, end)
-        opt, sub = rotor_table(
+        opt, sub = _kr.rotor_table(
             chain.fwd[piece], chain.bwd[piece], chain.fwd_nosave[piece], sl.act[start - 1 : end + 1],
             sl.saved[piece], sl.fwd_tmp[piece], sl.bwd_tmp[piece], sl.budget,
         )
@@ -356,7 +358,7 @@ def joint_table(
         delta_f = delta_b = 1.0
     rate_f = platform.bandwidth_d2h / sl.quantum
     rate_b = platform.bandwidth_h2d / sl.quantum
-    opt, choice = spine_table(
+    opt, choice = _kj.spine_table(
         chain.fwd, chain.bwd, chain.fwd_nosave, sl.act, sl.saved, sl.fwd_tmp, sl.bwd_tmp, win, sl.budget,
         in_slots, d_in, h_in, fclk, bclk, rate_f, rate_b, delta_f, n_f, delta_b, n_b, 3 if act_alone else 2,
     )
@@ -391,11 +393,11 @@ def walk(table: JointTable, chain: Chain, budget: int | None = None) -> list[Nod
     while True:
         row = (flag * nf1 + i_f) * nb1 + i_b
         code = int(t.choice[s, row, m])
-        if code == NO_CHOICE:
+        if code == _kj.NO_CHOICE:
             raise AssertionError(f"joint table has no choice for node {s} (row {row}) at budget {m}")
-        j, off = divmod(code, OFFLOADS)
+        j, off = divmod(code, _kj.OFFLOADS)
         part = t.flag_of(flag, off)
-        charge = pipe_slots(s, i_b, t.bclk, t.delta_b, t.rate_b) if t.n_b > 0 else 0
+        charge = _kj.pipe_slots(s, i_b, t.bclk, t.delta_b, t.rate_b) if t.n_b > 0 else 0
         window = m - charge
         f_all = j == 0
         nxt = s + 1 if f_all else j
@@ -405,7 +407,7 @@ def walk(table: JointTable, chain: Chain, budget: int | None = None) -> list[Nod
         if s == length:
             return nodes
         if t.n_f > 0 or t.n_b > 0:
-            i_f, i_b, ok = child_rows(s, nxt, off, i_f, i_b, tau, t.d_in[s, part], t.h_in[s, part], t.fclk, t.bclk,
+            i_f, i_b, ok = _kj.child_rows(s, nxt, off, i_f, i_b, tau, t.d_in[s, part], t.h_in[s, part], t.fclk, t.bclk,
                                       t.delta_f, t.n_f, t.delta_b, t.n_b)
             if not ok:
                 raise AssertionError(f"joint table leaves the queue grid after node {s}")
@@ -691,7 +693,7 @@ def joint(
         The pure-offloading result to compare with (e.g. a ``best`` result the caller already
         has); by default :func:`chainoffload.solvers.best.best` is run here.
     """
-    from . import spec
+    from ._registry import spec
     from .rotor import rotor
 
     if offload is not None and not isinstance(offload, Result):
@@ -702,7 +704,7 @@ def joint(
     if exact:
         # Both DPs read rotor's table: fill it once.
         sl = slots_for(chain, platform.memory, slots)
-        rot = rotor_table(chain.fwd, chain.bwd, chain.fwd_nosave, sl.act, sl.saved, sl.fwd_tmp, sl.bwd_tmp, sl.budget)
+        rot = _kr.rotor_table(chain.fwd, chain.bwd, chain.fwd_nosave, sl.act, sl.saved, sl.fwd_tmp, sl.bwd_tmp, sl.budget)
     candidates = {
         "joint-dp": joint_dp(chain, platform, slots=slots, rows=rows, max_span=max_span, rot=rot),
         "rotor": rotor(chain, platform, slots=slots),

@@ -100,14 +100,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._kernels.joint_exact import STRIDE, VARIANTS, item_credit_stage, spine_table
-from .._kernels.rotor import rotor_table
+from .._kernels import lazy
 from ..chain import Chain
 from ..platform import Platform
 from ..result import Result, Status
 from ..schedule import Schedule, Transfer
 from ..simulate import simulate
 from .rotor import DEFAULT_SLOTS, Slots, emit_segment, slots_for
+
+_kx = lazy("joint_exact")  # the exact DP's kernels (NOTE [ lazy kernels ] in chainoffload._compile)
+_kr = lazy("rotor")
 
 __all__ = ["joint_exact", "exact_table", "exact_schedule", "ExactTable"]
 
@@ -156,18 +158,18 @@ class ExactTable:
 def _item_arrays(chain: Chain, platform: Platform, sl: Slots) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per item p (``chainoffload._kernels.joint``): bytes given back (slots, down), offload and prefetch times."""
     n = chain.length
-    x = np.zeros(STRIDE * (n + 1), dtype=np.int64)
-    size = np.zeros(STRIDE * (n + 1), dtype=np.int64)
-    base = STRIDE * np.arange(1, n + 1)
-    for variant in range(VARIANTS):
+    x = np.zeros(_kx.STRIDE * (n + 1), dtype=np.int64)
+    size = np.zeros(_kx.STRIDE * (n + 1), dtype=np.int64)
+    base = _kx.STRIDE * np.arange(1, n + 1)
+    for variant in range(_kx.VARIANTS):
         x[base + variant] = sl.act_down[1:]
-        x[base + VARIANTS + variant] = sl.saved_down
+        x[base + _kx.VARIANTS + variant] = sl.saved_down
         size[base + variant] = chain.act[1:]
-        size[base + VARIANTS + variant] = chain.saved
+        size[base + _kx.VARIANTS + variant] = chain.saved
     d = _times(platform, size, platform.bandwidth_d2h)
     h = _times(platform, size, platform.bandwidth_h2d)
-    d[:STRIDE] = np.inf
-    h[:STRIDE] = np.inf
+    d[:_kx.STRIDE] = np.inf
+    h[:_kx.STRIDE] = np.inf
     return x, d, h
 
 
@@ -189,12 +191,12 @@ def exact_table(chain: Chain, platform: Platform, sl: Slots, rot: tuple[np.ndarr
         Its :attr:`ExactTable.value` is the table's makespan (``inf``: no plan fits).
     """
     if rot is None:
-        rot = rotor_table(chain.fwd, chain.bwd, chain.fwd_nosave, sl.act, sl.saved, sl.fwd_tmp, sl.bwd_tmp, sl.budget)
+        rot = _kr.rotor_table(chain.fwd, chain.bwd, chain.fwd_nosave, sl.act, sl.saved, sl.fwd_tmp, sl.bwd_tmp, sl.budget)
     rot, rot_choice = rot
     x, d, h = _item_arrays(chain, platform, sl)
     fwd_min = np.ascontiguousarray(np.minimum(chain.fwd, chain.fwd_nosave))
-    u, v = item_credit_stage(fwd_min, chain.bwd, d, h, chain.length)
-    spine, choice, row_of = spine_table(
+    u, v = _kx.item_credit_stage(fwd_min, chain.bwd, d, h, chain.length)
+    spine, choice, row_of = _kx.spine_table(
         chain.fwd, chain.bwd, chain.fwd_nosave, sl.act, sl.saved, sl.fwd_tmp, sl.bwd_tmp, x, u, v, h, rot, sl.budget
     )
     return ExactTable(sl, spine, choice, row_of, rot, rot_choice, x, u, v)
@@ -235,9 +237,9 @@ def exact_schedule(table: ExactTable, length: int) -> Schedule:
             raise AssertionError(f"joint table has no choice for segment ({s}, {length}) pending {p} at budget {m}")
         for q in list(unplaced):
             if s >= int(table.item_v[q]):
-                spine.append(("prefetch", q // STRIDE))
+                spine.append(("prefetch", q // _kx.STRIDE))
                 unplaced.remove(q)
-        j, off = divmod(code, VARIANTS + 1)
+        j, off = divmod(code, _kx.VARIANTS + 1)
         ops.append(("F" if j == 0 else "Fck", s))
         # The node's backward part may use p's bytes once p's prefetch waits for a shallower node.
         back = int(table.item_x[p]) if p != 0 and s >= int(table.item_v[p]) else 0
@@ -245,15 +247,15 @@ def exact_schedule(table: ExactTable, length: int) -> Schedule:
         if s == length:
             break
         if j == 0:
-            n1, y, own = s + 1, int(sl.saved[s - 1]), STRIDE * s + VARIANTS + max(off - 1, 0)
+            n1, y, own = s + 1, int(sl.saved[s - 1]), _kx.STRIDE * s + _kx.VARIANTS + max(off - 1, 0)
         else:
             ops.extend(("Fn", k) for k in range(s + 1, j))
-            n1, y, own = j, int(sl.act[j - 1]), STRIDE * (j - 1) + max(off - 1, 0)
+            n1, y, own = j, int(sl.act[j - 1]), _kx.STRIDE * (j - 1) + max(off - 1, 0)
         credit = p != 0 and int(table.item_u[p]) <= n1
         if off and p != 0 and not credit:
             raise AssertionError("joint table offloads while another offload is pending")
         if off:
-            transfers.append(Transfer("offload", own // STRIDE, len(ops) - 1, "end"))
+            transfers.append(Transfer("offload", own // _kx.STRIDE, len(ops) - 1, "end"))
             unplaced.append(own)
         m = min(sl.budget, m - y + (int(table.item_x[p]) if credit else 0))
         p = own if off else (0 if credit else p)

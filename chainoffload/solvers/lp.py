@@ -19,7 +19,7 @@ from ..bounds import LP_SOLVERS, FluidLP, fluid_lp
 from ..chain import Chain
 from ..platform import Platform
 from ..result import Result, Status
-from . import OptionError
+from ._options import OptionError
 from ._search import Evaluator
 
 __all__ = ["lp", "DEFAULT_ROUNDINGS"]
@@ -96,7 +96,7 @@ def lp(
         If ``roundings`` is not an integer >= 1, ``solver`` is unknown, ``time_limit`` is not a
         number > 0 or ``keep`` names a unit that is not a stage.
     """
-    from . import check_keep, check_time_limit
+    from ._options import check_keep, check_time_limit
 
     t0 = time.perf_counter()
     kept = check_keep(chain, keep)
@@ -214,7 +214,7 @@ def _relaxation(chain: Chain, platform: Platform, solver: str, deadline: float) 
     """The fluid LP of ``chain``, or of a coarser chain when the real one would not fit the
     time (``NOTE [ coarse LP ]``). Returns ``(FluidLP, stages of the LP)`` with ``x`` per stage;
     stages 0 when even the coarsest LP ran out of time (then ``x`` is all ones)."""
-    from ._ladder import fluid_lp_cost
+    from ..bounds.ladder import fluid_lp_cost
 
     length = chain.length
     left = deadline - time.perf_counter()

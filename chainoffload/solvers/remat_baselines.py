@@ -15,7 +15,7 @@ from ..platform import Platform
 from ..result import Result, Status
 from ..schedule import Schedule
 from ..simulate import simulate
-from . import OptionError
+from ._options import OptionError
 
 __all__ = ["sqrt_checkpoint", "recompute_all", "sqrt_checkpoint_schedule", "recompute_all_schedule"]
 

@@ -43,7 +43,7 @@ from ..platform import Platform
 from ..result import Result, Status
 from ..schedule import Schedule
 from ..simulate import simulate
-from . import OptionError
+from ._options import OptionError
 from .remat_baselines import recompute_all_schedule
 
 __all__ = ["rotor", "Slots", "slots_for", "rotor_schedule", "RotorTable", "fill_rotor_table", "default_slots", "DEFAULT_SLOTS"]

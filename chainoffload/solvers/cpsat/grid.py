@@ -8,7 +8,7 @@ import math
 from ...chain import Chain
 from ...order import fixed_order
 from ...platform import Platform, PlatformError
-from .. import OptionError
+from .._options import OptionError
 
 __all__ = ["TimeGrid"]
 

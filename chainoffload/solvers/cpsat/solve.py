@@ -20,7 +20,7 @@ from ...schedule import Schedule
 from ..._progress import enabled as progress_enabled
 from ..._progress import progress
 from ...simulate import simulate
-from .. import OptionError
+from .._options import OptionError
 from .grid import TimeGrid
 from .hint import in_model_space
 from .model import CPModel, import_cp_model
@@ -188,7 +188,7 @@ def cpsat(
     The model: :mod:`chainoffload.solvers.cpsat.constraints` (NOTE [ cpsat: expressible
     timings ]); the time grid: :mod:`chainoffload.solvers.cpsat.grid` (NOTE [ cpsat: time scale ]).
     """
-    from .. import check_keep, check_memory_floor
+    from .._options import check_keep, check_memory_floor
 
     t0 = time.perf_counter()
     if isinstance(time_limit, bool) or not isinstance(time_limit, (int, float)) or not time_limit > 0 or math.isnan(time_limit):

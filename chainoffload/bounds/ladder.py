@@ -1,0 +1,293 @@
+"""The bound ladder: the one lower bound every command reports, by a rule that ignores the clock.
+
+NOTE [ bound ladder ]
+---------------------
+Every pure-offloading result carries a proven lower bound on the makespan, and ``solve``,
+``plot``, ``verify`` and ``tradeoff`` all take it from one function, :func:`problem_bound`.
+Bounds differ in strength and cost by orders of magnitude (the fluid LP takes ~2 s of CPU at
+L = 1000 and ~60 s at L = 10,000), so it climbs a ladder of rungs, cheapest first, and keeps the
+largest value reached:
+
+1. ``trivial``: sum(fwd) + sum(bwd), free;
+2. ``volume``: :func:`chainoffload.bounds.volume_lower_bound`, closed form, O(L);
+3. ``fluid-lp``: :func:`chainoffload.bounds.lower_bound`, the fluid LP solved to optimality by
+   GLOP, on chains of at most :data:`FLUID_LP_MAX_STAGES` stages;
+4. ``unit-milp``: :func:`chainoffload.bounds.unit_milp`, the whole-move relaxation, when its
+   model is at most :data:`UNIT_MILP_WORK_SIZE` (``_unit_milp_size``: binding memory checks x
+   moves^2); SCIP stops after :func:`unit_milp_nodes` branch-and-bound nodes (a work budget:
+   :data:`UNIT_MILP_NODE_WORK` / the model's size, at least 1, the root with its cuts) and
+   the bound it has proven then is the rung's value;
+5. any rung added with :func:`add_rung`.
+
+**Which rungs run depends on the instance and the options only, never on the clock**: each
+rung's rule is a size threshold, and the LP and the MILP are stopped by work limits (GLOP runs
+to its optimum; SCIP by a node count; both are deterministic single-threaded solvers), so the
+same command prints the same bound on any machine and at any load. The one exception is a
+time limit the caller sets (``solve --time-limit``, ``co.solve(..., time_limit=T)``): then a
+rung also runs only if its estimated cost (:attr:`Rung.cost`) fits what is left of the
+limit, the LP and the MILP get what is left as a wall-clock limit as well, and the bound may
+be weaker on a slower machine (never stronger than without the limit). Without a limit this
+process's clock is never read; SCIP has a guard of ``chainoffload.bounds.milp.GUARD_SECONDS``
+(600 s) of its own wall time, which should never fire on
+the sizes the rules admit; if it does, the rung is skipped with a note saying so (the figure
+then depends on the machine, and the note says that too).
+
+A rung whose solver fails (``RuntimeError``, e.g. GLOP ending ``abnormal``) is skipped with a
+note in ``Result.info["lower_bound_note"]``. The climb stops early once the bound reaches the
+``target`` (the result's makespan: it is then proven optimal) and is not made at all for a
+result without a schedule. ``Result.info["bound"]`` names the rung whose value was kept.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Callable
+
+from ..chain import Chain
+from ..platform import Platform
+
+__all__ = [
+    "Rung",
+    "LADDER",
+    "ProblemBound",
+    "add_rung",
+    "climb",
+    "problem_bound",
+    "fluid_lp_cost",
+    "FLUID_LP_MAX_STAGES",
+    "UNIT_MILP_WORK_SIZE",
+    "UNIT_MILP_NODE_WORK",
+    "unit_milp_nodes",
+]
+
+#: Longest chain whose fluid LP the ladder solves (GLOP, to optimality): ~6 s of CPU at 2000
+#: stages on this project's machine; ``lp`` solves the same LP up to the same length, so with
+#: ``lp`` or ``best`` the rung is free (cached).
+FLUID_LP_MAX_STAGES = 2000
+
+#: Largest unit MILP (``_unit_milp_size``: binding memory checks x moves^2) the ladder builds:
+#: the resnet50 main job's is 24,276 (root node: 1.3 s of CPU).
+UNIT_MILP_WORK_SIZE = 60_000
+
+#: The unit MILP's work budget: SCIP may process UNIT_MILP_NODE_WORK / size nodes (at least 1,
+#: the root with its cuts, where most of the bound is proven). Measured (CPU, load ~3.5): the
+#: resnet50 main job (size 24,276) 109.112 ms at 1 node, 109.118 ms at 10 and 100 nodes,
+#: 109.124 ms at 1000, for 1.3, 2.4, 7 and 12 s; a 6-stage random chain (size 200): 1.038 s at 1
+#: node, its optimum 1.255 s at 10 nodes (0.02 s); 20 stages (size 17,328): 4.347 s at 1-10
+#: nodes (0.5-1.2 s), optimal 4.392 s at 1000 (4.8 s).
+UNIT_MILP_NODE_WORK = 100_000
+
+
+def unit_milp_nodes(size: int) -> int:
+    """The node limit of the unit MILP rung for a model of ``size`` (``_unit_milp_size``)."""
+    return max(1, UNIT_MILP_NODE_WORK // max(int(size), 1))
+
+
+
+@dataclasses.dataclass(frozen=True)
+class Rung:
+    """One bound of the ladder.
+
+    Attributes
+    ----------
+    name
+        What ``Result.info["bound"]`` says when this rung gives the bound.
+    bound
+        ``bound(chain, platform, limit) -> float``: a proven lower bound on the makespan of
+        every pure-offloading schedule the simulator accepts (``inf`` proves none fits).
+        ``limit`` is ``None`` (no time limit: the value must depend on the instance only) or
+        seconds of wall time; may raise ``TimeoutError``.
+    runs
+        ``runs(chain, platform) -> bool``: the rule that says whether the rung is climbed at
+        all; it must not look at the clock.
+    cost
+        ``cost(chain, platform) -> float``: the estimated seconds, consulted only under a
+        caller's time limit (0 when the answer is cached).
+    """
+
+    name: str
+    bound: Callable[[Chain, Platform, "float | None"], float]
+    runs: Callable[[Chain, Platform], bool]
+    cost: Callable[[Chain, Platform], float]
+
+
+@dataclasses.dataclass(frozen=True)
+class ProblemBound:
+    """What :func:`problem_bound` found.
+
+    Attributes
+    ----------
+    value
+        Seconds: a proven lower bound on the makespan of every pure-offloading schedule the
+        simulator accepts for this chain and platform (``inf``: none fits).
+    rung
+        The rung that gave it (``trivial``, ``volume``, ``fluid-lp``, ``unit-milp``, ...).
+    tried
+        Every rung that ran, in order.
+    notes
+        Why a rung that should have run gave nothing.
+    """
+
+    value: float
+    rung: str
+    tried: tuple[str, ...]
+    notes: tuple[str, ...]
+
+
+def fluid_lp_cost(stages: int) -> float:
+    """Estimated seconds of one fluid LP solve with GLOP on a chain of ``stages`` stages.
+
+    Fitted on this project's 2-core machine (CPU time: 0.14 s at L = 100, 2.0 s at 1000, 5.8 s
+    at 2000: growth ~L^1.5).
+    """
+    return 0.05 + 2.0 * (stages / 1000.0) ** 1.5
+
+
+def _trivial(chain: Chain, platform: Platform, limit: float | None) -> float:
+    return chain.compute_time
+
+
+def _volume(chain: Chain, platform: Platform, limit: float | None) -> float:
+    from . import volume
+
+    return volume.volume_lower_bound(chain, platform)
+
+
+def _fluid(chain: Chain, platform: Platform, limit: float | None) -> float:
+    from . import fluid
+
+    # No limit: GLOP runs to its optimum (the size rule bounds its work).
+    return fluid.lower_bound(chain, platform, time_limit=None if limit is None else max(limit, 1e-3))
+
+
+def _fluid_cost(chain: Chain, platform: Platform) -> float:
+    from . import fluid
+
+    return 0.0 if fluid.lp_cached(chain, platform) else fluid_lp_cost(chain.length)
+
+
+def _unit_milp(chain: Chain, platform: Platform, limit: float | None) -> float:
+    from . import milp
+
+    seconds = None if limit is None else max(limit, 1e-3)
+    answer = milp.unit_milp(chain, platform, time_limit=seconds, nodes=unit_milp_nodes(milp._unit_milp_size(chain, platform)))
+    if limit is None and answer.status == "time limit":
+        raise TimeoutError(f"the unit MILP's guard of {milp.GUARD_SECONDS:g} s of SCIP's wall time ran out")
+    return answer.bound if math.isfinite(answer.bound) or answer.status == "infeasible" else -math.inf
+
+
+def _unit_milp_runs(chain: Chain, platform: Platform) -> bool:
+    from . import milp
+
+    return 0 < milp._unit_milp_size(chain, platform) <= UNIT_MILP_WORK_SIZE
+
+
+def _unit_milp_cost(chain: Chain, platform: Platform) -> float:
+    from . import milp
+
+    # unit_milp_seconds estimates the time to a settled bound; the root node takes less.
+    return milp.unit_milp_seconds(chain, platform)
+
+
+def _always(chain: Chain, platform: Platform) -> bool:
+    return True
+
+
+#: The rungs, cheapest first.
+LADDER: list[Rung] = [
+    Rung("trivial", _trivial, _always, lambda chain, platform: 0.0),
+    Rung("volume", _volume, _always, lambda chain, platform: 2e-6 * chain.length),
+    Rung("fluid-lp", _fluid, lambda chain, platform: chain.length <= FLUID_LP_MAX_STAGES, _fluid_cost),
+    Rung("unit-milp", _unit_milp, _unit_milp_runs, _unit_milp_cost),
+]
+
+
+def add_rung(rung: Rung, *, after: str | None = None) -> None:
+    """Add ``rung`` to the ladder (at the end, or right after the rung named ``after``)."""
+    if any(r.name == rung.name for r in LADDER):
+        raise ValueError(f"bound ladder: a rung named {rung.name!r} exists already")
+    if after is None:
+        LADDER.append(rung)
+        return
+    names = [r.name for r in LADDER]
+    if after not in names:
+        raise ValueError(f"bound ladder: no rung named {after!r}; rungs: {', '.join(names)}")
+    LADDER.insert(names.index(after) + 1, rung)
+
+
+def climb(
+    chain: Chain,
+    platform: Platform,
+    time_limit: float | None = None,
+    *,
+    target: float = math.inf,
+    notes: list[str] | None = None,
+) -> tuple[float, str, list[str]]:
+    """Climb the ladder (``NOTE [ bound ladder ]``); stop once the bound reaches ``target``.
+
+    ``time_limit`` ``None``: every rung whose rule admits the instance runs, to its work limit
+    (the answer depends on the instance only). Seconds: a rung also needs its estimated cost
+    to fit what is left (the first rung always runs).
+
+    Returns
+    -------
+    value, name, tried
+        The largest bound reached, the rung that gave it, and every rung that ran.
+    """
+    t0 = time.perf_counter()
+    value, name, tried = -math.inf, "trivial", []
+    for rung in LADDER:
+        if value >= target * (1 - 1e-12):
+            break
+        if not rung.runs(chain, platform):
+            continue
+        left = None
+        if time_limit is not None:
+            left = max(time_limit - (time.perf_counter() - t0), 0.0)
+            if tried and rung.cost(chain, platform) > left:
+                continue
+        try:
+            got = rung.bound(chain, platform, left)
+        except TimeoutError as exc:
+            if notes is not None and time_limit is None:
+                notes.append(f"the {rung.name} bound is not available ({' '.join(str(exc).split())}; this figure may depend on the machine)")
+            continue
+        except RuntimeError as exc:
+            if notes is not None:
+                notes.append(f"the {rung.name} bound is not available ({' '.join(str(exc).split())})")
+            continue
+        tried.append(rung.name)
+        if got > value:
+            value, name = got, rung.name
+    return value, name, tried
+
+
+def problem_bound(
+    chain: Chain, platform: Platform, *, target: float = math.inf, time_limit: float | None = None
+) -> ProblemBound:
+    """The lower bound of the pure-offloading problem that ``solve``, ``plot``, ``verify`` and
+    ``tradeoff`` report (``NOTE [ bound ladder ]``).
+
+    Parameters
+    ----------
+    chain, platform
+        The instance.
+    target
+        Stop climbing once the bound reaches it (a schedule's makespan: the bound then proves
+        it optimal and no stronger one exists).
+    time_limit
+        ``None`` (default): the answer depends on ``chain``, ``platform`` and ``target`` only.
+        Seconds: rungs that do not fit are skipped (may depend on the machine).
+
+    Returns
+    -------
+    ProblemBound
+        At least ``chain.compute_time``.
+    """
+    notes: list[str] = []
+    value, name, tried = climb(chain, platform, time_limit, target=target, notes=notes)
+    if not value >= chain.compute_time:  # no rung ran (a rung added before trivial failed)
+        value, name = chain.compute_time, "trivial"
+    return ProblemBound(value, name, tuple(tried), tuple(notes))

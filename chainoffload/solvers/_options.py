@@ -1,0 +1,116 @@
+"""Validation of what a caller passes to a method: misuse, raised as :class:`OptionError`.
+
+A leaf of ``chainoffload.solvers``: it imports nothing from the package, so every method module
+(and the registry and the front door) may import it without a cycle.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from typing import Any, Callable
+
+import numpy as np
+
+from ..chain import Chain
+from ..platform import Platform, PlatformError
+from ..result import Result
+
+__all__ = ["OptionError", "check_memory_floor", "check_keep", "check_time_limit", "check_options", "takes_any"]
+
+
+class OptionError(ValueError):
+    """An unknown method, or a method's option that is unknown or out of range: misuse, which
+    :func:`solve` raises.
+
+    Methods raise it for a bad option value (``slots=0``) so that :func:`solve` can tell misuse
+    from a method that fails, which it reports as a result with status ``error`` instead.
+    """
+
+
+def check_memory_floor(chain: Chain, platform: Platform) -> None:
+    """Raise :class:`PlatformError` when the memory is below what any schedule needs.
+
+    That floor is :meth:`Chain.stage_memory_floor`: the memory one stage needs to run its own
+    forward and backward with nothing else kept. Below it no method can succeed, so it is
+    misuse, not an infeasible instance.
+    """
+    floor = chain.stage_memory_floor()
+    if platform.memory < floor:
+        raise PlatformError(
+            f"platform.memory: {platform.memory} B is below {floor} B, the least any schedule of chain "
+            f"{chain.name!r} needs (one stage's own forward and backward)"
+        )
+
+
+def check_keep(chain: Chain, keep: Any) -> frozenset[int]:
+    """Validate a ``keep`` option: the units (stages 1..L) that must stay resident.
+
+    Every pure-offloading method takes ``keep=``; none of its schedules offloads a unit in it.
+
+    Parameters
+    ----------
+    chain
+        The instance.
+    keep
+        An iterable of stages (integers in 1..L); empty means no constraint.
+
+    Returns
+    -------
+    frozenset of int
+
+    Raises
+    ------
+    ValueError
+        ``keep`` is not an iterable of integers, or one of them is not a stage of ``chain``
+        (the message names it).
+    """
+    if isinstance(keep, (str, bytes)) or not hasattr(keep, "__iter__"):
+        raise OptionError(f"keep: expected a list of stages (integers in 1..{chain.length}), got {keep!r}")
+    units = []
+    for u in keep:
+        if isinstance(u, bool) or not isinstance(u, (int, np.integer)):
+            raise OptionError(f"keep: unit {u!r} is not an integer stage in 1..{chain.length}")
+        if not 1 <= int(u) <= chain.length:
+            raise OptionError(f"keep: unit {int(u)} is not a stage in 1..{chain.length} of chain {chain.name!r}")
+        units.append(int(u))
+    return frozenset(units)
+
+
+def check_time_limit(time_limit: Any) -> float | None:
+    """Validate a ``time_limit`` option: seconds > 0 (finite), or ``None`` for no limit.
+
+    Raises
+    ------
+    OptionError
+        Naming the value.
+    """
+    if time_limit is None:
+        return None
+    if (
+        isinstance(time_limit, bool)
+        or not isinstance(time_limit, (int, float, np.integer, np.floating))
+        or not (time_limit > 0 and math.isfinite(time_limit))
+    ):
+        raise OptionError(f"time_limit: {time_limit!r} must be a number of seconds > 0")
+    return float(time_limit)
+
+
+def takes_any(func: Callable[..., Result]) -> bool:
+    return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in inspect.signature(func).parameters.values())
+
+
+def check_options(name: str, func: Callable[..., Result], options: dict[str, Any]) -> list[str]:
+    """Reject options the method does not take, naming the ones it does; return its option names.
+
+    ``time_limit`` is :func:`solve`'s own and always accepted.
+    """
+    params = inspect.signature(func).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return []
+    accepted = [n for n, p in list(params.items())[2:] if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    unknown = sorted(set(options) - set(accepted))
+    if unknown:
+        takes = ", ".join(accepted) if accepted else "no options"
+        raise OptionError(f"options: method {name!r} does not take {', '.join(unknown)}; it takes: {takes}")
+    return accepted
