@@ -108,32 +108,47 @@ def _waited(timeline: "Timeline") -> list[tuple[list[int], list[int]]]:
     return [(explicit[k], implicit[k]) for k in range(n)]
 
 
-def _late_because(timeline: "Timeline", t: int) -> tuple[str, int | None]:
+class _Queues:
+    """Per transfer: its channel predecessor in service order, and per unit its offload.
+
+    Built once per :func:`stalls` call, so that explaining each stall is a look-up: the scan
+    over every transfer per stall was O(stalls x transfers), hours at 10^5 stages.
+    """
+
+    def __init__(self, timeline: "Timeline") -> None:
+        transfers = timeline.schedule.transfers
+        duplex = timeline.platform.duplex
+        self.offload_of: dict[int, int] = {}
+        queues: dict[int, list[tuple[int, int]]] = {0: [], 1: []}
+        for o, tr in enumerate(transfers):
+            if tr.kind == "offload":
+                self.offload_of.setdefault(tr.unit, o)
+            # FIFO in trigger order, ties in list order (docs/model.md, "Time").
+            queues[0 if tr.kind == "offload" or not duplex else 1].append((tr.event, o))
+        self.ahead: dict[int, int] = {}
+        for queue in queues.values():
+            queue.sort()
+            for (_, prev), (_, o) in zip(queue, queue[1:]):
+                self.ahead[o] = prev
+
+
+def _late_because(timeline: "Timeline", t: int, queues: _Queues | None = None) -> tuple[str, int | None]:
     """Why transfer ``t`` started when it did (see :attr:`Stall.late_because`)."""
     schedule = timeline.schedule
+    queues = queues if queues is not None else _Queues(timeline)
     tr = schedule.transfers[t]
     start = float(timeline.transfer_start[t])
     trigger = float(timeline.op_start[tr.op] if tr.at == "start" else timeline.op_end[tr.op])
     if start <= trigger:
         return "trigger", None
     if tr.kind == "prefetch":
-        for o, other in enumerate(schedule.transfers):
-            if other.kind == "offload" and other.unit == tr.unit and float(timeline.transfer_end[o]) == start:
-                return "offload", o
+        # At most one offload per unit (a well-formed schedule).
+        o = queues.offload_of.get(tr.unit)
+        if o is not None and float(timeline.transfer_end[o]) == start:
+            return "offload", o
     # The transfer ahead of it on its channel: FIFO in trigger order, ties in list order.
-    duplex = timeline.platform.duplex
-
-    def channel(x) -> int:
-        return 0 if x.kind == "offload" or not duplex else 1
-
-    ahead = [
-        o
-        for o, other in enumerate(schedule.transfers)
-        if channel(other) == channel(tr) and (other.event, o) < (tr.event, t)
-    ]
-    if ahead:
-        last = max(ahead, key=lambda o: (schedule.transfers[o].event, o))
-        return "channel", last
+    if t in queues.ahead:
+        return "channel", queues.ahead[t]
     return "trigger", None  # pragma: no cover  (a transfer starts at its trigger, its channel or its offload)
 
 
@@ -178,6 +193,7 @@ def stalls(timeline: "Timeline") -> list[Stall]:
     op_end = np.asarray(timeline.op_end, dtype=float)
     tr_end = np.asarray(timeline.transfer_end, dtype=float)
     waits = _waited(timeline)
+    queues = _Queues(timeline)
     out: list[Stall] = []
     for k in range(1, len(schedule.compute)):
         idle_from, released = float(op_end[k - 1]), float(op_start[k])
@@ -195,7 +211,7 @@ def stalls(timeline: "Timeline") -> list[Stall]:
         op_name = schedule.op_name(k)
         cause = "offload" if tr.kind == "offload" else "prefetch"
         is_explicit = t in explicit
-        late, behind = _late_because(timeline, t)
+        late, behind = _late_because(timeline, t, queues)
         what = f"{name} to free unit {tr.unit}" if cause == "offload" else f"{name} to bring unit {tr.unit} back"
         how = "an explicit wait" if is_explicit else f"{op_name} reads unit {tr.unit}"
         if late == "channel":
