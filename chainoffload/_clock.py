@@ -19,59 +19,52 @@ finishing steps are reserved ahead:
 * the CLI subtracts the seconds it spent reading from the limit, keeps :func:`report_seconds`
   for its table, and refuses up front (exit 2) a limit below :func:`read_seconds` of its files.
 
-The constants are measured on this project's machine (2 cores shared with other work, load
-average 4-6 while measuring; a busier machine is slower, and the 10 % + 0.5 s of the promise is
-the margin for that), on ``benchmarks/_common.py``'s instances at L = 10^5 and 10^6, each
-rounded up by 10-30 %:
+The constants are measured on this project's machine (2 cores shared with other work) on
+``benchmarks/_common.py``'s instances at L = 10^5 and 3 * 10^5, divided by the pace of the
+machine then (:func:`pace`: load average over cores, 1.5 at load 3) and rounded up by 30 %;
+each estimate is multiplied by the pace at the time it is asked for, since the same step takes
+2-3x longer at load 7 than at load 3 on these cores. Checked against the busiest measurements
+(load 5-7.4): each estimate stays above what was measured.
 
-======================  =====================================================================
-step                    measured
-======================  =====================================================================
-read a chain file       json + Chain: 0.72 s for 9.1 MB (L = 10^5), 9.8 s for 91 MB (10^6)
-one evaluation          plan + score one unit set: 3.1 s at 10^5 (first call, kernels loaded),
-                        21.8 s at 10^6
-build a schedule        Schedule from arrays: 1.33 s for 10^5 transfers, 11.5 s for 10^6
-judge                   simulate(): 0.64 s at 10^5, 7.1-7.5 s at 10^6
-======================  =====================================================================
+* read a chain file (json + Chain): 36-40 ns per byte at load 3; 107 ns/B at load 5.2 (10^6);
+* one evaluation (plan + score a unit set): 9-12 us per stage at load 3; 14.5-22 at load 5-7.4;
+* building a schedule: 5.5 us per transfer at load 3; 11-12 us at load 6-7.4;
+* judging (simulate()): 3.9-4.2 us per stage at load 3; 7.5-12.8 us at load 6-7.4.
 """
 
 from __future__ import annotations
 
 import os
 
-__all__ = ["read_seconds", "file_read_seconds", "eval_seconds", "build_seconds", "judge_seconds", "report_seconds", "observe", "set_pace"]
+__all__ = ["read_seconds", "file_read_seconds", "eval_seconds", "build_seconds", "judge_seconds", "report_seconds", "observe", "pace"]
 
-#: Seconds per byte of a chain file: JSON parsing and Chain's checks (9.8 s for 91 MB).
-READ_PER_BYTE = 1.2e-7
-#: Seconds per stage of one evaluation (two planner runs, three resolve + replay): 21.8 s at
-#: 10^6 (kernel loading included), 1.45 s at 10^5 (load 7.4).
-EVAL_PER_STAGE = 2.0e-5
-#: Seconds per transfer of turning arrays into a Schedule of Transfer objects (11.5 s per 10^6).
-BUILD_PER_TRANSFER = 1.2e-5
-#: Seconds per stage of judging one schedule (validate, resolve, replay): 7.5 s at 10^6, 1.28 s
-#: at 10^5 (load 7.4).
-JUDGE_PER_STAGE = 1.1e-5
-#: Seconds per stage of the CLI's table after a solve (the stalls and the unit runs).
-REPORT_PER_STAGE = 8e-6
+#: Seconds per byte of a chain file at pace 1: JSON parsing and Chain's checks.
+READ_PER_BYTE = 3.5e-8
+#: Seconds per stage of one evaluation (two planner runs, three resolve + replay) at pace 1.
+EVAL_PER_STAGE = 1.05e-5
+#: Seconds per transfer of turning arrays into a Schedule of Transfer objects at pace 1.
+BUILD_PER_TRANSFER = 4.8e-6
+#: Seconds per stage of judging one schedule (validate, resolve, replay) at pace 1.
+JUDGE_PER_STAGE = 3.6e-6
+#: Seconds per stage of the CLI's table after a solve (stall_summary and the unit runs) at pace 1.
+REPORT_PER_STAGE = 3e-6
 
 # The longest evaluation seen per chain length in this process: measured beats modelled.
 _SEEN: dict[int, float] = {}
-# How much slower than the constants this machine runs now (measured by the CLI on its read).
-_PACE = [1.0]
 
 
-def set_pace(measured: float, estimated: float) -> float:
-    """Scale the estimates by how long a step really took against its estimate (the CLI's
-    read of a large file), within [0.5, 4]: the constants hold at load 4-6, and a machine that
-    is idle or far busier than that is seen here before the method starts. Returns the pace."""
-    if estimated >= 0.2 and measured > 0:
-        _PACE[0] = min(max(measured / estimated, 0.5), 4.0)
-    return _PACE[0]
+def pace() -> float:
+    """How much slower than an idle machine work runs now: the 1-minute load average over the
+    cores, at least 1 (a process gets about cores / load of a core when more are runnable)."""
+    try:
+        return max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
+    except OSError:  # no load average on this platform
+        return 1.0
 
 
 def read_seconds(nbytes: int) -> float:
     """Estimated seconds to read and check a chain file of ``nbytes`` bytes."""
-    return 0.05 + READ_PER_BYTE * nbytes
+    return 0.05 + pace() * READ_PER_BYTE * nbytes
 
 
 def file_read_seconds(*paths: str | None) -> float:
@@ -92,7 +85,7 @@ def eval_seconds(length: int) -> float:
     """Estimated seconds of one evaluation at ``length`` stages: the longest seen in this
     process at that length, else the model."""
     seen = _SEEN.get(length)
-    return seen if seen is not None else 1e-3 + _PACE[0] * EVAL_PER_STAGE * length
+    return seen if seen is not None else 1e-3 + pace() * EVAL_PER_STAGE * length
 
 
 def observe(length: int, seconds: float) -> None:
@@ -105,15 +98,15 @@ def observe(length: int, seconds: float) -> None:
 
 def build_seconds(transfers: int) -> float:
     """Estimated seconds to turn ``transfers`` transfer arrays into a Schedule."""
-    return _PACE[0] * BUILD_PER_TRANSFER * transfers
+    return pace() * BUILD_PER_TRANSFER * transfers
 
 
 def judge_seconds(length: int) -> float:
     """Estimated seconds for :func:`chainoffload.solve` to judge one schedule and climb the
     cheap rungs of the bound ladder at ``length`` stages."""
-    return 0.02 + _PACE[0] * JUDGE_PER_STAGE * length
+    return 0.02 + pace() * JUDGE_PER_STAGE * length
 
 
 def report_seconds(length: int) -> float:
     """Estimated seconds of the CLI's output after a solve at ``length`` stages."""
-    return 0.02 + _PACE[0] * REPORT_PER_STAGE * length
+    return 0.02 + pace() * REPORT_PER_STAGE * length

@@ -392,7 +392,7 @@ def _load_schedule(args: argparse.Namespace, chain: Chain) -> tuple[ScheduleFile
 def _cmd_solve(args: argparse.Namespace, out: Output) -> int:
     import time
 
-    from ._clock import file_read_seconds, report_seconds, set_pace
+    from ._clock import file_read_seconds, report_seconds
     from .solvers import DEFAULT_METHOD, check_time_limit, solve
 
     # NOTE [ clock ] (chainoffload/_clock.py): the limit counts reading the input too, so a
@@ -409,8 +409,6 @@ def _cmd_solve(args: argparse.Namespace, out: Output) -> int:
             )
     chain = Chain.load(args.chain)
     platform = load_platform(args)
-    if args.time_limit is not None:
-        set_pace(time.perf_counter() - started, need)  # how busy the machine is now
     options: dict[str, Any] = {}
     for item in args.option or ():
         key, sep, value = item.partition("=")

@@ -56,7 +56,8 @@ def test_an_evaluation_that_cannot_end_in_time_is_not_started():
 
 def test_an_observed_evaluation_replaces_the_model():
     length = 123_457  # a length no other test evaluates
-    assert _clock.eval_seconds(length) == pytest.approx(1e-3 + _clock.EVAL_PER_STAGE * length * _clock._PACE[0])
+    modelled = _clock.eval_seconds(length)
+    assert 1e-3 + _clock.EVAL_PER_STAGE * length <= modelled  # the pace is at least 1
     _clock.observe(length, 0.25)
     _clock.observe(length, 0.125)  # the longest seen is kept
     assert _clock.eval_seconds(length) == 0.25
