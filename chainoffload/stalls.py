@@ -19,7 +19,7 @@ import numpy as np
 if TYPE_CHECKING:
     from .simulate import Timeline
 
-__all__ = ["Stall", "stalls", "STALL_CAUSES"]
+__all__ = ["Stall", "stalls", "stall_summary", "STALL_CAUSES"]
 
 #: What a stall waits for: ``"offload"`` (an explicit wait for O_i to end, so that the GPU copy
 #: of unit i is freed and the op fits in memory) or ``"prefetch"`` (P_j must arrive before the op
@@ -108,32 +108,47 @@ def _waited(timeline: "Timeline") -> list[tuple[list[int], list[int]]]:
     return [(explicit[k], implicit[k]) for k in range(n)]
 
 
-def _late_because(timeline: "Timeline", t: int) -> tuple[str, int | None]:
+class _Queues:
+    """Per transfer: its channel predecessor in service order, and per unit its offload.
+
+    Built once per :func:`stalls` call, so that explaining each stall is a look-up: the scan
+    over every transfer per stall was O(stalls x transfers), hours at 10^5 stages.
+    """
+
+    def __init__(self, timeline: "Timeline") -> None:
+        transfers = timeline.schedule.transfers
+        duplex = timeline.platform.duplex
+        self.offload_of: dict[int, int] = {}
+        queues: dict[int, list[tuple[int, int]]] = {0: [], 1: []}
+        for o, tr in enumerate(transfers):
+            if tr.kind == "offload":
+                self.offload_of.setdefault(tr.unit, o)
+            # FIFO in trigger order, ties in list order (docs/model.md, "Time").
+            queues[0 if tr.kind == "offload" or not duplex else 1].append((tr.event, o))
+        self.ahead: dict[int, int] = {}
+        for queue in queues.values():
+            queue.sort()
+            for (_, prev), (_, o) in zip(queue, queue[1:]):
+                self.ahead[o] = prev
+
+
+def _late_because(timeline: "Timeline", t: int, queues: _Queues | None = None) -> tuple[str, int | None]:
     """Why transfer ``t`` started when it did (see :attr:`Stall.late_because`)."""
     schedule = timeline.schedule
+    queues = queues if queues is not None else _Queues(timeline)
     tr = schedule.transfers[t]
     start = float(timeline.transfer_start[t])
     trigger = float(timeline.op_start[tr.op] if tr.at == "start" else timeline.op_end[tr.op])
     if start <= trigger:
         return "trigger", None
     if tr.kind == "prefetch":
-        for o, other in enumerate(schedule.transfers):
-            if other.kind == "offload" and other.unit == tr.unit and float(timeline.transfer_end[o]) == start:
-                return "offload", o
+        # At most one offload per unit (a well-formed schedule).
+        o = queues.offload_of.get(tr.unit)
+        if o is not None and float(timeline.transfer_end[o]) == start:
+            return "offload", o
     # The transfer ahead of it on its channel: FIFO in trigger order, ties in list order.
-    duplex = timeline.platform.duplex
-
-    def channel(x) -> int:
-        return 0 if x.kind == "offload" or not duplex else 1
-
-    ahead = [
-        o
-        for o, other in enumerate(schedule.transfers)
-        if channel(other) == channel(tr) and (other.event, o) < (tr.event, t)
-    ]
-    if ahead:
-        last = max(ahead, key=lambda o: (schedule.transfers[o].event, o))
-        return "channel", last
+    if t in queues.ahead:
+        return "channel", queues.ahead[t]
     return "trigger", None  # pragma: no cover  (a transfer starts at its trigger, its channel or its offload)
 
 
@@ -178,6 +193,7 @@ def stalls(timeline: "Timeline") -> list[Stall]:
     op_end = np.asarray(timeline.op_end, dtype=float)
     tr_end = np.asarray(timeline.transfer_end, dtype=float)
     waits = _waited(timeline)
+    queues = _Queues(timeline)
     out: list[Stall] = []
     for k in range(1, len(schedule.compute)):
         idle_from, released = float(op_end[k - 1]), float(op_start[k])
@@ -195,7 +211,7 @@ def stalls(timeline: "Timeline") -> list[Stall]:
         op_name = schedule.op_name(k)
         cause = "offload" if tr.kind == "offload" else "prefetch"
         is_explicit = t in explicit
-        late, behind = _late_because(timeline, t)
+        late, behind = _late_because(timeline, t, queues)
         what = f"{name} to free unit {tr.unit}" if cause == "offload" else f"{name} to bring unit {tr.unit} back"
         how = "an explicit wait" if is_explicit else f"{op_name} reads unit {tr.unit}"
         if late == "channel":
@@ -222,3 +238,58 @@ def stalls(timeline: "Timeline") -> list[Stall]:
             )
         )
     return out
+
+
+def stall_summary(timeline: "Timeline") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The stalls of :func:`stalls` as arrays, without the objects: ``(op, duration, transfer)``,
+    in time order, ``transfer`` being :attr:`Stall.transfer` (the first waited-for transfer that
+    ends at the op's start, explicit waits first in list order, then implicit ones by index).
+
+    For tables at 10^5-10^6 stages, where :func:`stalls` builds a message per stall in Python
+    (seconds per 10^5 stages) and the CLI's one line needs only causes, durations and names.
+    """
+    schedule = timeline.schedule
+    n = len(schedule.compute)
+    op_start = np.asarray(timeline.op_start, dtype=float)
+    op_end = np.asarray(timeline.op_end, dtype=float)
+    tr_end = np.asarray(timeline.transfer_end, dtype=float)
+    empty = (np.zeros(0, dtype=np.int64), np.zeros(0), np.zeros(0, dtype=np.int64))
+    if n < 2:
+        return empty
+    stalled = np.zeros(n, dtype=bool)
+    stalled[1:] = op_start[1:] > op_end[:-1]
+    if not stalled.any():
+        return empty
+    schedule.validate(timeline.chain)
+    struct = schedule._structure(timeline.chain.length)
+    arrays = schedule.arrays()
+    tr_op, tr_at, tr_before = arrays[4], arrays[5], arrays[6]
+    event = 2 * tr_op + tr_at
+    # Explicit waits: (op, transfer) for every `before`.
+    has = tr_before >= 0
+    ex_t = np.flatnonzero(has)
+    ex_k = tr_before[has]
+    # Implicit waits: the simulator's wait lists, less those triggered at or after the op's
+    # start (a read violation, not waited for) and those the op waits for explicitly anyway.
+    ptr = np.asarray(struct.wait_ptr, dtype=np.int64)
+    im_t = np.asarray(struct.wait_tr, dtype=np.int64)
+    im_k = np.repeat(np.arange(n, dtype=np.int64), np.diff(ptr))
+    ok = event[im_t] < 2 * im_k
+    im_t, im_k = im_t[ok], im_k[ok]
+    if ex_t.shape[0]:
+        explicit_pairs = ex_k * (tr_op.shape[0] + 1) + ex_t
+        keep = ~np.isin(im_k * (tr_op.shape[0] + 1) + im_t, explicit_pairs)
+        im_t, im_k = im_t[keep], im_k[keep]
+    k = np.concatenate([ex_k, im_k])
+    t = np.concatenate([ex_t, im_t])
+    second = np.concatenate([np.zeros(ex_t.shape[0], dtype=np.int64), np.ones(im_t.shape[0], dtype=np.int64)])
+    binding = stalled[k] & (tr_end[t] == op_start[k])
+    k, t, second = k[binding], t[binding], second[binding]
+    order = np.lexsort((t, second, k))  # by op, explicit first, then transfer index
+    k, t = k[order], t[order]
+    first = np.ones(k.shape[0], dtype=bool)
+    first[1:] = k[1:] != k[:-1]
+    k, t = k[first], t[first]
+    if k.shape[0] != int(stalled.sum()):  # pragma: no cover  (the simulator starts an op only at a wait's end)
+        raise RuntimeError("stall_summary: a stalled op has no transfer ending at its start")
+    return k, op_start[k] - op_end[k - 1], t

@@ -9,7 +9,7 @@ import pytest
 
 from chainoffload import Platform, Schedule, Transfer, simulate, solve
 from chainoffload.examples import resnet18
-from chainoffload.stalls import Stall, stalls
+from chainoffload.stalls import Stall, stall_summary, stalls
 
 F1, F2, F3, B3, B2, B1 = range(6)
 
@@ -136,6 +136,22 @@ def test_stalls_account_for_every_idle_second(method):
         assert s.start == tl.op_end[s.op - 1]
     if method == "offload-all":  # 12 GB/s cannot hide copies of a whole ResNet-18
         assert {s.cause for s in found} == {"offload", "prefetch"}
+    # The array form the CLI's table uses names the same ops, durations and transfers.
+    ops, durations, transfers = stall_summary(tl)
+    assert ops.tolist() == [s.op for s in found]
+    assert transfers.tolist() == [s.transfer for s in found]
+    assert durations.tolist() == [s.duration for s in found]
+
+
+def test_summary_of_an_explicit_wait(chain3):
+    # O_2 (end of F_2 at 3 s, 1.4 s) must end before F_3 starts: F_3 waits [3, 4.4] for it.
+    tl = simulate(chain3, plat(), sched(Transfer("offload", 2, F2, before=F3), Transfer("prefetch", 2, F3)))
+    found = stalls(tl)
+    assert (found[0].op_name, found[0].transfer_name, found[0].explicit) == ("F_3", "O_2", True)
+    ops, durations, transfers = stall_summary(tl)
+    assert ops.tolist() == [s.op for s in found] and transfers.tolist() == [s.transfer for s in found]
+    assert durations.tolist() == [s.duration for s in found]
+    assert [len(a) for a in stall_summary(simulate(chain3, plat(), Schedule.keep_all(3)))] == [0, 0, 0]
 
 
 def test_rejects_what_is_not_a_timeline():

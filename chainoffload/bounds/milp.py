@@ -447,7 +447,11 @@ def _unit_milp_size(chain: Chain, platform: Platform) -> int:
     """
     dur = np.concatenate([chain.fwd, chain.bwd[::-1]])
     checked = int(np.count_nonzero((keep_all_start_memory(chain) > platform.memory) & (dur > 0)))
-    return checked * len(moves_of(chain)) ** 2
+    # len(moves_of(chain)), counted with numpy: the list took seconds at 10^6 stages, and this
+    # estimate is what decides, within a time limit, whether the MILP is worth trying.
+    act, whole = chain.act[1 : chain.length], chain.saved[: chain.length - 1]
+    moves = (chain.length - 1) + int(np.count_nonzero((act > 0) & (act < whole)))
+    return checked * moves**2
 
 
 def unit_milp_seconds(chain: Chain, platform: Platform) -> float:

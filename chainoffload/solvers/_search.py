@@ -71,6 +71,12 @@ def well_formed(n_ops: int, transfers: tuple[np.ndarray, ...]) -> bool:
     return bool(np.all(key[~off] > off_key[unit[~off]]))
 
 
+def _observe(length: int, seconds: float) -> None:
+    from .._clock import observe
+
+    observe(length, seconds)
+
+
 class Evaluator:
     """Scores offload sets and transfer lists within a deadline and an evaluation budget.
 
@@ -79,7 +85,9 @@ class Evaluator:
     chain, platform
         The instance.
     deadline
-        ``time.perf_counter()`` value after which :attr:`exhausted` is true (``inf``: none).
+        ``time.perf_counter()`` value by which the method must be done (``inf``: none):
+        :attr:`exhausted` is true once the next evaluation and building the best candidate's
+        schedule would not end before it (:meth:`reserve`).
     max_evals
         Evaluations (unit sets planned, or transfer lists scored) after which it is exhausted.
     bound
@@ -116,10 +124,31 @@ class Evaluator:
         if self.evals >= self.max_evals:
             self.stopped = self.stopped or "evals"
             return True
-        if time.perf_counter() > self.deadline:
+        if time.perf_counter() + self.reserve() > self.deadline:
             self.stopped = self.stopped or "time"
             return True
         return False
+
+    def reserve(self, units: int | None = None) -> float:
+        """Seconds the next evaluation and building the schedule of the best candidate, or of
+        the next one (``units`` units, two transfers each) when that is larger, are expected to
+        take (``NOTE [ clock ]``): neither can be cut once started, and at 10^6 stages each takes
+        seconds, so an evaluation that could not end with its schedule built by the deadline is
+        not started."""
+        if self.deadline == math.inf:
+            return 0.0
+        from .._clock import build_seconds, eval_seconds
+
+        held = self.best.transfers[0].shape[0] if self.best is not None else 0
+        return eval_seconds(self.chain.length) + build_seconds(max(held, 2 * (units or 0)))
+
+    def fits(self, units: int) -> bool:
+        """Whether an evaluation of a set of ``units`` units may start (:meth:`reserve`); sets
+        ``stopped`` when not."""
+        if time.perf_counter() + self.reserve(units) > self.deadline:
+            self.stopped = self.stopped or "time"
+            return False
+        return True
 
     def at_bound(self, candidate: Candidate | None) -> bool:
         """Whether ``candidate`` is feasible and reaches the lower bound (nothing can beat it)."""
@@ -148,7 +177,10 @@ class Evaluator:
         if hit is not None:
             return hit
         self.evals += 1
+        t0 = time.perf_counter()
         best = plan_units(self.chain, self.platform, chosen, self._ops, self._saved, act)
+        if chosen.shape[0]:  # the empty set is not planned: its time would understate the next one
+            _observe(self.chain.length, time.perf_counter() - t0)
         self.cache[key] = best
         return best
 
@@ -175,7 +207,7 @@ class Evaluator:
         hit = self.cache.get(key)
         if hit is not None:
             return hit.feasible
-        if self.done:
+        if self.done or not self.fits(len(key)):
             return None
         cand = self.units(key)
         self.offer(cand, source)

@@ -89,6 +89,15 @@ def offload_all(chain: Chain, platform: Platform, *, keep: Iterable[int] = (), t
     units = _offloadable(chain, platform, keep)
     deadline = t0 + time_limit if time_limit is not None else math.inf
     search = Evaluator(chain, platform, deadline=deadline)
+    if not search.fits(len(units)):  # NOTE [ clock ]: its one plan and schedule would not end in time
+        return Result(
+            "offload-all",
+            Status.TIMEOUT,
+            None,
+            runtime=time.perf_counter() - t0,
+            info={"tried": 0, "stopped": "time"},
+            message=f"offload-all: the time limit ({time_limit} s) is below what planning {len(units)} units takes",
+        )
     cand = search.units(units)
     if cand.feasible:
         return Result(

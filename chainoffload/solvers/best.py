@@ -49,6 +49,7 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
+from .._clock import build_seconds, eval_seconds
 from .._progress import progress
 from ..chain import Chain
 from ..platform import Platform
@@ -259,7 +260,7 @@ def _start_sets(
     """Unit sets to start from: the relaxations' and every baseline's, by name, within ``deadline``
     (``None``: no clock, each start runs to its own end)."""
     starts: dict[str, frozenset[int]] = {}
-    info: dict = {}
+    info: dict = {"_fallback": None}
     runs = [(name, share) for name, share in _STARTS if use_relaxations or name not in ("lp", "dp")]
     skipped = []
     for i, (name, share) in enumerate(runs):
@@ -272,15 +273,43 @@ def _start_sets(
             module, _, attr = target.partition(":")
             target = getattr(importlib.import_module(module), attr)
         rest = sum(s for _, s in runs[i:])
-        result = target(chain, platform, keep=keep, time_limit=None if deadline is None else left * share / rest)
+        if deadline is None:
+            result = target(chain, platform, keep=keep, time_limit=None)
+        else:
+            # A share too short for one plan and its schedule would end every start empty-handed
+            # at 10^5+ stages (NOTE [ clock ]): such a start gets that much, the ones after it less.
+            least = 0.05 + 1.1 * (eval_seconds(chain.length) + build_seconds(2 * chain.length))
+            result = target(chain, platform, keep=keep, time_limit=max(left * share / rest, min(left, least)))
         if result.schedule is not None:
             starts[name] = frozenset(result.schedule.offloaded_units)
             info[f"{name}_makespan"] = result.makespan
+            # The fastest start's schedule is kept whole: on a long chain under a tight limit,
+            # planning it again in the search's evaluator may not fit (NOTE [ clock ]).
+            held = info["_fallback"]
+            if result.feasible and (held is None or result.makespan < held.makespan):
+                info["_fallback"] = result.replace(info={**result.info, "start_method": name})
         if name == "lp" and math.isfinite(result.lower_bound) and math.isfinite(result.info.get("lp_bound", math.nan)):
             info["lp_bound"] = result.lower_bound
     if skipped:
         info["starts_skipped"] = skipped
     return starts, info
+
+
+def _cut_short(chain: Chain, platform: Platform, fallback: Result | None, info: dict, search: Evaluator, time_limit: float, t0: float) -> Result:
+    """``best``'s result when the time ran out before its search held a feasible candidate: the
+    fastest start's schedule as it is (``stopped``: ``time``), or status ``timeout``."""
+    info.update(evals=search.evals, stopped="time")
+    if fallback is not None:
+        name = fallback.info.get("start_method")
+        info.update(start=name, units=list(fallback.schedule.offloaded_units))
+        return Result(
+            "best", Status.FEASIBLE, fallback.schedule, makespan=fallback.makespan,
+            lower_bound=info.get("lp_bound", math.nan), runtime=time.perf_counter() - t0, info=info,
+        )
+    return Result(
+        "best", Status.TIMEOUT, None, lower_bound=info.get("lp_bound", math.nan), runtime=time.perf_counter() - t0,
+        info=info, message=f"best: the time limit ({time_limit} s) ran out before a schedule that fits was found",
+    )
 
 
 def default_time_limit(length: int) -> float:
@@ -362,6 +391,7 @@ def best(
     deadline = t0 + time_limit if timed else math.inf
     with progress("best", total=time_limit if timed else None, unit="s") as bar:
         starts, info = _start_sets(chain, platform, relaxations, kept, t0 + START_SHARE * time_limit if timed else None)
+        fallback = info.pop("_fallback")
         bar.set(time.perf_counter() - t0)
         bound = max(chain.compute_time, info.get("lp_bound", 0.0))
         search = Evaluator(chain, platform, deadline=deadline, max_evals=max_evals, bound=bound)
@@ -370,11 +400,17 @@ def best(
         current: Candidate | None = None
         start_name = None
         for name in sorted(starts, key=_PREFERENCE.index):
+            if search.exhausted or not search.fits(len(starts[name])):
+                break
             s = search.units(starts[name])
             if _beats(s, current):
                 start_name, current = name, s
-        if current is None:  # no start had a schedule: begin from nothing offloaded
+        if current is None and not search.exhausted:  # no start had a schedule: begin from nothing offloaded
             start_name, current = "keep-all", search.units(())
+        if current is None or (timed and fallback is not None and not current.feasible):
+            # Out of time before the search could hold a candidate of its own (NOTE [ clock ]):
+            # the fastest start's schedule, or none.
+            return _cut_short(chain, platform, fallback, info, search, time_limit, t0)
         t_search, evals0 = time.perf_counter(), search.evals
         candidates = [u for u in range(1, chain.length) if u not in kept] if platform.can_transfer else []
         current = walk.improve_units(current, candidates)

@@ -80,6 +80,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from .._clock import judge_seconds
 from .._kernels import lazy
 from ..bounds import offload_memory_floor
 from ..chain import Chain
@@ -255,8 +256,9 @@ class _Budgets:
             return None
         search = self.search
         cells = (self.slots + 1) * (self.queue_slots + 1) ** 2
-        if search.best is not None and time.perf_counter() + search.chain.length * cells / CELL_RATE > search.deadline:
-            # One more run would not end in time, and a plan is in hand already.
+        if time.perf_counter() + search.chain.length * cells / CELL_RATE + search.reserve() > search.deadline:
+            # The table fill and the evaluation of its plan would not end in time (NOTE [ clock ]),
+            # whether or not a plan is in hand: without one, the method times out.
             search.stopped = search.stopped or "time"
             return None
         self.seen.add((budget, tight))
@@ -266,6 +268,8 @@ class _Budgets:
         )
         if not math.isfinite(value):
             return False
+        if not search.fits(len(units)):
+            return None
         cand = search.units(units)
         self.origin.setdefault(cand.units, (value, budget))
         search.offer(cand, f"budget {budget}")
@@ -327,6 +331,16 @@ def dp(
     memory = platform.memory
     base_info: dict[str, Any] = {"slots": slots, "queue_slots": queue_slots}
 
+    if time_limit is not None and time.perf_counter() + judge_seconds(chain.length) > t0 + time_limit:
+        # Even the keep-all replay below would not end in time (NOTE [ clock ]).
+        return Result(
+            "dp",
+            Status.TIMEOUT,
+            None,
+            runtime=time.perf_counter() - t0,
+            info={**base_info, "repairs": 0, "tried": 0, "stopped": "time"},
+            message=f"dp: the time limit ({time_limit} s) is below what replaying one schedule of {chain.length} stages takes",
+        )
     keep_peak = keep_all_peak(chain)
     if keep_peak <= memory:
         # Keeping everything is optimal (makespan = compute time); no DP needed.

@@ -125,17 +125,24 @@ def lp(
         if search.done:
             break
         search.consider([u for u in units if x[u - 1] >= t], f"threshold {t:.3g}")
-    by_x = sorted(units, key=lambda u: (-x[u - 1], -int(saved[u - 1]), u))
-    search.prefixes(by_x, "greedy by x", extra=2)
-    support = [u for u in units if x[u - 1] > _EPS]
-    rest = [u for u in units if x[u - 1] <= _EPS]
-    by_size = sorted(support, key=lambda u: (-int(saved[u - 1]), u)) + sorted(rest, key=lambda u: (-int(saved[u - 1]), u))
-    search.prefixes(by_size, "support by size", extra=2)
-    # Orders that do not follow x: the LP pools bytes, so a set of the same volume made of
-    # units that move faster or later can fit where rounding x up does not.
-    search.prefixes(sorted(units, key=lambda u: (int(saved[u - 1]), u)), "smallest first", extra=2)
-    search.prefixes(units[::-1], "last first", extra=2)
-    search.prefixes(units, "first-k", extra=2)
+    # Each order is made only while the search may still use it: sorting 10^6 units in Python
+    # takes seconds, past a deadline that has already stopped the search (NOTE [ clock ]).
+    orders = (
+        ("greedy by x", lambda: sorted(units, key=lambda u: (-x[u - 1], -int(saved[u - 1]), u))),
+        (
+            "support by size",
+            lambda: sorted((u for u in units if x[u - 1] > _EPS), key=lambda u: (-int(saved[u - 1]), u))
+            + sorted((u for u in units if x[u - 1] <= _EPS), key=lambda u: (-int(saved[u - 1]), u)),
+        ),
+        # Orders that do not follow x: the LP pools bytes, so a set of the same volume made of
+        # units that move faster or later can fit where rounding x up does not.
+        ("smallest first", lambda: sorted(units, key=lambda u: (int(saved[u - 1]), u))),
+        ("last first", lambda: units[::-1]),
+        ("first-k", lambda: units),
+    )
+    for source, order in orders:
+        if not search.done:
+            search.prefixes(order(), source, extra=2)
     _improve(search, x)
     if search.best is None and search.stopped != "time":
         search.max_evals = max(search.max_evals, search.evals + 2 * (1 + int(math.log2(len(units) + 1))) + 1)

@@ -40,6 +40,55 @@ BOUND_SECONDS = 5.0
 WARM_SHARE = 0.25
 
 
+# NOTE [ cpsat: model size ]
+# Building the model is Python work no time limit can cut, and it grows as L^2 in size and
+# L^2.5 in time: measured (benchmarks/time_limits.py's instance, load 3.9 on the shared 2
+# cores) 0.47 s at L = 30, 1.76 s at 50, 4.15 s at 70, 10.1 s at 100, with 12.1 L^2 variables
+# and 43.7 L^2 constraints (0.31 GB more resident at L = 100; a colleague measured 1.7 GB at
+# L = 200 and 6.4 GB still building after 400 s at L = 1000). So a model whose estimated build
+# takes more than BUILD_SHARE of the time limit, or more memory than the machine has free, is
+# refused before any work, with the estimate in the message.
+BUILD_SHARE = 0.3
+
+
+def model_estimate(length: int) -> dict[str, float]:
+    """Estimated size of the CP-SAT model of a chain of ``length`` stages (NOTE [ cpsat: model size ]):
+    ``variables``, ``constraints``, ``bytes`` and ``seconds`` to build here."""
+    cons = 43.7 * length**2
+    return {
+        "variables": 12.1 * length**2,
+        "constraints": cons,
+        "bytes": 0.3e9 + 1000.0 * cons,
+        "seconds": 10.1 * (length / 100.0) ** 2.5,
+    }
+
+
+def _free_bytes() -> float:
+    """MemAvailable from /proc/meminfo (``inf`` where it cannot be read)."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return math.inf
+
+
+def _refusal(length: int, time_limit: float) -> str | None:
+    """Why a model of ``length`` stages cannot be built within ``time_limit`` or in memory, or ``None``."""
+    est = model_estimate(length)
+    free = _free_bytes()
+    size = (f"a CP-SAT model of {length} stages would have ~{est['variables']:.3g} variables and "
+            f"~{est['constraints']:.3g} constraints, ~{est['bytes'] / 1e9:.3g} GB, and take ~{est['seconds']:.3g} s to build here")
+    if est["bytes"] > 0.8 * free:
+        return f"{size}: more than the {free / 1e9:.3g} GB free"
+    if est["seconds"] > BUILD_SHARE * time_limit:
+        least = est["seconds"] / BUILD_SHARE
+        return f"{size}: more than {BUILD_SHARE:.0%} of the time limit ({time_limit:g} s); give at least {least:.3g} s, or use best"
+    return None
+
+
 def default_workers() -> int:
     """The cores this process may run on (CP-SAT's default worker count here)."""
     try:
@@ -201,6 +250,12 @@ def cpsat(
         raise OptionError(f"bound: {bound!r} must be true or false")
     check_memory_floor(chain, platform)
     kept = check_keep(chain, keep)
+    refused = _refusal(chain.length, float(time_limit))
+    if refused is not None:  # NOTE [ cpsat: model size ]: before any work
+        est = model_estimate(chain.length)
+        return Result("cpsat", Status.TIMEOUT, None, runtime=time.perf_counter() - t0,
+                      info={"refused": True, "model_estimate": est, "workers": workers},
+                      message=f"cpsat: refused up front: {refused}")
     import_cp_model()
     grid = TimeGrid.build(chain, platform, time_scale)
     _given_hints(hint)  # validate before any work
@@ -241,6 +296,8 @@ def cpsat(
     # Progress (on a terminal, or with --progress): seconds of the limit, objective and bound.
     with progress("cpsat", total=round(float(time_limit), 1), unit="s") as bar:
         for attempt in range(_RETRIES + 1):
+            if attempt and time.perf_counter() + model_estimate(chain.length)["seconds"] > deadline:
+                break  # another model would not be built in time (NOTE [ cpsat: model size ])
             model = CPModel(chain, platform, grid, kept, lower_bound=proven)
             if last_hint is not None:
                 model.hint(last_hint)

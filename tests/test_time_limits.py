@@ -1,0 +1,91 @@
+"""Time limits kept (NOTE [ clock ] in chainoffload/_clock.py): the whole solve within
+1.1 T + 0.5 s, a limit below what reading needs refused up front, no schedule built past the
+deadline. Moderate L in the default profile; the long chains are in
+benchmarks/time_limits.py (results/time_limits.md)."""
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import chainoffload as co
+from chainoffload import _clock
+from chainoffload.generators import random_chain
+from chainoffload.solvers._search import Evaluator
+
+ROOT = Path(__file__).resolve().parent.parent
+ENV = {**os.environ, "PYTHONPATH": str(ROOT), "CHAINOFFLOAD_BACKGROUND_COMPILE": "0"}
+
+
+def _instance(length):
+    from chainoffload.bounds import offload_memory_floor
+
+    chain = random_chain(1000 + length, length)
+    floor, peak = offload_memory_floor(chain), co.keep_all_peak(chain)
+    bw = 0.5 * float(chain.saved.sum()) / chain.compute_time
+    return chain, co.Platform(memory=int(floor + 0.5 * (peak - floor)), bandwidth_d2h=bw, bandwidth_h2d=bw, latency=1e-5)
+
+
+@pytest.mark.parametrize("method", ["best", "dp", "lp", "first-k", "offload-all"])
+def test_solve_keeps_a_short_limit_at_20000_stages(method):
+    # At L = 20,000 one evaluation takes ~0.3 s here, so 1.5 s leaves room for a few; before
+    # the clock, `best` overran such limits by seconds (its starts' schedules were built
+    # untimed).
+    chain, platform = _instance(20_000)
+    co.solve(chain, platform, "keep-all", time_limit=5)  # kernels ready, not timed here
+    w = time.perf_counter()
+    result = co.solve(chain, platform, method, time_limit=1.5)
+    wall = time.perf_counter() - w
+    assert wall <= 1.1 * 1.5 + 0.5, (method, wall, os.getloadavg())
+    assert result.status in (co.Status.FEASIBLE, co.Status.OPTIMAL, co.Status.TIMEOUT), result.message
+    if result.status == co.Status.TIMEOUT:
+        assert result.schedule is None
+
+
+def test_an_evaluation_that_cannot_end_in_time_is_not_started():
+    chain, platform = _instance(2000)
+    search = Evaluator(chain, platform, deadline=time.perf_counter() + 1e-4)
+    assert search.exhausted and search.stopped == "time"
+    assert search.consider(range(1, 100), "late") is None and search.evals == 0
+    roomy = Evaluator(chain, platform, deadline=time.perf_counter() + 60)
+    assert not roomy.exhausted and roomy.consider(range(1, 100), "on time") is not None and roomy.evals == 1
+
+
+def test_an_observed_evaluation_replaces_the_model():
+    length = 123_457  # a length no other test evaluates
+    modelled = _clock.eval_seconds(length)
+    assert 1e-3 + _clock.EVAL_PER_STAGE * length <= modelled  # the pace is at least 1
+    _clock.observe(length, 0.25)
+    _clock.observe(length, 0.125)  # the longest seen is kept
+    assert _clock.eval_seconds(length) == 0.25
+
+
+def test_cli_refuses_a_limit_below_reading_the_input(tmp_path):
+    random_chain(7, 50).save(tmp_path / "c.json")
+    proc = subprocess.run(
+        [sys.executable, "-m", "chainoffload", "solve", "c.json", "--memory", "1GB", "--time-limit", "0.01"],
+        cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert "--time-limit 0.01" in proc.stderr and "estimated to take" in proc.stderr, proc.stderr
+    assert proc.stdout == ""
+
+
+def test_cli_limit_counts_reading(tmp_path):
+    # The solve gets what is left after reading: its runtime stays below the limit given.
+    chain, platform = _instance(5000)
+    chain.save(tmp_path / "c.json")
+    platform.save(tmp_path / "p.json")
+    proc = subprocess.run(
+        [sys.executable, "-m", "chainoffload", "solve", "c.json", "--platform", "p.json", "--time-limit", "1", "--json"],
+        cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode in (0, 1), proc.stderr
+    import json
+
+    data = json.loads(proc.stdout)
+    assert data["runtime"] <= 1.0, data["runtime"]
