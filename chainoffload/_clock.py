@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["read_seconds", "file_read_seconds", "eval_seconds", "build_seconds", "judge_seconds", "report_seconds", "observe", "pace"]
+__all__ = ["read_seconds", "file_read_seconds", "eval_seconds", "build_seconds", "judge_seconds", "report_seconds", "observe", "forget", "pace"]
 
 #: Seconds per byte of a chain file at pace 1: JSON parsing and Chain's checks.
 READ_PER_BYTE = 3.5e-8
@@ -86,6 +86,16 @@ def eval_seconds(length: int) -> float:
     process at that length, else the model."""
     seen = _SEEN.get(length)
     return seen if seen is not None else 1e-3 + pace() * EVAL_PER_STAGE * length
+
+
+def forget() -> None:
+    """Drop what earlier solves measured (called as each solve's clock starts).
+
+    Measurements are kept for one solve only: an earlier one may have run its kernels
+    interpreted on a cold Numba cache or under a load spike, and its slowest evaluation would
+    then stop a later solve from starting any (seen: a 60 s limit timed out at 6 stages).
+    """
+    _SEEN.clear()
 
 
 def observe(length: int, seconds: float) -> None:

@@ -89,3 +89,20 @@ def test_cli_limit_counts_reading(tmp_path):
 
     data = json.loads(proc.stdout)
     assert data["runtime"] <= 1.0, data["runtime"]
+
+
+def test_a_slow_evaluation_of_an_earlier_solve_does_not_stop_a_later_one():
+    """The clock learns evaluation times within one solve only: a slow one seen earlier in the
+    process (interpreted kernels on a cold cache, a load spike) made a later best(time_limit=60)
+    at 6 stages time out without trying anything (found by the property suite, under load)."""
+    from chainoffload import _clock
+    from chainoffload.generators import random_chain
+
+    chain = random_chain(1, 6)
+    platform = co.Platform(
+        memory=(co.keep_all_peak(chain) + chain.stage_memory_floor()) // 2,
+        bandwidth_d2h=float("inf"), bandwidth_h2d=float("inf"), latency=0.0, duplex=False,
+    )
+    _clock.observe(6, 500.0)
+    result = co.solve(chain, platform, "best", time_limit=60)
+    assert result.feasible, result.message
