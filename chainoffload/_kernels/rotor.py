@@ -56,13 +56,14 @@ overhead from a first table on a grid 16 times coarser (every size ceil(c / 16),
 floor(S / 16): every memory check is a sum of sizes against a budget, so a plan that fits
 it fits the fine grid, and its overhead bounds the fine optimum's from above), with units
 from the crude bound L * sum(fwd_nosave) (each stage is re-run at most once per segment
-above it, and those nest); 0.8 s of the 11 s at L = 1000. With units from the crude bound
-alone, step 2 visited about 10^7 entries at L = 1000 instead of about 2000.
+above it, and those nest); it took 0.8 s of 10.6 at L = 1000 in one run. With units from the
+crude bound alone, step 2 visited about 10^7 entries at L = 1000 instead of about 2000.
 
 Measured at L = 1000, S = 500 (random chains of ``benchmarks/scaling_remat.py``): 7.9e10
 candidate updates before the cut above, which keeps about 60 % of them (counted at L = 200),
 against 4.1e10 float64 updates of the lean table this replaced, but 16 to a vector, 4 bytes
-each and no per-option setup; the exact entries take 0.07 s. Tried and not kept: the lean
+each and no per-option setup: 8.7 s against 20.9 s in the same run of the benchmark (1006 MiB
+against 1669); the exact entries take 0.07 s. Tried and not kept: the lean
 float64 rows (trimmed to [least budget, constant tail], filled in 16 x 16 tiles of segments)
 in uint32, 1.6-1.8x faster, the tile of rows under construction then spilling out of L2; the
 slices in a ring of 16 copied into such rows every 16 budgets (the copy was 30 % of the
