@@ -16,8 +16,8 @@ time C(s, t) of its stages (each runs forward and backward once at least) plus a
 the forward recomputations of the checkpoint options on the way down. F_all adds no overhead
 of its own; "checkpoint a_{j-1}" adds ftime(s, j), the time of Fck_s, Fn_{s+1}..Fn_{j-1}.
 The float64 table (the dense one, :func:`rotor_table`, and ``tests/naive_rotor.py``) costs
-O(S L^3) 8-byte updates; at L = 1000, S = 500 that is 37 s and 1.5 GB. It is obtained in two
-steps instead, and equal bit for bit:
+O(S L^3) 8-byte updates; at L = 1000, S = 500 the lean float64 table took 21-37 s of CPU (load
+3-5) and 1.5 GB. It is obtained in two steps instead, and equal bit for bit:
 
 1. **A table of lower bounds in integers** (:func:`bound_table`). Units are delta = 2^-k s
    (a power of two, so ``ftime * 2^k`` and its floor are exact): each option adds
