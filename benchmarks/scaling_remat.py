@@ -1,4 +1,4 @@
-"""How rotor's time and memory grow with the chain's length L: the tiled lean table against the earlier ones.
+"""How rotor's time and memory grow with the chain's length L: the table of bounds against the earlier tables.
 
 For each L (10, 30, 100, 300, 1000 by default) a random chain (``remat.random_chain``, the
 chains of ``benchmarks/remat.py``) is solved by ``rotor`` at S = 500 slots with memory 30 % of
@@ -14,9 +14,9 @@ process:
 
 Two earlier revisions run from temporary copies of ``chainoffload/``: ``dense`` at
 ``--old-ref`` (the last commit before the lean table: a dense (L + 2)^2 (S + 1) table with a
-choice per entry), for L <= ``--old-max``; ``untiled`` at ``--untiled-ref`` (the lean table
-before it was filled in tiles), for L in ``--untiled-lengths``. Every run reports the table's
-makespan, and they must all agree. The growth exponent is the slope of log(time) and
+choice per entry), for L <= ``--old-max``; ``lean`` at ``--lean-ref`` (the float64 lean table
+filled in tiles, before the table of bounds), for L in ``--lean-lengths``. Every run reports
+the table's makespan, and they must all agree. The growth exponent is the slope of log(time) and
 log(memory rise) against log(L), fitted over L >= 100.
 
     python benchmarks/scaling_remat.py                     # benchmarks/results/scaling-remat.md and .png
@@ -46,8 +46,8 @@ REPO = HERE.parent
 
 #: The last commit whose rotor filled the dense table (what the lean table replaced).
 OLD_REF = "c9e63eca37ad16466893273cf8864c7a00717387"
-#: The last commit whose lean table was filled column block by column block, without tiles.
-UNTILED_REF = "a190b1a"
+#: The last commit whose rotor filled the float64 lean table (in tiles), before the table of bounds.
+LEAN_REF = "c1fa0e1"
 SLOTS = 500
 FRACTION = 0.3
 
@@ -87,6 +87,7 @@ def worker(spec: dict) -> dict:
         wall=min(walls), cpu=min(cpus), rss_peak_kb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
         status=res.status.value, makespan=res.makespan, dp_makespan=res.info.get("dp_makespan"),
         source=res.info.get("source"), table_bytes=res.info.get("table_bytes"),
+        exact_entries=res.info.get("exact_entries"),
     )
     return out
 
@@ -127,7 +128,7 @@ def slope(lengths, values, least: int = 100) -> float:
     return float(np.polyfit(x, y, 1)[0])
 
 
-SERIES = ("new", "untiled", "dense")
+SERIES = ("new", "lean", "dense")
 
 
 def plot(rows: dict, path: Path) -> None:
@@ -167,11 +168,11 @@ def main(argv=None) -> None:
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--lengths", type=int, nargs="+", default=[10, 30, 100, 300, 1000])
     parser.add_argument("--old-max", type=int, default=300, help="largest L the dense table runs at (default 300)")
-    parser.add_argument("--cold-max", type=int, default=100, help="largest L timed cold (default 100)")
+    parser.add_argument("--cold-max", type=int, default=1000, help="largest L timed cold (default 1000)")
     parser.add_argument("--old-ref", default=OLD_REF, help="git ref of the dense table")
-    parser.add_argument("--untiled-ref", default=UNTILED_REF, help="git ref of the lean table before tiles")
-    parser.add_argument("--untiled-lengths", type=int, nargs="*", default=[300, 1000],
-                        help="lengths the untiled lean table runs at (default 300 1000)")
+    parser.add_argument("--lean-ref", default=LEAN_REF, help="git ref of the float64 lean table")
+    parser.add_argument("--lean-lengths", type=int, nargs="*", default=[100, 300, 1000],
+                        help="lengths the float64 lean table runs at (default 100 300 1000)")
     parser.add_argument("--fraction", type=float, default=FRACTION, help="memory between the floor (0) and keep-all (1)")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per point")
     parser.add_argument("--quick", action="store_true", help="one repeat everywhere; no files written")
@@ -181,8 +182,8 @@ def main(argv=None) -> None:
         return
 
     load = os.getloadavg()[0]
-    refs = {"new": None, "untiled": args.untiled_ref, "dense": args.old_ref}
-    runs_at = {"new": lambda n: True, "untiled": lambda n: n in args.untiled_lengths, "dense": lambda n: n <= args.old_max}
+    refs = {"new": None, "lean": args.lean_ref, "dense": args.old_ref}
+    runs_at = {"new": lambda n: True, "lean": lambda n: n in args.lean_lengths, "dense": lambda n: n <= args.old_max}
     rows: dict[str, list[dict]] = {name: [] for name in SERIES}
     cold: dict[str, dict[int, dict]] = {name: {} for name in SERIES}
     with tempfile.TemporaryDirectory() as tmp:
@@ -198,7 +199,7 @@ def main(argv=None) -> None:
             for name in live:
                 if not runs_at[name](length):
                     continue
-                if length <= args.cold_max and name != "untiled":
+                if length <= args.cold_max:
                     empty = tempfile.mkdtemp(dir=tmp)
                     cold[name][length] = run_point(length, old_root=roots[name], cache=empty, cold=True, repeat=1,
                                                    fraction=args.fraction, timeout=args.timeout)
@@ -213,7 +214,7 @@ def main(argv=None) -> None:
 
     by = {name: {p["length"]: p for p in rows[name]} for name in SERIES}
     new, old = by["new"], by["dense"]
-    for name in ("untiled", "dense"):
+    for name in ("lean", "dense"):
         for length, p in by[name].items():
             if p["dp_makespan"] != new[length]["dp_makespan"]:
                 raise SystemExit(f"L = {length}: the tables disagree: {name} {p['dp_makespan']!r}, new {new[length]['dp_makespan']!r}")
@@ -237,25 +238,27 @@ def main(argv=None) -> None:
         f"{os.cpu_count()} CPU cores (1-minute load average {load:.1f} at the start: the cores are shared, so CPU "
         f"time is the figure to compare; wall time is shown too). Random chains of `benchmarks/remat.py`, S = {SLOTS} "
         f"slots, memory {int(100 * args.fraction)} % of the way from the least any stage needs to the keep-all peak. "
-        "new: this checkout (lean table filled in tiles); untiled: the lean table before tiles, at "
-        f"{args.untiled_ref[:7]}; dense: `rotor` at {args.old_ref[:7]} (dense (L + 2)^2 (S + 1) table and a choice per "
+        "new: this checkout (uint32 table of bounds, exact entries on demand); lean: the float64 lean table in tiles, at "
+        f"{args.lean_ref[:7]}; dense: `rotor` at {args.old_ref[:7]} (dense (L + 2)^2 (S + 1) table and a choice per "
         "entry); the earlier two run from temporary copies. Each point is a fresh process; warm = Numba cache filled "
         "and kernels loaded first; cold = empty Numba cache, the first call (compile + run), wall / CPU seconds. "
         "Peak = `ru_maxrss`; rise = peak minus the process's peak before the call (imports and warm-up).",
         "",
         "| L | new warm CPU (s) | new warm wall (s) | new cold wall / CPU (s) | new peak RSS (MiB) | new rise (MiB) "
-        "| new table (MiB) | untiled warm CPU (s) | untiled peak RSS (MiB) | CPU untiled / new | dense warm CPU (s) "
-        "| dense cold wall / CPU (s) | dense peak RSS (MiB) | dense rise (MiB) | CPU dense / new | table makespan |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| new table (MiB) | new exact entries | lean warm CPU (s) | lean cold wall / CPU (s) | lean peak RSS (MiB) "
+        "| CPU lean / new | dense warm CPU (s) | dense cold wall / CPU (s) | dense peak RSS (MiB) | CPU dense / new "
+        "| table makespan |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for length in sorted(new):
-        p, u, q = new[length], by["untiled"].get(length), old.get(length)
+        p, u, q = new[length], by["lean"].get(length), old.get(length)
         lines.append(
             f"| {length} | {p['cpu']:.3f} | {p['wall']:.3f} | {cold_cell(cold['new'].get(length))} | "
             f"{p['rss_peak_kb'] / 1024:.0f} | {rise_of(p)} | {cell(p, 'table_bytes', 2**20, '{:.1f}')} | "
-            f"{cell(u, 'cpu')} | {cell(u, 'rss_peak_kb', 1024, '{:.0f}')} | {ratio(u, p)} | "
+            f"{cell(p, 'exact_entries', 1, '{:.0f}')} | {cell(u, 'cpu')} | {cold_cell(cold['lean'].get(length))} | "
+            f"{cell(u, 'rss_peak_kb', 1024, '{:.0f}')} | {ratio(u, p)} | "
             f"{cell(q, 'cpu')} | {cold_cell(cold['dense'].get(length))} | {cell(q, 'rss_peak_kb', 1024, '{:.0f}')} | "
-            f"{rise_of(q)} | {ratio(q, p)} | {p['dp_makespan']!r} |"
+            f"{ratio(q, p)} | {p['dp_makespan']!r} |"
         )
     lengths = sorted(new)
 

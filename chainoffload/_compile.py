@@ -53,7 +53,7 @@ _DISPATCHERS = {
     "simulate": ("replay_kernel",),
     "planner": ("plan_kernel",),
     "dp": ("fluid_dp",),
-    "rotor": ("rotor_lean", "rotor_argmin", "rotor_value"),
+    "rotor": ("bound_table", "exact_entries", "bound_at", "_memo_slot"),
 }
 _JUDGE = ("structure", "simulate")
 _PLANNED = _JUDGE + ("planner",)

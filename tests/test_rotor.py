@@ -15,12 +15,12 @@ from chainoffload.result import Status
 from chainoffload.schedule import Schedule
 from chainoffload.simulate import keep_all_peak
 from chainoffload.solvers import solve
-from chainoffload._kernels.rotor import rotor_lean
+from chainoffload._kernels.rotor import CAP, INF_U, bound_at
 from chainoffload.networks import network, network_names
-from chainoffload.solvers.rotor import (DEFAULT_SLOTS, RotorTable, default_slots, emit_segment, rotor, rotor_schedule,
+from chainoffload.solvers.rotor import (DEFAULT_SLOTS, default_slots, emit_segment, rotor, rotor_schedule,
                                        fill_rotor_table, slots_for)
 
-from naive_rotor import naive_rotor_table
+from naive_rotor import naive_bound_table, naive_rotor_table
 
 UNLIMITED = 2**62
 
@@ -195,15 +195,10 @@ def naive(chain, sl):
     return naive_rotor_table(chain.fwd, chain.bwd, chain.fwd_nosave, sl.act, sl.saved, sl.fwd_tmp, sl.bwd_tmp, sl.budget)
 
 
-def assert_same_table(chain, sl, block=None):
-    """The lean table equals the naive dense one bit for bit, and its recomputed choice exactly."""
+def assert_same_table(chain, sl, block=None, scale=None):
+    """The exact table equals the naive dense one bit for bit, and its choice exactly."""
     opt, choice = naive(chain, sl)
-    if block is None:
-        table = fill_rotor_table(chain, sl)
-    else:
-        store, used, lo, top, off = rotor_lean(chain.fwd, chain.bwd, chain.fwd_nosave, sl.act, sl.saved, sl.fwd_tmp,
-                                               sl.bwd_tmp, sl.budget, block)
-        table = RotorTable(chain, sl, store, int(used), lo, top, off)
+    table = fill_rotor_table(chain, sl, block=block, scale=scale)
     lean_choice = table.choice
     for (s, t, m), value in opt.items():
         assert table.value(s, t, m) == value, (s, t, m)
@@ -277,14 +272,77 @@ def test_default_slots_keep_500_up_to_a_thousand_stages():
 
 
 def test_table_is_lean():
-    # Rows keep only [least budget, start of their constant tail]: far below the dense size.
+    # 4 bytes a bound, none for the budgets at which a segment keeps everything: below the
+    # dense float64 table's values alone, and far below them with its choices.
     rng = np.random.default_rng(8)
     chain = lean_chain(rng, 60)
     floor, top = chain.stage_memory_floor(), keep_all_peak(chain)
     sl = slots_for(chain, int(floor + 0.3 * (top - floor)), 500)
     table = fill_rotor_table(chain, sl)
-    dense = (chain.length + 2) ** 2 * (sl.budget + 1) * (8 + 4)
-    assert table.nbytes < dense / 4
+    table.value(1, chain.length, sl.budget)
+    dense = (chain.length + 2) ** 2 * (sl.budget + 1)
+    assert table.nbytes < dense * 8 / 2
+    assert table.nbytes < dense * (8 + 4) / 3
+
+
+def zero_size_chain(rng, length):
+    """A chain with a 0-byte activation and zero recompute times: rows read each other's current
+    budget (a 0-slot shift), and checkpointing ties with F_all."""
+    chain = random_chain(rng, length)
+    act, saved = chain.act.copy(), chain.saved.copy()
+    i = int(rng.integers(1, length))
+    act[i], saved[i - 1] = 0, int(rng.integers(0, 3)) * 1000
+    act[0] = 0
+    nosave = chain.fwd_nosave * (rng.random(length) < 0.6)
+    return Chain(chain.fwd, chain.bwd, act, saved, chain.fwd_tmp, chain.bwd_tmp, fwd_nosave=nosave)
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_bound_table_equals_the_naive_one(seed):
+    # NOTE [ rotor by bounds ]: the integer table is the recurrence over floored overheads,
+    # whatever the rows filled together (1 when a 0-slot item makes rows read each other).
+    rng = np.random.default_rng(300 + seed)
+    length = int(rng.integers(1, 11))
+    chain = (random_chain, lean_chain, zero_size_chain)[seed % 3](rng, max(length, 2) if seed % 3 == 2 else length)
+    floor, top = chain.stage_memory_floor(), keep_all_peak(chain)
+    memory = int(floor + rng.uniform(-0.1, 1.1) * (top - floor))
+    sl = slots_for(chain, memory, int(rng.integers(5, 90)))
+    scale = 2.0 ** int(rng.integers(-4, 45))  # up to 2^45: bounds cap at CAP
+    table = fill_rotor_table(chain, sl, block=int(rng.integers(1, 20)), scale=scale)
+    ref = naive_bound_table(chain.fwd_nosave, sl.act, sl.saved, sl.fwd_tmp, sl.bwd_tmp, sl.budget, scale, CAP)
+    for (s, t, m), v in ref.items():
+        got = int(bound_at(table.store, table.zs, table.rof, s, t, m))
+        assert (math.inf if got == INF_U else got) == v, (s, t, m)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_exact_table_whatever_the_units(seed):
+    # The units only decide how many exact entries are made: coarse units (even 1 s, every
+    # bound 0), fine ones (bounds capped), the default; zero-size items and ties included.
+    rng = np.random.default_rng(400 + seed)
+    chain = (zero_size_chain if seed % 2 else lean_chain)(rng, int(rng.integers(3, 9)))
+    floor, top = chain.stage_memory_floor(), keep_all_peak(chain)
+    sl = slots_for(chain, int(floor + rng.uniform(0.0, 1.0) * (top - floor)), int(rng.integers(20, 80)))
+    for scale in (1.0, 2.0**50, None):
+        assert_same_table(chain, sl, block=int(rng.integers(1, 17)), scale=scale)
+
+
+def test_exact_entries_are_few_on_a_long_chain():
+    # The top entry of a 120-stage chain at 500 slots needs its schedule's entries and their
+    # near ties, not the table's 3.6 million.
+    rng = np.random.default_rng(12)
+    chain = lean_chain(rng, 120)
+    floor, top = chain.stage_memory_floor(), keep_all_peak(chain)
+    platform = Platform(memory=int(floor + 0.3 * (top - floor)), bandwidth_d2h=0.0, bandwidth_h2d=0.0)
+    sl = slots_for(chain, platform.memory, 500)
+    table = fill_rotor_table(chain, sl)
+    schedule = rotor_schedule(table.choice, sl, chain.length)
+    assert table.exact_count < 20_000
+    assert simulate(chain, platform, schedule).makespan == pytest.approx(table.value(1, chain.length, sl.budget), rel=1e-12)
+    # Coarse units give the same schedule, with more entries made.
+    coarse = fill_rotor_table(chain, sl, scale=2.0**8)
+    assert rotor_schedule(coarse.choice, sl, chain.length) == schedule
+    assert coarse.value(1, chain.length, sl.budget) == table.value(1, chain.length, sl.budget)
 
 
 def test_solve_prepares_rotors_kernels_before_its_clock():

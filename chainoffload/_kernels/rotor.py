@@ -1,59 +1,74 @@
 """The rotor dynamic program (persistent checkpointing of a heterogeneous chain), in slots.
 
-Private; :mod:`chainoffload.solvers.rotor` rounds sizes to slots, calls :func:`rotor_lean`
-and rebuilds the schedule with :func:`rotor_argmin`. The recurrence and its memory terms are
-written in ``NOTE [ rotor recurrence ]`` in that module, the storage and the order of work in
-``NOTE [ lean rotor table ]`` below.
+Private; :mod:`chainoffload.solvers.rotor` rounds sizes to slots, fills a lower-bound table
+with :func:`bound_table` and gets the exact table's entries and choices from
+:func:`exact_entries`. The recurrence and its memory terms are written in ``NOTE [ rotor
+recurrence ]`` in that module; how the exact table is obtained from a table of integer lower
+bounds in ``NOTE [ rotor by bounds ]`` below.
 
-:func:`rotor_table` is the dense table of the same recurrence, kept for the joint DP
+:func:`rotor_table` is the dense float64 table of the same recurrence, kept for the joint DP
 (:mod:`chainoffload.solvers.joint` reads whole rows of it).
 
-NOTE [ lean rotor table ]
--------------------------
-The dense table (L + 2)^2 (S + 1) float64 plus an int32 choice per entry is 6 GB at L = 1000,
-S = 500. The lean table keeps only what no other entry can be derived from, and is equal to
-the dense one bit for bit (the same float expressions, evaluated in the same association):
+NOTE [ rotor by bounds ]
+------------------------
+Every option of the recurrence is a sum of positive times, and every entry is the compute
+time C(s, t) of its stages (each runs forward and backward once at least) plus an *overhead*:
+the forward recomputations of the checkpoint options on the way down. F_all adds no overhead
+of its own; "checkpoint a_{j-1}" adds ftime(s, j), the time of Fck_s, Fn_{s+1}..Fn_{j-1}.
+The float64 table (the dense one, :func:`rotor_table`, and ``tests/naive_rotor.py``) costs
+O(S L^3) 8-byte updates; at L = 1000, S = 500 the lean float64 table took 21-37 s of CPU (load
+3-5) and 1.5 GB. It is obtained in two steps instead, and equal bit for bit:
 
-* **Rows are trimmed.** opt[s, t, m] is nonincreasing in m (every option is, and so is their
-  minimum; float addition is monotone). Below lo(s, t) it is inf; from top(s, t) on it is
-  constant (the keep-all value once keep-all fits, whatever the float ties). Only
-  m in [lo, top] is stored, the rows one after the other in one float64 array; off[s, t] is
-  the row's place in it. The array is allocated at the dense size but written from its
-  start, so the pages past the last row are never touched and never become resident. An
-  option's value is itself constant from M = max(a + top(right), top(left)) on, so the work
-  for one option is over [lo_j, min(M, S + 1)) and a fill beyond.
-* **No choice table.** The argmin is recomputed when the schedule is rebuilt
-  (:func:`rotor_argmin`), with the dense table's tie-break: "F_all" when it attains the
-  minimum, else the smallest j that does.
-* **Options that cannot improve are cut.** The row under construction ``best`` holds the
-  minimum over the options applied so far, filled to S + 1, so it is nonincreasing too. An
-  option is never below its own value at S; from the first m where ``best`` is already at or
-  below that value, it cannot improve any entry, and the loop over m stops there (binary
-  search). This halves the work on chains where many options are close.
-* **Tiles, rows reused.** Segments are filled in tiles of ``block`` starts s by ``block``
-  ends t: column blocks t0..t1-1 left to right, and in each the tile on the diagonal, then
-  the tiles above it (s descending). The bulk of a tile's work is the options whose both
-  parts lie outside the tile (j - 1 < t0 and j > every s of the tile), all final already:
-  for each such j, every right row (j, t) serves every s of the tile and every left row
-  (s, j-1) every t, as in a blocked matrix product (min-plus, with rows for entries); this
-  halved the fill's CPU time at L = 1000 (72 s to 37 s in one run) against reading one right
-  row per option, the rows being read from main memory. Then each s of the tile
-  (descending) takes F_all and the options inside the tile, j ascending; row (s, j-1) of the
-  tile is final, and stored, just before it serves as a left part. The order in which options are applied does not
-  change the table (the minimum is exact; only the work the cut above saves does). The
-  inner loops run over contiguous slices so that LLVM vectorizes them; the minimum is
-  written as ``(v if v < x else x) + 0.0``: without the ``+ 0.0`` LLVM turns the store into
-  a masked store, several times slower on x86 (the values are sums of times >= 0, never
-  -0.0, so adding 0.0 changes none).
+1. **A table of lower bounds in integers** (:func:`bound_table`). Units are delta = 2^-k s
+   (a power of two, so ``ftime * 2^k`` and its floor are exact): each option adds
+   floor(ftime / delta), and the same recurrence over overheads, in uint32, gives
+   B(s, t, m) <= overhead(s, t, m) / delta (floors only lower the sum; the minimum is exact).
+   A schedule of a segment of d stages has at most d - 1 checkpoint options, each floored
+   by less than one unit, so the best option's overhead is below (B + d) delta as well.
+   Sums are capped at CAP = 2^29 - 1 (still a lower bound); three of them never wrap a
+   uint32, and INF_U = 2^31 - 1 above every feasible sum marks "cannot run". The table is
+   filled one budget at a time (``m`` ascending, a *slice* of all segments per budget):
+   the right part of a checkpoint reads slice m - act[j-1] of row j, F_all slice
+   m - saved[s] of row s + 1, both finished, and the left part (s, j-1) the current row's
+   column j - 1, final once the options j' < j are in. So for one (s, j) the update is a
+   contiguous run over t, ``row_s[t] = min(row_s[t], c + row_j[t])``, 16 uint32 a vector,
+   and 8 rows s share each row j. Rows whose keep-all peak fits at m (t <= z(m, s)) are 0
+   and not stored, so slices shrink as m grows. An option whose floor f = floor(ftime / delta)
+   is above the previous slice's value at (s, t) cannot help there (values only fall with m,
+   and the option is never below f), so a run starts after the prefix of t whose
+   previous-slice maximum is below f; strictly below, so that the option that made the
+   previous value is never cut. 8 rows are filled together unless an item of 0 slots makes
+   one row read another's current slice; then rows go one at a time, s descending.
+2. **The exact values where they matter** (:func:`exact_entries`), top-down from the entry
+   asked: at (s, t, m) every option's bound is read from the table; an option whose bound
+   is above the least (bound + d) (plus the float64 rounding of the sums, a relative
+   (4 L + 16) 2^-53, far below a unit) cannot be the minimum of the float64 recurrence
+   either, and is dropped; the others' parts are made exact first (an explicit stack,
+   results in a hash table), then the entry is evaluated with the dense table's float
+   expressions and association, F_all first then j ascending, ties to the first: the same
+   value and choice as the dense table. Any entry can be asked, so the whole exact table
+   stays available; the schedule's top entry needs a few thousand.
 
-Work is still O(S L^3) in the worst case and storage O(S L^2): on random chains at 30 % of
-the way from the memory floor to keep-all, storage is about 80 % of the dense float64 part
-(rows hold a distinct value at nearly every budget, so they do not compress into steps).
-Measured and not kept, all exact: skipping 32 budgets at once where the option's value at
-the last is no better than ``best`` at the first (skips ~45 % of the work, costs more than
-it saves); dropping entries whose recompute overhead exceeds the optimum's (they cannot lie
-on an optimal path, but 94 % of the table stays); tiles cut along m as well (the per-option
-setup, ~80 ns, then doubles the time).
+Delta must be fine enough for step 2 to drop nearly everything, and coarse enough that the
+top's bound stays below CAP / 2 (then no bound step 2 reads is capped).
+:func:`chainoffload.solvers.rotor.fill_rotor_table` takes an upper bound on the top's
+overhead from a first table on a grid 16 times coarser (every size ceil(c / 16), budget
+floor(S / 16): every memory check is a sum of sizes against a budget, so a plan that fits
+it fits the fine grid, and its overhead bounds the fine optimum's from above), with units
+from the crude bound L * sum(fwd_nosave) (each stage is re-run at most once per segment
+above it, and those nest); it took 0.8 s of 10.6 at L = 1000 in one run. With units from the
+crude bound alone, step 2 visited about 10^7 entries at L = 1000 instead of about 2000.
+
+Measured at L = 1000, S = 500 (random chains of ``benchmarks/scaling_remat.py``): 7.9e10
+candidate updates before the cut above, which keeps about 60 % of them (counted at L = 200),
+against 4.1e10 float64 updates of the lean table this replaced, but 16 to a vector, 4 bytes
+each and no per-option setup: 8.7 s against 20.9 s in the same run of the benchmark (1006 MiB
+against 1669); the exact entries take 0.07 s. Tried and not kept: the lean
+float64 rows (trimmed to [least budget, constant tail], filled in 16 x 16 tiles of segments)
+in uint32, 1.6-1.8x faster, the tile of rows under construction then spilling out of L2; the
+slices in a ring of 16 copied into such rows every 16 budgets (the copy was 30 % of the
+fill); register blocks of 16 columns (Numba leaves loops of a fixed 16 scalar, their stores
+possibly aliasing their loads).
 """
 
 from __future__ import annotations
@@ -62,8 +77,15 @@ import numpy as np
 
 from .config import njit
 
-#: Side of the tiles of segments filled together (NOTE [ lean rotor table ]).
-BLOCK = 16
+#: Rows of the lower-bound table filled together (NOTE [ rotor by bounds ]): 8 rows of 1000
+#: uint32 stay in a 32 KiB L1 (L = 1000: 8.2 s against 9.7 s for 16 rows, same machine and load).
+BLOCK = 8
+#: Cap of the lower bounds, in units; three capped values sum below 2^31.
+CAP = 2**29 - 1
+#: "Cannot run" in the lower-bound table; above every capped sum.
+INF_U = 2**31 - 1
+#: Spare entries after each stored row, so that vector loops may round their length up.
+PAD = 16
 
 
 @njit
@@ -138,242 +160,355 @@ def rotor_table(fwd, bwd, fwd_nosave, act, saved, fwd_tmp, bwd_tmp, slots):
 
 
 @njit
-def _checkpoint_option(best, right, o_right, lo_right, top_right, left, o_left, lo_left, top_left, a, need, ftime, slots):
-    """Lower ``best`` (nonincreasing, length slots + 1) by "checkpoint a_{j-1}" of one segment.
-
-    ``right`` / ``left`` hold the rows (j, t) and (s, j-1) at offsets ``o_right`` / ``o_left``
-    (their values at lo); ``a`` is act[j-1] in slots, ``need`` the forward phase's memory,
-    ``ftime`` the time of Fck_s, Fn_{s+1}..Fn_{j-1}. ``best`` stays nonincreasing.
-    """
-    s1 = slots + 1
-    first = max(need, a + lo_right, lo_left)
-    if first > slots:
-        return
-    base_r = o_right - lo_right - a  # right[base_r + m] is the right part's value at m - a
-    base_l = o_left - lo_left
-    flat = max(a + top_right, top_left, first)  # the option is constant from here on
-    at_top = ftime + right[base_r + min(slots, a + top_right)] + left[base_l + min(slots, top_left)]
-    # best is nonincreasing and the option is never below at_top: stop where best reaches it.
-    lo_, hi_ = first, s1
-    while lo_ < hi_:
-        mid = (lo_ + hi_) // 2
-        if best[mid] <= at_top:
-            hi_ = mid
-        else:
-            lo_ = mid + 1
-    stop = lo_
-    m0 = first
-    both = min(a + top_right, top_left, stop)  # both rows explicit below this
-    if both > m0:
-        b = best[m0:both]
-        r = right[base_r + m0:base_r + both]
-        lf = left[base_l + m0:base_l + both]
-        for k in range(both - m0):
-            x = b[k]
-            v = ftime + r[k] + lf[k]
-            b[k] = (v if v < x else x) + 0.0  # NOTE [ lean rotor table ]: + 0.0
-        m0 = both
-    one = min(flat, stop)  # one row constant below this
-    if one > m0:
-        b = best[m0:one]
-        if a + top_right <= top_left:
-            rv = ftime + right[base_r + a + top_right]
-            lf = left[base_l + m0:base_l + one]
-            for k in range(one - m0):
-                x = b[k]
-                v = rv + lf[k]
-                b[k] = (v if v < x else x) + 0.0
-        else:
-            lv = left[base_l + top_left]
-            r = right[base_r + m0:base_r + one]
-            for k in range(one - m0):
-                x = b[k]
-                v = ftime + r[k] + lv
-                b[k] = (v if v < x else x) + 0.0
-        m0 = one
-    if stop > m0:
-        b = best[m0:stop]
-        for k in range(stop - m0):
-            x = b[k]
-            b[k] = (at_top if at_top < x else x) + 0.0
+def keep_all_needs(act, saved, fwd_tmp, bwd_tmp):
+    """ka[s, t]: the least budget at which (s, t) runs with F_all all the way (no recompute)."""
+    n = saved.shape[0]
+    ka = np.zeros((n + 2, n + 2), dtype=np.int64)
+    for t in range(1, n + 1):
+        ka[t, t] = keep_need(act, saved, fwd_tmp, bwd_tmp, t, t)
+        for s in range(t - 1, 0, -1):
+            ka[s, t] = max(keep_need(act, saved, fwd_tmp, bwd_tmp, s, t), saved[s - 1] + ka[s + 1, t])
+    return ka
 
 
 @njit
-def _store_row(best, store, used, slots):
-    """Copy the explicit part of a finished row into ``store`` at ``used``; return (lo, top, used)."""
+def floor_units(ftime, scale):
+    """floor(ftime * scale) capped at CAP; exact when ``scale`` is a power of two."""
+    return min(np.floor(ftime * scale), CAP)
+
+
+@njit
+def bound_table(fwd_nosave, act, saved, fwd_tmp, bwd_tmp, slots, scale, block):
+    """Fill the lower-bound table of ``NOTE [ rotor by bounds ]`` for budgets 0..``slots``.
+
+    Sizes in slots as for :func:`rotor_table`; ``scale`` = 1 / delta, a power of two; rows
+    are filled ``block`` at a time. Returns ``(store, zs, rof)``: see :func:`bound_at`.
+    """
+    n = fwd_nosave.shape[0]
     s1 = slots + 1
-    lo = s1
+    cap = np.uint32(CAP)
+    inf_u = np.uint32(INF_U)
+    gu = np.zeros(n + 1 + PAD, dtype=np.uint32)  # g_t, the gradient a segment ending at t holds
+    gmax = 0
+    for t in range(1, n):
+        gu[t] = min(act[t], INF_U)
+        gmax = max(gmax, act[t])
+    ka = keep_all_needs(act, saved, fwd_tmp, bwd_tmp)
+    ff = np.zeros((n + 2, n + 2), dtype=np.uint32)  # [j, s]: floor of the forward phase's time
+    fp = np.zeros((n + 2, n + 2), dtype=np.int64)  # [j, s]: its peak, less g_t
+    for s in range(1, n + 1):
+        ftime, peak = 0.0, 0
+        for j in range(s + 1, n + 1):
+            ftime, peak = forward_phase(fwd_nosave, act, fwd_tmp, s, j, ftime, peak)
+            ff[j, s] = floor_units(ftime, scale)
+            fp[j, s] = peak
+    # Slice m stores row s for t in (zs[m, s], n] at store[rof[m, s] + t], then PAD spares.
+    zs = np.zeros((s1, n + 2), dtype=np.int32)
+    rof = np.zeros((s1, n + 2), dtype=np.int64)
+    z = np.zeros(n + 2, dtype=np.int64)
+    for s in range(1, n + 2):
+        z[s] = s - 1
+    total = n + 2 + PAD  # keeps rof >= 0 (t starts at zs + 1 <= n + 1), for the uint64 offsets
     for m in range(s1):
-        if best[m] < np.inf:
-            lo = m
-            break
-    if lo == s1:
-        return s1, s1, used
-    top = slots
-    last = best[slots]
-    while top > lo and best[top - 1] == last:
-        top -= 1
-    # Plain loops, not slice assignment: Numba's generic setitem costs seconds of compile.
-    for m in range(lo, top + 1):
-        store[used + m - lo] = best[m]
-    return lo, top, used + top - lo + 1
-
-
-@njit
-def rotor_lean(fwd, bwd, fwd_nosave, act, saved, fwd_tmp, bwd_tmp, slots, block):
-    """Fill the lean rotor table (``NOTE [ lean rotor table ]``), equal to :func:`rotor_table`'s ``opt``.
-
-    Sizes in slots as for :func:`rotor_table`; tiles are ``block`` x ``block`` segments.
-    Returns ``(store, used, lo, top, off)``: opt[s, t, m] is inf for m < lo[s, t], else
-    ``store[off[s, t] + min(m, top[s, t]) - lo[s, t]]`` (see :func:`rotor_value`); only
-    ``store[:used]`` is written.
-    """
-    n = fwd.shape[0]
-    s1 = slots + 1
-    lo = np.full((n + 2, n + 2), s1, dtype=np.int32)
-    top = np.full((n + 2, n + 2), s1, dtype=np.int32)
-    off = np.zeros((n + 2, n + 2), dtype=np.int64)
-    # Room for every row at full length; rows are written one after the other from the start,
-    # and pages past the last row are never touched (NOTE [ lean rotor table ]).
-    store = np.empty(n * (n + 1) // 2 * s1 + 1)
-    used = 0
-    best = np.empty((block, block, s1))  # the tile's rows under construction, [s - s_lo, t - t0]
-    ftab = np.zeros((block, n + 2))  # forward phase of (s, j): time
-    ptab = np.zeros((block, n + 2), dtype=np.int64)  # and peak (less g_t)
-    for t0 in range(1, n + 1, block):
-        t1 = min(t0 + block, n + 1)
-        s_lo, s_hi = t0, t1 - 1  # the tile on the diagonal first, then those above it
+        for s in range(1, n + 1):
+            while z[s] < n and ka[s, z[s] + 1] <= m:
+                z[s] += 1
+            zs[m, s] = z[s]
+            rof[m, s] = total - (z[s] + 1)
+            total += n - z[s] + PAD
+        zs[m, n + 1] = n
+    store = np.full(total + PAD, inf_u, dtype=np.uint32)
+    sd = np.full(n + 2, n + 1, dtype=np.int64)  # rows s < sd[j]: the forward phase to j does not fit
+    sm = np.full(n + 2, n + 1, dtype=np.int64)  # rows s < sm[j]: it fits only beside a small g_t
+    pm = np.zeros((block, n + 2), dtype=np.uint32)  # prefix maxima of the previous slice's rows
+    tc = np.zeros(block, dtype=np.int64)
+    zb = np.zeros(block, dtype=np.int64)  # the block's rows in this slice: keep-all prefix
+    rb_ = np.zeros(block, dtype=np.int64)  # and offset
+    for m in range(s1):
+        # fp[j, s] is nonincreasing in s (a shorter forward phase peaks no higher)
+        for j in range(2, n + 1):
+            while sd[j] > 1 and fp[j, sd[j] - 1] <= m:
+                sd[j] -= 1
+            while sm[j] > 1 and fp[j, sm[j] - 1] + gmax <= m:
+                sm[j] -= 1
+        s_hi = n
         while s_hi >= 1:
-            for s in range(s_lo, s_hi + 1):
-                ftime, fpeak = 0.0, 0
-                for j in range(s + 1, t1):
-                    ftime, fpeak = forward_phase(fwd_nosave, act, fwd_tmp, s, j, ftime, fpeak)
-                    ftab[s - s_lo, j] = ftime
-                    ptab[s - s_lo, j] = fpeak
-                for t in range(max(s + 1, t0), t1):
-                    row = best[s - s_lo, t - t0]
-                    for m in range(s1):
-                        row[m] = np.inf
-            # Checkpoints whose both parts lie outside the tile (j - 1 < t0, j > s_hi), final
-            # already: each right row (j, t) serves every s of the tile, each left row (s, j - 1)
-            # every t (NOTE [ lean rotor table ]: tiles).
-            for j in range(s_hi + 1, t0 + 1):
-                a = act[j - 1]
-                for s in range(s_lo, s_hi + 1):
-                    fpeak = ptab[s - s_lo, j]
-                    lo_left = lo[s, j - 1]
-                    if fpeak > slots or lo_left > slots:
-                        continue
-                    o_left = off[s, j - 1]
-                    top_left = top[s, j - 1]
-                    ftime = ftab[s - s_lo, j]
-                    for t in range(t0, t1):
-                        g_t = act[t] if t < n else 0
-                        _checkpoint_option(best[s - s_lo, t - t0], store, off[j, t], lo[j, t], top[j, t], store, o_left,
-                                           lo_left, top_left, a, g_t + fpeak, ftime, slots)
-            # The rest, one s at a time (descending): F_all, then the checkpoints inside the tile
-            # (j ascending), each row stored once its last option is in, just before it serves as
-            # a left part.
-            for s in range(s_hi, s_lo - 1, -1):
-                first_t = max(s, t0)
-                if s >= t0:
-                    # s..s: F_s then B_s.
-                    need_a = keep_need(act, saved, fwd_tmp, bwd_tmp, s, s)
-                    if need_a <= slots:
-                        lo[s, s] = need_a
-                        top[s, s] = need_a
-                        off[s, s] = used
-                        store[used] = fwd[s - 1] + bwd[s - 1]
-                        used += 1
-                    first_t = s + 1
-                for t in range(first_t, t1):
-                    # F_all on s: unit s stays while s+1..t runs at m - saved[s].
-                    row = best[s - s_lo, t - t0]
-                    need_a = keep_need(act, saved, fwd_tmp, bwd_tmp, s, t)
-                    sv = saved[s - 1]
-                    lo_sub = lo[s + 1, t]
-                    first = max(need_a, sv + lo_sub)
-                    if first <= slots:
-                        top_sub = top[s + 1, t]
-                        flat = max(sv + top_sub, first)
-                        base = off[s + 1, t] - lo_sub - sv
-                        for m in range(first, min(flat, s1)):
-                            x = row[m]
-                            v = fwd[s - 1] + store[base + m] + bwd[s - 1]
-                            row[m] = (v if v < x else x) + 0.0
-                        if flat <= slots:
-                            c = fwd[s - 1] + store[base + sv + top_sub] + bwd[s - 1]
-                            for m in range(flat, s1):
-                                x = row[m]
-                                row[m] = (c if c < x else x) + 0.0
-                for j in range(s + 1, t1 + 1):
-                    if j - 1 >= first_t:
-                        first_m, top_m, new_used = _store_row(best[s - s_lo, j - 1 - t0], store, used, slots)
-                        if first_m < s1:
-                            lo[s, j - 1] = first_m
-                            top[s, j - 1] = top_m
-                            off[s, j - 1] = used
-                            used = new_used
-                    if j == t1:
-                        break
-                    if s_hi < j <= t0:
-                        continue  # applied with the whole tile above
-                    fpeak = ptab[s - s_lo, j]
-                    lo_left = lo[s, j - 1]
-                    if fpeak > slots or lo_left > slots:
-                        continue
-                    o_left = off[s, j - 1]
-                    top_left = top[s, j - 1]
-                    a = act[j - 1]
-                    ftime = ftab[s - s_lo, j]
-                    for t in range(max(first_t, j), t1):
-                        g_t = act[t] if t < n else 0
-                        _checkpoint_option(best[s - s_lo, t - t0], store, off[j, t], lo[j, t], top[j, t], store, o_left,
-                                           lo_left, top_left, a, g_t + fpeak, ftime, slots)
-            s_hi = s_lo - 1
             s_lo = max(1, s_hi - block + 1)
-    return store, used, lo, top, off
+            for r in range(s_lo + 1, s_hi + 1):
+                if act[r - 1] == 0 or saved[r - 2] == 0:
+                    s_lo = s_hi  # a row reads row r's current slice: one row at a time
+                    break
+            for s in range(s_lo, s_hi + 1):
+                b = s - s_lo
+                zr = zs[m, s]
+                rs = rof[m, s]
+                zb[b] = zr
+                rb_[b] = rs
+                tc[b] = zr
+                mx = np.uint32(0)
+                if m >= 1:
+                    zp = zs[m - 1, s]
+                    rp = rof[m - 1, s]
+                    for t in range(s, zp + 1):
+                        pm[b, t] = 0
+                    for t in range(max(s, zp + 1), n + 1):
+                        mx = max(mx, store[rp + t])
+                        pm[b, t] = mx
+                else:
+                    for t in range(s, n + 1):
+                        pm[b, t] = inf_u
+                # F_all on s: unit s stays while s+1..t runs at m - saved[s]
+                sv = saved[s - 1]
+                if s < n and m >= sv:
+                    usage_b = sv + act[s] + act[s - 1] + bwd_tmp[s - 1]
+                    lim = m - sv - fwd_tmp[s - 1]
+                    if m >= usage_b and lim >= 0:
+                        limu = np.uint32(min(lim, INF_U))
+                        zn = zs[m - sv, s + 1]
+                        rn = np.uint64(rof[m - sv, s + 1])
+                        ru = np.uint64(rs)
+                        mid = max(zr, zn)
+                        for t in range(np.uint64(zr + 1), np.uint64(mid + 1)):
+                            store[ru + t] = np.uint32(0) if gu[t] <= limu else inf_u
+                        for t in range(np.uint64(mid + 1), np.uint64(n + 1)):
+                            v = store[rn + t]
+                            store[ru + t] = v if gu[t] <= limu else inf_u
+            # Checkpoint a_{j-1}, j ascending: (s, j - 1) is final when j comes.
+            for j in range(s_lo + 1, n + 1):
+                a = act[j - 1]
+                if m < a:
+                    continue
+                s_a = max(s_lo, sd[j])
+                s_b = min(s_hi, j - 1)
+                if s_a > s_b:
+                    continue
+                zj = zs[m - a, j]
+                rj = np.uint64(rof[m - a, j])
+                for s in range(s_a, s_b + 1):
+                    b = s - s_lo
+                    f = ff[j, s]
+                    if pm[b, n] < f:
+                        continue
+                    zr = zb[b]
+                    rs = rb_[b]
+                    if j - 1 <= zr:
+                        lv = np.uint32(0)
+                    else:
+                        lv = store[rs + j - 1]
+                        if lv >= inf_u:
+                            continue
+                    c = np.uint32(f + min(lv, cap))
+                    k = tc[b]  # f grows with j: the cut prefix only grows
+                    while k < n and pm[b, k + 1] < f:
+                        k += 1
+                    tc[b] = k
+                    t_first = max(j, zr + 1, k + 1)
+                    if t_first > n:
+                        continue
+                    ru = np.uint64(rs)
+                    if s >= sm[j]:
+                        mid = min(max(zj, t_first - 1), n)  # (j, t) is 0 up to zj
+                        for t in range(np.uint64(t_first), np.uint64(mid + 1)):
+                            x = store[ru + t]
+                            store[ru + t] = min(c, x)
+                        t2 = mid + 1
+                        if t2 <= n:
+                            # rounded up to whole vectors: the spares after the rows take the rest
+                            cnt = np.uint64((n + 1 - t2 + PAD - 1) // PAD * PAD)
+                            rb = ru + np.uint64(t2)
+                            jb = rj + np.uint64(t2)
+                            for q in range(cnt):
+                                v = np.uint32(c + store[jb + q])
+                                x = store[rb + q]
+                                store[rb + q] = min(v, x)
+                    else:
+                        limu = np.uint32(m - fp[j, s])
+                        for t in range(np.uint64(t_first), np.uint64(n + 1)):
+                            rv = np.uint32(0) if t <= np.uint64(zj) else store[rj + t]
+                            v = np.uint32(c + rv)
+                            v = v if gu[t] <= limu else inf_u
+                            x = store[ru + t]
+                            store[ru + t] = min(v, x)
+            for s in range(s_lo, s_hi + 1):
+                ru = np.uint64(rof[m, s])
+                for t in range(np.uint64(zs[m, s] + 1), np.uint64(n + 1)):
+                    v = store[ru + t]
+                    store[ru + t] = cap if (v > cap and v < inf_u) else v
+            s_hi = s_lo - 1
+    return store, zs, rof
 
 
 @njit
-def rotor_value(store, lo, top, off, s, t, m):
-    """opt[s, t, m] of the lean table (``inf`` below the row's least budget)."""
-    if m < lo[s, t]:
-        return np.inf
-    return store[off[s, t] + min(m, top[s, t]) - lo[s, t]]
+def bound_at(store, zs, rof, s, t, m):
+    """The lower bound (units) of (s, t) at budget m; INF_U when the segment cannot run."""
+    if m < 0:
+        return np.int64(INF_U)
+    if t <= zs[m, s]:
+        return np.int64(0)
+    return np.int64(store[rof[m, s] + t])
 
 
 @njit
-def rotor_argmin(fwd, bwd, fwd_nosave, act, saved, fwd_tmp, bwd_tmp, store, lo, top, off, slots, s, t, m):
-    """The dense table's ``choice[s, t, m]``: 0 for "F_all on s", j for "checkpoint a_{j-1}", -1 for none.
+def _memo_slot(keys, key):
+    mask = keys.shape[0] - 1
+    i = (key ^ (key >> 12) ^ (key >> 24)) & mask  # no multiply: the same in Numba and in Python
+    while keys[i] != -1 and keys[i] != key:
+        i = (i + 1) & mask
+    return i
 
-    Recomputes each option with the fill's float expressions and returns the first (F_all,
-    then j ascending) whose value equals the table's, which is the dense table's tie-break.
-    """
+
+@njit
+def _push(stack, sp, s, t, m):
+    if sp >= stack.shape[0]:
+        bigger = np.empty((2 * stack.shape[0], 3), dtype=np.int64)
+        bigger[: stack.shape[0]] = stack
+        stack = bigger
+    stack[sp, 0], stack[sp, 1], stack[sp, 2] = s, t, m
+    return stack, sp + 1
+
+
+@njit
+def _rehash(keys, vals, picks):
+    size = 2 * keys.shape[0]
+    k2 = np.full(size, -1, dtype=np.int64)
+    v2 = np.empty(size)
+    p2 = np.empty(size, dtype=np.int32)
+    for i in range(keys.shape[0]):
+        if keys[i] != -1:
+            j = _memo_slot(k2, keys[i])
+            k2[j] = keys[i]
+            v2[j] = vals[i]
+            p2[j] = picks[i]
+    return k2, v2, p2
+
+
+@njit
+def _survivors(fwd, bwd, fwd_nosave, act, saved, fwd_tmp, bwd_tmp, slots, scale, store, zs, rof, s, t, m, eps):
+    """The bound above which no option of (s, t, m) can be the float64 minimum, and F_all's bound."""
     n = fwd.shape[0]
-    target = rotor_value(store, lo, top, off, s, t, m)
-    if target == np.inf:
-        return -1
-    if s == t:
-        return 0
+    d = t - s + 1
     g_t = act[t] if t < n else 0
-    need_a = keep_need(act, saved, fwd_tmp, bwd_tmp, s, t)
-    if m >= need_a:
-        sub = rotor_value(store, lo, top, off, s + 1, t, m - saved[s - 1])
-        if sub < np.inf and fwd[s - 1] + sub + bwd[s - 1] == target:
-            return 0
+    lb_f = np.int64(-1)
+    if m >= keep_need(act, saved, fwd_tmp, bwd_tmp, s, t):
+        lb_f = bound_at(store, zs, rof, s + 1, t, m - saved[s - 1])
+        if lb_f >= INF_U:
+            lb_f = -1
+    least = np.int64(2**62)
+    if 0 <= lb_f < CAP:
+        least = lb_f
     ftime, peak = 0.0, 0
     for j in range(s + 1, t + 1):
         ftime, peak = forward_phase(fwd_nosave, act, fwd_tmp, s, j, ftime, peak)
-        need = g_t + peak
-        if need > slots:
+        if g_t + peak > slots:
             break
         a = act[j - 1]
-        if m < need or m < a:
+        if m < g_t + peak or m < a:
             continue
-        right = rotor_value(store, lo, top, off, j, t, m - a)
-        if right == np.inf:
+        r = bound_at(store, zs, rof, j, t, m - a)
+        lf = bound_at(store, zs, rof, s, j - 1, m)
+        if r >= INF_U or lf >= INF_U:
             continue
-        if ftime + right + rotor_value(store, lo, top, off, s, j - 1, m) == target:
-            return j
-    return -1
+        lb = np.int64(floor_units(ftime, scale)) + r + lf
+        if lb < CAP:
+            least = min(least, lb)
+    if least >= 2**62:
+        return np.int64(2**62), lb_f
+    bound = least + d
+    # float64 sums of up to 3 L + 2 terms in sequence, against the real ones the bounds bound
+    compute = 0.0
+    for i in range(s - 1, t):
+        compute += fwd[i] + bwd[i]
+    bound += np.int64(2.0 * eps * (compute * scale + bound)) + 2
+    return bound, lb_f
+
+
+@njit
+def exact_entries(fwd, bwd, fwd_nosave, act, saved, fwd_tmp, bwd_tmp, slots, scale, store, zs, rof,
+                  keys, vals, picks, count, s0, t0, m0):
+    """Make the exact entry (s0, t0, m0) and what it rests on known in the memo (``NOTE [ rotor by bounds ]``).
+
+    The memo is an open-addressing table: ``keys`` (-1: empty; key (s (L + 2) + t) (S + 1) + m),
+    ``vals`` the dense table's value, ``picks`` its choice (0: F_all, j: checkpoint a_{j-1},
+    -1: cannot run). Returns ``(keys, vals, picks, count)`` (new arrays when it grew).
+    """
+    n = fwd.shape[0]
+    eps = (4.0 * n + 16.0) * 2.0**-53
+    stack = np.empty((64, 3), dtype=np.int64)
+    stack, sp = _push(stack, 0, s0, t0, m0)
+    while sp > 0:
+        sp -= 1
+        s, t, m = stack[sp, 0], stack[sp, 1], stack[sp, 2]
+        key = (s * (n + 2) + t) * (slots + 1) + m
+        if keys[_memo_slot(keys, key)] == key:
+            continue
+        if m < 0 or bound_at(store, zs, rof, s, t, m) >= INF_U:
+            value, pick = np.inf, -1
+        elif s == t:
+            value, pick = fwd[s - 1] + bwd[s - 1], 0
+        else:
+            bound, lb_f = _survivors(fwd, bwd, fwd_nosave, act, saved, fwd_tmp, bwd_tmp, slots, scale, store, zs,
+                                     rof, s, t, m, eps)
+            g_t = act[t] if t < n else 0
+            # the survivors' parts first
+            waiting = sp
+            if lb_f >= 0 and lb_f <= bound:
+                k2 = ((s + 1) * (n + 2) + t) * (slots + 1) + m - saved[s - 1]
+                if keys[_memo_slot(keys, k2)] != k2:
+                    stack, sp = _push(stack, sp, s + 1, t, m - saved[s - 1])
+            ftime, peak = 0.0, 0
+            for j in range(s + 1, t + 1):
+                ftime, peak = forward_phase(fwd_nosave, act, fwd_tmp, s, j, ftime, peak)
+                if g_t + peak > slots:
+                    break
+                a = act[j - 1]
+                if m < g_t + peak or m < a:
+                    continue
+                r = bound_at(store, zs, rof, j, t, m - a)
+                lf = bound_at(store, zs, rof, s, j - 1, m)
+                if r >= INF_U or lf >= INF_U or np.int64(floor_units(ftime, scale)) + r + lf > bound:
+                    continue
+                kr = (j * (n + 2) + t) * (slots + 1) + m - a
+                if keys[_memo_slot(keys, kr)] != kr:
+                    stack, sp = _push(stack, sp, j, t, m - a)
+                kl = (s * (n + 2) + j - 1) * (slots + 1) + m
+                if keys[_memo_slot(keys, kl)] != kl:
+                    stack, sp = _push(stack, sp, s, j - 1, m)
+            if sp > waiting:
+                # come back to (s, t, m) once they are known: below them on the stack
+                stack, sp = _push(stack, sp, 0, 0, 0)
+                for i in range(sp - 1, waiting, -1):
+                    stack[i, 0], stack[i, 1], stack[i, 2] = stack[i - 1, 0], stack[i - 1, 1], stack[i - 1, 2]
+                stack[waiting, 0], stack[waiting, 1], stack[waiting, 2] = s, t, m
+                continue
+            # the dense table's expressions, in its order, over the survivors
+            value, pick = np.inf, -1
+            if lb_f >= 0 and lb_f <= bound:
+                sub = vals[_memo_slot(keys, ((s + 1) * (n + 2) + t) * (slots + 1) + m - saved[s - 1])]
+                if sub < np.inf:
+                    value, pick = fwd[s - 1] + sub + bwd[s - 1], 0
+            ftime, peak = 0.0, 0
+            for j in range(s + 1, t + 1):
+                ftime, peak = forward_phase(fwd_nosave, act, fwd_tmp, s, j, ftime, peak)
+                if g_t + peak > slots:
+                    break
+                a = act[j - 1]
+                if m < g_t + peak or m < a:
+                    continue
+                r = bound_at(store, zs, rof, j, t, m - a)
+                lf = bound_at(store, zs, rof, s, j - 1, m)
+                if r >= INF_U or lf >= INF_U or np.int64(floor_units(ftime, scale)) + r + lf > bound:
+                    continue
+                right = vals[_memo_slot(keys, (j * (n + 2) + t) * (slots + 1) + m - a)]
+                if right == np.inf:
+                    continue
+                v = ftime + right + vals[_memo_slot(keys, (s * (n + 2) + j - 1) * (slots + 1) + m)]
+                if v < value:
+                    value, pick = v, j
+        if 2 * (count + 1) > keys.shape[0]:
+            keys, vals, picks = _rehash(keys, vals, picks)
+        i = _memo_slot(keys, key)
+        keys[i] = key
+        vals[i] = value
+        picks[i] = pick
+        count += 1
+    return keys, vals, picks, count

@@ -24,9 +24,10 @@ Each term is exactly the peak the simulator sees at that op (frees at an instant
 allocations), so the table's value is the simulated makespan. Sizes are rounded *up* to
 slots and the budget *down*, so every schedule rebuilt from the table fits in bytes. Ties go
 to "F_all", so a budget that holds everything recomputes nothing. O(S L^3) time, O(S L^2)
-memory; the table is kept lean (trimmed rows, no choice table, options cut where they cannot
-improve, filled in tiles: ``NOTE [ lean rotor table ]`` in :mod:`chainoffload._kernels.rotor`),
-equal bit for bit to the dense table of the recurrence.
+memory; the table is a table of integer lower bounds (4 bytes an entry, filled one budget at
+a time, 16 to a vector) from which the entries the schedule needs are made exact on demand
+(``NOTE [ rotor by bounds ]`` in :mod:`chainoffload._kernels.rotor`): equal bit for bit to
+the dense float64 table of the recurrence, at any entry asked.
 """
 
 from __future__ import annotations
@@ -53,7 +54,8 @@ _krot = lazy("rotor")  # imports Numba on first use only
 #: Memory slots of the dynamic programs when none are given.
 DEFAULT_SLOTS = 500
 
-#: Bound on rotor's table when it picks the slots itself: L (L + 1) / 2 (S + 1) float64 at most.
+#: Bound on rotor's table when it picks the slots itself, at 8 bytes a (segment, budget) entry
+#: (the bounds take 4, their spares and index less than 4 more).
 TABLE_BYTES = 4 * 2**30
 
 
@@ -114,8 +116,8 @@ def slots_for(chain: Chain, memory: int, slots: int) -> Slots:
 def default_slots(length: int) -> int:
     """The slots rotor uses when none are given: :data:`DEFAULT_SLOTS`, fewer on very long chains.
 
-    The table holds at most L (L + 1) / 2 (S + 1) float64 values; S is lowered so that this
-    bound stays within :data:`TABLE_BYTES` (L = 1000 keeps 500 slots, L = 3000 gets 118).
+    The table holds at most L (L + 1) / 2 (S + 1) entries; S is lowered so that 8 bytes each
+    stay within :data:`TABLE_BYTES` (L = 1000 keeps 500 slots, L = 3000 gets 118).
 
     Parameters
     ----------
@@ -127,37 +129,70 @@ def default_slots(length: int) -> int:
     return int(max(1, min(DEFAULT_SLOTS, fit)))
 
 
-@dataclass(frozen=True, eq=False)
 class RotorTable:
-    """The filled rotor table of one chain on one slot rounding (``NOTE [ lean rotor table ]``).
+    """Rotor's table of one chain on one slot rounding (``NOTE [ rotor by bounds ]``).
 
     Equal, entry for entry, to the dense table of ``NOTE [ rotor recurrence ]``: :meth:`value`
     is opt[s, t, m] and ``choice[s, t, m]`` the option the schedule takes there (0: "F_all
-    on s", j > s: "checkpoint a_{j-1}", -1: the segment cannot run), recomputed on demand.
+    on s", j > s: "checkpoint a_{j-1}", -1: the segment cannot run). Both are made exact on
+    demand from the table of lower bounds, and kept.
     """
 
-    chain: Chain
-    slots: Slots
-    store: np.ndarray
-    used: int
-    lo: np.ndarray
-    top: np.ndarray
-    off: np.ndarray
+    def __init__(self, chain: Chain, slots: Slots, store: np.ndarray, zs: np.ndarray, rof: np.ndarray, scale: float) -> None:
+        self.chain = chain
+        self.slots = slots
+        self.store = store
+        self.zs = zs
+        self.rof = rof
+        self.scale = float(scale)
+        self._keys = np.full(1024, -1, dtype=np.int64)
+        self._vals = np.empty(1024)
+        self._picks = np.empty(1024, dtype=np.int32)
+        self._count = 0
+
+    def _entry(self, s: int, t: int, m: int) -> tuple[float, int]:
+        n, sl = self.chain.length, self.slots
+        if not (1 <= s <= t <= n) or m > sl.budget:
+            raise IndexError(f"rotor table has no entry ({s}, {t}, {m})")
+        if m < 0:
+            return math.inf, -1
+        key = (s * (n + 2) + t) * (sl.budget + 1) + m
+        i = int(_krot._memo_slot(self._keys, key))
+        if self._keys[i] != key:
+            ch = self.chain
+            self._keys, self._vals, self._picks, count = _krot.exact_entries(
+                ch.fwd, ch.bwd, ch.fwd_nosave, sl.act, sl.saved, sl.fwd_tmp, sl.bwd_tmp, sl.budget, self.scale,
+                self.store, self.zs, self.rof, self._keys, self._vals, self._picks, self._count, s, t, m,
+            )
+            self._count = int(count)
+            i = int(_krot._memo_slot(self._keys, key))
+        return float(self._vals[i]), int(self._picks[i])
 
     def value(self, s: int, t: int, m: int) -> float:
         """Least time of segment s..t with budget ``m`` slots (``inf`` when it cannot run)."""
-        return float(_krot.rotor_value(self.store, self.lo, self.top, self.off, s, t, m))
+        return self._entry(s, t, m)[0]
 
     def least_budget(self, s: int = 1, t: int | None = None) -> int | None:
         """Least budget (slots) at which segment s..t runs, ``None`` if none up to the budget."""
         t = self.chain.length if t is None else t
-        lo = int(self.lo[s, t])
+        lo, hi = 0, self.slots.budget + 1  # feasibility only grows with the budget
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if _krot.bound_at(self.store, self.zs, self.rof, s, t, mid) < _krot.INF_U:
+                hi = mid
+            else:
+                lo = mid + 1
         return lo if lo <= self.slots.budget else None
 
     @property
     def nbytes(self) -> int:
-        """Bytes the table uses: the rows written and the index arrays."""
-        return 8 * self.used + self.lo.nbytes + self.top.nbytes + self.off.nbytes
+        """Bytes the table uses: the bounds, their index and the exact entries made so far."""
+        return self.store.nbytes + self.zs.nbytes + self.rof.nbytes + self._keys.nbytes + self._vals.nbytes + self._picks.nbytes
+
+    @property
+    def exact_count(self) -> int:
+        """How many exact entries have been made (the top entry's schedule needs a few thousand)."""
+        return self._count
 
     @property
     def choice(self) -> "_Choice":
@@ -173,16 +208,25 @@ class _Choice:
 
     def __getitem__(self, key: tuple[int, int, int]) -> int:
         s, t, m = (int(k) for k in key)
-        tb, ch, sl = self._table, self._table.chain, self._table.slots
-        return int(
-            _krot.rotor_argmin(
-                ch.fwd, ch.bwd, ch.fwd_nosave, sl.act, sl.saved, sl.fwd_tmp, sl.bwd_tmp,
-                tb.store, tb.lo, tb.top, tb.off, sl.budget, s, t, m,
-            )
-        )
+        return self._table._entry(s, t, m)[1]
 
 
-def fill_rotor_table(chain: Chain, sl: Slots) -> RotorTable:
+#: Coarsening of the first, small table that sets the units of the real one.
+COARSE = 16
+
+
+def _scale_for(bound: float) -> float:
+    """The power of two 1 / delta that keeps overheads up to ``bound`` seconds below CAP / 2 units."""
+    if not (bound > 0.0) or not math.isfinite(bound):
+        return 1.0 if not (bound > 0.0) else 2.0**-1000
+    return 2.0 ** min(1000, max(-1000, math.floor(math.log2((_krot.CAP // 2) / bound))))
+
+
+def _bound_table(chain: Chain, act, saved, fwd_tmp, bwd_tmp, budget: int, scale: float, block: int):
+    return _krot.bound_table(chain.fwd_nosave, act, saved, fwd_tmp, bwd_tmp, int(budget), float(scale), int(block))
+
+
+def fill_rotor_table(chain: Chain, sl: Slots, *, block: int | None = None, scale: float | None = None) -> RotorTable:
     """Fill rotor's table for every segment and every budget up to ``sl.budget``.
 
     Parameters
@@ -191,6 +235,12 @@ def fill_rotor_table(chain: Chain, sl: Slots) -> RotorTable:
         The chain.
     sl
         Its sizes in slots and the budget, from :func:`slots_for`.
+    block
+        Rows of the bound table filled together (default :data:`~chainoffload._kernels.rotor.BLOCK`).
+    scale
+        1 / delta of the bounds, a power of two (default: from a table :data:`COARSE` times
+        coarser, ``NOTE [ rotor by bounds ]``). Any value gives the same exact table; a
+        coarse one makes its entries slower to get.
 
     Returns
     -------
@@ -198,10 +248,26 @@ def fill_rotor_table(chain: Chain, sl: Slots) -> RotorTable:
         ``value(1, L, sl.budget)`` is the optimum; ``choice`` rebuilds the schedule with
         :func:`rotor_schedule` or :func:`emit_segment`.
     """
-    store, used, lo, top, off = _krot.rotor_lean(
-        chain.fwd, chain.bwd, chain.fwd_nosave, sl.act, sl.saved, sl.fwd_tmp, sl.bwd_tmp, sl.budget, _krot.BLOCK
-    )
-    return RotorTable(chain, sl, store, int(used), lo, top, off)
+    block = _krot.BLOCK if block is None else int(block)
+    if scale is None:
+        # A plan can redo each stage's forward at most once per segment above it (they nest),
+        # so no overhead passes L * sum(fwd_nosave); the coarse table then says how much the
+        # optimum's can be, and the units are set from that.
+        crude = _scale_for(chain.length * float(np.sum(chain.fwd_nosave)))
+        scale = crude
+        if sl.budget >= 4 * COARSE:
+            def coarse(a: np.ndarray) -> np.ndarray:
+                return np.ascontiguousarray(-(-a // COARSE))
+
+            small = sl.budget // COARSE
+            store, zs, rof = _bound_table(chain, coarse(sl.act), coarse(sl.saved), coarse(sl.fwd_tmp), coarse(sl.bwd_tmp),
+                                          small, crude, block)
+            top = int(_krot.bound_at(store, zs, rof, 1, chain.length, small))
+            del store, zs, rof
+            if top < _krot.CAP:
+                scale = _scale_for((top + chain.length) / crude)
+    store, zs, rof = _bound_table(chain, sl.act, sl.saved, sl.fwd_tmp, sl.bwd_tmp, sl.budget, scale, block)
+    return RotorTable(chain, sl, store, zs, rof, scale)
 
 
 def _warm_up(chain: Chain, platform: Platform) -> None:
@@ -214,7 +280,7 @@ def _warm_up(chain: Chain, platform: Platform) -> None:
     sl = slots_for(chain, platform.memory, 8)
     table = fill_rotor_table(chain, sl)
     table.value(1, chain.length, sl.budget)
-    table.choice[1, chain.length, sl.budget]
+    table.least_budget()
 
 
 def emit_segment(ops: list[tuple[str, int]], choice, sl: Slots, s: int, t: int, m: int) -> None:
@@ -270,11 +336,13 @@ def rotor(chain: Chain, platform: Platform, *, slots: int | None = None) -> Resu
 
     Notes
     -----
-    The table costs O(S L^3) time and O(S L^2) memory. Measured on random chains at S = 500
-    (``benchmarks/results/scaling-remat.md``): 0.05 s at L = 100, 1.1 s at L = 300, 37 s
-    and 1.6 GiB at L = 1000 of CPU on a shared core; growth exponents about 2.9 (time) and
-    2.1 (memory). Keep-all, when it fits, is returned without a table. Through
-    :func:`chainoffload.solve`, the kernels' one-time compile happens before the clock starts.
+    The table costs O(S L^3) time and O(S L^2) memory (4 bytes an entry). Measured on random
+    chains at S = 500 (``benchmarks/results/scaling-remat.md``): 0.03 s at L = 100, 0.46 s at
+    L = 300, 8.7 s and 1006 MiB peak at L = 1000 of CPU on a shared core (the float64 table
+    it replaced: 20.9 s and 1669 MiB in the same run); growth exponents about 2.4 (time) and
+    1.9 (memory). Keep-all, when it fits, is returned without a table. Through
+    :func:`chainoffload.solve`, the kernels' one-time compile (about 9 s of CPU) happens before
+    the clock starts.
 
     Returns
     -------
@@ -316,6 +384,7 @@ def rotor(chain: Chain, platform: Platform, *, slots: int | None = None) -> Resu
             message=f"rotor: no checkpointing sequence fits in {platform.memory} B at {slots} slots",
         )
     schedule = rotor_schedule(table.choice, sl, chain.length)
+    info.update(table_bytes=table.nbytes, exact_entries=table.exact_count)
     timeline = simulate(chain, platform, schedule)
     info.update(source="dp", recomputed=sum(1 for k, _ in schedule.compute if k in ("Fck", "Fn")))
     return Result(
