@@ -35,6 +35,7 @@ LAYERS = {
         "chainoffload._kernels",
         "chainoffload._kernels.config",
         "chainoffload._progress",
+        "chainoffload._clock",
         "chainoffload.chain",
         "chainoffload.platform",
         "chainoffload.units",
