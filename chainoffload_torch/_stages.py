@@ -259,6 +259,9 @@ class UnitLedger:
         #: Per unit, saved tensors of a kind the executor cannot rebuild from a byte copy, and
         #: their bytes where known (NOTE [ tensors that cannot move ]).
         self.unmovable: dict[int, dict[str, int]] = {}
+        #: Bytes of the storages the model's output holds that no unit owns (the logits of a
+        #: language model's head): NOTE [ the output's own storages ] in profiler.py.
+        self.output_only = 0
 
     def add_resident(self, obj: Any) -> None:
         """Never own the storages of the tensors in ``obj`` (a call's inputs)."""
@@ -369,13 +372,19 @@ class UnitLedger:
         return out
 
     def forward_end(self, outputs: Any, last: int) -> None:
-        """Mark units 1..last-1 whose storages the model's outputs still hold."""
+        """Mark units 1..last-1 whose storages the model's outputs still hold, and count the
+        bytes of the output's storages that no unit owns (:attr:`output_only`)."""
+        own: dict[int, int] = {}
         for t in held_tensors(outputs):
             if t.device == self.device and t.layout == torch.strided:
                 entry = self.owner(t)
                 if entry is not None and 1 <= entry.unit < last:
                     self.held.add(entry.unit)
                     self.held_by.setdefault(entry, "output")
+                elif entry is None and self.owns(t):
+                    key, nbytes = storage_of(t)
+                    own[key] = nbytes
+        self.output_only = sum(own.values())
 
     def unit_bytes(self, unit: int) -> int:
         """Bytes of all storages ``unit`` owns."""

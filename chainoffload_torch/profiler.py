@@ -93,6 +93,10 @@ class Sizes:
     held_why
         Per unit kept resident whole because its output is held: by what (``"output"``,
         ``"block N"``, ``"forward"``).
+    output_bytes
+        Bytes of the storages the model's output holds that no unit owns (a language model's
+        logits): counted in unit L and in every earlier backward (NOTE [ the output's own
+        storages ]).
     """
 
     act: tuple[int, ...]
@@ -107,6 +111,7 @@ class Sizes:
     prefix_unit: int = 0
     prefix_bytes: int = 0
     held_why: Mapping[int, str] = dataclasses.field(default_factory=dict, hash=False)
+    output_bytes: int = 0
 
     @property
     def resident(self) -> frozenset[int]:
@@ -405,6 +410,7 @@ def _sizes(p: _Pass, n: int) -> Sizes:
         prefix_unit,
         prefix_bytes,
         held_why,
+        ledger.output_only,
     )
 
 
@@ -544,17 +550,34 @@ def measure_chain(
     """The chain and sizes of one call, measured through an installed ``instrument``."""
     sizes, runs = _measure(instrument, root, args, kwargs, device, repeats, warmup)
     n = instrument.blocks.stages
+    # NOTE [ the output's own storages ]
+    saved, bwd_tmp = list(sizes.saved), _max(runs["bwd_tmp"], n)
+    saved[-1] += sizes.output_bytes
+    bwd_tmp = [b + sizes.output_bytes if i < n else b for i, b in enumerate(bwd_tmp, start=1)]
     chain = co.Chain(
         _median_rows(runs["fwd"], n),
         _median_rows(runs["bwd"], n),
         list(sizes.act),
-        list(sizes.saved),
+        saved,
         _max(runs["fwd_tmp"], n),
-        _max(runs["bwd_tmp"], n),
+        bwd_tmp,
         _median_rows(runs["nosave"], n),
         name=name,
     )
     return chain, sizes
+
+
+# NOTE [ the output's own storages ]
+# What the model returns is held by the caller from the end of the forward, and a training loop
+# that keeps it (``out = model(x); loss_fn(out, y).backward()``, or ``out.loss.backward()``)
+# holds it through the whole backward. The storages of the output that some unit owns are that
+# unit's (held: NOTE [ units held elsewhere ]); the others, such as a language model's logits
+# (the head's result, which the loss reads but autograd does not save), are no unit's, and an
+# H200 showed GPT-2 small's step 1.56 GiB (its logits) above the simulation from F_L to the
+# backward's start. They are counted where they live: in unit L (from the end of F_L, kept
+# resident, to the end of B_L) and in the transient of every B_i before it. A loop that drops
+# the output before its backward (``model(**batch).loss.backward()``) peaks below the
+# prediction in the backward by their size: the safe side.
 
 
 def measure_sizes(model: Any, sample: Any, *, blocks: Any = None) -> Sizes:

@@ -199,3 +199,37 @@ def test_a_small_prefix_keeps_its_storages_resident_outside_the_chain_and_a0_is_
     assert sizes.prefix_unit == 2 * n * d * F32 and sizes.prefix_bytes == sizes.resident_bytes == n * d * F32
     chain, _ = ct.profile(model, torch.randn(n, 4), repeats=1, warmup=0)
     assert chain.length == 3 and all(t > 0 for t in chain.fwd)
+
+
+class WithLogits(nn.Module):
+    """A language-model-like suffix: the head's logits are returned beside the loss, and the
+    loss (log_softmax) saves its own result, not the logits: they are no unit's."""
+
+    def __init__(self, d=8, vocab=50, layers=8):
+        super().__init__()
+        self.blocks = nn.ModuleList([TanhBlock(d) for _ in range(layers)])
+        self.head = nn.Linear(d, vocab)
+
+    def forward(self, x, labels):
+        h = x
+        for block in self.blocks:
+            h = block(h)
+        logits = self.head(h)
+        return {"loss": nn.functional.cross_entropy(logits, labels), "logits": logits}
+
+
+def test_the_outputs_own_storages_count_in_unit_L_and_every_earlier_backward():
+    # Regression (H200, GPT-2 small): the logits were in no unit, and the step ran 1.56 GiB
+    # above the simulation from F_L on (NOTE [ the output's own storages ]).
+    torch.manual_seed(0)
+    n, d, vocab = 6, 8, 50
+    model = WithLogits(d, vocab)
+    sample = (torch.randn(n, d), torch.randint(0, vocab, (n,)))
+    sizes = ct.measure_sizes(model, sample)
+    assert sizes.output_bytes == n * vocab * F32 + F32  # the logits and the loss
+    prof = ct.profile_full(model, sample, repeats=1, warmup=0, measure_platform=False)
+    chain = prof.chain
+    assert chain.saved[-1] == prof.sizes.saved[-1] + prof.sizes.output_bytes
+    assert all(b >= prof.sizes.output_bytes for b in chain.bwd_tmp[:-1])
+    # A model whose output is saved by its own suffix (exp) has none.
+    assert ct.measure_sizes(WithPrefixAndSuffix(), torch.randn(5, 4)).output_bytes == 0
