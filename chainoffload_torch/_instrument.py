@@ -782,8 +782,9 @@ class Instrument:
 
     def _open(self, listener: Listener, step: Any) -> _Pass:
         p = _Pass(listener, step)
-        p.saved_hooks = torch.autograd.graph.saved_tensors_hooks(functools.partial(listener.pack, step), listener.unpack)
-        p.saved_hooks.__enter__()
+        if not getattr(step, "passive", False):  # NOTE [ passive steps ] in executor.py
+            p.saved_hooks = torch.autograd.graph.saved_tensors_hooks(functools.partial(listener.pack, step), listener.unpack)
+            p.saved_hooks.__enter__()
         if self.blocks.prefix:
             # NOTE [ the prefix as a stage ]: stage 1 starts with the forward; its input is the
             # model's arguments, which the listener already holds as the call's (never owned).
@@ -791,8 +792,9 @@ class Instrument:
         return p
 
     def _close(self, p: _Pass, out: Any, failed: bool) -> None:
-        p.saved_hooks.__exit__(None, None, None)
-        p.saved_hooks = None
+        if p.saved_hooks is not None:
+            p.saved_hooks.__exit__(None, None, None)
+            p.saved_hooks = None
         n = len(self.blocks)
         if failed:
             p.listener.forward_failed(p.step)

@@ -103,6 +103,8 @@ class _Step:
         self.t0 = time.perf_counter()
         self.mem_base = 0
         self.a0_before = 0  # bytes of a_0 allocated before the step (a model input)
+        #: Nothing moves in this step: no saved-tensor hooks, no ledger (NOTE [ passive steps ]).
+        self.passive = False
 
 
 class ScheduleRun:
@@ -301,9 +303,12 @@ class ScheduleRun:
             self.copier = Copier(device, duplex=self.platform.duplex if self.platform is not None else True)
         if self.pool is None:
             self.pool = HostPool(pin=device.type == "cuda")
-        ledger = UnitLedger(device, resident_storages(self.roots), hold=self.offloaded, pinned=self.pinned)
+        passive = not self.offloaded
+        # NOTE [ passive steps ]: a schedule that moves nothing needs no map of the storages.
+        ledger = UnitLedger(device, set() if passive else resident_storages(self.roots), hold=self.offloaded, pinned=self.pinned)
         ledger.add_resident((args, kwargs))
         step = _Step(ledger)
+        step.passive = passive
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
             step.mem_base = torch.cuda.memory_allocated(device)
@@ -312,6 +317,14 @@ class ScheduleRun:
         self._step = step
         return step
 
+    # NOTE [ passive steps ]
+    # A plan that offloads nothing (the budget holds the keep-all peak) runs its steps without
+    # saved-tensor hooks and without the ledger: autograd keeps its saved tensors as in plain
+    # PyTorch (its own in-place check included, which the hooks would take over), and the step
+    # costs the boundary hooks alone. Measured on a tiny GPT-2 on CPU: 31 ms a step with the hooks
+    # against 20 ms plain; an H200 showed 32 against 17 ms for a small conv chain.
+    # The step's figures (wall time, the CUDA peak) are still recorded.
+
     def stage_start(self, step: _Step, idx: int, hidden: Any, args: tuple, kwargs: dict) -> None:
         """F_idx starts."""
         if step is not self._step:
@@ -319,6 +332,8 @@ class ScheduleRun:
         ledger = step.ledger
         if idx == 1 and isinstance(hidden, torch.Tensor) and not ledger.owns(hidden):
             step.a0_before = hidden.numel() * hidden.element_size()
+        if step.passive:
+            return
         step.versions[idx] = ledger.stage_start(idx, hidden, (args, kwargs))
         self._refuse(ledger.held, "is held beyond its backward by a later block (a skip connection)")
         step.current = idx
@@ -326,7 +341,7 @@ class ScheduleRun:
 
     def stage_end(self, step: _Step, idx: int, hidden_in: Any, hidden_out: Any) -> None:
         """F_idx ends (for the last block, F_L goes on until the model's forward returns)."""
-        if step is not self._step:
+        if step is not self._step or step.passive:
             return
         ledger = step.ledger
         ledger.stage_end(idx, hidden_in, step.versions.pop(idx, None), hidden_out)
@@ -360,6 +375,10 @@ class ScheduleRun:
     def forward_end(self, step: _Step, outputs: Any) -> None:
         """F_L ends: the model's forward returned."""
         if step is not self._step:
+            return
+        if step.passive:
+            step.forward_done = True
+            step.current = None
             return
         ledger = step.ledger
         ledger.forward_end(outputs, self.chain.length)

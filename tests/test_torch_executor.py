@@ -198,6 +198,12 @@ def test_keep_all_schedule_moves_nothing():
         assert all(row)
     assert off.last_step.offloaded_bytes == 0 and off.last_step.prefetched_bytes == 0
     assert off.pool.buffers == 0
+    # NOTE [ passive steps ]: no saved-tensor hook is pushed, so autograd's hooks stay plain.
+    packed = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: packed.append(1) or t, lambda t: t):
+        model(x).sum().backward()
+    assert packed, "the outer hooks see every saved tensor: none of the offloader's are pushed above them"
+    assert off.last_step.wall_time > 0
 
 
 # -- steady state ------------------------------------------------------------------------------

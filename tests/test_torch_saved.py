@@ -262,7 +262,11 @@ def test_modifying_a_saved_tensor_after_offload_raises_in_the_backward():
         try:
             with pytest.raises(RuntimeError, match=INPLACE_ERROR) as err:
                 model(X).backward()
-            assert "chainoffload_torch: saved in the forward of block" in str(err.value)
+            if handle.schedule.offloaded_units:
+                assert "chainoffload_torch: saved in the forward of block" in str(err.value)
+            else:
+                # NOTE [ passive steps ]: nothing moves, no hooks: autograd's own check fires.
+                assert "chainoffload_torch" not in str(err.value)
         finally:
             Flip.modify = False
             handle.remove()
