@@ -455,13 +455,20 @@ def _cmd_solve(args: argparse.Namespace, out: Output) -> int:
         # [ lazy kernels ]); the table printed after the solve is kept room for.
         spent = time.perf_counter() - started
         options["time_limit"] = max(args.time_limit - spent - report_seconds(chain.length), 1e-3)
+        if args.min_memory:
+            # One limit for the whole command: the solve gets half, the bisection what is left.
+            options["time_limit"] *= 0.5
+    finish = None if args.time_limit is None else started + args.time_limit - report_seconds(chain.length)
     result = solve(chain, platform, args.method, **options)
-    least = floor = None
+    least = floor = search = None
     if args.min_memory:
         from .bounds import offload_memory_floor
-        from .solvers import minimum_memory
+        from .solvers import memory_search
 
-        least = minimum_memory(chain, platform, args.method, **options)
+        options.pop("time_limit", None)
+        rest = None if finish is None else max(finish - time.perf_counter(), 1e-3)
+        search = memory_search(chain, platform, args.method, time_limit=rest, **options)
+        least = search.memory
         floor = offload_memory_floor(chain)
     code = 0 if result.feasible else 1
     if args.out:
@@ -473,7 +480,7 @@ def _cmd_solve(args: argparse.Namespace, out: Output) -> int:
     if args.json:
         data = result.to_dict()
         if args.min_memory:
-            data.update(min_memory=least, memory_floor=floor)
+            data.update(min_memory=least, memory_floor=floor, min_memory_converged=search.converged)
         out.json(data)
         return code
     rows = _instance_rows(chain, platform) + [
@@ -495,7 +502,7 @@ def _cmd_solve(args: argparse.Namespace, out: Output) -> int:
             rows.append(("message", result.message))
     if args.min_memory:
         rows += [
-            ("least memory", "none up to keep-all" if least is None else f"{format_bytes(least)} ({least} B) for this method, by bisection"),
+            ("least memory", _least_text(search)),
             ("memory floor", f"{format_bytes(floor)} ({floor} B): no offloading schedule fits below (proven)"),
         ]
     rows.append(("runtime", format_seconds(result.runtime)))
@@ -505,6 +512,19 @@ def _cmd_solve(args: argparse.Namespace, out: Output) -> int:
         rows.append(("schedule", f"written to {args.out} (with the chain's fingerprint, the platform and these figures)"))
     _table(out, rows)
     return code
+
+
+def _least_text(search: Any) -> str:
+    """The ``least memory`` row of ``solve --min-memory`` from a :class:`~chainoffload.solvers.MemorySearch`."""
+    if search.memory is None:
+        if search.stopped:
+            return f"unknown: the time limit ended the bisection after {search.solves} solve(s) with no schedule found"
+        return "none up to keep-all"
+    text = f"{format_bytes(search.memory)} ({search.memory} B) for this method, by bisection"
+    if not search.converged:
+        text += (f"; the time limit stopped it after {search.solves} solve(s): the least lies above "
+                 f"{format_bytes(search.below)} ({search.below} B)")
+    return text
 
 
 def _recorded_row(record: ScheduleFile) -> list[tuple[str, str]]:
@@ -738,9 +758,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("chain", metavar="CHAIN.json")
     add_platform_flags(p)
     p.add_argument("--method", default=None, help="a method of `chainoffload methods` (default: the starred one)")
-    p.add_argument("--time-limit", type=float, default=None, help="seconds the whole solve may take, bound included (every method)")
+    p.add_argument("--time-limit", type=float, default=None, help="seconds the whole command may take, reading and bound included (every method); with --min-memory the bisection shares it (the solve gets half, the bisection's solves what is left)")
     p.add_argument("--option", action="append", metavar="KEY=VALUE", help="a method option (repeatable)")
-    p.add_argument("--min-memory", action="store_true", help="also find the least memory this method needs (bisection) and the proven floor")
+    p.add_argument("--min-memory", action="store_true", help="also find the least memory this method needs (bisection) and the proven floor; within --time-limit, if given (the answer then says when the limit stopped the bisection)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--progress", action="store_true", help="show progress on stderr even when it is not a terminal")
     p.add_argument("--out", metavar="SCHEDULE.json", help="write the schedule here, with the chain's fingerprint, the platform and the figures")
