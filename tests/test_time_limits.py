@@ -118,7 +118,7 @@ def test_recompute_all_is_refused_up_front_when_its_sequence_cannot_be_built_in_
     assert time.perf_counter() - w <= 1.1 * 0.05 + 0.5
     assert result.status == co.Status.TIMEOUT and result.schedule is None and result.info["refused"]
     assert "recompute-all: refused up front: its sequence of 501,500 ops on 1,000 stages" in result.message, result.message
-    assert "give at least" in result.message
+    assert "give a time limit of at least" in result.message
 
 
 def test_recompute_all_is_refused_at_any_limit_when_its_sequence_cannot_fit_in_memory():
@@ -202,3 +202,14 @@ def test_cli_min_memory_keeps_the_time_limit_for_the_whole_command(tmp_path):
     assert wall <= 1.1 * 3 + 0.5 + 4.0, (wall, os.getloadavg())
     data = json.loads(proc.stdout)
     assert data["runtime"] <= 3 and isinstance(data["min_memory_converged"], bool)
+
+
+@pytest.mark.parametrize("length", [1, 2, 3, 10, 17, 100])
+def test_sequence_length_is_known_before_the_sequence_is_built(length):
+    from chainoffload.solvers.remat_baselines import recompute_all_schedule, sequence_length, sqrt_checkpoint_schedule
+
+    for segment in (None, 1, 2, 3, 7):
+        assert sequence_length("sqrt-checkpoint", length, segment) == len(sqrt_checkpoint_schedule(length, segment).compute)
+    assert sequence_length("recompute-all", length) == len(recompute_all_schedule(length).compute)
+    with pytest.raises(ValueError, match="method: 'rotor' is not"):
+        sequence_length("rotor", length)

@@ -117,7 +117,7 @@ def check_options(name: str, func: Callable[..., Result], options: dict[str, Any
 
 
 def refusal(method: str, what: str, seconds: float, nbytes: float, time_limit: float | None, t0: float, *,
-            hint: str = "", info: dict | None = None) -> Result | None:
+            length: int = 0, hint: str = "", info: dict | None = None) -> Result | None:
     """A result refusing up front work that cannot be cut and would not fit, or ``None`` when it fits.
 
     ``NOTE [ clock ]`` in ``chainoffload/_clock.py``: a step no deadline check can stop (a
@@ -138,6 +138,9 @@ def refusal(method: str, what: str, seconds: float, nbytes: float, time_limit: f
         Seconds the method has left, or ``None``.
     t0
         ``time.perf_counter()`` at the method's start (for the runtime).
+    length
+        The chain's length: the limit to suggest adds what :func:`chainoffload.solve` keeps for
+        judging the schedule (it gives the method the limit less that).
     hint
         What the caller could do instead (appended to the message).
     info
@@ -145,14 +148,15 @@ def refusal(method: str, what: str, seconds: float, nbytes: float, time_limit: f
     """
     import time
 
-    from .._clock import free_bytes
+    from .._clock import free_bytes, judge_seconds
 
     free = free_bytes()
+    least = seconds + (judge_seconds(length) if length else 0.0)
     if nbytes > 0.8 * free:
         why = f"{what} would need ~{nbytes / 1e9:.3g} GB, more than the {free / 1e9:.3g} GB free"
     elif time_limit is not None and seconds > time_limit:
         why = (f"{what} would take ~{seconds:.3g} s here, more than the {time_limit:.3g} s left of the time limit; "
-               f"give at least {max(seconds * 1.1, seconds + 0.5):.3g} s")
+               f"give a time limit of at least {max(least * 1.1, least + 0.5):.3g} s")
     else:
         return None
     return Result(

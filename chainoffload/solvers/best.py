@@ -62,6 +62,9 @@ __all__ = ["best", "default_max_evals", "default_time_limit", "EVAL_WORK"]
 
 _EPS = 1e-12
 
+#: Share of the starting points' time left that first-k may take under a time limit.
+FIRST_K_SHARE = 0.6
+
 #: Share of the time limit ``joint`` gets with ``remat=True`` (the pure-offloading part the rest).
 REMAT_SHARE = 0.5
 
@@ -79,7 +82,9 @@ _STARTS = (
     ("offload-all", 0.25),
     # The baselines' bisections (O(log L) plans) before the relaxations: under a short limit
     # at 10^4-10^5 stages dp used its share, first-k's was too small to end, and best
-    # returned 2.19x where first-k alone gave 2.00x (benchmarks/results/time_limits_large.md).
+    # returned 2.19x where first-k alone gave 2.00x (benchmarks/results/time_limits_large.md);
+    # first-k gets FIRST_K_SHARE of what is left, and a bisection cut short keeps the best
+    # prefix it saw fit.
     ("first-k", 1.0),
     ("largest-first", 0.5),
     ("dp", 1.0),
@@ -285,7 +290,13 @@ def _start_sets(
             # A share too short for one plan and its schedule would end every start empty-handed
             # at 10^5+ stages (NOTE [ clock ]): such a start gets that much, the ones after it less.
             least = 0.05 + 1.1 * (eval_seconds(chain.length) + build_seconds(2 * chain.length))
-            result = target(chain, platform, keep=keep, time_limit=max(left * share / rest, min(left, least)))
+            allot = max(left * share / rest, min(left, least))
+            if name == "first-k":
+                # Its bisection, even cut short, ends with a prefix near the least that fits
+                # (NOTE [ local improvement ]'s baselines are the floor best must not go
+                # below): it gets FIRST_K_SHARE of the starts' time left.
+                allot = max(allot, FIRST_K_SHARE * left)
+            result = target(chain, platform, keep=keep, time_limit=allot)
         if result.schedule is not None:
             starts[name] = frozenset(result.schedule.offloaded_units)
             info[f"{name}_makespan"] = result.makespan

@@ -645,7 +645,8 @@ def joint_dp(
     for k, alone in enumerate(kinds):
         left = None if time_limit is None else deadline - time.perf_counter()
         refused = refusal("joint", f"the joint DP's table of {chain.length:,} stages and {slots} slots",
-                          joint_dp_seconds(chain.length, slots), joint_dp_bytes(chain.length, slots), left, t0, info=info)
+                          joint_dp_seconds(chain.length, slots), joint_dp_bytes(chain.length, slots), left, t0,
+                          length=chain.length, info=info)
         if refused is not None:
             if k == 0:
                 return refused
@@ -765,7 +766,7 @@ def joint(
         # Both DPs read rotor's dense table: fill it once, when the exact DP fits the clock.
         sl = slots_for(chain, platform.memory, slots)
         refused = refusal("joint-exact", f"the exact DP of {chain.length} stages", joint_exact_seconds(chain.length, slots),
-                          0.0, left(), t0)
+                          0.0, left(), t0, length=chain.length)
         if refused is None:
             rot = _kr.rotor_table(chain.fwd, chain.bwd, chain.fwd_nosave, sl.act, sl.saved, sl.fwd_tmp, sl.bwd_tmp, sl.budget)
         else:

@@ -95,7 +95,7 @@ def _refused(method: str, chain: Chain, ops: int, time_limit: float | None, t0: 
 
     time_limit = check_time_limit(time_limit)
     return refusal(method, f"its sequence of {ops:,} ops on {chain.length:,} stages", sequence_seconds(ops),
-                   sequence_bytes(ops), time_limit, t0, info=info,
+                   sequence_bytes(ops), time_limit, t0, length=chain.length, info=info,
                    hint="rotor or sqrt-checkpoint need far fewer ops" if method == "recompute-all" else "")
 
 

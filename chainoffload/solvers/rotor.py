@@ -372,7 +372,7 @@ def rotor(chain: Chain, platform: Platform, *, slots: int | None = None, time_li
     # Both sequences below are persistent checkpointing sequences that slot rounding can hide
     # from the table near its two ends: keep-all (optimal whenever it fits) and the most
     # frugal one (the least memory of all). Keep-all needs no table.
-    refused = refusal("rotor", f"checking keep-all on {n:,} stages", sequence_seconds(2 * n), 0.0, time_limit, t0, info=info)
+    refused = refusal("rotor", f"checking keep-all on {n:,} stages", sequence_seconds(2 * n), 0.0, time_limit, t0, length=n, info=info)
     if refused is not None:
         return refused
     keep_all = Schedule.keep_all(chain.length)
@@ -391,7 +391,7 @@ def rotor(chain: Chain, platform: Platform, *, slots: int | None = None, time_li
         if not chosen and fit >= 1:
             hint += f" (the default here is {slots})"
     refused = refusal("rotor", f"a rotor table of {n:,} stages and {slots} slots", need, rotor_bytes(n, slots),
-                      left, t0, hint=hint, info=info)
+                      left, t0, length=n, hint=hint, info=info)
     if refused is not None:
         return refused
     table = fill_rotor_table(chain, sl)
@@ -403,7 +403,7 @@ def rotor(chain: Chain, platform: Platform, *, slots: int | None = None, time_li
         ops = sequence_length("recompute-all", n)
         left = None if time_limit is None else deadline - time.perf_counter()
         refused = refusal("rotor", f"no sequence fits at {slots} slots; the recompute-all sequence ({ops:,} ops)",
-                          sequence_seconds(ops), float(ops) * 400, left, t0, info=info)
+                          sequence_seconds(ops), float(ops) * 400, left, t0, length=n, info=info)
         if refused is not None:
             return refused
         fallback = recompute_all_schedule(chain.length)
