@@ -213,3 +213,12 @@ def test_sequence_length_is_known_before_the_sequence_is_built(length):
     assert sequence_length("recompute-all", length) == len(recompute_all_schedule(length).compute)
     with pytest.raises(ValueError, match="method: 'rotor' is not"):
         sequence_length("rotor", length)
+
+
+def test_joint_with_no_time_left_after_its_offloading_candidate_refuses_the_rest():
+    from chainoffload.solvers.joint import joint
+
+    chain, platform = _instance(300)
+    late = co.Result("best", co.Status.TIMEOUT, None, message="best: out of time")
+    result = joint(chain, platform, offload=late, time_limit=1e-6)  # raised OptionError (a negative limit) at 10^6
+    assert result.status == co.Status.TIMEOUT and "joint-dp" in result.info["skipped"], result.info

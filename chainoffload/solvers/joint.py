@@ -753,7 +753,9 @@ def joint(
     deadline = t0 + time_limit if timed else math.inf
 
     def left() -> float | None:
-        return deadline - time.perf_counter() if timed else None
+        # Never 0 or below: a candidate given what is left must see a limit it can refuse
+        # (best may overrun its share by its last step; seen at L = 10^6).
+        return max(deadline - time.perf_counter(), 1e-6) if timed else None
 
     exact = platform.can_transfer and chain.length <= EXACT_MAX_LENGTH
     skipped: dict[str, str] = {}
