@@ -30,13 +30,33 @@ each estimate is multiplied by the pace at the time it is asked for, since the s
 * one evaluation (plan + score a unit set): 9-12 us per stage at load 3; 14.5-22 at load 5-7.4;
 * building a schedule: 5.5 us per transfer at load 3; 11-12 us at load 6-7.4;
 * judging (simulate()): 3.9-4.2 us per stage at load 3; 7.5-12.8 us at load 6-7.4.
+
+The methods that recompute cannot be cut either where their time goes: a fixed sequence is
+built and simulated whole (``sqrt-checkpoint``, ``recompute-all``: L (L + 1) / 2 + L ops),
+and rotor's and the joint DP's tables are each one Numba call. They are estimated before they
+start (same pace rule, rounded up) and refused up front, with the estimate in the message, when
+they do not fit what is left of the limit, or the memory free (below); what can be cut (the joint DP's walks, ``joint``'s candidates) is cut at the
+deadline. Measured at load 6.1-6.9 (pace 3.1-3.5) on ``benchmarks/_common.py``'s instance:
+
+* a sequence: building 0.7 us per op, simulating it 0.6-1.1 us per op (L = 10^3-10^5);
+* rotor's table (``fill_rotor_table``): 1.9 s of CPU at L = 1000, S = 100, 7.9 s at S = 500,
+  0.34 s at L = 300, S = 500: below 2e-11 s x S L^3 + 0.1 s; wall is CPU times the pace;
+* the joint DP's windows and spine table (``joint_dp``): 1.2 s of CPU at L = 300, 1.9 s at
+  L = 1000, 5.8 s at L = 3000 (S = 500): below 1 s + 2.6e-6 s x L S at pace 1;
+* ``joint``'s dense float64 rotor table (L <= 200, for the exact DP): 0.16 s of CPU at L = 100,
+  1.24 s at L = 200 (S = 500): 3.1e-10 s x S L^3; the exact DP after it 0.11 s and 0.49 s:
+  2.5e-8 s x S L^2 (load 7.2).
 """
 
 from __future__ import annotations
 
 import os
 
-__all__ = ["read_seconds", "file_read_seconds", "eval_seconds", "build_seconds", "judge_seconds", "report_seconds", "observe", "forget", "pace"]
+__all__ = [
+    "read_seconds", "file_read_seconds", "eval_seconds", "build_seconds", "judge_seconds", "report_seconds", "observe",
+    "forget", "pace", "sequence_seconds", "sequence_bytes", "rotor_seconds", "rotor_bytes", "joint_dp_seconds",
+    "joint_dp_bytes", "joint_exact_seconds", "free_bytes",
+]
 
 #: Seconds per byte of a chain file at pace 1: JSON parsing and Chain's checks.
 READ_PER_BYTE = 3.5e-8
@@ -48,6 +68,19 @@ BUILD_PER_TRANSFER = 4.8e-6
 JUDGE_PER_STAGE = 3.6e-6
 #: Seconds per stage of the CLI's table after a solve (stall_summary and the unit runs) at pace 1.
 REPORT_PER_STAGE = 3e-6
+
+#: Seconds per op of building a recomputing sequence, simulating it, and judging it again, at pace 1.
+SEQUENCE_PER_OP = 1.0e-6
+#: Bytes per op of a sequence held as a Schedule and replayed (tuples, the simulator's arrays).
+SEQUENCE_BYTES_PER_OP = 400
+#: Seconds per S L^3 of rotor's table at pace 1 (NOTE [ rotor by bounds ]).
+ROTOR_PER_CELL = 2.0e-11
+#: Seconds per L S of the joint DP's windows and spine table at pace 1, and its fixed part.
+JOINT_DP_PER_CELL = 2.6e-6
+JOINT_DP_FIXED = 1.0
+#: Seconds per S L^3 of the dense float64 rotor table, and per S L^2 of the exact joint DP, at pace 1.
+DENSE_ROTOR_PER_CELL = 4.0e-10
+JOINT_EXACT_PER_CELL = 3.5e-8
 
 # The longest evaluation seen per chain length in this process: measured beats modelled.
 _SEEN: dict[int, float] = {}
@@ -120,3 +153,55 @@ def judge_seconds(length: int) -> float:
 def report_seconds(length: int) -> float:
     """Estimated seconds of the CLI's output after a solve at ``length`` stages."""
     return 0.02 + pace() * REPORT_PER_STAGE * length
+
+
+def sequence_seconds(ops: int) -> float:
+    """Estimated seconds to build a compute sequence of ``ops`` ops as a Schedule, simulate it,
+    and have :func:`chainoffload.solve` judge it again."""
+    return 0.02 + pace() * SEQUENCE_PER_OP * ops
+
+
+def sequence_bytes(ops: int) -> float:
+    """Estimated memory of a sequence of ``ops`` ops held as a Schedule and simulated."""
+    return float(SEQUENCE_BYTES_PER_OP) * ops
+
+
+def rotor_seconds(length: int, slots: int) -> float:
+    """Estimated seconds of rotor's table at ``length`` stages and ``slots`` slots (an upper
+    bound where measured: the cut of NOTE [ rotor by bounds ] makes it grow slower than L^3)."""
+    return 0.1 + pace() * ROTOR_PER_CELL * slots * float(length) ** 3
+
+
+def rotor_bytes(length: int, slots: int) -> float:
+    """Estimated memory of rotor's table: the forward phases' tables and keep-all needs
+    (20 bytes a segment) and the bounds (4 bytes a segment and budget, at most)."""
+    segments = (length + 2) ** 2
+    return 20.0 * segments + 4.0 * (slots + 1) * segments / 2
+
+
+def joint_dp_seconds(length: int, slots: int) -> float:
+    """Estimated seconds of the joint DP's windows and spine table (the walks are cut apart)."""
+    return pace() * (JOINT_DP_FIXED + JOINT_DP_PER_CELL * length * slots)
+
+
+def joint_dp_bytes(length: int, slots: int, span: int = 16, rows: int = 2) -> float:
+    """Estimated memory of the joint DP's tables: the windows (12 bytes a stage, span and slot)
+    and the spine (12 bytes a stage, queue row and slot)."""
+    return 12.0 * (length + 2) * (slots + 1) * (span + 2 * (rows + 1) ** 2)
+
+
+def joint_exact_seconds(length: int, slots: int) -> float:
+    """Estimated seconds of the dense rotor table and the exact joint DP on it (``joint``, L <= 200)."""
+    return 0.05 + pace() * (DENSE_ROTOR_PER_CELL * slots * float(length) ** 3 + JOINT_EXACT_PER_CELL * slots * float(length) ** 2)
+
+
+def free_bytes() -> float:
+    """MemAvailable from /proc/meminfo (``inf`` where it cannot be read)."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return float("inf")

@@ -71,7 +71,14 @@ _EPILOG = "exit codes:\n" + "\n".join(f"  {code:<4} {text}" for code, text in EX
 #   and nothing it would still do matters. Creating a temporary and renaming it happen under
 #   _Gate's lock, which the main thread takes and never gives back, so after an interrupt the
 #   worker can neither create nor rename anything; a Ctrl-C that comes once the rename is done
-#   is too late to undo the command and exits with the command's own code. Stdout is written
+#   is too late to undo the command and exits with the command's own code. "Comes" is when the
+#   signal is delivered, not when the main thread gets round to it: that can be tens of ms later
+#   on a loaded machine (its 50 ms join, a scheduler slice), long enough for a slow reader that
+#   resumes reading to let the worker finish stdout and rename (seen: exit 0 and the file in
+#   place after a Ctrl-C sent while stdout was blocked). So signal.set_wakeup_fd makes the C
+#   handler write each signal's number to a pipe at delivery, and the worker, under the lock,
+#   reads that pipe before renaming: a SIGINT found there stops it, and the main thread's
+#   handler then exits 130 with the temporaries removed. Stdout is written
 #   outside the lock (a slow reader must not hold Ctrl-C back), so what a reader had already
 #   received before a Ctrl-C stays received: exit 130 says it is incomplete.
 #   Before `main` runs, while Python imports numpy and Numba (about a second), Ctrl-C is still
@@ -151,11 +158,14 @@ class _Gate:
     temporary is removed.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, signals: int | None = None) -> None:
         self._lock = threading.Lock()
         self._pending: list[PendingWrite] = []
         self.code: int | None = None  # set once the files are in place
         self.closed = False
+        # Read end of the pipe signal.set_wakeup_fd writes delivered signals to (main's).
+        self._signals = signals
+        self._sigint = False
 
     def start(self, path: str) -> PendingWrite:
         with self._lock:
@@ -164,10 +174,32 @@ class _Gate:
             return pending
 
     def finish(self, pending: list[PendingWrite], code: int) -> None:
+        """Rename the files into place, unless a Ctrl-C was delivered before: then remove them
+        and wait for the main thread, which exits 130 (``NOTE [ cli contract ]``)."""
         with self._lock:
+            stop = self.sigint_delivered()
             for p in pending:
-                p.commit()
-            self.code = code
+                p.discard() if stop else p.commit()
+            if not stop:
+                self.code = code
+        if stop:
+            threading.Event().wait()  # the main thread's handler ends the process
+
+    def sigint_delivered(self) -> bool:
+        """Whether a SIGINT has been delivered to the process, handled by the main thread or not
+        yet (read from the wakeup pipe; ``False`` without one)."""
+        while self._signals is not None and not self._sigint:
+            try:
+                data = os.read(self._signals, 512)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:
+                self._signals = None
+                break
+            if not data:
+                break
+            self._sigint = signal.SIGINT in data
+        return self._sigint
 
     def interrupt(self) -> int | None:
         """Stop all writing; the command's code if its files were already in place, else ``None``
@@ -423,13 +455,20 @@ def _cmd_solve(args: argparse.Namespace, out: Output) -> int:
         # [ lazy kernels ]); the table printed after the solve is kept room for.
         spent = time.perf_counter() - started
         options["time_limit"] = max(args.time_limit - spent - report_seconds(chain.length), 1e-3)
+        if args.min_memory:
+            # One limit for the whole command: the solve gets half, the bisection what is left.
+            options["time_limit"] *= 0.5
+    finish = None if args.time_limit is None else started + args.time_limit - report_seconds(chain.length)
     result = solve(chain, platform, args.method, **options)
-    least = floor = None
+    least = floor = search = None
     if args.min_memory:
         from .bounds import offload_memory_floor
-        from .solvers import minimum_memory
+        from .solvers import memory_search
 
-        least = minimum_memory(chain, platform, args.method, **options)
+        options.pop("time_limit", None)
+        rest = None if finish is None else max(finish - time.perf_counter(), 1e-3)
+        search = memory_search(chain, platform, args.method, time_limit=rest, **options)
+        least = search.memory
         floor = offload_memory_floor(chain)
     code = 0 if result.feasible else 1
     if args.out:
@@ -441,7 +480,7 @@ def _cmd_solve(args: argparse.Namespace, out: Output) -> int:
     if args.json:
         data = result.to_dict()
         if args.min_memory:
-            data.update(min_memory=least, memory_floor=floor)
+            data.update(min_memory=least, memory_floor=floor, min_memory_converged=search.converged)
         out.json(data)
         return code
     rows = _instance_rows(chain, platform) + [
@@ -463,7 +502,7 @@ def _cmd_solve(args: argparse.Namespace, out: Output) -> int:
             rows.append(("message", result.message))
     if args.min_memory:
         rows += [
-            ("least memory", "none up to keep-all" if least is None else f"{format_bytes(least)} ({least} B) for this method, by bisection"),
+            ("least memory", _least_text(search)),
             ("memory floor", f"{format_bytes(floor)} ({floor} B): no offloading schedule fits below (proven)"),
         ]
     rows.append(("runtime", format_seconds(result.runtime)))
@@ -473,6 +512,19 @@ def _cmd_solve(args: argparse.Namespace, out: Output) -> int:
         rows.append(("schedule", f"written to {args.out} (with the chain's fingerprint, the platform and these figures)"))
     _table(out, rows)
     return code
+
+
+def _least_text(search: Any) -> str:
+    """The ``least memory`` row of ``solve --min-memory`` from a :class:`~chainoffload.solvers.MemorySearch`."""
+    if search.memory is None:
+        if search.stopped:
+            return f"unknown: the time limit ended the bisection after {search.solves} solve(s) with no schedule found"
+        return "none up to keep-all"
+    text = f"{format_bytes(search.memory)} ({search.memory} B) for this method, by bisection"
+    if not search.converged:
+        text += (f"; the time limit stopped it after {search.solves} solve(s): the least lies above "
+                 f"{format_bytes(search.below)} ({search.below} B)")
+    return text
 
 
 def _recorded_row(record: ScheduleFile) -> list[tuple[str, str]]:
@@ -706,9 +758,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("chain", metavar="CHAIN.json")
     add_platform_flags(p)
     p.add_argument("--method", default=None, help="a method of `chainoffload methods` (default: the starred one)")
-    p.add_argument("--time-limit", type=float, default=None, help="seconds the whole solve may take, bound included (every method)")
+    p.add_argument("--time-limit", type=float, default=None, help="seconds the whole command may take, reading and bound included (every method); with --min-memory the bisection shares it (the solve gets half, the bisection's solves what is left)")
     p.add_argument("--option", action="append", metavar="KEY=VALUE", help="a method option (repeatable)")
-    p.add_argument("--min-memory", action="store_true", help="also find the least memory this method needs (bisection) and the proven floor")
+    p.add_argument("--min-memory", action="store_true", help="also find the least memory this method needs (bisection) and the proven floor; within --time-limit, if given (the answer then says when the limit stopped the bisection)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--progress", action="store_true", help="show progress on stderr even when it is not a terminal")
     p.add_argument("--out", metavar="SCHEDULE.json", help="write the schedule here, with the chain's fingerprint, the platform and the figures")
@@ -793,9 +845,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr = open(os.devnull, "w")
     if sys.stdout is None:  # started with `>&-` (NOTE [ cli contract ])
         return _error(CliError("stdout is closed: give the command somewhere to print (e.g. >/dev/null)"))
-    gate = _Gate()
     if threading.current_thread() is not threading.main_thread():
         # Signals reach only the main thread: nothing to wait for interruptibly.
+        gate = _Gate()
         try:
             args = build_parser().parse_args(argv)
         except CliError as exc:
@@ -803,6 +855,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _run(args, gate)
     box: dict[str, int] = {}
     worker = None
+    watch = _watch_sigint()
+    gate = _Gate(watch[0] if watch else None)
     try:
         try:
             args = build_parser().parse_args(argv)
@@ -814,7 +868,45 @@ def main(argv: Sequence[str] | None = None) -> int:
             worker.join(0.05)
     except KeyboardInterrupt:
         _interrupted(gate)
+    finally:
+        _unwatch(watch)
     return box.get("code", 2)
+
+
+def _watch_sigint() -> tuple[int, int, int] | None:
+    """A pipe that the C signal handler writes each delivered signal's number to
+    (``signal.set_wakeup_fd``), so that the worker can tell a Ctrl-C has come before the main
+    thread handles it (``NOTE [ cli contract ]``): ``(read end, write end, previous wakeup fd)``,
+    or ``None`` when SIGINT is not Python's default handler (then no KeyboardInterrupt would
+    follow the byte) or a pipe cannot be made."""
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        return None
+    try:
+        r, w = os.pipe()
+    except OSError:
+        return None
+    os.set_blocking(r, False)
+    os.set_blocking(w, False)
+    try:
+        old = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+    except (ValueError, OSError):
+        os.close(r)
+        os.close(w)
+        return None
+    return r, w, old
+
+
+def _unwatch(watch: tuple[int, int, int] | None) -> None:
+    """Put back the wakeup fd :func:`_watch_sigint` replaced and close its pipe."""
+    if watch is None:
+        return
+    r, w, old = watch
+    try:
+        signal.set_wakeup_fd(old)
+    except (ValueError, OSError):
+        signal.set_wakeup_fd(-1)
+    os.close(r)
+    os.close(w)
 
 
 def _run(args: argparse.Namespace, gate: _Gate) -> int:

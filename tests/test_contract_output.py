@@ -145,6 +145,40 @@ def test_ctrl_c_while_stdout_is_a_slow_pipe_leaves_no_file(work):
     assert (work / "s.json").read_text() == "old" and listing(work) == ["c.json", "long.json", "s.json"]
 
 
+def test_a_ctrl_c_delivered_before_the_rename_wins_though_not_yet_handled(tmp_path):
+    """The race behind the slow-pipe test's rare exit 0: the reader drains stdout right after the
+    Ctrl-C, the worker reaches the rename before the main thread has handled the signal. The
+    wakeup pipe says a SIGINT was delivered: the worker removes its file and waits to be ended."""
+    import threading
+
+    from chainoffload import cli as cli_module
+
+    def fill(tmp):
+        Path(tmp).write_text("new")
+
+    for delivered in (False, True):
+        folder = tmp_path / str(delivered)
+        folder.mkdir()
+        r, w = os.pipe()
+        os.set_blocking(r, False)
+        try:
+            gate = cli_module._Gate(r)
+            pending = [gate.start(str(folder / "s.json"))]
+            pending[0].fill(fill)
+            if delivered:
+                os.write(w, bytes([signal.SIGINT]))
+            worker = threading.Thread(target=gate.finish, args=(pending, 0), daemon=True)
+            worker.start()
+            worker.join(2.0)
+        finally:
+            os.close(r)
+            os.close(w)
+        if delivered:
+            assert worker.is_alive() and gate.code is None and listing(folder) == []
+        else:
+            assert not worker.is_alive() and gate.code == 0 and (folder / "s.json").read_text() == "new"
+
+
 # -- 2. targets ------------------------------------------------------------------------------
 
 

@@ -106,3 +106,119 @@ def test_a_slow_evaluation_of_an_earlier_solve_does_not_stop_a_later_one():
     _clock.observe(6, 500.0)
     result = co.solve(chain, platform, "best", time_limit=60)
     assert result.feasible, result.message
+
+
+# -- the methods that recompute, and the bisection (issue 22) ----------------------------------
+
+
+def test_recompute_all_is_refused_up_front_when_its_sequence_cannot_be_built_in_time():
+    chain, platform = _instance(1000)  # 501,500 ops + 1000
+    w = time.perf_counter()
+    result = co.solve(chain, platform, "recompute-all", time_limit=0.05)
+    assert time.perf_counter() - w <= 1.1 * 0.05 + 0.5
+    assert result.status == co.Status.TIMEOUT and result.schedule is None and result.info["refused"]
+    assert "recompute-all: refused up front: its sequence of 501,500 ops on 1,000 stages" in result.message, result.message
+    assert "give a time limit of at least" in result.message
+
+
+def test_recompute_all_is_refused_at_any_limit_when_its_sequence_cannot_fit_in_memory():
+    chain, platform = _instance(100_000)  # 5 * 10^9 ops: it used to be built until memory ran out
+    w = time.perf_counter()
+    result = co.solve(chain, platform, "recompute-all")
+    assert time.perf_counter() - w < 30
+    assert result.status == co.Status.TIMEOUT and result.info["refused"]
+    assert "GB free" in result.message, result.message
+
+
+@pytest.mark.parametrize("method", ["sqrt-checkpoint", "recompute-all", "rotor", "joint"])
+def test_a_recomputing_method_keeps_a_short_limit_or_refuses(method):
+    chain, platform = _instance(300)
+    co.solve(chain, platform, method, time_limit=30) if method != "joint" else None  # kernels ready
+    w = time.perf_counter()
+    result = co.solve(chain, platform, method, time_limit=0.3)
+    wall = time.perf_counter() - w
+    assert wall <= 1.1 * 0.3 + 0.5, (method, wall, os.getloadavg())
+    assert result.status in (co.Status.FEASIBLE, co.Status.OPTIMAL, co.Status.TIMEOUT), result.message
+    if result.status == co.Status.TIMEOUT:
+        assert result.schedule is None and "time limit" in result.message, result.message
+
+
+def test_rotor_refusal_names_the_slots_that_would_fit():
+    chain, platform = _instance(1000)
+    result = co.solve(chain, platform, "rotor", time_limit=0.5)
+    assert result.status == co.Status.TIMEOUT and result.info["refused"], result.message
+    assert "rotor: refused up front: a rotor table of 1,000 stages and 500 slots would take" in result.message
+    assert "slots=" in result.message or "no slot count would fit" in result.message, result.message
+
+
+def test_joint_under_a_limit_keeps_what_it_had_and_says_what_it_left_out():
+    chain, platform = _instance(1000)
+    w = time.perf_counter()
+    result = co.solve(chain, platform, "joint", time_limit=3)
+    assert time.perf_counter() - w <= 1.1 * 3 + 0.5, os.getloadavg()
+    assert result.status in (co.Status.FEASIBLE, co.Status.TIMEOUT), result.message
+    assert result.info.get("stopped") == "time" and "rotor" in result.info["skipped"], result.info
+
+
+def test_best_never_returns_worse_than_a_start_it_has_a_schedule_from():
+    # One evaluation: the search cannot plan every start again, so what it holds may be worse
+    # than a start's own schedule, which is then returned.
+    chain, platform = _instance(400)
+    result = co.solve(chain, platform, "best", max_evals=1)
+    starts = [v for k, v in result.info.items() if k.endswith("_makespan") and v is not None]
+    assert result.feasible and starts
+    assert result.makespan <= min(starts) * (1 + 1e-12), (result.makespan, result.info)
+
+
+def test_memory_search_keeps_one_limit_for_the_whole_bisection():
+    from chainoffload.solvers import memory_search
+
+    chain, platform = _instance(2000)
+    co.solve(chain, platform, "best", time_limit=1)  # kernels ready
+    w = time.perf_counter()
+    found = memory_search(chain, platform, "best", time_limit=2.0)
+    wall = time.perf_counter() - w
+    assert wall <= 1.1 * 2.0 + 0.5, (wall, found, os.getloadavg())
+    assert found.solves >= 1 and (found.converged or found.stopped == "time"), found
+    if found.memory is not None:
+        assert found.memory > found.below
+        assert co.solve(chain, platform.with_memory(found.memory), "best", time_limit=5).feasible
+
+
+def test_cli_min_memory_keeps_the_time_limit_for_the_whole_command(tmp_path):
+    import json
+
+    chain, platform = _instance(3000)
+    chain.save(tmp_path / "c.json")
+    platform.save(tmp_path / "p.json")
+    argv = [sys.executable, "-m", "chainoffload", "solve", "c.json", "--platform", "p.json", "--min-memory", "--json"]
+    subprocess.run(argv + ["--method", "keep-all"], cwd=tmp_path, env=ENV, capture_output=True, timeout=300)  # kernels cached
+    w = time.perf_counter()
+    proc = subprocess.run(argv + ["--time-limit", "3"], cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=300)
+    wall = time.perf_counter() - w
+    assert proc.returncode in (0, 1), proc.stderr
+    # Before, each of the ~14 bisection steps got the whole limit (best: ~45 s here). Generous
+    # margin over 1.1 T + 0.5 s for Python's start and loading the cached kernels.
+    assert wall <= 1.1 * 3 + 0.5 + 4.0, (wall, os.getloadavg())
+    data = json.loads(proc.stdout)
+    assert data["runtime"] <= 3 and isinstance(data["min_memory_converged"], bool)
+
+
+@pytest.mark.parametrize("length", [1, 2, 3, 10, 17, 100])
+def test_sequence_length_is_known_before_the_sequence_is_built(length):
+    from chainoffload.solvers.remat_baselines import recompute_all_schedule, sequence_length, sqrt_checkpoint_schedule
+
+    for segment in (None, 1, 2, 3, 7):
+        assert sequence_length("sqrt-checkpoint", length, segment) == len(sqrt_checkpoint_schedule(length, segment).compute)
+    assert sequence_length("recompute-all", length) == len(recompute_all_schedule(length).compute)
+    with pytest.raises(ValueError, match="method: 'rotor' is not"):
+        sequence_length("rotor", length)
+
+
+def test_joint_with_no_time_left_after_its_offloading_candidate_refuses_the_rest():
+    from chainoffload.solvers.joint import joint
+
+    chain, platform = _instance(300)
+    late = co.Result("best", co.Status.TIMEOUT, None, message="best: out of time")
+    result = joint(chain, platform, offload=late, time_limit=1e-6)  # raised OptionError (a negative limit) at 10^6
+    assert result.status == co.Status.TIMEOUT and "joint-dp" in result.info["skipped"], result.info

@@ -6,13 +6,13 @@ offloaded bytes a caller sees are the simulator's, and a schedule the simulator 
 reported as feasible.
 
 The package is split in three: ``_registry`` (the methods and their names), ``_front``
-(:func:`solve`, :func:`judge`, :func:`minimum_memory`) and ``_options`` (the validators, a leaf
+(:func:`solve`, :func:`judge`, :func:`minimum_memory`, :func:`memory_search`) and ``_options`` (the validators, a leaf
 that every method module may import). Method modules import those, never this package.
 """
 
 from __future__ import annotations
 
-from ._front import judge, minimum_memory, solve
+from ._front import MemorySearch, judge, memory_search, minimum_memory, solve
 from ._options import OptionError, check_keep, check_memory_floor, check_time_limit
 from ._registry import _REGISTRY, DEFAULT_METHOD, SolverSpec, methods, register, spec
 
@@ -26,5 +26,7 @@ __all__ = [
     "check_memory_floor",
     "check_keep",
     "minimum_memory",
+    "memory_search",
+    "MemorySearch",
     "check_time_limit",
 ]

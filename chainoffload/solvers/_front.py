@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from typing import Any
@@ -16,7 +17,7 @@ from ..simulate import simulate
 from ._options import OptionError, check_keep, check_memory_floor, check_options, check_time_limit, takes_any
 from ._registry import DEFAULT_METHOD, spec
 
-__all__ = ["solve", "judge", "minimum_memory"]
+__all__ = ["solve", "judge", "minimum_memory", "memory_search", "MemorySearch"]
 
 
 def _judge_cost(chain: Chain) -> float:
@@ -238,12 +239,44 @@ def judge(chain: Chain, platform: Platform, result: Result) -> Result:
     return result.replace(**changes)
 
 
+#: A timed bisection gives each solve at least 1 / SHARES of the time left.
+SHARES = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class MemorySearch:
+    """What :func:`memory_search` found.
+
+    Attributes
+    ----------
+    memory
+        The least memory limit (bytes) at which the method was seen to find a schedule;
+        ``None`` when it failed even at the keep-all peak, or no solve ended in time.
+    below
+        The highest memory known not to be enough for it (the proven floor when every limit
+        tried above it fitted); ``memory - below`` is the bracket left.
+    converged
+        Whether the bracket is within the tolerance asked (false: the time limit stopped it).
+    solves
+        How many solves the bisection ran.
+    stopped
+        ``"time"`` when the time limit stopped the bisection, else ``""``.
+    """
+
+    memory: int | None
+    below: int
+    converged: bool
+    solves: int
+    stopped: str = ""
+
+
 def minimum_memory(
     chain: Chain,
     platform: Platform,
     method: str | None = None,
     *,
     rel_tol: float = 1e-3,
+    time_limit: float | None = None,
     **options: Any,
 ) -> int | None:
     """The smallest memory limit at which ``method`` finds a feasible schedule, by bisection.
@@ -253,7 +286,8 @@ def minimum_memory(
     :meth:`Chain.stage_memory_floor` for methods that recompute) and the keep-all peak, at
     which every method fits. Bisection assumes feasibility is monotone in memory, which holds
     for the baselines and which the search methods aim for; the answer is a limit at which
-    the method was seen to succeed, within ``rel_tol`` of the smallest such limit.
+    the method was seen to succeed, within ``rel_tol`` of the smallest such limit (unless
+    ``time_limit`` stopped the bisection: :func:`memory_search` says whether it did).
 
     Parameters
     ----------
@@ -263,19 +297,43 @@ def minimum_memory(
         A registry name; ``None`` means :data:`DEFAULT_METHOD`.
     rel_tol
         Relative width of the final bracket (0 < rel_tol < 1); the bracket is at least 1 B.
+    time_limit
+        Seconds the whole bisection may take, every solve included (``None``: no limit; each
+        solve then runs by the method's own rules). The solves share it: each gets what is
+        left over the solves still to go, or over :data:`SHARES` when more are to go. A solve that ends in ``timeout`` settles nothing, so
+        the bisection stops there, and so it does once no time is left: the answer is then the
+        least memory seen to fit so far.
     **options
         Passed to the method.
 
     Returns
     -------
     int or None
-        Bytes; ``None`` when the method fails even at the keep-all peak.
+        Bytes; ``None`` when the method fails even at the keep-all peak (or, with a time limit,
+        when no solve found a schedule in time).
     """
+    return memory_search(chain, platform, method, rel_tol=rel_tol, time_limit=time_limit, **options).memory
+
+
+def memory_search(
+    chain: Chain,
+    platform: Platform,
+    method: str | None = None,
+    *,
+    rel_tol: float = 1e-3,
+    time_limit: float | None = None,
+    **options: Any,
+) -> MemorySearch:
+    """:func:`minimum_memory` with what the bisection knows when it stops: the bracket left,
+    whether it converged, and the solves it ran (a :class:`MemorySearch`). Same parameters."""
     from ..bounds import offload_memory_floor
     from ..simulate import keep_all_peak
 
+    t0 = time.perf_counter()
     if not (isinstance(rel_tol, (int, float)) and 0 < rel_tol < 1):
         raise ValueError(f"rel_tol: expected a number in (0, 1), got {rel_tol!r}")
+    time_limit = check_time_limit(time_limit)
+    deadline = t0 + time_limit if time_limit is not None else math.inf
     entry = spec(method or DEFAULT_METHOD)
     lo = chain.stage_memory_floor() if entry.remat else offload_memory_floor(chain)
     hi = max(keep_all_peak(chain), lo)
@@ -285,17 +343,39 @@ def minimum_memory(
 
     width = max(1, int(rel_tol * hi))
     steps = 2 + max(1, math.ceil(math.log2(max(hi - lo, 1) / width)))
+    state = {"solves": 0, "good": None, "bad": lo - 1, "stopped": ""}
     with progress("minimum memory", total=steps, unit="solve") as bar:
 
-        def fits(memory: int) -> bool:
-            ok = _solve(chain, platform.with_memory(memory), entry.name, False, dict(options)).feasible
+        def fits(memory: int) -> bool | None:
+            step = dict(options)
+            if time_limit is not None:
+                # The solves share the limit: this one gets a part of what is left, a quarter at
+                # most (the first halvings narrow the bracket most; a method may use all it is
+                # given, e.g. best at a limit where nothing fits).
+                left = deadline - time.perf_counter()
+                share = left / max(1, min(SHARES, steps - state["solves"]))
+                if left <= 1e-3:
+                    state["stopped"] = "time"
+                    return None
+                step["time_limit"] = max(share, 1e-3)
+            res = _solve(chain, platform.with_memory(memory), entry.name, False, step)
+            state["solves"] += 1
             bar.update(1)
+            if res.status == Status.TIMEOUT:
+                state["stopped"] = "time"  # settles nothing: out of time at this limit
+                return None
+            ok = res.feasible
             bar.note(memory=memory, fits=ok)
+            if ok:
+                state["good"] = memory if state["good"] is None else min(state["good"], memory)
+            else:
+                state["bad"] = max(state["bad"], memory)
             return ok
 
-        if not fits(hi):
-            return None
-        if fits(lo):
-            return lo
-        # fails at lo, fits at hi: the least memory that fits lies in (lo, hi]
-        return boundary(hi, lo, fits, width=lambda good: max(1, int(rel_tol * good)))
+        first = fits(hi)
+        if first and fits(lo) is False:
+            # fails at lo, fits at hi: the least memory that fits lies in (lo, hi]
+            boundary(hi, lo, fits, width=lambda good: max(1, int(rel_tol * good)))
+    if first is False:  # fails even at the keep-all peak: that is the answer
+        return MemorySearch(None, hi, True, state["solves"])
+    return MemorySearch(state["good"], state["bad"], not state["stopped"], state["solves"], state["stopped"])

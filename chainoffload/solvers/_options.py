@@ -14,9 +14,9 @@ import numpy as np
 
 from ..chain import Chain
 from ..platform import Platform, PlatformError
-from ..result import Result
+from ..result import Result, Status
 
-__all__ = ["OptionError", "check_memory_floor", "check_keep", "check_time_limit", "check_options", "takes_any"]
+__all__ = ["OptionError", "check_memory_floor", "check_keep", "check_time_limit", "check_options", "takes_any", "refusal"]
 
 
 class OptionError(ValueError):
@@ -114,3 +114,53 @@ def check_options(name: str, func: Callable[..., Result], options: dict[str, Any
         takes = ", ".join(accepted) if accepted else "no options"
         raise OptionError(f"options: method {name!r} does not take {', '.join(unknown)}; it takes: {takes}")
     return accepted
+
+
+def refusal(method: str, what: str, seconds: float, nbytes: float, time_limit: float | None, t0: float, *,
+            length: int = 0, hint: str = "", info: dict | None = None) -> Result | None:
+    """A result refusing up front work that cannot be cut and would not fit, or ``None`` when it fits.
+
+    ``NOTE [ clock ]`` in ``chainoffload/_clock.py``: a step no deadline check can stop (a
+    Numba table, a sequence built and simulated whole) is estimated before it starts; one whose
+    estimate is above ``time_limit`` (seconds left; ``None``: no limit) or above 80 % of the
+    memory free is not started. The result has status ``timeout``, ``info["refused"]`` and
+    the estimates, and a message that names them.
+
+    Parameters
+    ----------
+    method
+        The method's registry name (the message starts with it).
+    what
+        The work, for the message ("a rotor table of 1000 stages and 500 slots").
+    seconds, nbytes
+        Its estimated wall seconds here and its memory.
+    time_limit
+        Seconds the method has left, or ``None``.
+    t0
+        ``time.perf_counter()`` at the method's start (for the runtime).
+    length
+        The chain's length: the limit to suggest adds what :func:`chainoffload.solve` keeps for
+        judging the schedule (it gives the method the limit less that).
+    hint
+        What the caller could do instead (appended to the message).
+    info
+        More of the method's ``info``.
+    """
+    import time
+
+    from .._clock import free_bytes, judge_seconds
+
+    free = free_bytes()
+    least = seconds + (judge_seconds(length) if length else 0.0)
+    if nbytes > 0.8 * free:
+        why = f"{what} would need ~{nbytes / 1e9:.3g} GB, more than the {free / 1e9:.3g} GB free"
+    elif time_limit is not None and seconds > time_limit:
+        why = (f"{what} would take ~{seconds:.3g} s here, more than the {time_limit:.3g} s left of the time limit; "
+               f"give a time limit of at least {max(least * 1.1, least + 0.5):.3g} s")
+    else:
+        return None
+    return Result(
+        method, Status.TIMEOUT, None, runtime=time.perf_counter() - t0,
+        info={**(info or {}), "refused": True, "estimated_seconds": seconds, "estimated_bytes": nbytes},
+        message=f"{method}: refused up front: {why}{'; ' + hint if hint else ''}",
+    )

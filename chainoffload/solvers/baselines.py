@@ -35,7 +35,8 @@ def _first_fit(method: str, chain: Chain, platform: Platform, order: Sequence[in
     Prefixes are nested and growing (offload more of the same order), so fitting is monotone
     in their length as far as memory goes; bisection (:meth:`Evaluator.prefixes`) finds one
     that fits whose predecessor does not, in O(log L) plans instead of L. Past ``time_limit``
-    it stops: status ``timeout`` if nothing fitted by then.
+    it stops with the fastest prefix seen to fit (``feasible``, ``info["stopped"] == "time"``;
+    a longer prefix than the bisection would end with), or ``timeout`` if none fitted by then.
     """
     deadline = t0 + time_limit if time_limit is not None else math.inf
     search = Evaluator(chain, platform, deadline=deadline)
@@ -49,6 +50,18 @@ def _first_fit(method: str, chain: Chain, platform: Platform, order: Sequence[in
             makespan=cand.makespan,
             runtime=time.perf_counter() - t0,
             info={"units": list(cand.units), "tried": search.evals},
+        )
+    if search.stopped == "time" and search.best is not None:
+        # Cut short with a prefix that fits in hand (the whole order, or a bisection step):
+        # the best schedule found so far, not the smallest k.
+        cand = search.best
+        return Result(
+            method,
+            Status.FEASIBLE,
+            cand.schedule(),
+            makespan=cand.makespan,
+            runtime=time.perf_counter() - t0,
+            info={"units": list(cand.units), "tried": search.evals, "stopped": "time"},
         )
     if search.stopped == "time":
         return Result(

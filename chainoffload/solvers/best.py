@@ -62,6 +62,12 @@ __all__ = ["best", "default_max_evals", "default_time_limit", "EVAL_WORK"]
 
 _EPS = 1e-12
 
+#: Share of the starting points' time left that first-k may take under a time limit.
+FIRST_K_SHARE = 0.6
+
+#: Share of the time limit ``joint`` gets with ``remat=True`` (the pure-offloading part the rest).
+REMAT_SHARE = 0.5
+
 #: Share of the time limit the starting points may take together (the search gets the rest,
 #: and whatever they leave).
 START_SHARE = 0.7
@@ -74,10 +80,15 @@ _STARTS = (
     # One plan, and the set most likely to fit: a schedule in hand early when time is short
     # (at L = 100,000 on a loaded machine the other starts may not finish in time).
     ("offload-all", 0.25),
+    # The baselines' bisections (O(log L) plans) before the relaxations: under a short limit
+    # at 10^4-10^5 stages dp used its share, first-k's was too small to end, and best
+    # returned 2.19x where first-k alone gave 2.00x (benchmarks/results/time_limits_large.md);
+    # first-k gets FIRST_K_SHARE of what is left, and a bisection cut short keeps the best
+    # prefix it saw fit.
+    ("first-k", 1.0),
+    ("largest-first", 0.5),
     ("dp", 1.0),
     ("lp", 1.0),
-    ("first-k", 0.5),
-    ("largest-first", 0.5),
 )
 _PREFERENCE = ("lp", "dp", "keep-all", "offload-all", "first-k", "largest-first")
 _TARGETS = {
@@ -279,7 +290,13 @@ def _start_sets(
             # A share too short for one plan and its schedule would end every start empty-handed
             # at 10^5+ stages (NOTE [ clock ]): such a start gets that much, the ones after it less.
             least = 0.05 + 1.1 * (eval_seconds(chain.length) + build_seconds(2 * chain.length))
-            result = target(chain, platform, keep=keep, time_limit=max(left * share / rest, min(left, least)))
+            allot = max(left * share / rest, min(left, least))
+            if name == "first-k":
+                # Its bisection, even cut short, ends with a prefix near the least that fits
+                # (NOTE [ local improvement ]'s baselines are the floor best must not go
+                # below): it gets FIRST_K_SHARE of the starts' time left.
+                allot = max(allot, FIRST_K_SHARE * left)
+            result = target(chain, platform, keep=keep, time_limit=allot)
         if result.schedule is not None:
             starts[name] = frozenset(result.schedule.offloaded_units)
             info[f"{name}_makespan"] = result.makespan
@@ -389,12 +406,14 @@ def best(
     kept = check_keep(chain, keep)
     t0 = time.perf_counter()
     deadline = t0 + time_limit if timed else math.inf
+    if timed and remat:
+        time_limit = (1 - REMAT_SHARE) * time_limit  # the pure-offloading part's own limit
     with progress("best", total=time_limit if timed else None, unit="s") as bar:
         starts, info = _start_sets(chain, platform, relaxations, kept, t0 + START_SHARE * time_limit if timed else None)
         fallback = info.pop("_fallback")
         bar.set(time.perf_counter() - t0)
         bound = max(chain.compute_time, info.get("lp_bound", 0.0))
-        search = Evaluator(chain, platform, deadline=deadline, max_evals=max_evals, bound=bound)
+        search = Evaluator(chain, platform, deadline=t0 + time_limit if timed else math.inf, max_evals=max_evals, bound=bound)
         walk = _Search(search, bar)
         walk.t0 = t0
         current: Candidate | None = None
@@ -426,7 +445,18 @@ def best(
         alone=list(current.alone),
     )
     result: Result
-    if current.feasible:
+    if fallback is not None and (not current.feasible or fallback.makespan < current.makespan * (1 - _EPS)):
+        # A start's own schedule beats what the search holds (the search could not plan every
+        # start again before its deadline, or planned one differently): never worse than a
+        # start that produced a schedule.
+        info.update(start=fallback.info.get("start_method"), units=list(fallback.schedule.offloaded_units),
+                    alone=[t.unit for t in fallback.schedule.transfers if t.kind == "offload" and t.moves == "act"],
+                    kept_start_schedule=True)
+        result = Result(
+            "best", Status.FEASIBLE, fallback.schedule, makespan=fallback.makespan,
+            lower_bound=info.get("lp_bound", math.nan), runtime=time.perf_counter() - t0, info=info,
+        )
+    elif current.feasible:
         result = Result(
             "best",
             Status.FEASIBLE,
@@ -454,8 +484,9 @@ def best(
     if remat:
         from .joint import joint
 
-        # joint compares with a pure-offloading result: this one, not a second search.
-        other = joint(chain, platform, offload=result)
+        # joint compares with a pure-offloading result: this one, not a second search; under a
+        # clock it gets what the pure-offloading part left (REMAT_SHARE of the limit at least).
+        other = joint(chain, platform, offload=result, time_limit=max(deadline - time.perf_counter(), 1e-3) if timed else None)
         moves_kept = other.schedule is not None and bool(kept & set(other.schedule.offloaded_units))
         if other.status.has_schedule and not moves_kept and (not result.status.has_schedule or other.makespan < result.makespan):
             # The pure-offloading bound does not bind a schedule that recomputes.

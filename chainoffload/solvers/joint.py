@@ -120,6 +120,8 @@ _WORK = 3e8
 _MAX_ROWS = 16
 #: Default longest checkpointed node on the spine when the link can move data.
 DEFAULT_SPAN = 16
+#: Share of ``joint``'s time limit that its pure-offloading candidate (``best``) may take.
+OFFLOAD_SHARE = 0.3
 #: Longest chain the exact DP runs on inside :func:`joint` (its spine is O(S L^2 P) over
 #: rotor's full O(S L^2) table).
 EXACT_MAX_LENGTH = 200
@@ -494,7 +496,7 @@ def _moves(node: Node) -> str:
     return "act" if node.act_alone else "unit"
 
 
-def _with_waits(chain: Chain, platform: Platform, schedule: Schedule) -> tuple[Schedule, Timeline]:
+def _with_waits(chain: Chain, platform: Platform, schedule: Schedule, deadline: float = math.inf) -> tuple[Schedule, Timeline]:
     """Simulate ``schedule``; where memory goes over the limit, turn the excess into waits.
 
     The model frees an offloaded item byte by byte, the simulator when its whole copy has
@@ -502,12 +504,15 @@ def _with_waits(chain: Chain, platform: Platform, schedule: Schedule) -> tuple[S
     as gone is still on the GPU: that op then waits for the offload in flight that ends first
     (a ``before`` wait, the paper's idle time), and the schedule is simulated again. A
     prefetch whose allocation goes over is triggered one op later (still before its reader).
-    Stops when feasible, when no such fix applies, or after a bounded number of fixes.
+    Stops when feasible, when no such fix applies, after a bounded number of fixes, or when
+    one more simulation (timed as the first) would end past ``deadline``.
     """
+    t = time.perf_counter()
     timeline = simulate(chain, platform, schedule)
+    once = time.perf_counter() - t
     for _ in range(2 * len(schedule.transfers) + 4):
         v = timeline.violation
-        if v is None or v.rule != "memory":
+        if v is None or v.rule != "memory" or time.perf_counter() + once > deadline:
             break
         fixed = _fix_memory(schedule, timeline, v)
         if fixed is None:
@@ -583,6 +588,7 @@ def joint_dp(
     max_span: int | None = None,
     rot: tuple[np.ndarray, np.ndarray] | None = None,
     act_alone: bool | None = True,
+    time_limit: float | None = None,
 ) -> Result:
     """The joint dynamic program alone: its rebuilt schedule, simulated and repaired.
 
@@ -609,13 +615,24 @@ def joint_dp(
     act_alone
         ``True`` (default) / ``False``: the table with / without lone-activation offloads of
         whole units; ``None``: both tables, the fastest simulated plan of either (twice the time).
+    time_limit
+        Seconds it may take (``None``: no limit). A table is one Numba call no clock can cut: one
+        whose estimate (``NOTE [ clock ]``) does not fit what is left, or the memory free (at
+        any limit), is not filled; with no table filled the result is ``timeout``, refused up
+        front with the estimate in the message. The walks are cut at the limit: the fastest
+        plan simulated by then is kept (``info["stopped"] = "time"``).
 
     Returns
     -------
     Result
         ``feasible`` with the schedule, or ``infeasible`` when no plan fits.
     """
+    from .._clock import joint_dp_bytes, joint_dp_seconds
+    from ._options import check_time_limit, refusal
+
     t0 = time.perf_counter()
+    time_limit = check_time_limit(time_limit)
+    deadline = math.inf if time_limit is None else t0 + time_limit
     info: dict = {"slots": int(slots)}
     if act_alone is not None and not isinstance(act_alone, bool):
         raise ValueError(f"act_alone: expected True, False or None, got {act_alone!r}")
@@ -625,22 +642,36 @@ def joint_dp(
     found: tuple[Schedule, Timeline, float] | None = None
     last_message = ""
     tried: set[tuple] = set()
-    for alone in kinds:
+    for k, alone in enumerate(kinds):
+        left = None if time_limit is None else deadline - time.perf_counter()
+        refused = refusal("joint", f"the joint DP's table of {chain.length:,} stages and {slots} slots",
+                          joint_dp_seconds(chain.length, slots), joint_dp_bytes(chain.length, slots), left, t0,
+                          length=chain.length, info=info)
+        if refused is not None:
+            if k == 0:
+                return refused
+            info["stopped"] = "time"
+            break
         table = joint_table(chain, platform, sl, rows=rows, max_span=max_span, rot=rot, act_alone=alone,
                             windows=windows)
         windows = (table.win, table.win_choice)
         # The last table's choices include the others': its value is the model's optimum.
         info.update(quantum=sl.quantum, budget_slots=sl.budget, dp_makespan=table.value, rows=table.n_b)
-        found, last_message = _best_walks(table, chain, platform, sl, tried, found, last_message)
+        found, last_message = _best_walks(table, chain, platform, sl, tried, found, last_message, deadline, info)
     if found is not None:
         info["root"] = found[2]
         info["act_alone"] = any(t.moves == "act" for t in found[0].transfers)
     return dp_result("joint", found, info, t0, platform, slots, last_message)
 
 
-def _best_walks(table, chain, platform, sl, tried, found, last_message):
+def _best_walks(table, chain, platform, sl, tried, found, last_message, deadline=math.inf, info=None):
     """Rebuild, repair and simulate the table's plans at the :data:`_ROOTS` budgets; keep the
-    fastest feasible one in ``found`` (skipping plans ``tried`` already)."""
+    fastest feasible one in ``found`` (skipping plans ``tried`` already). A walk that would not
+    end by ``deadline`` (timed as the longest one so far; the first from the sequence model of
+    ``NOTE [ clock ]``) is not started, and ``info["stopped"]`` says so."""
+    from .._clock import sequence_seconds
+
+    longest = 4 * sequence_seconds(3 * chain.length)
     if math.isfinite(table.value):
         for fraction in _ROOTS:
             budget = int(sl.budget * fraction)
@@ -651,9 +682,15 @@ def _best_walks(table, chain, platform, sl, tried, found, last_message):
                 continue
             tried.add(plan)
             for early in (0, 1):
+                if time.perf_counter() + longest > deadline:
+                    if info is not None:
+                        info["stopped"] = "time"
+                    return found, last_message
+                began = time.perf_counter()
                 schedule, timeline = _with_waits(
-                    chain, platform, joint_schedule(table, chain, platform, early=early, budget=budget)
+                    chain, platform, joint_schedule(table, chain, platform, early=early, budget=budget), deadline
                 )
+                longest = max(longest, time.perf_counter() - began)
                 if timeline.feasible and (found is None or timeline.makespan < found[1].makespan):
                     found = (schedule, timeline, fraction)
                 elif not timeline.feasible:
@@ -671,6 +708,7 @@ def joint(
     rows: int | None = None,
     max_span: int | None = None,
     offload: Result | None = None,
+    time_limit: float | None = None,
 ) -> Result:
     """Rematerialization plus offloading: the best of the joint DPs, rotor and pure offloading.
 
@@ -692,39 +730,92 @@ def joint(
     offload
         The pure-offloading result to compare with (e.g. a ``best`` result the caller already
         has); by default :func:`chainoffload.solvers.best.best` is run here.
+    time_limit
+        Seconds it may take (``None``: no limit). The candidates then run in the order that
+        keeps a schedule in hand soonest: pure offloading first (``best`` with
+        :data:`OFFLOAD_SHARE` of the limit; it can always be cut), then the paper's DP, rotor
+        and the exact DP, each only when its estimated table (``NOTE [ clock ]``) fits what is
+        left; the ones left out are in ``info["skipped"]`` with the reason (also, at any limit,
+        a table that would not fit in the memory free), those the limit cut short in
+        ``info["cut_short"]``, and ``info["stopped"]`` is then ``"time"``. Status ``timeout``
+        when no candidate has a schedule and the limit left one out.
     """
+    from .._clock import joint_exact_seconds
+    from ._options import check_time_limit, refusal
     from ._registry import spec
     from .rotor import rotor
 
     if offload is not None and not isinstance(offload, Result):
         raise TypeError(f"offload: expected a Result, got {type(offload).__name__}")
     t0 = time.perf_counter()
+    time_limit = check_time_limit(time_limit)
+    timed = time_limit is not None
+    deadline = t0 + time_limit if timed else math.inf
+
+    def left() -> float | None:
+        # Never 0 or below: a candidate given what is left must see a limit it can refuse
+        # (best may overrun its share by its last step; seen at L = 10^6).
+        return max(deadline - time.perf_counter(), 1e-6) if timed else None
+
     exact = platform.can_transfer and chain.length <= EXACT_MAX_LENGTH
+    skipped: dict[str, str] = {}
+    found: dict[str, Result] = {}
+    if offload is None and timed:
+        # Under a clock the one candidate that can be cut runs first: a schedule in hand early.
+        offload = spec("best").load()(chain, platform, time_limit=max(OFFLOAD_SHARE * time_limit, 1e-3))
     rot = None
     if exact:
-        # Both DPs read rotor's table: fill it once.
+        # Both DPs read rotor's dense table: fill it once, when the exact DP fits the clock.
         sl = slots_for(chain, platform.memory, slots)
-        rot = _kr.rotor_table(chain.fwd, chain.bwd, chain.fwd_nosave, sl.act, sl.saved, sl.fwd_tmp, sl.bwd_tmp, sl.budget)
-    candidates = {
-        "joint-dp": joint_dp(chain, platform, slots=slots, rows=rows, max_span=max_span, rot=rot),
-        "rotor": rotor(chain, platform, slots=slots),
-    }
+        refused = refusal("joint-exact", f"the exact DP of {chain.length} stages", joint_exact_seconds(chain.length, slots),
+                          0.0, left(), t0, length=chain.length)
+        if refused is None:
+            rot = _kr.rotor_table(chain.fwd, chain.bwd, chain.fwd_nosave, sl.act, sl.saved, sl.fwd_tmp, sl.bwd_tmp, sl.budget)
+        else:
+            exact = False
+            skipped["joint-exact"] = refused.message
+    found["joint-dp"] = joint_dp(chain, platform, slots=slots, rows=rows, max_span=max_span, rot=rot, time_limit=left())
+    found["rotor"] = rotor(chain, platform, slots=slots, time_limit=left())
     if exact:
-        candidates["joint-exact"] = joint_exact(chain, platform, slots=slots, rot=rot)
+        found["joint-exact"] = joint_exact(chain, platform, slots=slots, rot=rot)
     if offload is None:
         # best itself may run joint (remat=True): reach it by name, as the registry does, so
         # that the two modules do not import each other.
         offload = spec("best").load()(chain, platform)
     name = offload.method or "offload"
-    candidates[name] = offload
+    found[name] = offload
+    candidates: dict[str, Result] = {}
+    cut = []
+    for key, res in found.items():
+        if res.info.get("refused"):
+            skipped[key] = res.message
+        else:
+            candidates[key] = res
+            if timed and res.info.get("stopped") == "time":
+                cut.append(key)
     best_name, chosen = None, None
     for key, res in candidates.items():
         if res.status.has_schedule and (chosen is None or res.makespan < chosen.makespan):
             best_name, chosen = key, res
     info = {f"{key}_makespan": res.makespan for key, res in candidates.items()}
-    info.update(candidates["joint-dp"].info)
+    info.update(candidates["joint-dp"].info if "joint-dp" in candidates else {})
+    info.pop("refused", None)
+    if skipped:
+        info["skipped"] = skipped
+    if cut:
+        info["cut_short"] = cut
+    if timed and (skipped or cut):
+        info["stopped"] = "time"
+    else:
+        info.pop("stopped", None)
     runtime = time.perf_counter() - t0
     if chosen is None:
+        if timed and (skipped or cut):
+            return Result(
+                "joint", Status.TIMEOUT, None, runtime=runtime, info=info,
+                message=f"joint: no candidate had a schedule within the time limit ({time_limit:g} s): "
+                + "; ".join(skipped.values()),
+            )
         least = [r.min_memory for r in candidates.values() if r.min_memory is not None]
         return Result(
             "joint",

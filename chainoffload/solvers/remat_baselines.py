@@ -17,7 +17,7 @@ from ..schedule import Schedule
 from ..simulate import simulate
 from ._options import OptionError
 
-__all__ = ["sqrt_checkpoint", "recompute_all", "sqrt_checkpoint_schedule", "recompute_all_schedule"]
+__all__ = ["sqrt_checkpoint", "recompute_all", "sqrt_checkpoint_schedule", "recompute_all_schedule", "sequence_length"]
 
 
 def sqrt_checkpoint_schedule(length: int, segment: int | None = None) -> Schedule:
@@ -77,21 +77,61 @@ def _fixed_policy(method: str, chain: Chain, platform: Platform, schedule: Sched
     )
 
 
-def sqrt_checkpoint(chain: Chain, platform: Platform, *, segment: int | None = None) -> Result:
+def sequence_length(method: str, length: int, segment: int | None = None) -> int:
+    """Ops in the compute sequence of ``method`` (``"sqrt-checkpoint"`` or ``"recompute-all"``)
+    on ``length`` stages, known before it is built: its cost (``NOTE [ clock ]``)."""
+    if method == "recompute-all":
+        return length * (length + 1) // 2 + length
+    if method != "sqrt-checkpoint":
+        raise ValueError(f"method: {method!r} is not sqrt-checkpoint or recompute-all")
+    seg = max(1, math.ceil(math.sqrt(length))) if segment is None else segment
+    last = length - (length - 1) // seg * seg  # stages of the last segment
+    return 3 * length - last  # every forward once, every backward, and the earlier segments' forwards again
+
+
+def _refused(method: str, chain: Chain, ops: int, time_limit: float | None, t0: float, info: dict) -> Result | None:
+    from .._clock import sequence_bytes, sequence_seconds
+    from ._options import check_time_limit, refusal
+
+    time_limit = check_time_limit(time_limit)
+    return refusal(method, f"its sequence of {ops:,} ops on {chain.length:,} stages", sequence_seconds(ops),
+                   sequence_bytes(ops), time_limit, t0, length=chain.length, info=info,
+                   hint="rotor or sqrt-checkpoint need far fewer ops" if method == "recompute-all" else "")
+
+
+def sqrt_checkpoint(chain: Chain, platform: Platform, *, segment: int | None = None, time_limit: float | None = None) -> Result:
     """Checkpoint every ceil(sqrt(L)) stages (Chen et al., "Training deep nets with sublinear memory cost").
 
     Parameters
     ----------
     segment
         Stages per segment; default ceil(sqrt(L)).
+    time_limit
+        Seconds it may take (``None``: no limit). Its sequence (about 3 L ops) is built and
+        simulated whole, which no clock can cut, so it is refused up front (status ``timeout``,
+        the estimate in the message) when the estimate does not fit, or does not fit in memory.
     """
     t0 = time.perf_counter()
+    seg = max(1, math.ceil(math.sqrt(chain.length))) if segment is None else segment
+    if isinstance(seg, bool) or not isinstance(seg, int) or seg < 1:
+        raise OptionError(f"segment: {segment!r} must be an integer >= 1")
+    info = {"segment": seg}
+    refused = _refused("sqrt-checkpoint", chain, sequence_length("sqrt-checkpoint", chain.length, seg), time_limit, t0, info)
+    if refused is not None:
+        return refused
     schedule = sqrt_checkpoint_schedule(chain.length, segment)
-    seg = segment or max(1, math.ceil(math.sqrt(chain.length)))
-    return _fixed_policy("sqrt-checkpoint", chain, platform, schedule, t0, {"segment": seg})
+    return _fixed_policy("sqrt-checkpoint", chain, platform, schedule, t0, info)
 
 
-def recompute_all(chain: Chain, platform: Platform) -> Result:
-    """Keep only the chain's input; recompute the forward up to each stage before its backward."""
+def recompute_all(chain: Chain, platform: Platform, *, time_limit: float | None = None) -> Result:
+    """Keep only the chain's input; recompute the forward up to each stage before its backward.
+
+    Its sequence has L (L + 1) / 2 + L ops, built and simulated whole: with ``time_limit``
+    (seconds) it is refused up front (status ``timeout``, the estimate in the message) when
+    that would not fit, and at any limit when it would not fit in memory (L = 10^5: 5 * 10^9 ops).
+    """
     t0 = time.perf_counter()
+    refused = _refused("recompute-all", chain, sequence_length("recompute-all", chain.length), time_limit, t0, {})
+    if refused is not None:
+        return refused
     return _fixed_policy("recompute-all", chain, platform, recompute_all_schedule(chain.length), t0, {})

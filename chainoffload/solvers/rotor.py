@@ -322,7 +322,7 @@ def rotor_schedule(choice, sl: Slots, length: int) -> Schedule:
     return Schedule(tuple(ops), ())
 
 
-def rotor(chain: Chain, platform: Platform, *, slots: int | None = None) -> Result:
+def rotor(chain: Chain, platform: Platform, *, slots: int | None = None, time_limit: float | None = None) -> Result:
     """Optimal persistent checkpointing (rematerialization only, no transfer).
 
     Parameters
@@ -333,6 +333,12 @@ def rotor(chain: Chain, platform: Platform, *, slots: int | None = None) -> Resu
         Number of memory slots S of the dynamic program; more slots lose less to rounding
         (each size is rounded up to a slot) and cost time and memory linearly. By default
         :func:`default_slots` (500 unless the chain is so long that the table would not fit).
+    time_limit
+        Seconds it may take (``None``: no limit). The table is one Numba call that no clock can
+        cut, so it is estimated first (``NOTE [ clock ]``): a table that would not fit in what
+        is left of the limit, or in the memory free (at any limit), is refused up front with
+        status ``timeout``, the estimate in the message and ``info["refused"]``; the message
+        names the slots that would fit, when some would.
 
     Notes
     -----
@@ -351,23 +357,55 @@ def rotor(chain: Chain, platform: Platform, *, slots: int | None = None) -> Resu
         schedules up to slot rounding), or ``infeasible`` with ``min_memory`` when even
         the most frugal sequence does not fit in the slot-rounded budget.
     """
+    from .._clock import rotor_bytes, rotor_seconds, sequence_seconds
+    from ._options import check_time_limit, refusal
+
     t0 = time.perf_counter()
+    time_limit = check_time_limit(time_limit)
+    deadline = math.inf if time_limit is None else t0 + time_limit
+    chosen = slots is not None
     if slots is None:
         slots = default_slots(chain.length)
     sl = slots_for(chain, platform.memory, slots)
     info = {"slots": int(slots), "quantum": sl.quantum, "budget_slots": sl.budget}
+    n = chain.length
     # Both sequences below are persistent checkpointing sequences that slot rounding can hide
     # from the table near its two ends: keep-all (optimal whenever it fits) and the most
     # frugal one (the least memory of all). Keep-all needs no table.
+    refused = refusal("rotor", f"checking keep-all on {n:,} stages", sequence_seconds(2 * n), 0.0, time_limit, t0, length=n, info=info)
+    if refused is not None:
+        return refused
     keep_all = Schedule.keep_all(chain.length)
     timeline = simulate(chain, platform, keep_all)
     if timeline.feasible:
         info.update(source="keep-all", recomputed=0)
         return Result("rotor", Status.FEASIBLE, keep_all, makespan=timeline.makespan, runtime=time.perf_counter() - t0, info=info)
+    # NOTE [ clock ]: the table, and the schedule rebuilt from it (a few L ops), cannot be cut.
+    left = None if time_limit is None else deadline - time.perf_counter()
+    need = rotor_seconds(n, slots) + sequence_seconds(4 * n)
+    hint = ""
+    if left is not None and need > left:
+        per_slot = (rotor_seconds(n, 2) - rotor_seconds(n, 1))
+        fit = int((left - (need - rotor_seconds(n, slots)) - rotor_seconds(n, 0)) / per_slot) if per_slot > 0 else 0
+        hint = f"slots={fit} would fit" if 1 <= fit < slots else "no slot count would fit"
+        if not chosen and fit >= 1:
+            hint += f" (the default here is {slots})"
+    refused = refusal("rotor", f"a rotor table of {n:,} stages and {slots} slots", need, rotor_bytes(n, slots),
+                      left, t0, length=n, hint=hint, info=info)
+    if refused is not None:
+        return refused
     table = fill_rotor_table(chain, sl)
     value = table.value(1, chain.length, sl.budget)
     info.update(dp_makespan=value, table_bytes=table.nbytes)
     if not math.isfinite(value):
+        from .remat_baselines import sequence_length
+
+        ops = sequence_length("recompute-all", n)
+        left = None if time_limit is None else deadline - time.perf_counter()
+        refused = refusal("rotor", f"no sequence fits at {slots} slots; the recompute-all sequence ({ops:,} ops)",
+                          sequence_seconds(ops), float(ops) * 400, left, t0, length=n, info=info)
+        if refused is not None:
+            return refused
         fallback = recompute_all_schedule(chain.length)
         timeline = simulate(chain, platform, fallback)
         if timeline.feasible:
