@@ -8,9 +8,15 @@ feasible, and the solver's runtime. The tables (compare.md), the figures (one pe
 link, drawn by :func:`chainoffload.plot.plot_tradeoff`) and the raw data (compare.json) come
 from one run; ``--replot`` redraws the tables and figures from compare.json without solving.
 
-    python benchmarks/compare.py            # full sweep, writes benchmarks/results/compare.{md,json} and PNGs
-    python benchmarks/compare.py --quick    # CI-sized: 2 networks, 4 memory points, 1 bandwidth
-    python benchmarks/compare.py --replot   # tables and PNGs again from benchmarks/results/compare.json
+    python benchmarks/compare.py              # full sweep, writes benchmarks/results/compare.{md,json} and PNGs
+    python benchmarks/compare.py --links PCIe4  # one link class (what the README's Results table quotes)
+    python benchmarks/compare.py --quick      # CI-sized: 2 networks, 4 memory points, 1 bandwidth
+    python benchmarks/compare.py --replot     # tables and PNGs again from benchmarks/results/compare.json
+
+By default no method but ``cpsat`` reads a clock (NOTE [ a sweep without a clock ] in
+``chainoffload/tradeoff.py``), so every figure but the runtimes and CP-SAT's is the same on any
+machine; ``cpsat``, whose only stop is a wall clock, gets ``--cpsat-time`` seconds per point.
+``--time-limit S`` gives every method that takes one S seconds per point instead.
 
 Bandwidths are per direction, effective (what pinned-memory copies reach, not the signalling
 rate): PCIe 3.0 x16 ~12 GB/s, PCIe 4.0 x16 ~25 GB/s, PCIe 5.0 x16 ~50 GB/s, and NVLink-C2C
