@@ -389,3 +389,27 @@ def test_verify_and_tradeoff_print_the_main_jobs_bound(ran):
     import json
 
     assert f"{1e3 * json.loads(out)['lower_bound'][0]:.3f} ms" == bound
+
+
+def test_the_remat_figures_are_remat_md():
+    text = " ".join((RESULTS / "remat.md").read_text().split())
+    prose = " ".join(results_section().split())
+    table = {r["platform"]: r for r in md_table((RESULTS / "remat.md").read_text(), "## Against the targets and the paper")}
+    v100 = [table[f"V100 {bw} GB/s"]["both"].replace(" %", "") for bw in (12, 25, 64)]
+    a100 = [table[f"A100 {bw} GB/s"]["both"].replace(" %", "") for bw in (12, 25, 64)]
+    assert f"is {v100[0]} % on the paper's platform" in prose and f"{v100[1]} % at 25 GB/s and {v100[2]} % at 64 GB/s" in prose
+    assert f"with A100 times {a100[0]} %, {a100[1]} % and {a100[2]} %" in prose
+    joint, rotor = re.search(r"### V100 times, 12 GB/s .*?Median network: joint (\S+)x, rotor (\S+)x", text.split("## Claim 2", 1)[1]).groups()
+    assert f"is {joint}x on the median network at V100 / 12 GB/s (rotor: {rotor}x) and up to {table['V100 12 GB/s']['best network']}" in prose
+    slower, faster = re.search(r"On (\d+) points .*?is slower than main's .*? on \*\*(\d+)\*\* and faster on (\d+)", text).group(2, 3)
+    points = re.search(r"On (\d+) points", text).group(1)
+    alone = re.search(r"moves some a_i alone out of a whole unit .*? on (\d+) of these", text).group(1)
+    assert f"is slower than the previous one-in-flight `joint` on {slower} of {points}" in prose
+    took = re.search(r"Which candidate joint returned: best: (\d+),", text).group(1)
+    assert f"(it was `joint`'s answer on {took} of {points} points)" in prose
+    assert f"(faster on {faster}), moves a_i alone out of a kept unit (`\"moves\": \"act\"`) on {alone} of them" in prose
+
+
+def test_the_granularity_figure_is_granularity_md():
+    helped, points = re.search(r"Switching helps on (\d+) of (\d+) points", (RESULTS / "granularity.md").read_text()).groups()
+    assert f"helped on {helped} of {points} points" in " ".join(results_section().split())
