@@ -413,3 +413,26 @@ def test_the_remat_figures_are_remat_md():
 def test_the_granularity_figure_is_granularity_md():
     helped, points = re.search(r"Switching helps on (\d+) of (\d+) points", (RESULTS / "granularity.md").read_text()).groups()
     assert f"helped on {helped} of {points} points" in " ".join(results_section().split())
+
+
+def test_the_stalls_the_plot_prose_names(ran):
+    # "in the forward pass F_9, ... wait for the offloads of units 1, ... (green), in the backward
+    # pass B_11, ... wait for those units' prefetches": the stalls of the main job's schedule.
+    import chainoffload as co
+    from chainoffload.schedule_file import ScheduleFile
+
+    chain = co.Chain.load(str(ran["cwd"] / "resnet50.json"))
+    record = ScheduleFile.load(str(ran["cwd"] / "schedule.json"))
+    found = co.stalls(co.simulate(chain, record.platform, record.schedule))
+
+    def said(names):
+        return ", ".join(names[:-1]) + " and " + names[-1]
+
+    fwd = [s for s in found if s.cause == "offload"]
+    bwd = [s for s in found if s.cause == "prefetch"]
+    assert len(fwd) + len(bwd) == len(found)
+    prose = " ".join(README.split("and `plot` draws `schedule.png`", 1)[1].split("## ", 1)[0].split())
+    units = said([s.transfer_name[2:] for s in fwd])
+    assert f"in the forward pass {said([s.op_name for s in fwd])} wait for the offloads of units {units} to free memory" in prose
+    assert f"in the backward pass {said([s.op_name for s in bwd])} wait for those units' prefetches" in prose
+    assert sorted(s.transfer_name[2:] for s in bwd) == sorted(s.transfer_name[2:] for s in fwd)
