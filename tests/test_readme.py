@@ -374,7 +374,7 @@ def test_the_act_alone_figures_are_act_alone_md():
     assert (f"`benchmarks/results/act_alone.md`): on {instances} instances" in prose and f"and {randoms} random valid schedules" in prose)
     assert f"CP-SAT proves the optimum on {optimal} instances and no method beats it; {alone} of those optima" in prose
     assert f"the fastest method's schedule does on {fastest} of the {instances} instances" in prose
-    assert f"at load {start}-{end};" in prose
+    assert f"at load {start}-{end}," in prose
 
 
 def test_verify_and_tradeoff_print_the_main_jobs_bound(ran):
@@ -436,3 +436,15 @@ def test_the_stalls_the_plot_prose_names(ran):
     assert f"in the forward pass {said([s.op_name for s in fwd])} wait for the offloads of units {units} to free memory" in prose
     assert f"in the backward pass {said([s.op_name for s in bwd])} wait for those units' prefetches" in prose
     assert sorted(s.transfer_name[2:] for s in bwd) == sorted(s.transfer_name[2:] for s in fwd)
+
+
+def test_the_best_determinism_figures_are_best_determinism_md():
+    text = (RESULTS / "best_determinism.md").read_text()
+    assert "with and without the load at every L: **yes**" in text
+    prose = " ".join(README.split("**best without a clock**", 1)[1].split("\n\n", 1)[0].split())
+    for length in ("10,000", "100,000"):
+        quiet, loaded = [r for r in md_table(text, "# best with default options") if r["L"] == length]
+        assert quiet["schedule sha256"] == loaded["schedule sha256"] and quiet["makespan / compute"] == loaded["makespan / compute"]
+        said = (f"{quiet['makespan / compute']}x compute after {quiet['evals']} evaluations, in {quiet['wall s']} s and "
+                f"{loaded['wall s']} s of wall time ({quiet['CPU s']} s and {loaded['CPU s']} s of CPU")
+        assert f"L = {length}" in prose and said in prose, f"README should say, at L = {length}: {said}"
