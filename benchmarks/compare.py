@@ -8,9 +8,15 @@ feasible, and the solver's runtime. The tables (compare.md), the figures (one pe
 link, drawn by :func:`chainoffload.plot.plot_tradeoff`) and the raw data (compare.json) come
 from one run; ``--replot`` redraws the tables and figures from compare.json without solving.
 
-    python benchmarks/compare.py            # full sweep, writes benchmarks/results/compare.{md,json} and PNGs
-    python benchmarks/compare.py --quick    # CI-sized: 2 networks, 4 memory points, 1 bandwidth
-    python benchmarks/compare.py --replot   # tables and PNGs again from benchmarks/results/compare.json
+    python benchmarks/compare.py              # full sweep, writes benchmarks/results/compare.{md,json} and PNGs
+    python benchmarks/compare.py --links PCIe4  # one link class (what the README's Results table quotes)
+    python benchmarks/compare.py --quick      # CI-sized: 2 networks, 4 memory points, 1 bandwidth
+    python benchmarks/compare.py --replot     # tables and PNGs again from benchmarks/results/compare.json
+
+By default no method but ``cpsat`` reads a clock (NOTE [ a sweep without a clock ] in
+``chainoffload/tradeoff.py``), so every figure but the runtimes and CP-SAT's is the same on any
+machine; ``cpsat``, whose only stop is a wall clock, gets ``--cpsat-time`` seconds per point.
+``--time-limit S`` gives every method that takes one S seconds per point instead.
 
 Bandwidths are per direction, effective (what pinned-memory copies reach, not the signalling
 rate): PCIe 3.0 x16 ~12 GB/s, PCIe 4.0 x16 ~25 GB/s, PCIe 5.0 x16 ~50 GB/s, and NVLink-C2C
@@ -20,6 +26,7 @@ rate): PCIe 3.0 x16 ~12 GB/s, PCIe 4.0 x16 ~25 GB/s, PCIe 5.0 x16 ~50 GB/s, and 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -64,11 +71,32 @@ def chains(names: list[str] | None, quick: bool) -> list[co.Chain]:
     return [loader(n) for n in available]
 
 
-def run(chain: co.Chain, bandwidth: float, points: int, methods: list[str], time_limit: float) -> Tradeoff:
-    """One network on one link: the library's sweep, less the methods too slow for its length."""
+def run(
+    chain: co.Chain, bandwidth: float, points: int, methods: list[str], time_limit: float | None, cpsat_time: float
+) -> Tradeoff:
+    """One network on one link: the library's sweep, less the methods too slow for its length.
+
+    ``time_limit`` ``None``: no method reads a clock (NOTE [ a sweep without a clock ]), so every
+    figure but the runtimes and ``cpsat``'s is the same on any machine; ``cpsat``, whose only
+    stop is a wall clock, runs in a sweep of its own with ``cpsat_time`` seconds per point.
+    """
     link = co.Platform(memory=0, bandwidth_d2h=bandwidth, bandwidth_h2d=bandwidth, latency=LATENCY)
     runnable = [m for m in methods if not (m in SLOW and chain.length > SLOW[m])]
-    return co.tradeoff(chain, link, runnable, points=points, time_limit=time_limit)
+    clocked = [m for m in runnable if m == "cpsat"] if time_limit is None else []
+    plain = [m for m in runnable if m not in clocked]
+    tr = co.tradeoff(chain, link, plain, points=points, time_limit=time_limit)
+    if not clocked:
+        return tr
+    exact = co.tradeoff(chain, link, clocked, tr.memories, time_limit=cpsat_time)
+    # One table: the curves side by side; a bound either sweep proved holds for both.
+    # (Both are non-increasing in memory, so their larger one is too.)
+    return dataclasses.replace(
+        tr,
+        lower_bound=tuple(max(a, b) for a, b in zip(tr.lower_bound, exact.lower_bound)),
+        curves={**tr.curves, **exact.curves},
+        remat={**tr.remat, **exact.remat},
+        clocked=tr.clocked + exact.clocked,
+    )
 
 
 def table(tr: Tradeoff, label: str, methods: list[str]) -> list[str]:
@@ -174,7 +202,7 @@ def best_against(runs: dict[str, dict[str, Tradeoff]], time_limit: float | None)
                             ratios[b] = (r, f"{name}, {label}, {format_bytes(tr.memories[j])}")
     lines = ["## best against the exact method and the baselines", ""]
     if both:
-        limit = f"{time_limit:g} s per point" if time_limit else "its default time limit"
+        limit = f"{time_limit:g} s per point"
         text = (
             f"Of the {both} sweep points where CP-SAT ({limit}) found a schedule ({optimal} of them proven optimal), "
             f"best's makespan equals CP-SAT's on {equal}"
@@ -193,17 +221,23 @@ def best_against(runs: dict[str, dict[str, Tradeoff]], time_limit: float | None)
 
 
 def report(
-    runs: dict[str, dict[str, Tradeoff]], methods: list[str], out: Path, quick: bool, stamp: str, time_limit: float | None
+    runs: dict[str, dict[str, Tradeoff]], methods: list[str], out: Path, quick: bool, stamp: str, time_limit: float | None,
+    cpsat_time: float = 5.0, command: str = "",
 ) -> str:
+    if time_limit is None:
+        stop = (f"no method but cpsat reads a clock (each stops by its own work budget), so every figure but the runtimes "
+                f"and cpsat's is the same on any machine; cpsat {cpsat_time:g} s per point")
+    else:
+        stop = f"every method that takes one under a time limit of {time_limit:g} s per point (figures may depend on the machine)"
     lines = [
         "# Method comparison",
         "",
-        f"`python benchmarks/compare.py{' --quick' if quick else ''}`, {stamp} (runtimes are from that machine; makespans are "
-        f"from the chains' time model). Raw data: {'compare-quick' if quick else 'compare'}.json.",
+        f"`{command or 'python benchmarks/compare.py' + (' --quick' if quick else '')}`, {stamp} (runtimes are from that machine; makespans are "
+        f"from the chains' time model). Stopping: {stop}. Raw data: {'compare-quick' if quick else 'compare'}.json.",
         "",
     ]
     if not quick:
-        lines += headline(runs, methods) + best_against(runs, time_limit)
+        lines += headline(runs, methods) + best_against(runs, time_limit or cpsat_time)
     for name, links in runs.items():
         for label, tr in links.items():
             bw = BANDWIDTHS[label]
@@ -219,7 +253,9 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="2 networks, 4 memory points, PCIe4 only, no exact method")
     parser.add_argument("--networks", nargs="*", help="network names (default: all shipped)")
     parser.add_argument("--points", type=int, default=None, help="memory points per sweep, besides the offload floor (default 10; quick 4)")
-    parser.add_argument("--time-limit", type=float, default=5.0, help="seconds for methods that take a time limit")
+    parser.add_argument("--time-limit", type=float, default=None, help="seconds for every method that takes a time limit (default: none; every method but cpsat stops by its own work budget, and the figures do not depend on the machine)")
+    parser.add_argument("--cpsat-time", type=float, default=5.0, help="seconds per point for cpsat when --time-limit is not given (default 5)")
+    parser.add_argument("--links", nargs="+", choices=list(BANDWIDTHS), default=None, help="link classes to sweep (default: all four; quick: PCIe4)")
     parser.add_argument("--out", type=Path, default=RESULTS, help="output folder")
     parser.add_argument("--replot", action="store_true", help="redraw tables and PNGs from OUT/compare.json (or compare-quick.json) without solving")
     args = parser.parse_args(argv)
@@ -230,21 +266,26 @@ def main(argv=None) -> int:
         methods = data["methods"]
         runs = {n: {lb: Tradeoff.from_dict(d) for lb, d in links.items()} for n, links in data["runs"].items()}
         stamp, time_limit = data["stamp"], data.get("time_limit")
+        cpsat_time, command = data.get("cpsat_time", time_limit), data.get("command", "")
     else:
         points = args.points or (4 if args.quick else 10)
-        bandwidths = {HEADLINE_LINK: BANDWIDTHS[HEADLINE_LINK]} if args.quick else BANDWIDTHS
+        links = args.links or ([HEADLINE_LINK] if args.quick else list(BANDWIDTHS))
+        bandwidths = {label: BANDWIDTHS[label] for label in links}
         methods = [m for m in co.methods() if not (args.quick and m in SLOW)]
-        time_limit = min(args.time_limit, 1.0) if args.quick else args.time_limit
-        stamp = f"{time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPU cores"
+        time_limit = args.time_limit
+        cpsat_time, command = args.cpsat_time, "python benchmarks/compare.py " + " ".join(argv if argv is not None else sys.argv[1:])
+        load0 = os.getloadavg()[0]
         runs: dict[str, dict[str, Tradeoff]] = {}
         t0 = time.perf_counter()
         for chain in chains(args.networks, args.quick):
             for label, bw in bandwidths.items():
-                runs.setdefault(chain.name, {})[label] = run(chain, bw, points, methods, time_limit)
+                runs.setdefault(chain.name, {})[label] = run(chain, bw, points, methods, time_limit, args.cpsat_time)
                 print(f"{chain.name} {label}: done ({time.perf_counter() - t0:.1f} s)", file=sys.stderr)
-        raw = {"stamp": stamp, "time_limit": time_limit, "methods": methods, "runs": {n: {lb: tr.to_dict() for lb, tr in links.items()} for n, links in runs.items()}}
+        stamp = (f"{time.strftime('%Y-%m-%d %H:%M')} UTC, {os.cpu_count()} CPU cores shared, 1-minute load average "
+                 f"{load0:.1f} at the start and {os.getloadavg()[0]:.1f} at the end, {time.perf_counter() - t0:.0f} s")
+        raw = {"stamp": stamp, "command": command.strip(), "time_limit": time_limit, "cpsat_time": cpsat_time, "methods": methods, "runs": {n: {lb: tr.to_dict() for lb, tr in links.items()} for n, links in runs.items()}}
         (args.out / f"{stem}.json").write_text(json.dumps(raw) + "\n")
-    text = report(runs, methods, args.out, args.quick, stamp, time_limit)
+    text = report(runs, methods, args.out, args.quick, stamp, time_limit, cpsat_time, command.strip())
     (args.out / f"{stem}.md").write_text(text + "\n")
     print(text)
     return 0

@@ -684,6 +684,7 @@ def _cmd_tradeoff(args: argparse.Namespace, out: Output) -> int:
         ("stage floor", f"{format_bytes(curve.stage_floor)}: no schedule fits below (proven)"),
         ("offload floor", f"{format_bytes(curve.offload_floor)}: no schedule without recomputation fits below (proven)"),
         ("keep-all peak", f"{format_bytes(curve.keep_all_peak)}: everything fits, no overhead"),
+        ("stopped by", _sweep_stop(curve)),
     ]
     _table(out, rows)
     out.print("\noverhead over compute at each memory ('-': no schedule found; lower bound: pure offloading)")
@@ -703,6 +704,17 @@ def _cmd_tradeoff(args: argparse.Namespace, out: Output) -> int:
     if args.out:
         out.print(f"wrote {args.out}")
     return 0
+
+
+def _sweep_stop(curve: Any) -> str:
+    """What stopped the sweep's runs, and so whether its figures are the machine's
+    (NOTE [ a sweep without a clock ] in ``chainoffload/tradeoff.py``)."""
+    if curve.time_limit is not None:
+        return f"a time limit of {curve.time_limit:g} s per run: figures may depend on the machine"
+    text = "work budgets, no clock: the same figures on any machine"
+    if curve.clocked:
+        text += f", except {', '.join(curve.clocked)} (its own wall-clock limit)"
+    return text
 
 
 def _cmd_methods(args: argparse.Namespace, out: Output) -> int:
@@ -815,7 +827,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--methods", nargs="+", metavar="NAME", help="methods to run (default: offload-all first-k largest-first best rotor joint)")
     p.add_argument("--points", type=int, default=10, help="memory limits evenly from the stage floor to the keep-all peak, plus the offload floor (default 10)")
     p.add_argument("--memories", metavar="M1,M2,...", help="these memory limits instead, e.g. 2GiB,3GiB,4.5GiB")
-    p.add_argument("--time-limit", type=float, default=5.0, help="seconds per run, for methods that take a time limit (default 5)")
+    p.add_argument(
+        "--time-limit",
+        type=float,
+        default=None,
+        help="seconds per run, for methods that take a time limit; the figures may then depend on the machine "
+        "(default: none: every method stops by its own work budget, so the same command prints the same table "
+        "on any machine, apart from cpsat, which keeps its own 60 s)",
+    )
     p.add_argument("-o", "--out", metavar="OUT.png", help="also draw the curves (PNG, SVG or PDF by extension)")
     p.add_argument("--json", action="store_true", help="print the table as one JSON object")
     p.add_argument("--progress", action="store_true", help="show progress on stderr even when it is not a terminal (it is shown on a terminal)")

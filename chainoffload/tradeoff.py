@@ -8,6 +8,23 @@ the proven floors (:func:`chainoffload.bounds.offload_memory_floor` for pure off
 :meth:`Chain.stage_memory_floor` for methods that recompute) and the pure-offloading lower
 bound at each memory. :func:`chainoffload.plot.plot_tradeoff` draws it; ``chainoffload
 tradeoff`` prints or plots it; ``benchmarks/compare.py`` runs it over the shipped networks.
+
+NOTE [ a sweep without a clock ]
+--------------------------------
+A trade-off table is for choosing a memory budget, and often for quoting it (a README, a
+paper, a design review), so by default it must not depend on the machine that made it. With
+``time_limit=None`` (the default; the CLI without ``--time-limit``) no method is given a wall
+clock: ``best`` stops by its work budget (NOTE [ best's work budget ] in
+``chainoffload/solvers/best.py``), ``lp``, ``dp``, ``rotor``, ``joint`` and the baselines run
+to their own end by rules that read the instance only, and every bound is the ladder's, whose
+rungs are chosen by size rules and work limits (NOTE [ bound ladder ]). So the same call prints
+the same table on any machine and at any load, apart from the runtimes. A method whose only
+stop is a wall clock of its own (``cpsat``: CP-SAT with several workers is not reproducible
+anyway) keeps it and is listed in :attr:`Tradeoff.clocked`; its point is then the machine's
+unless it is proven optimal. A ``time_limit`` given by the caller goes to every method that
+takes one, which trades that guarantee for a bounded wall time per run (at 10^4+ stages the
+default sweep takes minutes: each ``best`` run lets every start finish); every such method is
+then in ``clocked``.
 """
 
 from __future__ import annotations
@@ -118,6 +135,13 @@ class Tradeoff:
     remat
         Method name to whether it recomputes (its schedules are bound by ``stage_floor`` and
         not by ``lower_bound``).
+    time_limit
+        The ``time_limit`` the sweep ran with (seconds per run), ``None`` for none (NOTE [ a
+        sweep without a clock ]).
+    clocked
+        The methods whose points a wall clock may have decided (``time_limit`` given: every
+        method that takes one; ``None``: only those with a wall-clock default of their own,
+        ``cpsat``); every other point is the same on any machine, apart from its runtime.
     """
 
     chain_name: str
@@ -130,6 +154,8 @@ class Tradeoff:
     lower_bound: tuple[float, ...]
     curves: dict[str, tuple[TradeoffPoint, ...]]
     remat: dict[str, bool]
+    time_limit: float | None = None
+    clocked: tuple[str, ...] = ()
 
     @property
     def methods(self) -> tuple[str, ...]:
@@ -165,9 +191,10 @@ class Tradeoff:
         Keys: ``chain``, ``platform`` (bandwidths, latency, duplex), ``compute_time``,
         ``keep_all_peak``, ``offload_memory_floor``, ``stage_memory_floor``, ``memories``,
         ``lower_bound`` and ``lower_bound_overhead`` (one per memory; ``null`` below the offload
-        floor), and ``methods``: name to ``{"remat": bool, "min_memory": int | null, "points":
-        [...]}`` with one :meth:`TradeoffPoint.to_dict` per memory. Non-finite numbers are
-        ``null``.
+        floor), ``time_limit`` (seconds or ``null``), ``clocked`` (the methods a wall clock may
+        have decided), and ``methods``: name to ``{"remat": bool, "min_memory": int | null,
+        "points": [...]}`` with one :meth:`TradeoffPoint.to_dict` per memory. Non-finite
+        numbers are ``null``.
         """
         link = self.platform.to_dict()
         link.pop("memory", None)
@@ -181,6 +208,8 @@ class Tradeoff:
             "memories": list(self.memories),
             "lower_bound": [_finite(x) for x in self.lower_bound],
             "lower_bound_overhead": [_finite(x) for x in self.lower_bound_overheads()],
+            "time_limit": self.time_limit,
+            "clocked": list(self.clocked),
             "methods": {
                 m: {"remat": self.remat[m], "min_memory": self.min_memory(m), "points": [p.to_dict() for p in pts]}
                 for m, pts in self.curves.items()
@@ -191,7 +220,9 @@ class Tradeoff:
     def from_dict(cls, data: dict[str, Any]) -> "Tradeoff":
         """Read back what :meth:`to_dict` wrote (the points have no ``result``).
 
-        Raises ``ValueError`` naming the missing key when ``data`` is not such a table.
+        A table written before ``time_limit`` and ``clocked`` existed reads back with ``None``
+        and every method clocked (the sweeps then ran under a time limit). Raises
+        ``ValueError`` naming the missing key when ``data`` is not such a table.
         """
         try:
             memories = tuple(int(m) for m in data["memories"])
@@ -222,6 +253,8 @@ class Tradeoff:
                 lower_bound=_monotone([_number(x) for x in data["lower_bound"]]),
                 curves=curves,
                 remat={name: bool(entry["remat"]) for name, entry in data["methods"].items()},
+                time_limit=None if data.get("time_limit") is None else float(data["time_limit"]),
+                clocked=tuple(data["clocked"]) if "clocked" in data else tuple(data["methods"]),
             )
         except KeyError as exc:
             raise ValueError(f"tradeoff: missing key {exc.args[0]!r} in the table") from None
@@ -276,7 +309,7 @@ def tradeoff(
     memories: Sequence[int] | None = None,
     *,
     points: int = 10,
-    time_limit: float | None = 5.0,
+    time_limit: float | None = None,
     **options: Any,
 ) -> Tradeoff:
     """Run ``methods`` at each memory limit and return overhead against memory per method.
@@ -297,8 +330,11 @@ def tradeoff(
     points
         Number of memory limits when ``memories`` is ``None`` (at least 2).
     time_limit
-        Seconds, passed to the methods that take a ``time_limit``; ``None`` keeps each
-        method's own default.
+        ``None`` (default): no wall clock (NOTE [ a sweep without a clock ]): each method stops
+        by its own work budget or runs to its end, so the table is the same on any machine
+        apart from the runtimes (``cpsat`` keeps its own default of 60 s and is listed in
+        ``clocked``). Seconds (> 0): passed to every method that takes a ``time_limit``, each
+        run then bounded in wall time; its points may then depend on the machine.
     **options
         Passed to every method as given (e.g. ``keep=[3, 5]`` for the pure-offloading ones); a
         method that does not take one raises, naming the options it takes.
@@ -333,8 +369,10 @@ def tradeoff(
         raise TypeError(f"tradeoff: chain must be a Chain, got {type(chain).__name__}")
     if not isinstance(platform, Platform):
         raise TypeError(f"tradeoff: platform must be a Platform, got {type(platform).__name__}")
-    if time_limit is not None and (isinstance(time_limit, bool) or not isinstance(time_limit, (int, float)) or not time_limit > 0):
-        raise ValueError(f"time_limit: expected a number of seconds > 0 or None, got {time_limit!r}")
+    if time_limit is not None and (
+        isinstance(time_limit, bool) or not isinstance(time_limit, (int, float)) or not 0 < time_limit < math.inf
+    ):
+        raise ValueError(f"time_limit: expected a finite number of seconds > 0 or None, got {time_limit!r}")
     if methods is None:
         methods = DEFAULT_TRADEOFF_METHODS
     elif isinstance(methods, str):
@@ -353,11 +391,14 @@ def tradeoff(
 
     extra = dict(options)
     options = {}
+    clocked = []
     for name, entry in entries.items():
         params = inspect.signature(entry.load()).parameters
         takes = "time_limit" in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
         options[name] = {"time_limit": float(time_limit)} if (takes and time_limit is not None) else {}
         options[name].update(extra)
+        if "time_limit" in options[name] or _own_clock(params):
+            clocked.append(name)
 
     curves: dict[str, list[TradeoffPoint]] = {name: [] for name in entries}
     bounds: list[float] = []
@@ -377,7 +418,16 @@ def tradeoff(
         lower_bound=_monotone(bounds),
         curves={name: tuple(pts) for name, pts in curves.items()},
         remat={name: entry.remat for name, entry in entries.items()},
+        time_limit=None if time_limit is None else float(time_limit),
+        clocked=tuple(clocked),
     )
+
+
+def _own_clock(params: Any) -> bool:
+    """Whether a method called without a ``time_limit`` still stops by a wall clock: its
+    ``time_limit`` has a number as default (``cpsat``'s 60 s) rather than ``None``."""
+    p = params.get("time_limit")
+    return p is not None and isinstance(p.default, (int, float)) and not isinstance(p.default, bool)
 
 
 def _sweep_one(

@@ -638,7 +638,7 @@ def budget_curve(
     platform: co.Platform | None = None,
     repeats: int = 3,
     warmup: int = 1,
-    time_limit: float | None = 5.0,
+    time_limit: float | None = None,
     **options: Any,
 ) -> Any:
     """What each memory budget costs ``model``: overhead against memory, before choosing one.
@@ -660,7 +660,10 @@ def budget_curve(
     methods
         Pure-offloading method names; default :data:`BUDGET_METHODS`.
     time_limit
-        Seconds per solve for the methods that take one.
+        Seconds per solve for the methods that take one. ``None`` (default): none, each
+        method stops by its own work budget, so the same chain gives the same curve on any
+        machine (NOTE [ a sweep without a clock ] in ``chainoffload/tradeoff.py``; the
+        profile's times are the machine's, of course).
     **options
         Passed to every method.
 

@@ -97,7 +97,9 @@ def test_given_memories_and_default_methods(chain3):
         ({"methods": ["nope"]}, r"unknown method 'nope'; known: keep-all"),
         ({"methods": []}, "methods: expected at least one method name"),
         ({"points": 1}, "points: expected an integer >= 2, got 1"),
-        ({"time_limit": 0}, r"time_limit: expected a number of seconds > 0 or None, got 0"),
+        ({"time_limit": 0}, r"time_limit: expected a finite number of seconds > 0 or None, got 0"),
+        ({"time_limit": math.inf}, r"time_limit: expected a finite number of seconds > 0 or None, got inf"),
+        ({"time_limit": True}, r"time_limit: expected a finite number of seconds > 0 or None, got True"),
     ],
 )
 def test_bad_input_names_the_field(chain3, kwargs, pattern):
@@ -186,3 +188,67 @@ def test_options_reach_every_method(chain3):
                 assert 2 not in p.result.schedule.offloaded_units
     with pytest.raises(ValueError, match="method 'rotor' does not take keep"):
         tradeoff(chain3, LINK, ["rotor"], memories=[192], keep=[2])
+
+
+def _figures(t):
+    """Every figure of a sweep but the runtimes: what must not depend on the machine."""
+    data = t.to_dict()
+    for entry in data["methods"].values():
+        for p in entry["points"]:
+            p.pop("runtime")
+    return data
+
+
+def test_the_default_sweep_reads_no_clock(monkeypatch):
+    # NOTE [ a sweep without a clock ]: with no time limit, the same call gives the same table
+    # whatever the clock says. The second sweep runs with a clock that jumps 1000 s at every
+    # reading, as on a machine a million times slower: any decision taken by the clock (a start
+    # skipped, a search cut short, a bound rung left out) would change a figure.
+    import time
+
+    chain = resnet18()
+    link = Platform(memory=0, bandwidth_d2h=25e9, bandwidth_h2d=25e9, latency=1e-5)
+    first = tradeoff(chain, link, points=3)
+    assert first.time_limit is None and first.clocked == ()
+    assert first.methods == DEFAULT_TRADEOFF_METHODS
+    ticks = iter(range(10**9))
+    monkeypatch.setattr(time, "perf_counter", lambda: 1000.0 * next(ticks))
+    again = tradeoff(chain, link, points=3)
+    monkeypatch.undo()
+    assert _figures(again) == _figures(first)
+    # best, by its work budget: a feasible schedule at every point at or above the offload floor.
+    assert all(p.feasible for p in first.curves["best"] if p.memory >= first.offload_floor)
+
+
+def test_a_time_limit_is_recorded_and_names_the_clocked_methods(chain3):
+    t = tradeoff(chain3, LINK, ["offload-all", "best", "rotor"], memories=[192], time_limit=1.5)
+    # rotor takes no time limit: its point never reads the clock.
+    assert t.time_limit == 1.5 and t.clocked == ("offload-all", "best")
+    untimed = tradeoff(chain3, LINK, ["best", "cpsat"], memories=[192])
+    # cpsat's own default is a wall clock (60 s): listed, even without a time limit.
+    assert untimed.time_limit is None and untimed.clocked == ("cpsat",)
+    data = json.loads(json.dumps(t.to_dict()))
+    assert data["time_limit"] == 1.5 and data["clocked"] == ["offload-all", "best"]
+    assert Tradeoff.from_dict(data).to_dict() == data
+    # A table written before these keys existed ran under a time limit: every method clocked.
+    old = {k: v for k, v in data.items() if k not in ("time_limit", "clocked")}
+    assert Tradeoff.from_dict(old).clocked == ("offload-all", "best", "rotor")
+
+
+def test_cli_tradeoff_prints_the_same_table_twice(tmp_path, capsys, chain3):
+    from chainoffload.cli import main
+
+    path = tmp_path / "c.json"
+    chain3.save(path)
+    argv = ["tradeoff", str(path), "--bandwidth", "25", "--methods", "first-k", "best", "--points", "3"]
+    assert main(argv) == 0
+    first = capsys.readouterr().out
+    assert "stopped by     work budgets, no clock: the same figures on any machine\n" in first
+    assert main(argv) == 0
+    assert capsys.readouterr().out == first
+    assert main(argv + ["--time-limit", "2"]) == 0
+    assert "stopped by     a time limit of 2 s per run: figures may depend on the machine" in capsys.readouterr().out
+    assert main(["tradeoff", str(path), "--methods", "cpsat", "--memories", "192"]) == 0
+    assert "work budgets, no clock: the same figures on any machine, except cpsat (its own wall-clock limit)" in capsys.readouterr().out
+    assert main(argv + ["--time-limit", "-1"]) == 2
+    assert "time_limit: expected a finite number of seconds > 0 or None, got -1.0" in capsys.readouterr().err

@@ -50,8 +50,9 @@ def solve(chain: Chain, platform: Platform, method: str | None = None, **options
         ``timeout`` when it has none. A one-off compile of the kernels the method needs
         happens before the clock starts and is reported in ``info["compile_time"]``, not in
         ``runtime`` (``NOTE [ lazy kernels ]`` in ``chainoffload/_compile.py``). ``None`` (the
-        default): the method's own default (``best``: 5 s + 0.5 ms per stage; the others have
-        none).
+        default): the method's own default: none for every method but ``cpsat`` (60 s);
+        ``best`` then stops by its work budget and never reads the clock (NOTE [ best's work
+        budget ]).
 
     Returns
     -------
