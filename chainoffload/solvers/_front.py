@@ -271,12 +271,23 @@ def minimum_memory(
     int or None
         Bytes; ``None`` when the method fails even at the keep-all peak.
     """
-    from ..bounds import offload_memory_floor
-    from ..simulate import keep_all_peak
-
     if not (isinstance(rel_tol, (int, float)) and 0 < rel_tol < 1):
         raise ValueError(f"rel_tol: expected a number in (0, 1), got {rel_tol!r}")
     entry = spec(method or DEFAULT_METHOD)
+    from .._compile import prepare
+
+    # The whole search under one decision on the kernels (NOTE [ lazy kernels ]): on a cold
+    # cache with cold="interpret", the keep-all replay below would otherwise compile the
+    # simulator's kernels in the middle of an interpreted command.
+    with prepare(entry.name, chain.length):
+        return _minimum_memory(chain, entry, platform, rel_tol, options)
+
+
+def _minimum_memory(chain: Chain, entry: Any, platform: Platform, rel_tol: float, options: dict[str, Any]) -> int | None:
+    """The bisection of :func:`minimum_memory`, its arguments checked."""
+    from ..bounds import offload_memory_floor
+    from ..simulate import keep_all_peak
+
     lo = chain.stage_memory_floor() if entry.remat else offload_memory_floor(chain)
     hi = max(keep_all_peak(chain), lo)
 
