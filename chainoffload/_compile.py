@@ -207,7 +207,10 @@ def prepare(method: str, length: int) -> Iterator[_Meter]:
 
     meter = _Meter()
     names = _NEEDS.get(method, _JUDGE)
-    if JIT_DISABLED:
+    if JIT_DISABLED or INTERPRETED[0]:
+        # Numba is off, or an enclosing prepare() runs this process's kernels interpreted
+        # (minimum_memory's solves inside the CLI's, say): one decision per command, so a
+        # nested call neither compiles in the middle of it nor turns the interpreter off.
         meter.kernels = "interpreted"
         yield meter
         return

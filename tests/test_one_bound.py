@@ -102,6 +102,13 @@ def test_the_four_commands_print_the_same_bound(tmp_path):
     code, out, err = _cli(tmp_path, "plot", "chain.json", "s.json", "-o", "s.svg")
     assert code == 0, err
     assert _ms(out, r"lower bound (\S+ \S+);") == solved
+    # plot takes that figure from the file (issue 22); without it, it climbs to the same one
+    record = json.loads((tmp_path / "s.json").read_text())
+    del record["solver"]["lower_bound"]
+    (tmp_path / "bare.json").write_text(json.dumps(record))
+    code, out, err = _cli(tmp_path, "plot", "chain.json", "bare.json", "-o", "s.svg")
+    assert code == 0, err
+    assert _ms(out, r"lower bound (\S+ \S+);") == solved
     code, out, err = _cli(tmp_path, "verify", "chain.json", "s.json", "--time-limit", "1", "--workers", "1")
     assert code == 0, err
     assert _ms(out, r"lower bound\s+(\S+ \S+)\s+\(unit-milp bound\)") == solved

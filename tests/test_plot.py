@@ -10,6 +10,7 @@ import pytest
 from chainoffload import Platform, Schedule, Transfer, keep_all_peak, simulate
 from chainoffload.cli import main
 from chainoffload.plot import gantt_data, plot_timeline
+from chainoffload.units import format_seconds
 
 pytest.importorskip("matplotlib")
 
@@ -238,3 +239,32 @@ def test_html_renders_and_hovers_in_a_headless_browser(tmp_path, waiting):
     # The bars are drawn: forward, backward, offload and prefetch colours each cover an area.
     for color in ("#4C72B0", "#DD8452", "#55A868", "#C44E52"):
         assert pixels(color) > 500, f"no {color} bars in the screenshot"
+
+
+def test_cli_plot_takes_the_recorded_bound_only_where_it_holds(tmp_path, capsys, monkeypatch, chain3):
+    # plot reuses the bound a schedule file records for its own chain, platform and makespan
+    # (its MILP rung is half the README's main job on a cold start, issue 22); a flag that
+    # changes the platform, or a file without the figures, makes it climb the ladder itself.
+    import json
+
+    import chainoffload.bounds as bounds
+
+    chain_path, sched_path = tmp_path / "c.json", tmp_path / "s.json"
+    chain3.save(chain_path)
+    assert main(["solve", str(chain_path), "--memory", "170", "--bandwidth", "25", "--method", "dp", "--out", str(sched_path)]) == 0
+    recorded = json.loads(sched_path.read_text())["solver"]["lower_bound"]
+    climbed = []
+    real = bounds.problem_bound
+    monkeypatch.setattr(bounds, "problem_bound", lambda *a, **k: climbed.append(1) or real(*a, **k))
+    capsys.readouterr()
+    out = tmp_path / "o.svg"
+    assert main(["plot", str(chain_path), str(sched_path), "-o", str(out)]) == 0
+    assert climbed == [] and f"lower bound {format_seconds(recorded)};" in capsys.readouterr().out
+    assert main(["plot", str(chain_path), str(sched_path), "--latency", "1ms", "-o", str(out)]) == 0
+    assert climbed == [1]
+    bare = json.loads(sched_path.read_text())
+    del bare["solver"]["lower_bound"]
+    sched_path.write_text(json.dumps(bare))
+    capsys.readouterr()
+    assert main(["plot", str(chain_path), str(sched_path), "-o", str(out)]) == 0
+    assert climbed == [1, 1] and f"lower bound {format_seconds(recorded)};" in capsys.readouterr().out

@@ -327,15 +327,34 @@ def memory_search(
 ) -> MemorySearch:
     """:func:`minimum_memory` with what the bisection knows when it stops: the bracket left,
     whether it converged, and the solves it ran (a :class:`MemorySearch`). Same parameters."""
-    from ..bounds import offload_memory_floor
-    from ..simulate import keep_all_peak
-
     t0 = time.perf_counter()
     if not (isinstance(rel_tol, (int, float)) and 0 < rel_tol < 1):
         raise ValueError(f"rel_tol: expected a number in (0, 1), got {rel_tol!r}")
     time_limit = check_time_limit(time_limit)
     deadline = t0 + time_limit if time_limit is not None else math.inf
     entry = spec(method or DEFAULT_METHOD)
+    from .._compile import prepare
+
+    # The whole search under one decision on the kernels (NOTE [ lazy kernels ]): on a cold
+    # cache with cold="interpret", the keep-all replay below would otherwise compile the
+    # simulator's kernels in the middle of an interpreted command.
+    with prepare(entry.name, chain.length):
+        return _memory_search(chain, entry, platform, rel_tol, time_limit, deadline, options)
+
+
+def _memory_search(
+    chain: Chain,
+    entry: Any,
+    platform: Platform,
+    rel_tol: float,
+    time_limit: float | None,
+    deadline: float,
+    options: dict[str, Any],
+) -> MemorySearch:
+    """The bisection of :func:`memory_search`, its arguments checked."""
+    from ..bounds import offload_memory_floor
+    from ..simulate import keep_all_peak
+
     lo = chain.stage_memory_floor() if entry.remat else offload_memory_floor(chain)
     hi = max(keep_all_peak(chain), lo)
 
