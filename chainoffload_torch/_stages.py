@@ -356,7 +356,15 @@ class UnitLedger:
                     kinds = self.unmovable.setdefault(stage, {})
                     kinds[kind] = kinds.get(kind, 0) + _known_bytes(t)
             return None
-        return self.lookup(t, stage)
+        entry = self.lookup(t, stage)
+        if entry is not None and 1 <= entry.unit and stage >= entry.unit + 2:
+            # Saved again by a later stage (the parent's code multiplies a skip it kept into a
+            # later block's input): B_stage reads it, beyond its unit's backward, so moving it
+            # would free nothing; held, as an extra input of a later block is (NOTE [ late release ]
+            # in profiler.py: only storages no later stage saves may move late).
+            self.held.add(entry.unit)
+            self.held_by.setdefault(entry, f"block {stage}")
+        return entry
 
     def stage_end(self, stage: int, inp: Any, version_before: int | None, out: Any) -> torch.Tensor:
         """Register ``stage``'s output a_i in its unit and check aliasing; return the output."""

@@ -30,7 +30,7 @@ from ._instrument import COMPILE_REFUSAL, Blocks, Instrument, check_not_instrume
 from ._stages import EntryState, canonical_device
 from ._tree import call_key, describe_key
 from .executor import ScheduleRun, StepStats
-from .plans import Budget, Plan, _Planner, coverage, exact_bytes, resident_units
+from .plans import Budget, Plan, _Planner, coverage, exact_bytes, resident_units, step_peak
 from .profiler import _device_of, _to_device, as_call, measure_link
 
 __all__ = ["Offloader", "offload", "budget_curve"]
@@ -697,7 +697,7 @@ def budget_curve(
     resident = prof.sizes.resident_bytes
     limits = None
     if memories is not None:
-        limits = [max(1, Budget.parse(m).bytes_for(chain, resident) - resident) for m in memories]
+        limits = [max(1, Budget.parse(m).bytes_for(chain, resident, step_peak(chain, prof.sizes)) - resident) for m in memories]
     keep = co.solvers.check_keep(chain, tuple(keep))
     curve = tradeoff(
         chain,
