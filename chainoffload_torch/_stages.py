@@ -501,9 +501,11 @@ def _is_view_of(t: torch.Tensor, inp: Any) -> bool:
 #   chain (NOTE [ resident outside the chain ] in plans.py: off the budget, added to the
 #   predicted peak) from the start of the step to its end, a superset of their real lifetime
 #   (made in F_i, alive until their last reader's backward, or until the output is dropped).
-#   A third holder the ledger cannot see, the forward's own code (a list of skips), is found by
-#   the profile's probe pass and treated the same way (NOTE [ storages the forward keeps ] in
-#   profiler.py).
+#   A third holder the ledger cannot see, the forward's own code, is found by the profile's
+#   probe pass: what it still holds when the forward returns is treated the same way; what it
+#   lets go of earlier (a list of skips) moves with its unit (NOTE [ storages the forward keeps ]
+#   and NOTE [ late release ] in profiler.py). A later stage that saves an earlier unit's storage
+#   again (pack) holds it as an extra input would: B_j reads it after B_i.
 # * A unit whose output a_i is held (output_hidden_states, the last encoder block's output read
 #   by the decoder) is kept resident whole and marked "held": moving the rest of it would need
 #   a_i apart from the unit, which the chain model has no room for.

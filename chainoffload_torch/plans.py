@@ -334,7 +334,7 @@ def nothing_fits(
 def _held_reason(by: str | None) -> str:
     """Why a held unit stays, in words."""
     if by == "forward":
-        return "held: the forward keeps its output alive past the next block, e.g. a list of skips"
+        return "held: the forward keeps its output alive after it returns (a module attribute, a cache)"
     if by == "output":
         return "held: the model's output returns its output"
     if by:
