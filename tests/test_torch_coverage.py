@@ -24,7 +24,7 @@ from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 import chainoffload as co  # noqa: E402
 import chainoffload_torch as ct  # noqa: E402
-from chainoffload_torch._stages import UnitLedger  # noqa: E402
+from chainoffload_torch._stages import EntryState, UnitLedger  # noqa: E402
 from torch.multiprocessing.reductions import StorageWeakRef  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
@@ -567,10 +567,21 @@ def _live_against_predicted(model, x, handle):
     track = _Storages()
     seen = []
 
+    late = [(u, k, r) for u, v in plan.sizes.late.items() if u in plan.schedule.offloaded_units for k, r in v]
+
     def at_stage(idx):
         def hook(module, args):
             stage = idx + off
             seen.append((stage, track.live(), _memory_at(tl, float(tl.op_start[stage - 1])) + plan.resident_bytes))
+            units = handle._run._step.ledger.units
+            for u, k, r in late:
+                e = units[u][k] if u + 2 <= stage <= r + 1 else None
+                if u + 2 <= stage <= r:
+                    # The executor has let go of it (its copy is on the host); the forward's own
+                    # reference keeps the storage alive: what fwd_tmp[stage] counts.
+                    assert e.state is EntryState.HOST and e.src is None and not e.ref.expired(), (u, k, stage)
+                elif stage == r + 1:
+                    assert e.ref.expired(), (u, k, stage)  # gone during F_r, as the probe said
         return hook
 
     # Registered after the handle's: its executor has fired the stage's events when these run.
@@ -585,6 +596,9 @@ def _live_against_predicted(model, x, handle):
         for h in hooks:
             h.remove()
     assert handle.pool.made == made  # no host buffer made while tracking: every storage counted is the device's
+    stats = handle.last_step
+    for u, _, _ in late:  # brought back for the backward, the whole unit (HoldsAndScales also copies a_2 twice out)
+        assert stats.unit_prefetched[u] == sum(plan.sizes.storages[u - 1]) > 0
     return seen
 
 
