@@ -153,8 +153,10 @@ class Blocks:
 # 3. Extended: every other run that lies wholly before or after the chain so far (not inside one
 #    of its blocks, not around one) and is of the same kind, by the same container name
 #    (encoder.block and decoder.block, each tower's encoder.layers, Swin's per-stage blocks) or
-#    the same block class, joins it, in the order the forward calls them. A ResNet's layer1 ..
-#    layer4 are joined this way.
+#    the same block class, or as the two halves of one network (down and up, encoder and
+#    decoder: _HALVES), joins it, in the order the forward calls them. A ResNet's layer1 ..
+#    layer4 are joined this way, and a U-Net's down and up paths (whose up blocks take a new
+#    hidden state, torch.cat([h, skip]), of another shape: same dtype, rank and batch size).
 # `blocks=` names the stages instead: a path or a container (its children), a list of paths,
 # modules and containers, or a module called several times (one stage per call); they must be
 # called in that order, each stage's hidden state coming from the one before as above.
@@ -276,7 +278,9 @@ def _link(
     def fresh(h: Any) -> bool:
         if h is None or h in seen or h == prev_in or h == prev.out:
             return False
-        return not same_shape or (h[3], h[5]) == (prev.out[3], prev.out[5])
+        # The same kind of tensor: dtype, rank and batch size. Not the same shape: a U-Net's up
+        # block takes torch.cat([h, skip]), twice the channels of the block before's output.
+        return not same_shape or (len(h[3]), h[3][:1], h[5]) == (len(prev.out[3]), prev.out[3][:1], prev.out[5])
 
     here = _at(cur, usual)
     if here is not None and here == prev.out:
@@ -516,7 +520,8 @@ def _extend(main: _Run, others: list[_Run]) -> _Run:
     cls = _dominant(main)
     chosen = [main]
     for r in sorted(others, key=lambda r: (-len(r.stages), r.start)):
-        if r.name.rpartition(".")[2] != tail and _dominant(r) is not cls:
+        mine = r.name.rpartition(".")[2]
+        if mine != tail and _dominant(r) is not cls and not _counterparts(mine, tail):
             continue
         if any(not (r.stop < c.start or r.start > c.stop) for c in chosen):
             continue
@@ -526,6 +531,22 @@ def _extend(main: _Run, others: list[_Run]) -> _Run:
     joined = _join(chosen)
     joined.name = main.name
     return joined
+
+
+#: Names of module lists that are two halves of one network (a U-Net's down and up paths, an
+#: encoder and its decoder): their blocks differ in class but run one after the other.
+_HALVES = ({"down", "up"}, {"encoder", "decoder"}, {"enc", "dec"}, {"contract", "expand"}, {"contracting", "expansive"})
+
+
+def _counterparts(a: str, b: str) -> bool:
+    """Whether module lists named ``a`` and ``b`` (last path parts: ``down_blocks``, ``ups``)
+    are the two halves of :data:`_HALVES`."""
+
+    def stem(name: str) -> str:
+        word = name.lower().replace("-", "_").split("_")[0]
+        return word[:-1] if word.endswith("s") and word[:-1] in {w for h in _HALVES for w in h} else word
+
+    return {stem(a), stem(b)} in _HALVES
 
 
 def _dominant(run: _Run) -> type:

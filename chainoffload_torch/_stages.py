@@ -356,7 +356,15 @@ class UnitLedger:
                     kinds = self.unmovable.setdefault(stage, {})
                     kinds[kind] = kinds.get(kind, 0) + _known_bytes(t)
             return None
-        return self.lookup(t, stage)
+        entry = self.lookup(t, stage)
+        if entry is not None and 1 <= entry.unit and stage >= entry.unit + 2:
+            # Saved again by a later stage (the parent's code multiplies a skip it kept into a
+            # later block's input): B_stage reads it, beyond its unit's backward, so moving it
+            # would free nothing; held, as an extra input of a later block is (NOTE [ late release ]
+            # in profiler.py: only storages no later stage saves may move late).
+            self.held.add(entry.unit)
+            self.held_by.setdefault(entry, f"block {stage}")
+        return entry
 
     def stage_end(self, stage: int, inp: Any, version_before: int | None, out: Any) -> torch.Tensor:
         """Register ``stage``'s output a_i in its unit and check aliasing; return the output."""
@@ -493,9 +501,11 @@ def _is_view_of(t: torch.Tensor, inp: Any) -> bool:
 #   chain (NOTE [ resident outside the chain ] in plans.py: off the budget, added to the
 #   predicted peak) from the start of the step to its end, a superset of their real lifetime
 #   (made in F_i, alive until their last reader's backward, or until the output is dropped).
-#   A third holder the ledger cannot see, the forward's own code (a list of skips), is found by
-#   the profile's probe pass and treated the same way (NOTE [ storages the forward keeps ] in
-#   profiler.py).
+#   A third holder the ledger cannot see, the forward's own code, is found by the profile's
+#   probe pass: what it still holds when the forward returns is treated the same way; what it
+#   lets go of earlier (a list of skips) moves with its unit (NOTE [ storages the forward keeps ]
+#   and NOTE [ late release ] in profiler.py). A later stage that saves an earlier unit's storage
+#   again (pack) holds it as an extra input would: B_j reads it after B_i.
 # * A unit whose output a_i is held (output_hidden_states, the last encoder block's output read
 #   by the decoder) is kept resident whole and marked "held": moving the rest of it would need
 #   a_i apart from the unit, which the chain model has no room for.

@@ -30,7 +30,7 @@ from ._instrument import COMPILE_REFUSAL, Blocks, Instrument, check_not_instrume
 from ._stages import EntryState, canonical_device
 from ._tree import call_key, describe_key
 from .executor import ScheduleRun, StepStats
-from .plans import Budget, Plan, _Planner, coverage, exact_bytes, resident_units
+from .plans import Budget, Plan, _Planner, coverage, exact_bytes, resident_units, step_peak
 from .profiler import _device_of, _to_device, as_call, measure_link
 
 __all__ = ["Offloader", "offload", "budget_curve"]
@@ -598,15 +598,17 @@ def offload(
     sizes = plan.sizes
     kept = [u for u, by in sorted(sizes.held_why.items()) if by == "forward"]
     if kept or sizes.held_bytes.get("forward"):
-        # NOTE [ storages the forward keeps ]: say which blocks, and that no plan counts on them.
+        # NOTE [ storages the forward keeps ]: say which blocks (held beyond the forward), and that
+        # no plan counts on them.
         names = blks.stage_names
         whole = f"the outputs of {', '.join(names[u - 1] for u in kept)} (their units stay resident whole)" if kept else ""
         part = sizes.held_bytes.get("forward", 0)
         some = f"{format_bytes(part)} of other blocks' activations (they stay resident, the rest of those units moves)" if part else ""
         warnings.warn(
-            f"chainoffload_torch: the model's forward keeps {' and '.join(x for x in (whole, some) if x)} alive after the "
-            "next block has run (a Python reference such as a list of skips read after the last block, or a tensor kept "
-            "as a ctx attribute): offloading them would free nothing, so the plan does not count on them",
+            f"chainoffload_torch: the model's forward keeps {' and '.join(x for x in (whole, some) if x)} alive after it "
+            "returns (a reference outside autograd: a module attribute, a cache, a tensor kept as a ctx attribute): "
+            "offloading them would free nothing, so the plan does not count on them (what it lets go of before it "
+            "returns, a list of skips, moves: NOTE [ late release ])",
             RuntimeWarning,
             stacklevel=2,
         )
@@ -700,7 +702,7 @@ def budget_curve(
     resident = prof.sizes.resident_bytes
     limits = None
     if memories is not None:
-        limits = [max(1, Budget.parse(m).bytes_for(chain, resident) - resident) for m in memories]
+        limits = [max(1, Budget.parse(m).bytes_for(chain, resident, step_peak(chain, prof.sizes)) - resident) for m in memories]
     keep = co.solvers.check_keep(chain, tuple(keep))
     curve = tradeoff(
         chain,

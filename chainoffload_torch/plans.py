@@ -56,14 +56,19 @@ class Budget:
             return cls(float(memory))
         return cls(int(memory))
 
-    def bytes_for(self, chain: co.Chain, resident: int = 0) -> int:
-        """The memory limit for a step of ``chain`` with ``resident`` bytes outside it (a
-        fraction is of the whole step's keep-all peak: :func:`step_peak`)."""
+    def bytes_for(self, chain: co.Chain, resident: int = 0, keep_all: int | None = None) -> int:
+        """The memory limit for a step of ``chain`` with ``resident`` bytes outside it.
+
+        A fraction is of the whole step's keep-all peak ``keep_all`` (:func:`step_peak`; by
+        default the chain's plus ``resident``); ``None`` is the chain's own keep-all figure plus
+        ``resident``, at which the keep-all schedule fits: it counts the storages the forward
+        releases late twice (NOTE [ late release ] in profiler.py), so it may be above ``keep_all``.
+        """
         peak = co.keep_all_peak(chain) + int(resident)
         if self.value is None:
             return peak
         if isinstance(self.value, float):
-            return int(self.value * peak)
+            return int(self.value * (peak if keep_all is None else keep_all))
         return self.value
 
     def __str__(self) -> str:
@@ -201,7 +206,7 @@ class _Planner:
         keep = co.solvers.check_keep(chain, self.keep)
         resident = sizes.resident_bytes
         # NOTE [ resident outside the chain ]: the solver gets the budget less what stays resident.
-        platform = self.link.with_memory(max(0, self.budget.bytes_for(chain, resident) - resident))
+        platform = self.link.with_memory(max(0, self.budget.bytes_for(chain, resident, step_peak(chain, sizes)) - resident))
         result = solve_for(chain, platform, self.method, keep, sizes, self.options, key)
         host = sizes.host_bytes(result.schedule.offloaded_units)
         if self.host_memory is not None and host > self.host_memory:
@@ -229,8 +234,23 @@ class _Planner:
 
 
 def step_peak(chain: co.Chain, sizes: Sizes | None) -> int:
-    """The keep-all peak of a whole step: the chain's plus the bytes resident outside it."""
-    return co.keep_all_peak(chain) + (0 if sizes is None else sizes.resident_bytes)
+    """The keep-all peak of a whole step: the chain's plus the bytes resident outside it.
+
+    With nothing offloaded, a storage the forward releases late is in its unit until B_i, so
+    the chain's keep-all figure, which also counts it in the fwd_tmp of the stages it outlives
+    (NOTE [ late release ] in profiler.py), is above the step's by as much: the keep-all peak
+    is the chain's without those bytes, what plain training holds."""
+    if sizes is None:
+        return co.keep_all_peak(chain)
+    return co.keep_all_peak(keep_all_chain(chain, sizes)) + sizes.resident_bytes
+
+
+def keep_all_chain(chain: co.Chain, sizes: Sizes | None) -> co.Chain:
+    """``chain`` less the late-release bytes in its ``fwd_tmp`` (exact when nothing moves)."""
+    late = getattr(sizes, "late_tmp", ()) if sizes is not None else ()
+    if not any(late):
+        return chain
+    return chain.replace(fwd_tmp=[max(0, int(f) - int(x)) for f, x in zip(chain.fwd_tmp, late)])
 
 
 def resident_units(chain: co.Chain, sizes: Sizes, keep: Iterable[int] = ()) -> set[int]:
@@ -304,7 +324,7 @@ def nothing_fits(
     outside = f"; {exact_bytes(r)} of it resident outside the chain (NOTE [ resident outside the chain ])" if r else ""
     return (
         f"memory: no schedule fits in {exact_bytes(platform.memory + r)}{shapes} ({status}); "
-        f"keep-all peak {exact_bytes(co.keep_all_peak(chain) + r)}{outside}; proven floors {exact_bytes(offload_memory_floor(chain) + r)} "
+        f"keep-all peak {exact_bytes(step_peak(chain, sizes))}{outside}; proven floors {exact_bytes(offload_memory_floor(chain) + r)} "
         f"for any pure-offloading schedule, {exact_bytes(chain.stage_memory_floor() + r)} for any schedule at all; "
         f"units kept resident: {', '.join(why)}"
         + (f"; least memory known to work: {exact_bytes(works + r)}" if works is not None else "")
@@ -314,7 +334,7 @@ def nothing_fits(
 def _held_reason(by: str | None) -> str:
     """Why a held unit stays, in words."""
     if by == "forward":
-        return "held: the forward keeps its output alive past the next block, e.g. a list of skips"
+        return "held: the forward keeps its output alive after it returns (a module attribute, a cache)"
     if by == "output":
         return "held: the model's output returns its output"
     if by:

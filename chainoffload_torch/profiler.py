@@ -97,6 +97,14 @@ class Sizes:
         Bytes of the storages the model's output holds that no unit owns (a language model's
         logits): counted in unit L and in every earlier backward (NOTE [ the output's own
         storages ]).
+    late
+        Per unit, the storages the forward's own code keeps alive after the next block and lets
+        go of before it returns (a stage's input its frame holds, a skip the up path reads), as
+        (ordinal, r): alive until the end of F_r whether or not the unit is offloaded. They
+        move with their unit (NOTE [ late release ]).
+    late_tmp
+        Per stage 1..L, the bytes of those storages added to its ``fwd_tmp``: a storage of unit
+        i released during F_r counts in every stage i+2..r.
     """
 
     act: tuple[int, ...]
@@ -112,6 +120,8 @@ class Sizes:
     prefix_bytes: int = 0
     held_why: Mapping[int, str] = dataclasses.field(default_factory=dict, hash=False)
     output_bytes: int = 0
+    late: Mapping[int, tuple[tuple[int, int], ...]] = dataclasses.field(default_factory=dict, hash=False)
+    late_tmp: tuple[int, ...] = ()
 
     @property
     def resident(self) -> frozenset[int]:
@@ -234,6 +244,12 @@ class _Pass:
         self.marks: dict[Any, tuple[Any, int, int]] = {}
         self.act: dict[int, int] = {}
         self.a0_entry: Any = None  # the ledger's entry of a_0, when a unit owns it
+        #: A probe pass: per entry the forward keeps alive after the next block, the last stage
+        #: at whose start it was still alive (NOTE [ storages the forward keeps ]).
+        self.alive_at: dict[Any, int] = {}
+        #: A measured pass: (unit, ordinal) -> the stage r during whose forward the forward's own
+        #: code lets go of that storage (NOTE [ late release ]).
+        self.late: dict[tuple[int, int], int] = {}
 
 
 #: What a probe pass gives autograd instead of a saved tensor (it never runs a backward).
@@ -265,7 +281,7 @@ class _Recorder:
     def stage_start(self, p: _Pass, idx: int, hidden: Any, args: tuple, kwargs: dict) -> None:
         p.versions[idx] = p.ledger.stage_start(idx, hidden, (args, kwargs))
         if self.probe:
-            self._still_alive(p, idx - 2)
+            self._still_alive(p, idx - 2, idx)
         if idx == 1:
             p.act[0] = _nbytes(hidden)
             p.a0_entry = p.ledger.owner(hidden) if isinstance(hidden, torch.Tensor) else None
@@ -281,17 +297,22 @@ class _Recorder:
         p.marks[("f", self.n)] = self.timer.mark()
         p.ledger.forward_end(outputs, self.n)
         if self.probe:
-            self._still_alive(p, self.n - 1)
+            self._still_alive(p, self.n - 1, None)
         p.current = None
 
-    def _still_alive(self, p: _Pass, upto: int) -> None:
-        """Mark the storages of units 1..``upto`` that are still alive as held by the forward
-        (NOTE [ storages the forward keeps ])."""
+    def _still_alive(self, p: _Pass, upto: int, stage: int | None) -> None:
+        """Note the storages of units 1..``upto`` that are still alive at the start of ``stage``
+        (``None``: when the forward returns, where they are held by the forward beyond it):
+        NOTE [ storages the forward keeps ]."""
         ledger = p.ledger
         for u in range(1, upto + 1):
             for e in ledger.units.get(u, ()):
-                if e not in ledger.held_by and not e.ref.expired():
+                if e in ledger.held_by or e.ref.expired():
+                    continue
+                if stage is None:
                     ledger.held_by[e] = "forward"
+                else:
+                    p.alive_at[e] = stage
 
     def forward_failed(self, p: _Pass) -> None:
         p.current = None
@@ -397,6 +418,7 @@ def _sizes(p: _Pass, n: int) -> Sizes:
             aliased.add(i)  # its output is not a storage it owns: moving it would not move act[i]
         saved.append(max(own, act[i]))
     storages = tuple(tuple(e.nbytes for e in kept(i)) for i in range(1, n + 1))
+    late, late_tmp = _late(p, n, held | aliased | set(unmovable))
     return Sizes(
         tuple(act),
         tuple(saved),
@@ -411,7 +433,30 @@ def _sizes(p: _Pass, n: int) -> Sizes:
         prefix_bytes,
         held_why,
         ledger.output_only,
+        late,
+        late_tmp,
     )
+
+
+def _late(p: _Pass, n: int, resident: set[int]) -> tuple[dict[int, tuple[tuple[int, int], ...]], tuple[int, ...]]:
+    """The storages released late by the forward's own code, per unit, and the bytes each
+    stage's ``fwd_tmp`` gets for them (NOTE [ late release ])."""
+    ledger = p.ledger
+    late: dict[int, list[tuple[int, int]]] = {}
+    tmp = [0] * n
+    for (u, k), r in sorted(p.late.items()):
+        entries = ledger.units.get(u, ())
+        # A unit that stays resident whole counts the storage in saved[u] until B_u already; one
+        # pinned or held by a later block or the output is resident outside the chain.
+        if not 1 <= u < n or k >= len(entries) or u in resident or entries[k] in ledger.held_by:
+            continue
+        r = min(r, n)
+        if r < u + 2:
+            continue
+        late.setdefault(u, []).append((k, r))
+        for j in range(u + 2, r + 1):
+            tmp[j - 1] += entries[k].nbytes
+    return {u: tuple(v) for u, v in late.items()}, tuple(tmp)
 
 
 def _measure(
@@ -437,10 +482,7 @@ def _measure(
             for r in range(warmup + repeats if timed else 1):
                 out = root(*args, **kwargs)
                 p = rec.current
-                for u, k in kept_alive:
-                    entries = p.ledger.units.get(u, ())
-                    if k < len(entries):
-                        p.ledger.held_by.setdefault(entries[k], "forward")
+                _apply_probe(p, kept_alive)
                 # The last step's: a first call may make what the model then caches (and so holds).
                 sizes = _sizes(p, n)
                 if not timed:
@@ -470,42 +512,76 @@ def _measure(
     return sizes, runs
 
 
-def _probe(rec: _Recorder, root: nn.Module, args: tuple, kwargs: dict) -> set[tuple[int, int]]:
-    """(unit, ordinal) of the storages the forward keeps alive by itself (NOTE [ storages the
-    forward keeps ]), found by one forward whose saved tensors autograd does not hold."""
+def _probe(rec: _Recorder, root: nn.Module, args: tuple, kwargs: dict) -> tuple[set[tuple[int, int]], dict[tuple[int, int], int]]:
+    """The storages the forward keeps alive by itself (NOTE [ storages the forward keeps ]),
+    found by one forward whose saved tensors autograd does not hold, by (unit, ordinal): those
+    it still holds when it returns, and those it lets go of earlier, each with the stage r
+    during whose forward it does (NOTE [ late release ])."""
     rec.probe = True
     try:
         out = root(*args, **kwargs)
         p = rec.current
-        found = {
-            (u, k)
-            for u, entries in p.ledger.units.items()
-            for k, e in enumerate(entries)
-            if p.ledger.held_by.get(e) == "forward"
-        }
+        held, late = set(), {}
+        for u, entries in p.ledger.units.items():
+            for k, e in enumerate(entries):
+                if p.ledger.held_by.get(e) == "forward":
+                    held.add((u, k))
+                elif e in p.alive_at and e not in p.ledger.held_by:
+                    late[(u, k)] = p.alive_at[e]
         del out, p
-        return found
+        return held, late
     finally:
         rec.probe = False
         rec.current = None
 
 
+def _apply_probe(p: _Pass, probed: tuple[set[tuple[int, int]], dict[tuple[int, int], int]]) -> None:
+    """Mark in a measured pass's ledger what the probe found, by (unit, ordinal)."""
+    held, late = probed
+    for u, k in held:
+        entries = p.ledger.units.get(u, ())
+        if k < len(entries):
+            p.ledger.held_by.setdefault(entries[k], "forward")
+    p.late = dict(late)
+
+
 # NOTE [ storages the forward keeps ]
 # Offloading unit i frees its storages once autograd's references are the executor's handles,
 # at the end of F_{i+1} or later (docs/model.md's release point). A reference the forward's own
-# code keeps defeats that: a U-Net's down blocks append their outputs to a Python list in the
-# parent's forward and its up path reads them after the last block, a custom autograd Function
-# keeps a tensor as a ctx attribute. Such a storage stays alive, so moving it would free nothing
-# until its holder lets go, and the prefetched copy would come on top of it. The ledger sees only
-# what autograd saves and what blocks receive, so the profile runs one probe forward whose pack
-# hook keeps nothing (no backward follows it; the model's state is restored after): any storage
-# of unit i still alive at the start of a stage after F_{i+1} has ended (stage i+2 on), or when
-# the forward returns, is held by something other than autograd and the executor. Those found
-# are held by "forward" (by ordinal, as the pinned storages of NOTE [ units held elsewhere ]):
-# a unit whose output is so held stays resident whole, the others' storages stay resident
-# outside the chain and the rest moves; offload() names the blocks (a warning, or the reasons
-# of a refusal). A unit's own output is alive at the start of the next stage (its hidden input),
-# which is why the check waits one stage.
+# code keeps defers that: a U-Net's down blocks append their outputs to a Python list in the
+# parent's forward and its up path reads them later, a CNN stage's forward(input) holds its input
+# until its last block returns, a custom autograd Function keeps a tensor as a ctx attribute.
+# The ledger sees only what autograd saves and what blocks receive, so the profile runs one probe
+# forward whose pack hook keeps nothing (no backward follows it; the model's state is restored
+# after) and looks, at the start of every stage from i+2 on and when the forward returns, which
+# storages of unit i are still alive: held by something other than autograd and the executor.
+# A unit's own output is alive at the start of the next stage (its hidden input), which is why
+# the check waits one stage. Two cases, by (unit, ordinal), as the pinned storages of
+# NOTE [ units held elsewhere ]:
+# * Alive when the forward returns (a module attribute, a cache, the output): held by "forward"
+#   beyond the forward. A unit whose output is so held stays resident whole; the others' storages
+#   stay resident outside the chain and the rest moves; offload() names the blocks.
+# * Let go of before that, during F_r (the last stage at whose start it was alive): it moves
+#   with its unit, and the chain counts it where the executor cannot free it (NOTE [ late release ]).
+#
+# NOTE [ late release ]
+# A storage s of unit i that the forward's own code holds until F_r (r >= i+2) and no later
+# stage saves (one that is saved again, B_j reads beyond B_i: held, UnitLedger.pack) is offloaded
+# with its unit like any other: the executor copies it, drops its own reference at its release
+# point, and the forward's reference frees it during F_r; the prefetch brings it back before
+# B_{i+1}, as for the rest of the unit. docs/model.md frees the original at max(end of O_i, end
+# of F_{i+1}); s lives on until the end of F_r. The chain says so without a new rule: s's bytes
+# are added to fwd_tmp[j] for every stage j in i+2..r (Sizes.late_tmp), which F_j allocates at
+# its start and frees at its end. That is exact when unit i is offloaded and its original is
+# released by the end of F_{i+1}; when O_i ends later (s counted twice until then), or unit i
+# stays resident (s in saved[i] as well), it is above the truth by s, never below. j = i+1 needs
+# nothing: unit i is resident in the chain until F_{i+1} ends whatever the schedule. Before this
+# rule such a unit stayed resident whole (its output held) or s was pinned resident for the
+# whole step: HF ResNet's stem and stage inputs kept its least memory at 75 % of the keep-all
+# peak, a U-Net's skips at 97 %. An in-place change of s after its offload was queued and before
+# its release, followed by a save, is copied again (NOTE [ version discipline ] in _saved.py);
+# a change after its release with no later save is never read back by autograd (a saved s would
+# fail autograd's own version check, as without offloading).
 
 
 def _median(values: list[float]) -> float:
@@ -554,12 +630,14 @@ def measure_chain(
     saved, bwd_tmp = list(sizes.saved), _max(runs["bwd_tmp"], n)
     saved[-1] += sizes.output_bytes
     bwd_tmp = [b + sizes.output_bytes if i < n else b for i, b in enumerate(bwd_tmp, start=1)]
+    # NOTE [ late release ]
+    fwd_tmp = [f + (sizes.late_tmp[i] if sizes.late_tmp else 0) for i, f in enumerate(_max(runs["fwd_tmp"], n))]
     chain = co.Chain(
         _median_rows(runs["fwd"], n),
         _median_rows(runs["bwd"], n),
         list(sizes.act),
         saved,
-        _max(runs["fwd_tmp"], n),
+        fwd_tmp,
         bwd_tmp,
         _median_rows(runs["nosave"], n),
         name=name,
