@@ -570,8 +570,8 @@ def offload(
     Raises
     ------
     ValueError
-        Bad ``memory``, ``keep``, ``method``, ``on_new_shape``, ``host_memory`` or
-        ``cache_size``; no blocks found; a model already offloaded or compiled; no schedule
+        Bad ``memory``, ``keep``, ``method``, ``on_new_shape``, ``host_memory``,
+        ``cache_size``, ``repeats`` or ``warmup``; no blocks found; a model already offloaded or compiled; no schedule
         fits (the message gives the keep-all peak and the proven floors); the plan needs more
         than ``host_memory``.
     """
