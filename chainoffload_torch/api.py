@@ -31,7 +31,7 @@ from ._stages import EntryState, canonical_device
 from ._tree import call_key, describe_key
 from .executor import ScheduleRun, StepStats
 from .plans import Budget, Plan, _Planner, coverage, exact_bytes, resident_units, step_peak
-from .profiler import _device_of, _to_device, as_call, measure_link
+from .profiler import _device_of, _to_device, as_call, link_of, profiling_steps
 
 __all__ = ["Offloader", "offload", "budget_curve"]
 
@@ -499,8 +499,8 @@ def offload(
     host_memory: int | str | None = None,
     cache_size: int = 4,
     platform: co.Platform | None = None,
-    repeats: int = 3,
-    warmup: int = 1,
+    repeats: int | None = None,
+    warmup: int | None = None,
     **options: Any,
 ) -> Offloader:
     """Offload ``model``'s activations under a memory budget, in place; return the handle.
@@ -544,8 +544,12 @@ def offload(
         Plans kept (least recently used dropped first).
     platform
         Use this link instead of measuring one (its memory is used if ``memory`` is None).
+        Otherwise it is measured once per device in the process (:func:`~chainoffload_torch.profiler.link_of`).
     repeats, warmup
         Timed profiling steps per plan (the median is kept) and untimed steps before them.
+        Both ``None`` (the default): as many as the timings need, one when its forward agrees
+        with the probe's, at most 4 (NOTE [ how many profiling steps ]). One given: the other
+        is 3 timed steps or 1 warm-up step.
     **options
         Passed to the solver (e.g. ``time_limit``).
 
@@ -554,11 +558,20 @@ def offload(
     Offloader
         ``.table()`` shows the decisions; ``.remove()`` restores the model.
 
+    Notes
+    -----
+    What a plan costs, in the model's own work: one forward without autograd to find the
+    blocks (the first plan only), one probe forward (NOTE [ storages the forward keeps ]; two
+    when the stem becomes a stage), and the profiling steps: one on a warm model, up to 4
+    otherwise (``warmup + repeats`` when given). About two training steps in all on a warm
+    model (``benchmarks/results/offload_time.md``), plus one solve and, once per process, the
+    link's host copies.
+
     Raises
     ------
     ValueError
-        Bad ``memory``, ``keep``, ``method``, ``on_new_shape``, ``host_memory`` or
-        ``cache_size``; no blocks found; a model already offloaded or compiled; no schedule
+        Bad ``memory``, ``keep``, ``method``, ``on_new_shape``, ``host_memory``,
+        ``cache_size``, ``repeats`` or ``warmup``; no blocks found; a model already offloaded or compiled; no schedule
         fits (the message gives the keep-all peak and the proven floors); the plan needs more
         than ``host_memory``.
     """
@@ -571,6 +584,7 @@ def offload(
         pure = ", ".join(n for n in co.methods() if not spec(n).remat)
         raise ValueError(f"method: {method!r} recomputes activations; the executor runs pure-offloading methods: {pure}")
     budget = Budget.parse(platform.memory if memory is None and platform is not None else memory)
+    repeats, warmup = profiling_steps(repeats, warmup, 3)
     host = None if host_memory is None else parse_bytes(host_memory, field="host_memory")
     check_not_instrumented(model)
     if _sharded(model):
@@ -582,7 +596,7 @@ def offload(
     dev = _device_of(model, args, kwargs, device)
     args, kwargs = _to_device(args, dev), _to_device(kwargs, dev)
     blks = find_blocks(model, args, kwargs, blocks)
-    link = platform if platform is not None else co.Platform(memory=1, **measure_link(dev, repeats=max(3, repeats)))
+    link = platform if platform is not None else co.Platform(memory=1, **link_of(dev, repeats=max(3, repeats or 3)))
     planner = _Planner(model, dev, link, budget, method, tuple(keep), host, repeats, warmup, options)
     handle = Offloader.__new__(Offloader)
     handle._setup(model, blks, dev, planner, on_new_shape, cache_size, host)
@@ -638,8 +652,8 @@ def budget_curve(
     keep: Iterable[int] = (),
     device: torch.device | str | None = None,
     platform: co.Platform | None = None,
-    repeats: int = 3,
-    warmup: int = 1,
+    repeats: int | None = None,
+    warmup: int | None = None,
     time_limit: float | None = None,
     **options: Any,
 ) -> Any:
@@ -691,8 +705,11 @@ def budget_curve(
     _check_model(model)
     from .profiler import profile_full
 
+    repeats, warmup = profiling_steps(repeats, warmup, 3)
+    # Pure offloading only: no fwd_nosave (NOTE [ how many profiling steps ]).
     prof = profile_full(
-        model, sample, blocks=blocks, device=device, repeats=repeats, warmup=warmup, measure_platform=platform is None
+        model, sample, blocks=blocks, device=device, repeats=repeats, warmup=warmup, measure_platform=platform is None,
+        nosave=False,
     )
     chain = prof.chain
     link = platform if platform is not None else prof.platform

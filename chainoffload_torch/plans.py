@@ -22,7 +22,7 @@ from chainoffload.units import format_bytes, parse_bytes
 
 from ._instrument import Instrument
 from ._tree import describe_key
-from .profiler import Sizes, measure_chain, prefix_pays
+from .profiler import Sizes, measure_chain
 
 __all__ = ["Budget", "Plan", "solve_for", "resident_units", "nothing_fits", "exact_bytes", "Coverage", "coverage", "step_peak"]
 
@@ -174,8 +174,8 @@ class _Planner:
         method: str | None,
         keep: tuple,
         host_memory: int | None,
-        repeats: int,
-        warmup: int,
+        repeats: int | None,
+        warmup: int | None,
         options: dict[str, Any],
     ) -> None:
         self.model = model
@@ -193,15 +193,11 @@ class _Planner:
         self.may_split_prefix = True
 
     def plan(self, instrument: Instrument, args: tuple, kwargs: dict, key: tuple) -> Plan:
-        def measure() -> tuple[co.Chain, Sizes]:
-            return measure_chain(
-                instrument, self.model, args, kwargs, self.device, repeats=self.repeats, warmup=self.warmup, name=type(self.model).__name__
-            )
-
-        chain, sizes = measure()
-        if self.may_split_prefix and not instrument.blocks.prefix and prefix_pays(sizes):
-            instrument.blocks = dataclasses.replace(instrument.blocks, prefix=True)
-            chain, sizes = measure()
+        # The executor runs pure offloading: no fwd_nosave (NOTE [ how many profiling steps ]).
+        chain, sizes = measure_chain(
+            instrument, self.model, args, kwargs, self.device, repeats=self.repeats, warmup=self.warmup,
+            name=type(self.model).__name__, nosave=False, split_prefix=self.may_split_prefix,
+        )
         self.may_split_prefix = False
         keep = co.solvers.check_keep(chain, self.keep)
         resident = sizes.resident_bytes

@@ -16,8 +16,9 @@ executor uses (see NOTE [ what the profiler measures ]):
   a buffer or an input, plus its output; for the last block, also what the head and the loss
   save), each storage counted once, whole. The executor moves exactly these storages.
 * ``fwd[i]``, ``bwd[i]``, ``fwd_nosave[i]``: the time between boundary events of whole steps
-  (forward and backward of the model), the median of ``repeats`` steps after ``warmup``; CUDA
-  events on a GPU, ``perf_counter`` on CPU. The code before block 1 is timed into stage 1 and
+  (forward and backward of the model), the median of ``repeats`` steps after ``warmup``, or
+  with both ``None`` of as few steps as agree (one when it agrees with the probe's forward;
+  NOTE [ how many profiling steps ]); CUDA events on a GPU, ``perf_counter`` on CPU. The code before block 1 is timed into stage 1 and
   the code after block L into stage L, so the chain's compute time is the step's.
 * ``fwd_tmp[i]``, ``bwd_tmp[i]``: on CUDA, the allocator's peak during F_i above what is
   allocated at its end, and during B_i above what is allocated at its start plus g_{i-1}.
@@ -47,7 +48,7 @@ from ._saved import Kept, check_version
 from ._stages import UnitLedger, canonical_device, model_state, resident_storages
 from ._tree import tensors_in
 
-__all__ = ["Sizes", "measure_sizes", "measure_link", "profile", "profile_full", "Profile", "as_call", "prefix_pays"]
+__all__ = ["Sizes", "measure_sizes", "measure_link", "link_of", "profile", "profile_full", "Profile", "as_call", "prefix_pays"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -267,6 +268,9 @@ class _Recorder:
         self.current: _Pass | None = None
         #: A probe pass keeps no saved tensor (NOTE [ storages the forward keeps ]).
         self.probe = False
+        #: The last pass begun: the probe's, read after it for its sizes and forward time
+        #: (NOTE [ how many profiling steps ]).
+        self.last: _Pass | None = None
 
     def wants(self) -> bool:
         return True
@@ -274,7 +278,7 @@ class _Recorder:
     def forward_start(self, args: tuple, kwargs: dict) -> _Pass:
         ledger = UnitLedger(self.device, resident_storages(self.roots))
         ledger.add_resident((args, kwargs))
-        p = self.current = _Pass(ledger)
+        p = self.current = self.last = _Pass(ledger)
         p.marks["start"] = self.timer.mark()
         return p
 
@@ -465,21 +469,41 @@ def _measure(
     args: tuple,
     kwargs: dict,
     device: torch.device,
-    repeats: int,
-    warmup: int,
+    repeats: int | None,
+    warmup: int | None,
     timed: bool = True,
+    *,
+    nosave: bool = True,
+    split_prefix: bool = False,
 ) -> tuple[Sizes, dict[str, list]]:
-    """Run profiling steps through ``instrument`` (its listener swapped for a recorder)."""
-    n = instrument.blocks.stages
-    rec = _Recorder(n, device, (root,))
+    """Run profiling steps through ``instrument`` (its listener swapped for a recorder).
+
+    ``repeats=None``: as many steps as the timings need (NOTE [ how many profiling steps ]);
+    ``nosave``: also time a forward without autograd after each step (``fwd_nosave``);
+    ``split_prefix``: make the code before the first block a stage when it pays, decided
+    from the probe (NOTE [ the prefix as a stage ]; ``instrument.blocks`` is replaced).
+    """
     before = instrument.listener
-    instrument.listener = rec
     runs: dict[str, list] = {"fwd": [], "bwd": [], "nosave": [], "fwd_tmp": [], "bwd_tmp": []}
-    sizes = None
+    sizes, rec, kept = None, None, []
     try:
         with model_state([root]), torch.enable_grad():
+            n = instrument.blocks.stages
+            rec = instrument.listener = _Recorder(n, device, (root,))
             kept_alive = _probe(rec, root, args, kwargs)
-            for r in range(warmup + repeats if timed else 1):
+            if split_prefix and not instrument.blocks.prefix and prefix_pays(_sizes(rec.last, n)):
+                # NOTE [ the prefix as a stage ]: the probe's sizes decide, and the probe runs
+                # again on the new layout (what the forward keeps is found per unit).
+                instrument.blocks = dataclasses.replace(instrument.blocks, prefix=True)
+                n = instrument.blocks.stages
+                rec = instrument.listener = _Recorder(n, device, (root,))
+                kept_alive = _probe(rec, root, args, kwargs)
+            rec.timer.sync()
+            probe_fwd = sum(_times(rec.timer, rec.last.marks, n)[0])
+            rec.last = None
+            steps: list[dict[str, list]] = []
+            limit = (warmup + repeats) if repeats is not None else AUTO_MAX_STEPS
+            for r in range(limit if timed else 1):
                 out = root(*args, **kwargs)
                 p = rec.current
                 _apply_probe(p, kept_alive)
@@ -494,22 +518,89 @@ def _measure(
                 rec.timer.sync()
                 del out, roots, grads
                 fwd, bwd = _times(rec.timer, p.marks, n)
-                if r >= warmup:
-                    runs["fwd"].append(fwd)
-                    runs["bwd"].append(bwd)
+                step = {"fwd": fwd, "bwd": bwd}
                 if rec.timer.cuda:
-                    f_tmp, b_tmp = _tmp(p.marks, n, list(sizes.act))
-                    runs["fwd_tmp"].append(f_tmp)
-                    runs["bwd_tmp"].append(b_tmp)
-                with torch.no_grad():
-                    root(*args, **kwargs)
-                rec.timer.sync()
-                if r >= warmup:
-                    runs["nosave"].append(_times(rec.timer, rec.current.marks, n)[0])
+                    step["fwd_tmp"], step["bwd_tmp"] = _tmp(p.marks, n, list(sizes.act))
+                if nosave:
+                    with torch.no_grad():
+                        root(*args, **kwargs)
+                    rec.timer.sync()
+                    step["nosave"] = _times(rec.timer, rec.current.marks, n)[0]
+                steps.append(step)
+                kept = _kept_steps(steps, probe_fwd, warmup, repeats)
+                if kept is not None:
+                    break
+            if timed:
+                for step in steps:  # transients: the most any step saw, warm-up included
+                    for field in ("fwd_tmp", "bwd_tmp"):
+                        if field in step:
+                            runs[field].append(step[field])
+                for step in kept:
+                    for field in ("fwd", "bwd", "nosave"):
+                        if field in step:
+                            runs[field].append(step[field])
     finally:
         instrument.listener = before
-        rec.current = None
+        if rec is not None:
+            rec.current = rec.last = None
     return sizes, runs
+
+
+#: The adaptive profile (``repeats=None``): the most steps it takes, and how close two
+#: forwards (and backwards) must be for the timings to count as settled
+#: (NOTE [ how many profiling steps ]).
+AUTO_MAX_STEPS = 4
+AUTO_TOLERANCE = 0.25
+
+
+def _close(a: float, b: float) -> bool:
+    return abs(a - b) <= AUTO_TOLERANCE * max(a, b)
+
+
+def _kept_steps(steps: list[dict[str, list]], probe_fwd: float, warmup: int | None, repeats: int | None) -> list | None:
+    """The steps whose timings count, once enough are taken; ``None`` while more are needed."""
+    k = len(steps)
+    if repeats is not None:
+        return steps[warmup:] if k == warmup + repeats else None
+    fwd, bwd = sum(steps[-1]["fwd"]), sum(steps[-1]["bwd"])
+    if k == 1:
+        # One-sided: the probe's forward runs the same ops and more (its own checks), so a
+        # step faster than it says nothing against the step; only a slower one looks cold.
+        return steps if fwd <= (1 + AUTO_TOLERANCE) * probe_fwd else None
+    if _close(fwd, sum(steps[-2]["fwd"])) and _close(bwd, sum(steps[-2]["bwd"])):
+        return steps[-2:]
+    return steps[1:] if k == AUTO_MAX_STEPS else None
+
+
+# NOTE [ how many profiling steps ]
+# offload() should cost about two training steps of the model it profiles (issue 22 measured
+# about six: a warm-up step and three timed ones, each followed by a forward without autograd,
+# and the whole again when the stem became a stage). What a plan needs from the steps:
+# * Sizes: one forward with autograd; they do not vary from step to step (the last step's are
+#   kept, as a first call may make what the model then caches).
+# * Times: per stage, to a precision that matters to the solver (when a transfer hides behind
+#   compute), and not inflated by one-time costs (lazy initialisation, the first call of a
+#   kernel, the allocator growing its pools).
+# * fwd_nosave: only a rematerializing method reads it, and the executor runs pure offloading:
+#   offload() and budget_curve() skip that forward (nosave=False); profile() keeps it.
+# The forwards before the first step warm up the forward: block discovery runs one without
+# autograd, the probe (NOTE [ storages the forward keeps ]) one with autograd, timed like a
+# step's. So with repeats=None the first full step's timings count at once when its forward
+# took at most AUTO_TOLERANCE (25 %) longer than the probe's (which runs the same ops and its
+# own checks besides, so a faster step is no warning): then the process is warm, and one step
+# is the profile. Otherwise steps are taken until two in a row agree, forward and backward, within
+# that tolerance (those two count), or AUTO_MAX_STEPS are taken (all but the first count, as
+# warmup=1 would). Its cost: a model already warm (offload() after a few plain steps, or a
+# forward-heavy first call that settles at once) pays one no-grad forward, the probe and one
+# step; a cold or noisy one pays up to four steps, as before. What it gives up: the backward of
+# a one-step profile is a single sample, unchecked (no earlier backward to compare it with); a
+# backward with a one-time cost that the forward did not have shows up in bwd[i] of the stages
+# it hit. Pass repeats= (and warmup=) for the median of a fixed number of steps.
+#
+# The prefix's layout is decided from the probe's sizes (the same ledger on the same forward,
+# NOTE [ the prefix as a stage ]), before any step, so a model whose stem pays is measured
+# once, with one more probe on the new layout, instead of twice. tests/test_torch_profile_cost.py
+# holds both the count of model calls and the sizes against the layout decided after a full step.
 
 
 def _probe(rec: _Recorder, root: nn.Module, args: tuple, kwargs: dict) -> tuple[set[tuple[int, int]], dict[tuple[int, int], int]]:
@@ -598,8 +689,18 @@ def _max(values: list[list[int]], n: int) -> list[int]:
 
 def _check_counts(repeats: Any, warmup: Any) -> None:
     for fname, v, least in (("repeats", repeats, 1), ("warmup", warmup, 0)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < least:
-            raise ValueError(f"{fname}: {v!r} must be an integer >= {least}")
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < least):
+            raise ValueError(f"{fname}: {v!r} must be None or an integer >= {least}")
+
+
+def profiling_steps(repeats: int | None, warmup: int | None, default_repeats: int) -> tuple[int | None, int | None]:
+    """``(repeats, warmup)`` as :func:`_measure` takes them: both ``None`` is the adaptive
+    profile (NOTE [ how many profiling steps ]); one given, the other takes its fixed default
+    (``default_repeats`` timed steps, 1 warm-up step), as before the adaptive profile."""
+    _check_counts(repeats, warmup)
+    if repeats is None and warmup is None:
+        return None, None
+    return (default_repeats if repeats is None else repeats), (1 if warmup is None else warmup)
 
 
 def prefix_pays(sizes: Sizes) -> bool:
@@ -619,12 +720,21 @@ def measure_chain(
     kwargs: dict,
     device: torch.device,
     *,
-    repeats: int,
-    warmup: int,
+    repeats: int | None,
+    warmup: int | None,
     name: str,
+    nosave: bool = True,
+    split_prefix: bool = False,
 ) -> tuple[co.Chain, Sizes]:
-    """The chain and sizes of one call, measured through an installed ``instrument``."""
-    sizes, runs = _measure(instrument, root, args, kwargs, device, repeats, warmup)
+    """The chain and sizes of one call, measured through an installed ``instrument``.
+
+    ``repeats``, ``warmup``: a fixed number of steps, or both ``None`` for as many as the
+    timings need (NOTE [ how many profiling steps ]). ``nosave``: measure ``fwd_nosave`` (one
+    forward without autograd per step; else the chain has none, which means ``fwd``).
+    ``split_prefix``: the code before the first block may become stage 1
+    (NOTE [ the prefix as a stage ]), in which case ``instrument.blocks`` is replaced.
+    """
+    sizes, runs = _measure(instrument, root, args, kwargs, device, repeats, warmup, nosave=nosave, split_prefix=split_prefix)
     n = instrument.blocks.stages
     # NOTE [ the output's own storages ]
     saved, bwd_tmp = list(sizes.saved), _max(runs["bwd_tmp"], n)
@@ -639,7 +749,7 @@ def measure_chain(
         saved,
         fwd_tmp,
         bwd_tmp,
-        _median_rows(runs["nosave"], n),
+        _median_rows(runs["nosave"], n) if nosave else None,
         name=name,
     )
     return chain, sizes
@@ -688,10 +798,7 @@ def measure_sizes(model: Any, sample: Any, *, blocks: Any = None) -> Sizes:
     instrument = Instrument(root, blks, _Recorder(blks.stages, device, (root,)))
     instrument.install()
     try:
-        sizes, _ = _measure(instrument, root, args, kwargs, device, 1, 0, timed=False)
-        if not blks.prefix and prefix_pays(sizes):
-            instrument.blocks = dataclasses.replace(blks, prefix=True)
-            sizes, _ = _measure(instrument, root, args, kwargs, device, 1, 0, timed=False)
+        sizes, _ = _measure(instrument, root, args, kwargs, device, 1, 0, timed=False, split_prefix=True)
     finally:
         instrument.remove()
     return sizes
@@ -795,6 +902,24 @@ def measure_link(device: torch.device | str, *, nbytes: int | None = None, small
     }
 
 
+#: Links measured in this process, by device and measurement: see :func:`link_of`.
+_LINKS: dict[tuple[str, int | None, int], dict[str, Any]] = {}
+
+
+def link_of(device: torch.device | str, *, nbytes: int | None = None, repeats: int = 5) -> dict[str, Any]:
+    """:func:`measure_link`, measured once per device (and sizes) in a process.
+
+    The link is the machine's, not the model's: every plan after the first (another shape,
+    another model) reuses it instead of copying tens of MiB again (NOTE [ how many profiling
+    steps ]). ``measure_link`` itself always measures.
+    """
+    dev = canonical_device(device)
+    key = (str(dev), nbytes, repeats)
+    if key not in _LINKS:
+        _LINKS[key] = measure_link(dev, nbytes=nbytes, repeats=repeats)
+    return dict(_LINKS[key])
+
+
 # NOTE [ what the profiler measures ]
 # Everything comes from whole steps of the real model, through the instrument the executor
 # uses, so a stage's boundaries in the profile are the ones the executor fires at. Sizes come
@@ -804,7 +929,8 @@ def measure_link(device: torch.device | str, *, nbytes: int | None = None, small
 # forward for i = L); B_L from the start of the backward to the moment g_{L-1} is complete,
 # B_i from g_i to g_{i-1}, B_1 to the end of the backward. A profiling step backpropagates the
 # output's loss when it has one, else every output that requires grad with a gradient of ones.
-# One step without autograd per repeat gives fwd_nosave. The model's buffers, gradients and
+# One step without autograd per repeat gives fwd_nosave (when asked: NOTE [ how many profiling
+# steps ]). The model's buffers, gradients and
 # RNG are restored after (model_state), so profiling leaves no trace in training.
 #
 # NOTE [ prefix and suffix ]
@@ -820,8 +946,9 @@ def measure_link(device: torch.device | str, *, nbytes: int | None = None, small
 #   owns it) is at least the smallest unit the solver may move (prefix_pays): a ResNet's stem.
 #   It then moves like any unit, a_0 is the forward's hidden input (none: 0 bytes, the model's
 #   arguments being the caller's, as they are for every chain of the adapter) and g_0 nothing.
-#   The profile is measured once as above, and again with the prefix as a stage when it pays
-#   (NOTE [ the prefix as a stage ] in _instrument.py).
+#   Whether it pays is read from the probe's sizes, before any step; the probe then runs again
+#   on the new layout and the steps are measured once (NOTE [ how many profiling steps ],
+#   NOTE [ the prefix as a stage ] in _instrument.py).
 # Below that size a stage would only renumber the units (keep= and the tables count blocks from
 # 1) to move a few KiB of embeddings.
 
@@ -832,16 +959,22 @@ def profile_full(
     *,
     blocks: Any = None,
     device: torch.device | str | None = None,
-    repeats: int = 5,
-    warmup: int = 1,
+    repeats: int | None = 5,
+    warmup: int | None = 1,
     memory: int | None = None,
     name: str | None = None,
     measure_platform: bool = True,
     link_bytes: int | None = None,
+    nosave: bool = True,
 ) -> Profile:
     """:func:`profile`, also returning the :class:`Sizes` (with the units that must stay
-    resident), the device and the blocks."""
-    _check_counts(repeats, warmup)
+    resident), the device and the blocks.
+
+    ``repeats=None, warmup=None`` takes as many steps as the timings need (NOTE [ how many
+    profiling steps ]); ``nosave=False`` skips the forward without autograd that measures
+    ``fwd_nosave`` (the chain then has none: only rematerializing methods read it).
+    """
+    repeats, warmup = profiling_steps(repeats, warmup, 5)
     args, kwargs = as_call(_check_sample(sample_input))
     probe = model if isinstance(model, nn.Module) else nn.Sequential(*model) if isinstance(model, (list, tuple)) else model
     if isinstance(probe, nn.Module):
@@ -853,15 +986,14 @@ def profile_full(
     instrument.install()
     try:
         label = name or (type(model).__name__ if isinstance(model, nn.Module) else "chain")
-        chain, sizes = measure_chain(instrument, root, args, kwargs, dev, repeats=repeats, warmup=warmup, name=label)
-        if not blks.prefix and prefix_pays(sizes):
-            # NOTE [ the prefix as a stage ]: measured again with the stem as stage 1.
-            blks = instrument.blocks = dataclasses.replace(blks, prefix=True)
-            chain, sizes = measure_chain(instrument, root, args, kwargs, dev, repeats=repeats, warmup=warmup, name=label)
+        chain, sizes = measure_chain(
+            instrument, root, args, kwargs, dev, repeats=repeats, warmup=warmup, name=label, nosave=nosave, split_prefix=True
+        )
+        blks = instrument.blocks  # the stem may have become stage 1 (NOTE [ the prefix as a stage ])
     finally:
         instrument.remove()
     if measure_platform:
-        link = measure_link(dev, nbytes=link_bytes, repeats=max(3, repeats))
+        link = link_of(dev, nbytes=link_bytes, repeats=max(3, repeats or 3))
     else:
         link = {"bandwidth_d2h": float("inf"), "bandwidth_h2d": float("inf"), "latency": 0.0, "duplex": True}
     mem = co.keep_all_peak(chain) if memory is None else int(memory)
@@ -874,8 +1006,8 @@ def profile(
     *,
     blocks: Any = None,
     device: torch.device | str | None = None,
-    repeats: int = 5,
-    warmup: int = 1,
+    repeats: int | None = 5,
+    warmup: int | None = 1,
     memory: int | None = None,
     name: str | None = None,
 ) -> tuple[co.Chain, co.Platform]:
@@ -895,7 +1027,10 @@ def profile(
     device
         Where to profile; default the model's (first parameter's) device.
     repeats, warmup
-        Timed steps (the median is kept) and untimed steps before them.
+        Timed steps (the median is kept) and untimed steps before them, each followed by a
+        forward without autograd (``fwd_nosave``). Both ``None``: as many steps as the timings
+        need, one when the first agrees with the probe's forward, at most 4 (what
+        :func:`chainoffload_torch.offload` does: NOTE [ how many profiling steps ]).
     memory
         The platform's memory; default the keep-all peak of the profiled chain (so every
         schedule that offloads nothing fits, and a smaller value asks for offloading).
@@ -913,6 +1048,12 @@ def profile(
     ValueError
         No blocks found (the message says which module lists were seen and how to pass
         ``blocks=``), or bad ``repeats`` / ``warmup``.
+
+    Notes
+    -----
+    Cost: a forward without autograd (block discovery), a probe forward (NOTE [ storages the
+    forward keeps ]; one more when the stem becomes a stage), then ``warmup + repeats`` steps
+    and as many forwards without autograd, and the link (host copies, once per process).
     """
     prof = profile_full(
         model, sample_input, blocks=blocks, device=device, repeats=repeats, warmup=warmup, memory=memory, name=name

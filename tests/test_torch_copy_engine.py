@@ -39,9 +39,9 @@ POISON = torch.tensor([0xFF], dtype=torch.uint8)
 
 
 def slow(**kw):
-    """An engine whose copies wait half a second unless something waits for them: long enough
+    """An engine whose copies wait five seconds unless something waits for them: long enough
     that "not run yet" holds on a loaded machine, and no test waits it out."""
-    return ThreadedEngine(delay=(0.5, 0.6), **kw)
+    return ThreadedEngine(delay=(5.0, 5.1), **kw)
 
 
 def data(n=4096, seed=0):

@@ -1,0 +1,235 @@
+"""What offload() costs in the model's own work, and that the cheaper profile measures the same
+sizes: NOTE [ how many profiling steps ] in chainoffload_torch/profiler.py.
+
+Each test counts the model's forwards (with and without autograd) and backwards with hooks on
+its root, so a profiling pass added back fails here, not only in a benchmark's timings.
+"""
+
+import dataclasses
+import os
+import warnings
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+torch = pytest.importorskip("torch")
+from torch import nn  # noqa: E402
+
+import chainoffload as co  # noqa: E402
+import chainoffload_torch as ct  # noqa: E402
+import chainoffload_torch.profiler as profiler  # noqa: E402
+from chainoffload_torch._instrument import Instrument  # noqa: E402
+
+from bench_models import torch_models  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
+
+
+class Calls:
+    """The model's forwards with autograd, without it, and backwards through its output."""
+
+    def __init__(self, model):
+        self.grad = self.nograd = self.backward = 0
+        self.hooks = [model.register_forward_pre_hook(self._pre), model.register_forward_hook(self._post)]
+
+    def _pre(self, module, args):
+        if torch.is_grad_enabled():
+            self.grad += 1
+        else:
+            self.nograd += 1
+
+    def _post(self, module, args, out):
+        loss = out.get("loss") if isinstance(out, dict) else getattr(out, "loss", None)
+        t = loss if isinstance(loss, torch.Tensor) else out
+        if torch.is_grad_enabled() and isinstance(t, torch.Tensor) and t.requires_grad:
+            t.register_hook(self._count_backward)
+
+    def _count_backward(self, g):
+        self.backward += 1
+
+    def remove(self):
+        for h in self.hooks:
+            h.remove()
+
+    @property
+    def counts(self):
+        return self.grad, self.nograd, self.backward
+
+
+def counted(fn, model, *args, **kwargs):
+    calls = Calls(model)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            out = fn(model, *args, **kwargs)
+    finally:
+        calls.remove()
+    return out, calls.counts
+
+
+@pytest.fixture
+def settles_at_once(monkeypatch):
+    """Every first step counts as settled: the counts below do not depend on the timings."""
+    monkeypatch.setattr(profiler, "AUTO_TOLERANCE", 1e9)
+
+
+def mlp():
+    return torch_models.ResidualMLP(d=16, layers=6), torch.randn(8, 8)
+
+
+def with_stem():
+    """A stem that keeps as much as a block: it becomes stage 1 (NOTE [ the prefix as a stage ])."""
+    torch.manual_seed(0)
+    return torch_models.ResNet([1, 1, 1, 1], width=4, classes=3), torch.randn(2, 3, 32, 32)
+
+
+def test_offload_runs_one_no_grad_forward_one_probe_and_one_step(settles_at_once):
+    model, x = mlp()
+    handle, counts = counted(ct.offload, model, x, memory=0.6)
+    # find_blocks: one forward without autograd; the probe: one with; then one step. No
+    # forward without autograd per step (fwd_nosave: offload() runs pure offloading).
+    assert counts == (2, 1, 1)
+    assert "fwd_nosave" not in handle.chain.to_dict()
+    handle.remove()
+
+
+def test_a_stem_that_becomes_a_stage_costs_one_more_probe_not_a_second_profile(settles_at_once):
+    model, x = with_stem()
+    handle, counts = counted(ct.offload, model, x)  # the keep-all peak: its stages are held by its forward
+    assert handle.blocks.prefix
+    assert counts == (3, 1, 1)  # two probes (one per layout) and one step
+    handle.remove()
+
+
+def test_a_first_step_slower_than_the_probe_takes_steps_until_two_agree_at_most_four(monkeypatch):
+    monkeypatch.setattr(profiler, "AUTO_TOLERANCE", -1.0)  # nothing ever agrees: the cap
+    model, x = mlp()
+    handle, counts = counted(ct.offload, model, x, memory=0.6)
+    assert counts == (1 + profiler.AUTO_MAX_STEPS, 1, profiler.AUTO_MAX_STEPS)
+    handle.remove()
+
+
+def test_explicit_repeats_and_warmup_take_that_many_steps():
+    model, x = mlp()
+    handle, counts = counted(ct.offload, model, x, memory=0.6, repeats=3, warmup=1)
+    assert counts == (1 + 4, 1, 4)
+    handle.remove()
+    handle, counts = counted(ct.offload, model, x, memory=0.6, repeats=2)  # warmup: its fixed default, 1
+    assert counts == (1 + 3, 1, 3)
+    handle.remove()
+    handle, counts = counted(ct.offload, model, x, memory=0.6, warmup=0)  # repeats: its fixed default, 3
+    assert counts == (1 + 3, 1, 3)
+    handle.remove()
+
+
+def test_which_steps_count():
+    def step(f, b):
+        return {"fwd": [f / 2, f / 2], "bwd": [b]}
+
+    kept = profiler._kept_steps
+    # Adaptive: a first step no slower than the probe's forward (+25 %) is the profile.
+    assert kept([step(1.2, 2.0)], 1.0, None, None) == [step(1.2, 2.0)]
+    assert kept([step(0.5, 2.0)], 1.0, None, None) == [step(0.5, 2.0)]  # faster than the probe: fine
+    assert kept([step(1.3, 2.0)], 1.0, None, None) is None
+    # Then two in a row that agree, forward and backward, both count.
+    cold, warm, warm2 = step(3.0, 9.0), step(1.0, 2.0), step(1.1, 2.2)
+    assert kept([cold, warm], 1.0, None, None) is None
+    assert kept([cold, warm, warm2], 1.0, None, None) == [warm, warm2]
+    assert kept([cold, step(1.0, 9.0), step(1.0, 2.0)], 1.0, None, None) is None  # backwards differ
+    # At the cap, all but the first.
+    steps = [cold, step(1.0, 9.0), step(1.0, 2.0), step(1.0, 9.0)]
+    assert kept(steps, 1.0, None, None) == steps[1:]
+    # Fixed: warmup + repeats steps, the first warmup ones dropped.
+    assert kept([cold], 1.0, 1, 1) is None
+    assert kept([cold, warm], 1.0, 1, 1) == [warm]
+
+
+def test_repeats_and_warmup_errors_name_the_field():
+    model, x = mlp()
+    for kwargs, field in ((dict(repeats=0), "repeats: 0"), (dict(warmup=-1), "warmup: -1"), (dict(repeats=True), "repeats: True")):
+        with pytest.raises(ValueError, match=field):
+            ct.offload(model, x, memory=0.6, **kwargs)
+        with pytest.raises(ValueError, match=field):
+            ct.profile(model, x, **kwargs)
+    ct.offload(model, x, memory=0.6, repeats=1, warmup=0).remove()  # a refused call left no hook behind
+
+
+def test_profile_still_measures_fwd_nosave_for_rematerializing_methods():
+    model, x = mlp()
+    (chain, platform), counts = counted(ct.profile, model, x, repeats=2, warmup=1)
+    assert counts == (1 + 3, 1 + 3, 3)  # a forward without autograd after each step
+    assert "fwd_nosave" in chain.to_dict() and all(t > 0 for t in chain.fwd_nosave)
+    result = co.solve(chain, platform.with_memory(int(0.7 * co.keep_all_peak(chain))), "rotor")
+    assert result.feasible
+    # Adaptive, as offload() takes it, still with its no-grad forwards.
+    (chain, _), counts = counted(ct.profile, model, x, repeats=None, warmup=None)
+    assert counts[1] == 1 + counts[2] and "fwd_nosave" in chain.to_dict()
+    prof, counts = counted(ct.profile_full, model, x, repeats=1, warmup=0, nosave=False, measure_platform=False)
+    assert counts == (2, 1, 1) and "fwd_nosave" not in prof.chain.to_dict()
+
+
+def test_the_link_is_measured_once_per_device_in_a_process(monkeypatch):
+    measured = []
+    real = profiler.measure_link
+
+    def counting(device, **kwargs):
+        measured.append(str(device))
+        return real(device, nbytes=1 << 16, small=1024, repeats=1)
+
+    monkeypatch.setattr(profiler, "measure_link", counting)
+    monkeypatch.setattr(profiler, "_LINKS", {})
+    model, x = mlp()
+    first = ct.offload(model, x, memory=0.6, repeats=1, warmup=0)
+    link = first.platform
+    first.remove()
+    second = ct.offload(model, x, memory=0.6, repeats=1, warmup=0)
+    assert measured == ["cpu"]
+    assert (second.platform.bandwidth_d2h, second.platform.latency) == (link.bandwidth_d2h, link.latency)
+    second.remove()
+
+
+# -- the sizes are those of the full profile -----------------------------------------------------
+
+
+def sizes_decided_after_a_step(model, sample):
+    """The layout and sizes as the profiler found them before the probe decided the layout: a
+    full step on the blocks as found, the prefix's decision from that step's sizes, and the
+    whole again on the new layout when it pays."""
+    args, kwargs = profiler.as_call(sample)
+    root, blocks = profiler._root_and_blocks(model, args, kwargs, None)
+    device = torch.device("cpu")
+    instrument = Instrument(root, blocks, profiler._Recorder(blocks.stages, device, (root,)))
+    instrument.install()
+    try:
+        sizes, _ = profiler._measure(instrument, root, args, kwargs, device, 1, 0)
+        if profiler.prefix_pays(sizes):
+            instrument.blocks = dataclasses.replace(blocks, prefix=True)
+            sizes, _ = profiler._measure(instrument, root, args, kwargs, device, 1, 0)
+    finally:
+        instrument.remove()
+    return instrument.blocks.prefix, sizes
+
+
+def models():
+    torch.manual_seed(0)
+    gpt2, batch = torch_models.hf_tiny("gpt2")
+    yield "gpt2", gpt2, batch
+    yield "resnet-layout", *with_stem()
+    yield "unet", torch_models.UNet(depth=4), torch.randn(2, 3, 16, 16)
+    yield "residual-mlp", *mlp()
+
+
+@pytest.mark.parametrize("name", ["gpt2", "resnet-layout", "unet", "residual-mlp"])
+def test_sizes_and_stages_are_those_of_a_full_profile_and_of_the_old_defaults(name):
+    _, model, sample = next(m for m in models() if m[0] == name)
+    warnings.simplefilter("ignore")  # the U-Net's and the ResNet's held units: said elsewhere
+    prefix, sizes = sizes_decided_after_a_step(model, sample)
+    new = ct.offload(model, sample)  # the keep-all peak: a plan for every model
+    plan = new.plan
+    assert new.blocks.prefix == prefix and plan.sizes == sizes
+    new.remove()
+    old = ct.offload(model, sample, repeats=3, warmup=1)  # the defaults before the adaptive profile
+    assert old.blocks.prefix == prefix and old.plan.sizes == sizes
+    for field in ("act", "saved", "fwd_tmp", "bwd_tmp"):
+        assert getattr(old.plan.chain, field).tolist() == getattr(plan.chain, field).tolist(), field
+    old.remove()
