@@ -35,6 +35,7 @@ from torch import nn  # noqa: E402
 
 import chainoffload_torch as ct  # noqa: E402
 from _common import write_report  # noqa: E402
+from offload_time import Calls  # noqa: E402
 from torch_models import ResNet, _transformers, gpt2  # noqa: E402
 
 
@@ -66,41 +67,14 @@ def plain_step(model: nn.Module, sample: object, kind: str) -> None:
         nn.functional.cross_entropy(model(sample[0]), sample[1]).backward()
 
 
-class Calls:
-    def __init__(self, model: nn.Module) -> None:
-        self.grad = self.nograd = self.backward = 0
-        self.hooks = [model.register_forward_pre_hook(self._pre), model.register_forward_hook(self._post)]
-
-    def _pre(self, module: nn.Module, args: tuple) -> None:
-        if torch.is_grad_enabled():
-            self.grad += 1
-        else:
-            self.nograd += 1
-
-    def _post(self, module: nn.Module, args: tuple, out: object) -> None:
-        loss = getattr(out, "loss", None)
-        t = loss if isinstance(loss, torch.Tensor) else out if isinstance(out, torch.Tensor) else None
-        if torch.is_grad_enabled() and t is not None and t.requires_grad:
-            t.register_hook(self._count)
-
-    def _count(self, g: torch.Tensor) -> None:
-        self.backward += 1
-
-    def remove(self) -> str:
-        for h in self.hooks:
-            h.remove()
-        return f"{self.grad}/{self.nograd}/{self.backward}"
-
-
 def profiled(model: nn.Module, sample: object, device: torch.device, **kw) -> tuple[object, float, str]:
-    calls = Calls(model)
     torch.cuda.synchronize(device) if device.type == "cuda" else None
     t = time.perf_counter()
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), Calls(model) as calls:
         warnings.simplefilter("ignore")
         prof = ct.profile_full(model, sample, measure_platform=False, nosave=False, **kw)
     torch.cuda.synchronize(device) if device.type == "cuda" else None
-    return prof, time.perf_counter() - t, calls.remove()
+    return prof, time.perf_counter() - t, f"{calls.grad}/{calls.nograd}/{calls.backward}"
 
 
 def run(name: str, device: torch.device) -> dict:

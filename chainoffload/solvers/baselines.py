@@ -41,27 +41,21 @@ def _first_fit(method: str, chain: Chain, platform: Platform, order: Sequence[in
     deadline = t0 + time_limit if time_limit is not None else math.inf
     search = Evaluator(chain, platform, deadline=deadline)
     found = search.prefixes(list(order), method)
+    cand, info = None, {}
     if found is not None:
         cand = search.units(order[:found])
-        return Result(
-            method,
-            Status.FEASIBLE,
-            cand.schedule(),
-            makespan=cand.makespan,
-            runtime=time.perf_counter() - t0,
-            info={"units": list(cand.units), "tried": search.evals},
-        )
-    if search.stopped == "time" and search.best is not None:
+    elif search.stopped == "time" and search.best is not None:
         # Cut short with a prefix that fits in hand (the whole order, or a bisection step):
         # the best schedule found so far, not the smallest k.
-        cand = search.best
+        cand, info = search.best, {"stopped": "time"}
+    if cand is not None:
         return Result(
             method,
             Status.FEASIBLE,
             cand.schedule(),
             makespan=cand.makespan,
             runtime=time.perf_counter() - t0,
-            info={"units": list(cand.units), "tried": search.evals, "stopped": "time"},
+            info={"units": list(cand.units), "tried": search.evals, **info},
         )
     if search.stopped == "time":
         return Result(

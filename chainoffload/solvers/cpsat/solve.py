@@ -63,22 +63,12 @@ def model_estimate(length: int) -> dict[str, float]:
     }
 
 
-def _free_bytes() -> float:
-    """MemAvailable from /proc/meminfo (``inf`` where it cannot be read)."""
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return float(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return math.inf
-
-
 def _refusal(length: int, time_limit: float) -> str | None:
     """Why a model of ``length`` stages cannot be built within ``time_limit`` or in memory, or ``None``."""
     est = model_estimate(length)
-    free = _free_bytes()
+    from ..._clock import free_bytes
+
+    free = free_bytes()
     size = (f"a CP-SAT model of {length} stages would have ~{est['variables']:.3g} variables and "
             f"~{est['constraints']:.3g} constraints, ~{est['bytes'] / 1e9:.3g} GB, and take ~{est['seconds']:.3g} s to build here")
     if est["bytes"] > 0.8 * free:
