@@ -35,7 +35,7 @@ from torch import nn  # noqa: E402
 
 import chainoffload_torch as ct  # noqa: E402
 from _common import write_report  # noqa: E402
-from offload_time import Calls  # noqa: E402
+from offload_time import Calls, plain_step  # noqa: E402
 from torch_models import ResNet, _transformers, gpt2  # noqa: E402
 
 
@@ -56,15 +56,6 @@ def build(name: str, device: torch.device) -> tuple[nn.Module, object, str]:
         x, y = torch.randn(32, 3, 128, 128, device=device), torch.randint(0, 10, (32,), device=device)
         return ResNet([3, 4, 6, 3], width=32, classes=10).to(device), (x, y), "xent"
     raise ValueError(f"name: {name!r}")
-
-
-def plain_step(model: nn.Module, sample: object, kind: str) -> None:
-    for p in model.parameters():
-        p.grad = None
-    if kind == "hf":
-        model(**sample).loss.backward()
-    else:
-        nn.functional.cross_entropy(model(sample[0]), sample[1]).backward()
 
 
 def profiled(model: nn.Module, sample: object, device: torch.device, **kw) -> tuple[object, float, str]:
