@@ -63,7 +63,7 @@ _EPILOG = "exit codes:\n" + "\n".join(f"  {code:<4} {text}" for code, text in EX
 # * Stdout closed (`>&-`) is misuse, refused before any work, whatever the command: fd 1 would
 #   otherwise be handed to the next file opened, and what a library prints would land in it.
 # * Ctrl-C: the command runs in a worker thread while the main thread waits in short,
-#   interruptible joins. Python runs signal handlers only in the main thread, between bytecodes,
+#   interruptible waits. Python runs signal handlers only in the main thread, between bytecodes,
 #   so a SIGINT that arrives during a long Numba call (the kernels release the GIL: nogil=True)
 #   or an OR-Tools solve is handled at once, instead of after the call returns (tens of
 #   seconds) or inside it (numba's dispatcher then raised SystemError). The main thread then
@@ -72,13 +72,19 @@ _EPILOG = "exit codes:\n" + "\n".join(f"  {code:<4} {text}" for code, text in EX
 #   _Gate's lock, which the main thread takes and never gives back, so after an interrupt the
 #   worker can neither create nor rename anything; a Ctrl-C that comes once the rename is done
 #   is too late to undo the command and exits with the command's own code. "Comes" is when the
-#   signal is delivered, not when the main thread gets round to it: that can be tens of ms later
-#   on a loaded machine (its 50 ms join, a scheduler slice), long enough for a slow reader that
+#   signal is sent, not when the main thread gets round to it: on a loaded machine that can be
+#   tens of ms later (its 50 ms wait, a scheduler slice), long enough for a slow reader that
 #   resumes reading to let the worker finish stdout and rename (seen: exit 0 and the file in
-#   place after a Ctrl-C sent while stdout was blocked). So signal.set_wakeup_fd makes the C
-#   handler write each signal's number to a pipe at delivery, and the worker, under the lock,
-#   reads that pipe before renaming: a SIGINT found there stops it, and the main thread's
-#   handler then exits 130 with the temporaries removed. Stdout is written
+#   place after a Ctrl-C sent while stdout was blocked). The kernel queues a SIGINT for a
+#   thread at once, but its C handler runs only when that thread next gets a CPU. So the worker
+#   (and every thread it starts) blocks SIGINT, which the kernel then queues for the main
+#   thread alone, and the rename is decided in the main thread (_Gate.decide) with SIGINT
+#   blocked there too: a SIGINT sent before is then either still queued (signal.sigpending
+#   shows it) or its C handler has run, writing the signal's number to the pipe that
+#   signal.set_wakeup_fd names. Either stops the rename; the main thread's handler then exits
+#   130 with the temporaries removed. (When the worker read that pipe itself, a SIGINT queued
+#   for a main thread still waiting for a CPU was in neither place: exit 0 in 1 run of 15
+#   beside two spinning processes.) Stdout is written
 #   outside the lock (a slow reader must not hold Ctrl-C back), so what a reader had already
 #   received before a Ctrl-C stays received: exit 130 says it is incomplete.
 #   Before `main` runs, while Python imports numpy and Numba (about a second), Ctrl-C is still
@@ -152,13 +158,14 @@ class Output:
 class _Gate:
     """What the worker and the main thread share about the files on disk (``NOTE [ cli contract ]``).
 
-    The worker creates each temporary (:meth:`start`) and renames them all (:meth:`finish`)
-    under the lock; on Ctrl-C the main thread takes the lock for good (:meth:`interrupt`), so
-    either the rename is done and the command's code stands, or nothing is in place and every
-    temporary is removed.
+    The worker creates each temporary (:meth:`start`) under the lock and asks for the rename
+    (:meth:`finish`); the main thread, serving the worker (:meth:`serve`), decides it with SIGINT
+    blocked (:meth:`decide`). On Ctrl-C the main thread takes the lock for good
+    (:meth:`interrupt`), so either the rename is done and the command's code stands, or nothing
+    is in place and every temporary is removed.
     """
 
-    def __init__(self, signals: int | None = None) -> None:
+    def __init__(self, signals: int | None = None, *, served: bool = False) -> None:
         self._lock = threading.Lock()
         self._pending: list[PendingWrite] = []
         self.code: int | None = None  # set once the files are in place
@@ -166,6 +173,12 @@ class _Gate:
         # Read end of the pipe signal.set_wakeup_fd writes delivered signals to (main's).
         self._signals = signals
         self._sigint = False
+        # served: a main thread runs serve() while the worker works, and decides the rename.
+        self._served = served
+        self._wake = threading.Event()  # a rename asked for, or the worker done
+        self._request: tuple[list[PendingWrite], int] | None = None
+        self._decided = threading.Event()
+        self._outcome: bool | BaseException = False  # stopped, or what the rename raised
 
     def start(self, path: str) -> PendingWrite:
         with self._lock:
@@ -174,20 +187,75 @@ class _Gate:
             return pending
 
     def finish(self, pending: list[PendingWrite], code: int) -> None:
-        """Rename the files into place, unless a Ctrl-C was delivered before: then remove them
-        and wait for the main thread, which exits 130 (``NOTE [ cli contract ]``)."""
+        """Have the files renamed into place, unless a Ctrl-C came before: then they are removed
+        and this waits for the main thread, which exits 130 (``NOTE [ cli contract ]``)."""
+        if self._served:
+            self._request = (pending, code)
+            self._wake.set()
+            self._decided.wait()
+            outcome = self._outcome
+        else:
+            outcome = self.decide(pending, code)
+        if isinstance(outcome, BaseException):
+            raise outcome
+        if outcome:
+            threading.Event().wait()  # the main thread's handler ends the process
+
+    def decide(self, pending: list[PendingWrite], code: int) -> bool:
+        """Rename ``pending`` into place and record ``code``, or remove them if a SIGINT came
+        first; whether it did. In the main thread, a SIGINT that comes meanwhile (the kernel hands
+        it to another thread, numpy's BLAS workers, while this one blocks it) only sets a flag,
+        and its KeyboardInterrupt is raised once the decision is whole."""
+        if threading.current_thread() is not threading.main_thread():
+            return self._decide(pending, code)
+        came: list[int] = []
+        previous = signal.signal(signal.SIGINT, lambda signum, frame: came.append(signum))
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            return self._decide(pending, code)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+            signal.signal(signal.SIGINT, previous)
+            if came and previous is signal.default_int_handler:
+                raise KeyboardInterrupt
+
+    def _decide(self, pending: list[PendingWrite], code: int) -> bool:
         with self._lock:
             stop = self.sigint_delivered()
             for p in pending:
                 p.discard() if stop else p.commit()
             if not stop:
                 self.code = code
-        if stop:
-            threading.Event().wait()  # the main thread's handler ends the process
+        return stop
+
+    def serve(self, timeout: float) -> None:
+        """Main thread: wait up to ``timeout`` s for the worker to ask for its rename (or end), and
+        decide the rename if it asked. Interruptible: a Ctrl-C raises KeyboardInterrupt here."""
+        if not self._wake.wait(timeout):
+            return
+        self._wake.clear()
+        request, self._request = self._request, None
+        if request is None:
+            return
+        try:
+            self._outcome = self.decide(*request)
+        except BaseException as exc:  # the rename failed: the worker reports it (exit 2)
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            self._outcome = exc
+        self._decided.set()
+
+    def wake(self) -> None:
+        """The worker is done: end the main thread's wait at once."""
+        self._wake.set()
 
     def sigint_delivered(self) -> bool:
-        """Whether a SIGINT has been delivered to the process, handled by the main thread or not
-        yet (read from the wakeup pipe; ``False`` without one)."""
+        """Whether a SIGINT has come: pending for this thread while it blocks SIGINT, or handled
+        by the C handler, which wrote its number to the wakeup pipe (``False`` without one)."""
+        if self._signals is None:
+            return False
+        if signal.SIGINT in signal.sigpending():
+            self._sigint = True
         while self._signals is not None and not self._sigint:
             try:
                 data = os.read(self._signals, 512)
@@ -894,16 +962,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     box: dict[str, int] = {}
     worker = None
     watch = _watch_sigint()
-    gate = _Gate(watch[0] if watch else None)
+    gate = _Gate(watch[0] if watch else None, served=True)
     try:
         try:
             args = build_parser().parse_args(argv)
         except CliError as exc:
             return _error(exc)
-        worker = threading.Thread(target=lambda: box.update(code=_run(args, gate)), name="chainoffload", daemon=True)
+
+        def work() -> None:
+            # SIGINT goes to the main thread alone (NOTE [ cli contract ]); threads the
+            # command starts (OR-Tools' workers) inherit the mask.
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+            try:
+                box.update(code=_run(args, gate))
+            finally:
+                gate.wake()
+
+        worker = threading.Thread(target=work, name="chainoffload", daemon=True)
         worker.start()
         while worker.is_alive():
-            worker.join(0.05)
+            gate.serve(0.05)
     except KeyboardInterrupt:
         _interrupted(gate)
     finally:

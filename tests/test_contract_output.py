@@ -9,6 +9,7 @@ import signal
 import stat
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -147,8 +148,9 @@ def test_ctrl_c_while_stdout_is_a_slow_pipe_leaves_no_file(work):
 
 def test_a_ctrl_c_delivered_before_the_rename_wins_though_not_yet_handled(tmp_path):
     """The race behind the slow-pipe test's rare exit 0: the reader drains stdout right after the
-    Ctrl-C, the worker reaches the rename before the main thread has handled the signal. The
-    wakeup pipe says a SIGINT was delivered: the worker removes its file and waits to be ended."""
+    Ctrl-C, the worker asks for the rename before the main thread has raised KeyboardInterrupt.
+    The wakeup pipe says a SIGINT was handled: the rename is refused, the file removed, and the
+    worker waits to be ended. Both ways: the worker deciding alone, and the main thread serving."""
     import threading
 
     from chainoffload import cli as cli_module
@@ -156,27 +158,72 @@ def test_a_ctrl_c_delivered_before_the_rename_wins_though_not_yet_handled(tmp_pa
     def fill(tmp):
         Path(tmp).write_text("new")
 
-    for delivered in (False, True):
-        folder = tmp_path / str(delivered)
-        folder.mkdir()
-        r, w = os.pipe()
-        os.set_blocking(r, False)
-        try:
-            gate = cli_module._Gate(r)
-            pending = [gate.start(str(folder / "s.json"))]
-            pending[0].fill(fill)
+    for served in (False, True):
+        for delivered in (False, True):
+            folder = tmp_path / f"{served}-{delivered}"
+            folder.mkdir()
+            r, w = os.pipe()
+            os.set_blocking(r, False)
+            try:
+                gate = cli_module._Gate(r, served=served)
+                pending = [gate.start(str(folder / "s.json"))]
+                pending[0].fill(fill)
+                if delivered:
+                    os.write(w, bytes([signal.SIGINT]))
+                worker = threading.Thread(target=gate.finish, args=(pending, 0), daemon=True)
+                worker.start()
+                if served:
+                    gate.serve(5.0)  # this (main) thread decides, as the CLI's does
+                worker.join(2.0)
+            finally:
+                os.close(r)
+                os.close(w)
             if delivered:
-                os.write(w, bytes([signal.SIGINT]))
-            worker = threading.Thread(target=gate.finish, args=(pending, 0), daemon=True)
-            worker.start()
-            worker.join(2.0)
-        finally:
-            os.close(r)
-            os.close(w)
-        if delivered:
-            assert worker.is_alive() and gate.code is None and listing(folder) == []
-        else:
-            assert not worker.is_alive() and gate.code == 0 and (folder / "s.json").read_text() == "new"
+                assert worker.is_alive() and gate.code is None and listing(folder) == [], (served, delivered)
+            else:
+                assert not worker.is_alive() and gate.code == 0 and (folder / "s.json").read_text() == "new", (served, delivered)
+
+
+QUEUED_SIGINT = textwrap.dedent(
+    """
+    import os, signal, sys, threading, time
+    from pathlib import Path
+    from chainoffload import cli
+
+    folder = Path(sys.argv[1])
+    r, w = os.pipe()
+    os.set_blocking(r, False)
+    os.set_blocking(w, False)
+    signal.set_wakeup_fd(w)
+    gate = cli._Gate(r, served=True)
+    pending = [gate.start(str(folder / "s.json"))]
+    pending[0].fill(lambda tmp: Path(tmp).write_text("new"))
+    # A SIGINT queued for the main thread, its handler not run yet (on a loaded machine: the
+    # main thread waiting for a CPU), held in the kernel's queue here by blocking it.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+    worker = threading.Thread(target=gate.finish, args=(pending, 0), daemon=True)
+    worker.start()
+    gate.serve(30.0)  # the worker asks for its rename; this thread decides
+    state = f"{gate.code} {sorted(p.name for p in folder.iterdir())}"
+    try:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        for _ in range(100):
+            time.sleep(0.01)
+    except KeyboardInterrupt:
+        print("interrupted", state, flush=True)
+        os._exit(130)
+    print("not interrupted", state, flush=True)
+    """
+)
+
+
+def test_a_ctrl_c_still_queued_in_the_kernel_stops_the_rename(tmp_path):
+    """A SIGINT the kernel has queued but whose handler has not run yet is in no pipe: the main
+    thread, deciding with SIGINT blocked, sees it pending (NOTE [ cli contract ])."""
+    proc = subprocess.run([sys.executable, "-c", QUEUED_SIGINT, str(tmp_path)], capture_output=True, text=True, timeout=60, env=ENV)
+    assert proc.returncode == 130, proc.stdout + proc.stderr
+    assert proc.stdout == "interrupted None []\n"
 
 
 # -- 2. targets ------------------------------------------------------------------------------
