@@ -36,7 +36,8 @@ def run(folder: Path, network: str, flags: list[str], delay: float, cold: bool) 
         env["NUMBA_CACHE_DIR"] = tempfile.mkdtemp(prefix="numba-cold-")
     cli = [sys.executable, "-m", "chainoffload"]
     argv = cli + ["solve", f"{network}.json", *flags, "--out", "schedule.json"]
-    proc = subprocess.Popen(argv, cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(argv, cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as at a terminal, even under `&`
     time.sleep(delay)
     if proc.poll() is not None:
         proc.communicate()

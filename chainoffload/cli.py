@@ -206,8 +206,8 @@ class _Gate:
         first; whether it did. In the main thread, a SIGINT that comes meanwhile (the kernel hands
         it to another thread, numpy's BLAS workers, while this one blocks it) only sets a flag,
         and its KeyboardInterrupt is raised once the decision is whole."""
-        if threading.current_thread() is not threading.main_thread():
-            return self._decide(pending, code)
+        if self._signals is None or threading.current_thread() is not threading.main_thread():
+            return self._decide(pending, code)  # no Ctrl-C to watch (SIGINT ignored), or none here
         came: list[int] = []
         previous = signal.signal(signal.SIGINT, lambda signum, frame: came.append(signum))
         mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})

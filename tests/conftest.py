@@ -1,3 +1,5 @@
+import signal
+
 import pytest
 
 from chainoffload.examples import tiny
@@ -18,3 +20,12 @@ def torch_one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(old)
+
+
+@pytest.fixture
+def ctrl_c_child():
+    """Popen's ``preexec_fn`` for a child a test sends SIGINT to: SIGINT at its default, so Python
+    in the child turns it into KeyboardInterrupt as at a terminal. Without it a test run started
+    as a shell's background job (`cmd &`, which ignores SIGINT, and children inherit that) would
+    see every child ignore the Ctrl-C."""
+    return lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -408,7 +408,7 @@ SIGINT_SCRIPT = textwrap.dedent(
 )
 
 
-def test_sigint_during_a_numba_call_exits_130_within_a_second(tmp_path):
+def test_sigint_during_a_numba_call_exits_130_within_a_second(tmp_path, ctrl_c_child):
     chain = tmp_path / "c.json"
     tiny().save(chain)
     out_path = tmp_path / "s.json"
@@ -417,6 +417,7 @@ def test_sigint_during_a_numba_call_exits_130_within_a_second(tmp_path):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=ctrl_c_child,
     )
     try:
         line = proc.stderr.readline()

@@ -119,13 +119,13 @@ def _long_chain(path, length):
     Chain([1e-3] * length, [2e-3] * length, [1] * (length + 1), [1] * length, name="long").save(path)
 
 
-def test_ctrl_c_while_stdout_is_a_slow_pipe_leaves_no_file(work):
+def test_ctrl_c_while_stdout_is_a_slow_pipe_leaves_no_file(work, ctrl_c_child):
     """The schedule's JSON (about 200 KB) does not fit in a pipe nobody reads: the child blocks
     in its write of stdout with the file ready beside its target. Ctrl-C then: 130, no file."""
     _long_chain(work / "long.json", 5000)
     (work / "s.json").write_text("old")
     proc = popen(work, "solve", "long.json", "--memory", "1MB", "--method", "keep-all", "--json", "--out", "s.json",
-                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=ctrl_c_child)
     try:
         deadline = time.monotonic() + 120
         while not [p for p in work.iterdir() if p.name.startswith(".s.json.")]:
@@ -218,10 +218,11 @@ QUEUED_SIGINT = textwrap.dedent(
 )
 
 
-def test_a_ctrl_c_still_queued_in_the_kernel_stops_the_rename(tmp_path):
+def test_a_ctrl_c_still_queued_in_the_kernel_stops_the_rename(tmp_path, ctrl_c_child):
     """A SIGINT the kernel has queued but whose handler has not run yet is in no pipe: the main
     thread, deciding with SIGINT blocked, sees it pending (NOTE [ cli contract ])."""
-    proc = subprocess.run([sys.executable, "-c", QUEUED_SIGINT, str(tmp_path)], capture_output=True, text=True, timeout=60, env=ENV)
+    proc = subprocess.run([sys.executable, "-c", QUEUED_SIGINT, str(tmp_path)], capture_output=True, text=True, timeout=60, env=ENV,
+                          preexec_fn=ctrl_c_child)
     assert proc.returncode == 130, proc.stdout + proc.stderr
     assert proc.stdout == "interrupted None []\n"
 
