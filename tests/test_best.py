@@ -127,6 +127,23 @@ def test_minimum_memory_brackets_feasibility():
     assert minimum_memory(chain, platform, "keep-all") == keep_all_peak(chain)
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_first_fit_fits_exactly_where_the_full_search_does(seed):
+    # minimum_memory passes first_fit (the registry's fits_option): whether a schedule fits must
+    # not change, only the work spent on its makespan.
+    chain = random_chain(seed, 12)
+    floor, peak = offload_memory_floor(chain), keep_all_peak(chain)
+    bw = 0.5 * float(chain.saved.sum()) / chain.compute_time
+    for level in (0.0, 0.02, 0.1, 0.3, 0.6):
+        platform = Platform(memory=int(floor + level * (peak - floor)), bandwidth_d2h=bw, bandwidth_h2d=bw, latency=1e-5)
+        full, first = solve(chain, platform, "best"), solve(chain, platform, "best", first_fit=True)
+        assert full.feasible == first.feasible, (seed, level)
+        assert first.info["evals"] <= full.info["evals"]
+        if first.feasible:
+            assert first.makespan >= full.makespan and first.info["restart"] is None
+            assert simulate(chain, platform, first.schedule).makespan == first.makespan
+
+
 def test_minimum_memory_rejects_bad_tolerance(chain3):
     platform = Platform(memory=1000, bandwidth_d2h=1.0, bandwidth_h2d=1.0)
     with pytest.raises(ValueError, match="rel_tol"):
@@ -147,6 +164,31 @@ def test_moves_a_i_alone_where_that_wins(name, memory):
     assert any(t.moves == "act" for t in result.schedule.transfers)
     assert result.makespan == pytest.approx(chain.compute_time, rel=1e-12)
     assert result.status.value == "optimal"
+
+
+def _resnet18_80_pcie3():
+    from chainoffload.examples import example
+
+    chain = example("resnet18")
+    floor, peak = offload_memory_floor(chain), keep_all_peak(chain)
+    platform = Platform(memory=int(floor + 0.8 * (peak - floor)), bandwidth_d2h=12e9, bandwidth_h2d=12e9, latency=10e-6, duplex=False)
+    return chain, platform
+
+
+def test_a_restart_from_every_a_i_alone_crosses_what_one_move_cannot():
+    # NOTE [ local improvement ], restarts: from unit 4 whole (34.79 ms, where the first walk
+    # stops: each a_i added alone is worse or does not fit) to a_3, a_5, a_6 and a_7 alone;
+    # CP-SAT proves 21.959 ms (benchmarks/results/act_alone.md).
+    chain, platform = _resnet18_80_pcie3()
+    result = solve(chain, platform, "best")
+    assert result.feasible and result.info["restart"] == "all alone"
+    assert result.makespan == pytest.approx(0.027291, abs=1e-6)
+    assert sorted(result.info["alone"]) == sorted(result.info["units"]) == [3, 5, 6, 7]
+    assert simulate(chain, platform, result.schedule).makespan == result.makespan
+    # The restarts only spend what the first walk left of the budget.
+    short = solve(chain, platform, "best", max_evals=100)
+    assert short.info["restart"] is None and short.info["evals"] == 100
+    assert short.makespan == pytest.approx(0.0347895, abs=1e-6)
 
 
 # -- NOTE [ best's work budget ]: no clock by default ---------------------------------------------

@@ -416,8 +416,9 @@ def test_the_granularity_figure_is_granularity_md():
 
 
 def test_the_stalls_the_plot_prose_names(ran):
-    # "in the forward pass F_9, ... wait for the offloads of units 1, ... (green), in the backward
-    # pass B_11, ... wait for those units' prefetches": the stalls of the main job's schedule.
+    # "Each of the 13 offloaded units moves its a_i alone ... compute waits for the offloads O_3,
+    # ... to free memory (green; at F_10, ...), then in the backward pass for the prefetches
+    # P_14, ... to arrive": the main job's schedule and its stalls.
     import chainoffload as co
     from chainoffload.schedule_file import ScheduleFile
 
@@ -428,14 +429,17 @@ def test_the_stalls_the_plot_prose_names(ran):
     def said(names):
         return ", ".join(names[:-1]) + " and " + names[-1]
 
-    fwd = [s for s in found if s.cause == "offload"]
-    bwd = [s for s in found if s.cause == "prefetch"]
-    assert len(fwd) + len(bwd) == len(found)
+    offloads = [s for s in found if s.cause == "offload"]
+    prefetches = [s for s in found if s.cause == "prefetch"]
+    assert len(offloads) + len(prefetches) == len(found)
+    assert all(s.op_name.startswith("B_") for s in prefetches)
     prose = " ".join(README.split("and `plot` draws `schedule.png`", 1)[1].split("## ", 1)[0].split())
-    units = said([s.transfer_name[2:] for s in fwd])
-    assert f"in the forward pass {said([s.op_name for s in fwd])} wait for the offloads of units {units} to free memory" in prose
-    assert f"in the backward pass {said([s.op_name for s in bwd])} wait for those units' prefetches" in prose
-    assert sorted(s.transfer_name[2:] for s in bwd) == sorted(s.transfer_name[2:] for s in fwd)
+    moved = [t for t in record.schedule.transfers if t.kind == "offload"]
+    assert all(t.moves == "act" for t in moved)
+    assert f"Each of the {len(moved)} offloaded units moves its a_i alone" in prose
+    assert (f"compute waits for the offloads {said([s.transfer_name for s in offloads])} to free memory "
+            f"(green; at {said([s.op_name for s in offloads])})") in prose
+    assert f"in the backward pass for the prefetches {said([s.transfer_name for s in prefetches])} to arrive (red)" in prose
 
 
 def test_the_best_determinism_figures_are_best_determinism_md():

@@ -368,6 +368,8 @@ def _memory_search(
 
         def fits(memory: int) -> bool | None:
             step = dict(options)
+            if entry.fits_option is not None:
+                step.setdefault(entry.fits_option, True)  # whether one fits is all this asks
             if time_limit is not None:
                 # The solves share the limit: this one gets a part of what is left, a quarter at
                 # most (the first halvings narrow the bracket most; a method may use all it is

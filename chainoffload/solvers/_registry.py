@@ -34,6 +34,9 @@ class SolverSpec:
     remat_option
         For a method that recomputes only when asked: the name of the boolean option that
         allows it (``best``'s ``remat``).
+    fits_option
+        The name of a boolean option that makes the method stop at the first schedule that fits
+        (``best``'s ``first_fit``): a memory search asks only whether one fits, and passes it.
     """
 
     name: str
@@ -41,6 +44,7 @@ class SolverSpec:
     summary: str
     remat: bool = False
     remat_option: str | None = None
+    fits_option: str | None = None
 
     def load(self) -> Callable[..., Result]:
         """The solver function."""
@@ -66,7 +70,7 @@ _REGISTRY: dict[str, SolverSpec] = {
         SolverSpec("largest-first", f"{_B}:largest_first", "torchtitan-style: offload the largest units until it fits"),
         SolverSpec("lp", "chainoffload.solvers.lp:lp", "fluid LP relaxation (proven lower bound), rounded into whole units and planned"),
         SolverSpec("dp", "chainoffload.solvers.dp:dp", "fluid DP over stages with memory in slots, planned and repaired by bisection"),
-        SolverSpec("best", "chainoffload.solvers.best:best", "local search from lp, dp and every baseline over units and triggers; never worse than a baseline", remat_option="remat"),
+        SolverSpec("best", "chainoffload.solvers.best:best", "local search from lp, dp and every baseline over units and triggers; never worse than a baseline", remat_option="remat", fits_option="first_fit"),
         SolverSpec("cpsat", "chainoffload.solvers.cpsat:cpsat", "exact CP-SAT model of the rules (small chains); proven optimum or bound"),
         SolverSpec("rotor", "chainoffload.solvers.rotor:rotor", "rotor DP: optimal persistent checkpointing, no offload", remat=True),
         SolverSpec("sqrt-checkpoint", "chainoffload.solvers.remat_baselines:sqrt_checkpoint", "Chen et al.: keep the input of every sqrt(L)-stage segment, recompute the rest", remat=True),
