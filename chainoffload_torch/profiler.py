@@ -527,6 +527,7 @@ def _measure(
                     rec.timer.sync()
                     step["nosave"] = _times(rec.timer, rec.current.marks, n)[0]
                 steps.append(step)
+                del p  # before the next forward (NOTE [ how many profiling steps ])
                 kept = _kept_steps(steps, probe_fwd, warmup, repeats)
                 if kept is not None:
                     break
@@ -563,10 +564,14 @@ def _kept_steps(steps: list[dict[str, list]], probe_fwd: float, warmup: int | No
     if repeats is not None:
         return steps[warmup:] if k == warmup + repeats else None
     fwd, bwd = sum(steps[-1]["fwd"]), sum(steps[-1]["bwd"])
+    # One-sided: the probe's forward runs the same ops and more (its own checks), so a step
+    # faster than it says nothing against the step; only a slower one looks cold. A later step
+    # as fast as the probe counts alone too, unless its backward is slower than the one before.
+    warm = fwd <= (1 + AUTO_TOLERANCE) * probe_fwd
+    if warm and (k == 1 or bwd <= (1 + AUTO_TOLERANCE) * sum(steps[-2]["bwd"])):
+        return steps[-1:]
     if k == 1:
-        # One-sided: the probe's forward runs the same ops and more (its own checks), so a
-        # step faster than it says nothing against the step; only a slower one looks cold.
-        return steps if fwd <= (1 + AUTO_TOLERANCE) * probe_fwd else None
+        return None
     if _close(fwd, sum(steps[-2]["fwd"])) and _close(bwd, sum(steps[-2]["bwd"])):
         return steps[-2:]
     return steps[1:] if k == AUTO_MAX_STEPS else None
@@ -588,9 +593,16 @@ def _kept_steps(steps: list[dict[str, list]], probe_fwd: float, warmup: int | No
 # step's. So with repeats=None the first full step's timings count at once when its forward
 # took at most AUTO_TOLERANCE (25 %) longer than the probe's (which runs the same ops and its
 # own checks besides, so a faster step is no warning): then the process is warm, and one step
-# is the profile. Otherwise steps are taken until two in a row agree, forward and backward, within
-# that tolerance (those two count), or AUTO_MAX_STEPS are taken (all but the first count, as
-# warmup=1 would). Its cost: a model already warm (offload() after a few plain steps, or a
+# is the profile. Otherwise steps are taken until one is that close to the probe with a backward
+# no slower than the step before's (it counts alone), or two in a row agree, forward and backward,
+# within that tolerance (those two count), or AUTO_MAX_STEPS are taken (all but the first count,
+# as warmup=1 would). The probe first because two cold steps can agree with each other: a CPU
+# process whose heap reaches a new peak pays page faults for a step or two (a 21 M GPT-2 of width
+# 256: its last stages' forwards 4x slower), and keeping those two would inflate the profile.
+# Each step's pass (its ledger) is let go of before the next step's forward: kept through it,
+# the 21 M GPT-2's second step peaked 650 MB above a plain step, with 180,000 page faults and
+# its forward 2.5 s instead of 1.1 s. The ledger holds no storage alive then (every weak
+# reference in it has expired), so the heap's layout, not live data, is the likely cause. Its cost: a model already warm (offload() after a few plain steps, or a
 # forward-heavy first call that settles at once) pays one no-grad forward, the probe and one
 # step; a cold or noisy one pays up to four steps, as before. What it gives up: the backward of
 # a one-step profile is a single sample, unchecked (no earlier backward to compare it with); a

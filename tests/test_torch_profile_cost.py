@@ -131,13 +131,17 @@ def test_which_steps_count():
     assert kept([step(1.2, 2.0)], 1.0, None, None) == [step(1.2, 2.0)]
     assert kept([step(0.5, 2.0)], 1.0, None, None) == [step(0.5, 2.0)]  # faster than the probe: fine
     assert kept([step(1.3, 2.0)], 1.0, None, None) is None
-    # Then two in a row that agree, forward and backward, both count.
-    cold, warm, warm2 = step(3.0, 9.0), step(1.0, 2.0), step(1.1, 2.2)
-    assert kept([cold, warm], 1.0, None, None) is None
-    assert kept([cold, warm, warm2], 1.0, None, None) == [warm, warm2]
-    assert kept([cold, step(1.0, 9.0), step(1.0, 2.0)], 1.0, None, None) is None  # backwards differ
+    # A later step as fast as the probe counts alone, unless its backward got slower.
+    cold, warm = step(3.0, 9.0), step(1.0, 2.0)
+    assert kept([cold, warm], 1.0, None, None) == [warm]
+    assert kept([step(3.0, 2.0), step(1.0, 9.0)], 1.0, None, None) is None
+    # Or two in a row that agree, forward and backward, slower than the probe: both count.
+    slow, slow2 = step(2.0, 2.0), step(2.2, 2.2)
+    assert kept([cold, slow], 1.0, None, None) is None
+    assert kept([cold, slow, slow2], 1.0, None, None) == [slow, slow2]
+    assert kept([cold, step(2.0, 9.0), step(2.0, 2.0)], 1.0, None, None) is None  # backwards differ
     # At the cap, all but the first.
-    steps = [cold, step(1.0, 9.0), step(1.0, 2.0), step(1.0, 9.0)]
+    steps = [cold, step(2.0, 9.0), step(2.0, 2.0), step(2.0, 9.0)]
     assert kept(steps, 1.0, None, None) == steps[1:]
     # Fixed: warmup + repeats steps, the first warmup ones dropped.
     assert kept([cold], 1.0, 1, 1) is None
