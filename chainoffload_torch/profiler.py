@@ -251,6 +251,9 @@ class _Pass:
         #: A measured pass: (unit, ordinal) -> the stage r during whose forward the forward's own
         #: code lets go of that storage (NOTE [ late release ]).
         self.late: dict[tuple[int, int], int] = {}
+        #: A probe pass: per entry, the probe's own aliases of what autograd saved from its
+        #: storage, held until the probe returns (NOTE [ storages the forward keeps ]).
+        self.aliases: dict[Any, list[torch.Tensor]] = {}
 
 
 #: What a probe pass gives autograd instead of a saved tensor (it never runs a backward).
@@ -311,7 +314,7 @@ class _Recorder:
         ledger = p.ledger
         for u in range(1, upto + 1):
             for e in ledger.units.get(u, ()):
-                if e in ledger.held_by or e.ref.expired():
+                if e in ledger.held_by or not _held_beyond_probe(p, e):
                     continue
                 if stage is None:
                     ledger.held_by[e] = "forward"
@@ -329,8 +332,12 @@ class _Recorder:
         return None
 
     def pack(self, p: _Pass, t: torch.Tensor) -> Any:
-        p.ledger.pack(t, p.current)
-        return _PROBED if self.probe else Kept(t, p.current)
+        entry = p.ledger.pack(t, p.current)
+        if not self.probe:
+            return Kept(t, p.current)
+        if entry is not None:  # NOTE [ storages the forward keeps ]: the probe holds it, not autograd
+            p.aliases.setdefault(entry, []).append(t.detach())
+        return _PROBED
 
     def unpack(self, k: Any) -> Any:
         if k is _PROBED:
@@ -594,25 +601,39 @@ def _kept_steps(steps: list[dict[str, list]], probe_fwd: float, warmup: int | No
 # took at most AUTO_TOLERANCE (25 %) longer than the probe's (which runs the same ops and its
 # own checks besides, so a faster step is no warning): then the process is warm, and one step
 # is the profile. Otherwise steps are taken until one is that close to the probe with a backward
-# no slower than the step before's (it counts alone), or two in a row agree, forward and backward,
-# within that tolerance (those two count), or AUTO_MAX_STEPS are taken (all but the first count,
-# as warmup=1 would). The probe first because two cold steps can agree with each other: a CPU
-# process whose heap reaches a new peak pays page faults for a step or two (a 21 M GPT-2 of width
-# 256: its last stages' forwards 4x slower), and keeping those two would inflate the profile.
+# no slower than the step before's (it counts alone), or two in a row agree, forward and
+# backward, within that tolerance (those two count), or AUTO_MAX_STEPS are taken (all but the
+# first count, as warmup=1 would). The probe first because two cold steps can agree with each
+# other: a CPU process whose heap reaches a new peak pays page faults for a step or two (a 21 M
+# GPT-2 of width 256: its last stages' forwards 4x slower), and keeping both would inflate the
+# profile. The probe holds what autograd would save, so it peaks where a step does and pays
+# those faults itself (0.8 of a step for that GPT-2 instead of 0.45); the reference is then
+# lenient by as much on CPU, the price of a first step that needs no second.
 # Each step's pass (its ledger) is let go of before the next step's forward: kept through it,
 # the 21 M GPT-2's second step peaked 650 MB above a plain step, with 180,000 page faults and
 # its forward 2.5 s instead of 1.1 s. The ledger holds no storage alive then (every weak
-# reference in it has expired), so the heap's layout, not live data, is the likely cause. Its cost: a model already warm (offload() after a few plain steps, or a
-# forward-heavy first call that settles at once) pays one no-grad forward, the probe and one
-# step; a cold or noisy one pays up to four steps, as before. What it gives up: the backward of
-# a one-step profile is a single sample, unchecked (no earlier backward to compare it with); a
-# backward with a one-time cost that the forward did not have shows up in bwd[i] of the stages
-# it hit. Pass repeats= (and warmup=) for the median of a fixed number of steps.
+# reference in it has expired), so the heap's layout, not live data, is the likely cause.
+# The cost: a model already warm (offload() after a few plain steps, or a forward-heavy first
+# call that settles at once) pays one no-grad forward, the probe and one step; a cold or noisy
+# one pays up to four steps, as before. What it gives up: the backward of a one-step profile is
+# a single sample, unchecked (no earlier backward to compare it with); a backward with a
+# one-time cost that the forward did not have shows up in bwd[i] of the stages it hit. Pass
+# repeats= (and warmup=) for the median of a fixed number of steps.
 #
 # The prefix's layout is decided from the probe's sizes (the same ledger on the same forward,
 # NOTE [ the prefix as a stage ]), before any step, so a model whose stem pays is measured
 # once, with one more probe on the new layout, instead of twice. tests/test_torch_profile_cost.py
 # holds both the count of model calls and the sizes against the layout decided after a full step.
+
+
+def _held_beyond_probe(p: _Pass, e: Any) -> bool:
+    """Whether something other than the probe's own aliases holds ``e``'s storage."""
+    aliases = p.aliases.get(e)
+    if not aliases:
+        return not e.ref.expired()
+    st = aliases[0].untyped_storage()
+    # One reference per tensor over the storage, and one for ``st`` itself.
+    return torch._C._storage_Use_Count(st._cdata) > len(aliases) + 1
 
 
 def _probe(rec: _Recorder, root: nn.Module, args: tuple, kwargs: dict) -> tuple[set[tuple[int, int]], dict[tuple[int, int], int]]:
@@ -636,6 +657,8 @@ def _probe(rec: _Recorder, root: nn.Module, args: tuple, kwargs: dict) -> tuple[
     finally:
         rec.probe = False
         rec.current = None
+        if rec.last is not None:
+            rec.last.aliases.clear()  # the saved tensors' memory, given back at once
 
 
 def _apply_probe(p: _Pass, probed: tuple[set[tuple[int, int]], dict[tuple[int, int], int]]) -> None:
@@ -655,9 +678,15 @@ def _apply_probe(p: _Pass, probed: tuple[set[tuple[int, int]], dict[tuple[int, i
 # parent's forward and its up path reads them later, a CNN stage's forward(input) holds its input
 # until its last block returns, a custom autograd Function keeps a tensor as a ctx attribute.
 # The ledger sees only what autograd saves and what blocks receive, so the profile runs one probe
-# forward whose pack hook keeps nothing (no backward follows it; the model's state is restored
-# after) and looks, at the start of every stage from i+2 on and when the forward returns, which
-# storages of unit i are still alive: held by something other than autograd and the executor.
+# forward whose pack hook gives autograd nothing to hold (no backward follows it; the model's state
+# is restored after) and looks, at the start of every stage from i+2 on and when the forward
+# returns, which storages of unit i are still held: by something other than autograd and the
+# executor. The probe keeps an alias of each saved tensor itself (a detached tensor over the same
+# storage) and counts the storage's references beyond its aliases, rather than letting the
+# storages die: freed as the forward went, on CPU glibc handed that memory back to the system and
+# the first step after the probe paid it again in page faults (a 21 M GPT-2 of width 256:
+# 110,000-130,000 faults, its forward 1.4-1.9 s against 1.0 s, a second profiling step). So the
+# probe peaks where a step does, as the steps after it do anyway.
 # A unit's own output is alive at the start of the next stage (its hidden input), which is why
 # the check waits one stage. Two cases, by (unit, ordinal), as the pinned storages of
 # NOTE [ units held elsewhere ]:

@@ -121,6 +121,30 @@ def test_a_storage_whose_tensor_object_died_keeps_its_unit():
     assert ledger.pack(base, 2) is first and ledger.unit_bytes(2) == 0
 
 
+def test_the_probe_counts_references_beyond_its_own_aliases():
+    # NOTE [ storages the forward keeps ]: the probe holds an alias of every saved tensor, so a
+    # storage is held by the forward only when something else refers to it too.
+    from chainoffload_torch import profiler
+
+    ledger = UnitLedger(torch.device("cpu"), set())
+    activation = torch.randn(64)
+    p = profiler._Pass(ledger)
+    entry = ledger.pack(activation, 1)
+    p.aliases[entry] = [activation.detach(), activation[:8].detach()]  # saved twice, as a view too
+    assert profiler._held_beyond_probe(p, entry)  # the forward's own variable
+    del activation
+    gc.collect()
+    assert not profiler._held_beyond_probe(p, entry)  # the aliases alone: autograd's, in a step
+    kept = p.aliases[entry][0][16:]  # a view kept by the forward (a list of skips)
+    assert profiler._held_beyond_probe(p, entry)
+    del kept
+    assert not profiler._held_beyond_probe(p, entry)
+    weak = StorageWeakRef(p.aliases[entry][0].untyped_storage())
+    p.aliases.clear()
+    gc.collect()
+    assert weak.expired() and not profiler._held_beyond_probe(p, entry)  # no alias: the weak reference
+
+
 # -- 2. a key/value cache in training ------------------------------------------------------------
 
 

@@ -109,6 +109,27 @@ def test_a_first_step_slower_than_the_probe_takes_steps_until_two_agree_at_most_
     handle.remove()
 
 
+def test_the_probe_holds_what_it_saved_until_it_returns_then_lets_go(monkeypatch):
+    # NOTE [ storages the forward keeps ]: freed as the forward went, that memory came back to
+    # the first step as page faults on CPU; held, the probe peaks where a step does.
+    seen = []
+    forward_end = profiler._Recorder.forward_end
+
+    def spy(self, p, outputs):
+        if self.probe:
+            refs = [a.untyped_storage() for aliases in p.aliases.values() for a in aliases]
+            seen.append((len(refs), all(r.nbytes() > 0 for r in refs), p))
+        forward_end(self, p, outputs)
+
+    monkeypatch.setattr(profiler._Recorder, "forward_end", spy)
+    model, x = mlp()
+    handle = ct.offload(model, x, memory=0.6)
+    (count, alive, p), = seen
+    assert count >= 6 and alive  # every block's saved tensors, held to the end of the forward
+    assert not p.aliases  # and let go of once the probe returned
+    handle.remove()
+
+
 def test_explicit_repeats_and_warmup_take_that_many_steps():
     model, x = mlp()
     handle, counts = counted(ct.offload, model, x, memory=0.6, repeats=3, warmup=1)
