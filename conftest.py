@@ -12,9 +12,12 @@ Mark a test with ``@pytest.mark.thorough``, or one case of a parametrization wit
 ``pytest.param(..., marks=pytest.mark.thorough)``, when it costs seconds and a cheaper test of
 the fast profile already covers its module. A test that once caught a bug stays fast.
 
-``--shard I/N`` keeps every N-th of the selected tests, from the I-th (0-based, in collection
-order): a bounded, deterministic sample. ``.ci/run`` runs one shard of the thorough profile,
-picked from the commit, so successive commits cover every shard.
+``--shard I/N`` keeps the I-th (0-based) of N shards of the selected tests: a bounded,
+deterministic sample. ``.ci/run`` runs one shard of the thorough profile, picked from the
+commit, so successive commits cover every shard. The shards are balanced by cost: a test that
+takes minutes says so with ``pytest.mark.thorough(seconds=...)`` (others count 1 s), and each
+test, costliest first, goes to the shard with the least so far (ties: collection order, then
+the lower shard), so with no costs given every N-th test from the I-th.
 
 Under CI (the ``CI`` variable set, as ``.ci/run`` is run), a skip for a module that cannot be
 imported (``pytest.importorskip``) is a failure: ``.ci/run`` installs every extra the tests use,
@@ -24,6 +27,7 @@ present, say) are left as they are.
 
 from __future__ import annotations
 
+import math
 import os
 
 import pytest
@@ -53,14 +57,35 @@ def pytest_configure(config):
         _shard(config.getoption("--shard"))  # a malformed value is a usage error before collection
 
 
+def _cost(item) -> float:
+    """A test's cost in seconds for ``--shard``: its ``thorough`` mark's ``seconds``, else 1."""
+    mark = item.get_closest_marker("thorough")
+    seconds = mark.kwargs.get("seconds", 1) if mark is not None else 1
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 < seconds < math.inf:
+        raise pytest.UsageError(f"{item.nodeid}: thorough(seconds=...) must be a positive number; got {seconds!r}")
+    return float(seconds)
+
+
+def _balanced(costs: list[float], count: int) -> list[int]:
+    """The shard of each test: costliest first, each to the shard with the least cost so far."""
+    loads = [0.0] * count
+    owner = [0] * len(costs)
+    for position in sorted(range(len(costs)), key=lambda k: -costs[k]):  # stable: ties in order
+        shard = min(range(count), key=lambda j: (loads[j], j))
+        owner[position] = shard
+        loads[shard] += costs[position]
+    return owner
+
+
 @pytest.hookimpl(trylast=True)  # after -m and -k have deselected theirs
 def pytest_collection_modifyitems(config, items):
     text = config.getoption("--shard")
     if text is None:
         return
     index, count = _shard(text)
-    kept = [item for position, item in enumerate(items) if position % count == index]
-    dropped = [item for position, item in enumerate(items) if position % count != index]
+    owner = _balanced([_cost(item) for item in items], count)
+    kept = [item for position, item in enumerate(items) if owner[position] == index]
+    dropped = [item for position, item in enumerate(items) if owner[position] != index]
     if dropped:
         config.hook.pytest_deselected(items=dropped)
     items[:] = kept

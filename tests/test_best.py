@@ -231,7 +231,7 @@ def _copy(chain):
     return Chain.from_dict(chain.to_dict())
 
 
-@pytest.mark.thorough
+@pytest.mark.thorough(seconds=60)
 def test_best_at_ten_thousand_stages_is_the_same_under_load():
     # Issue 21: with default options best's result does not depend on the machine's load. A
     # busy thread takes the GIL half the time (the run takes longer in wall time).

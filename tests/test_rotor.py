@@ -343,7 +343,7 @@ def test_exact_entries_are_few_on_a_long_chain():
 
 # Coarse units (2^8 per second: every bound near 0, every entry a near tie) make the exact
 # search visit most of the table: 0.1 s of CPU at 20 stages (25,000 entries), 200 s at 120.
-@pytest.mark.parametrize("length", [20, pytest.param(120, marks=pytest.mark.thorough)])
+@pytest.mark.parametrize("length", [20, pytest.param(120, marks=pytest.mark.thorough(seconds=200))])
 def test_coarse_units_give_the_same_schedule_with_more_entries(length):
     rng = np.random.default_rng(12)
     chain = lean_chain(rng, length)
