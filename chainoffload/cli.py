@@ -319,6 +319,13 @@ def _json_safe(obj: Any) -> Any:
 
 
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # A shortened flag is an error, never the longer flag it starts (``--mem`` for
+        # ``--memory``, ``--time`` for ``--time-limit``): scripts keep meaning what they say
+        # when a flag is added later.
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str) -> None:  # one line, exit 2, as every other error
         raise CliError(f"{message} (see `{self.prog} --help`)")
 
@@ -328,8 +335,7 @@ def add_platform_flags(parser: argparse.ArgumentParser, *, recorded: bool = Fals
 
     ``recorded``: the command reads a schedule file, whose recorded platform the flags override.
     ``memory=False``: the command sets the memory itself; ``--memory`` is still parsed (hidden),
-    so that the command can refuse it by name: argparse would otherwise take it as an
-    abbreviation of a longer flag (``--memories``).
+    so that the command can refuse it by name and say what to use instead.
     """
     g = parser.add_argument_group(
         "platform",

@@ -432,6 +432,22 @@ def test_tradeoff_refuses_memory(work):
         assert out == ""
 
 
+@pytest.mark.parametrize(
+    "argv, flag",
+    [
+        (("solve", "c.json", "--mem", "200", "--bandwidth", "25"), "--mem"),
+        (SOLVE + ("--lat", "10us"), "--lat"),
+        (SOLVE + ("--time", "5"), "--time"),
+        (TRADEOFF + ("--memori", "1GB"), "--memori"),
+    ],
+)
+def test_a_shortened_flag_is_an_error_not_the_flag_it_starts(work, argv, flag):
+    # argparse would take --mem as --memory and --memori as tradeoff's --memories.
+    code, out, err = cli(work, *argv)
+    one_line_exit_2(code, err, f"unrecognized arguments: {flag}")
+    assert out == "" and listing(work) == ["c.json"]
+
+
 def test_tradeoff_progress(work):
     code, out, err = cli(work, *TRADEOFF, "--progress")
     assert code == 0 and "tradeoff" in err and "6/6 [" in err and "keep-all" in out, err
