@@ -11,11 +11,12 @@ the median of the ratios offload() / step (each ratio of one pair, so a load cha
 pairs does not enter it) and of the phase times.
 
 Phases (each wraps the function named, in this process only; nothing in the library is timed
-by itself): block discovery (``find_blocks``, one no-grad forward), link (``measure_link``,
-host copies), probe (``profiler._probe``, one forward whose saved tensors autograd does not
-hold), profiling steps (``profiler.measure_chain`` less the probe inside it; the re-measure
-with the stem as stage 1 when it pays is counted apart as "second profile" where the code has
-one), solve (``plans.solve_for``), other (the rest: hooks, checks, warnings). The model calls
+by itself): block discovery (``find_blocks_warm``, one forward with autograd; ``find_blocks``,
+one without, in code before it), link (``measure_link``, host copies), probe (code that has
+``profiler._probe``: one forward before the steps; since, the first step is the probe),
+profiling steps (``profiler.measure_chain`` less a probe inside it; the re-measure with the
+stem as stage 1 when it pays is counted apart as "second profile" where the code has one),
+solve (``plans.solve_for``), other (the rest: hooks, checks, warnings). The model calls
 offload() makes are counted too: forwards with autograd, forwards without, backwards.
 
 Numba kernels are made ready first by one offload() of a small model; that first call's extra
@@ -133,10 +134,11 @@ class Phases:
         setattr(module, attr, timed)
 
     def __enter__(self) -> "Phases":
-        self._wrap(ct_api, "find_blocks", "blocks")
+        self._wrap(ct_api, "find_blocks_warm" if hasattr(ct_api, "find_blocks_warm") else "find_blocks", "blocks")
         # the link: measured on every call before, once per process since (link_of)
         self._wrap(ct_api, "link_of" if hasattr(ct_api, "link_of") else "measure_link", "link")
-        self._wrap(ct_profiler, "_probe", "probe")
+        if hasattr(ct_profiler, "_probe"):
+            self._wrap(ct_profiler, "_probe", "probe")
         self._wrap(ct_plans, "measure_chain", "profile")
         self._wrap(ct_plans, "solve_for", "solve")
         return self

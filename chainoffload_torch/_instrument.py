@@ -17,6 +17,7 @@ import dataclasses
 import functools
 import os
 import sys
+import time
 import weakref
 from typing import Any, Protocol, Sequence
 
@@ -226,7 +227,23 @@ def _at(call: _Call, loc: tuple[str, Any] | None) -> Any:
     return call.kwargs.get(key)
 
 
-def _trace(model: nn.Module, args: tuple, kwargs: dict, modules: Sequence[nn.Module]) -> dict[int, list[_Call]]:
+class _Clock:
+    """A discovery forward run as a training step's forward runs, with autograd, and timed
+    (NOTE [ discovery as the warm-up ])."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.device = device
+        self.seconds = 0.0
+
+    def sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+
+
+def _trace(
+    model: nn.Module, args: tuple, kwargs: dict, modules: Sequence[nn.Module], clock: _Clock | None = None
+) -> dict[int, list[_Call]]:
     calls: dict[int, list[_Call]] = collections.defaultdict(list)
     counter = [0]
     handles = []
@@ -253,8 +270,16 @@ def _trace(model: nn.Module, args: tuple, kwargs: dict, modules: Sequence[nn.Mod
         handles.append(m.register_forward_pre_hook(pre, with_kwargs=True))
         handles.append(m.register_forward_hook(post, with_kwargs=True))
     try:
-        with model_state([model]), torch.no_grad():
-            model(*args, **kwargs)
+        with model_state([model]), torch.set_grad_enabled(clock is not None):
+            if clock is None:
+                model(*args, **kwargs)
+            else:
+                clock.sync()
+                start = time.perf_counter()
+                out = model(*args, **kwargs)
+                clock.sync()
+                clock.seconds = time.perf_counter() - start
+                del out  # and with it what autograd saved, no backward following
     finally:
         for h in handles:
             h.remove()
@@ -392,6 +417,14 @@ def _join(runs: list[_Run]) -> _Run:
     return out
 
 
+def find_blocks_warm(model: nn.Module, args: tuple, kwargs: dict, blocks: Any, device: torch.device) -> tuple[Blocks, float]:
+    """:func:`find_blocks` through a forward with autograd, as a training step's forward runs,
+    and that forward's seconds: the profile's warm-up and its timing reference (NOTE [ discovery
+    as the warm-up ])."""
+    clock = _Clock(device)
+    return _find_blocks(model, args, kwargs, blocks, clock), clock.seconds
+
+
 def find_blocks(model: nn.Module, args: tuple, kwargs: dict, blocks: Any = None) -> Blocks:
     """The chain's blocks in ``model`` and where each takes its hidden state.
 
@@ -421,12 +454,16 @@ def find_blocks(model: nn.Module, args: tuple, kwargs: dict, blocks: Any = None)
     TypeError
         ``blocks`` is of another type.
     """
+    return _find_blocks(model, args, kwargs, blocks, None)
+
+
+def _find_blocks(model: nn.Module, args: tuple, kwargs: dict, blocks: Any, clock: _Clock | None) -> Blocks:
     if not isinstance(model, nn.Module):
         raise TypeError(f"model: expected an nn.Module, got {type(model).__name__}")
     names = {id(m): n for n, m in model.named_modules()}
     if blocks is not None:
         mods = resolve_blocks(model, blocks, repeat=True)
-        calls = _trace(model, args, kwargs, mods)
+        calls = _trace(model, args, kwargs, mods, clock)
         stages: list[tuple[nn.Module, _Call]] = []
         done: set[int] = set()
         for k, m in enumerate(mods):
@@ -446,7 +483,7 @@ def find_blocks(model: nn.Module, args: tuple, kwargs: dict, blocks: Any = None)
         return _as_blocks(_Run(stages, locs, links, ""), names)
 
     containers = [(n, m) for n, m in model.named_modules() if isinstance(m, (nn.ModuleList, nn.Sequential)) and len(m)]
-    calls = _trace(model, args, kwargs, [c for _, m in containers for c in m])
+    calls = _trace(model, args, kwargs, [c for _, m in containers for c in m], clock)
     runs: list[tuple[tuple, _Run]] = []
     whole: dict[int, _Run] = {}  # id(container) -> its run, when it covers the container
     seen: list[str] = []

@@ -26,7 +26,7 @@ from chainoffload.solvers import spec
 from chainoffload.units import format_bytes, parse_bytes
 
 from ._copy import Copier, HostPool
-from ._instrument import COMPILE_REFUSAL, Blocks, Instrument, check_not_instrumented, find_blocks, resolve_blocks
+from ._instrument import COMPILE_REFUSAL, Blocks, Instrument, check_not_instrumented, find_blocks_warm, resolve_blocks
 from ._stages import EntryState, canonical_device
 from ._tree import call_key, describe_key
 from .executor import ScheduleRun, StepStats
@@ -560,11 +560,13 @@ def offload(
 
     Notes
     -----
-    What a plan costs, in the model's own work: one forward without autograd to find the
-    blocks (the first plan only), one probe forward (NOTE [ storages the forward keeps ]; two
-    when the stem becomes a stage), and the profiling steps: one on a warm model, up to 4
-    otherwise (``warmup + repeats`` when given). About two training steps in all on a warm
-    model (``benchmarks/results/offload_time.md``), plus one solve and, once per process, the
+    What a plan costs, in the model's own work: one forward with autograd and no backward to
+    find the blocks, which warms up the first step (the first plan only; NOTE [ discovery as
+    the warm-up ]; a later shape's plan runs its probe's forward alone instead), one more
+    when the stem becomes a stage, and the profiling steps, the first the probe (NOTE
+    [ storages the forward keeps ]): one on a warm model, up to 4 otherwise (``warmup +
+    repeats`` when given). About two training steps in all on a warm model
+    (``benchmarks/results/offload_time.md``), plus one solve and, once per process, the
     link's host copies.
 
     Raises
@@ -595,9 +597,12 @@ def offload(
     args, kwargs = as_call(sample)
     dev = _device_of(model, args, kwargs, device)
     args, kwargs = _to_device(args, dev), _to_device(kwargs, dev)
-    blks = find_blocks(model, args, kwargs, blocks)
     link = platform if platform is not None else co.Platform(memory=1, **link_of(dev, repeats=max(3, repeats or 3)))
-    planner = _Planner(model, dev, link, budget, method, tuple(keep), host, repeats, warmup, options)
+    # NOTE [ discovery as the warm-up ]: its forward, with autograd, warms up the first step, so
+    # nothing else runs between them (the link's copies did, and every first step of a tiny
+    # model looked cold).
+    blks, reference = find_blocks_warm(model, args, kwargs, blocks, dev)
+    planner = _Planner(model, dev, link, budget, method, tuple(keep), host, repeats, warmup, options, reference)
     handle = Offloader.__new__(Offloader)
     handle._setup(model, blks, dev, planner, on_new_shape, cache_size, host)
     handle._instrument.install()

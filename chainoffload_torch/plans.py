@@ -177,6 +177,7 @@ class _Planner:
         repeats: int | None,
         warmup: int | None,
         options: dict[str, Any],
+        reference: float | None = None,
     ) -> None:
         self.model = model
         self.device = device
@@ -188,6 +189,9 @@ class _Planner:
         self.repeats = repeats
         self.warmup = warmup
         self.options = options
+        #: The block discovery's forward seconds, for the first plan's profile alone (NOTE
+        #: [ discovery as the warm-up ]): a later shape's profile has no such forward before it.
+        self.reference = reference
         #: Whether the first plan may make the prefix a stage (NOTE [ the prefix as a stage ]);
         #: the chain's layout is the handle's, so later plans keep it.
         self.may_split_prefix = True
@@ -196,9 +200,10 @@ class _Planner:
         # The executor runs pure offloading: no fwd_nosave (NOTE [ how many profiling steps ]).
         chain, sizes = measure_chain(
             instrument, self.model, args, kwargs, self.device, repeats=self.repeats, warmup=self.warmup,
-            name=type(self.model).__name__, nosave=False, split_prefix=self.may_split_prefix,
+            name=type(self.model).__name__, nosave=False, split_prefix=self.may_split_prefix, reference=self.reference,
         )
         self.may_split_prefix = False
+        self.reference = None
         keep = co.solvers.check_keep(chain, self.keep)
         resident = sizes.resident_bytes
         # NOTE [ resident outside the chain ]: the solver gets the budget less what stays resident.

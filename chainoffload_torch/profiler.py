@@ -17,7 +17,7 @@ executor uses (see NOTE [ what the profiler measures ]):
   save), each storage counted once, whole. The executor moves exactly these storages.
 * ``fwd[i]``, ``bwd[i]``, ``fwd_nosave[i]``: the time between boundary events of whole steps
   (forward and backward of the model), the median of ``repeats`` steps after ``warmup``, or
-  with both ``None`` of as few steps as agree (one when it agrees with the probe's forward;
+  with both ``None`` of as few steps as agree (one when it agrees with the forward before it;
   NOTE [ how many profiling steps ]); CUDA events on a GPU, ``perf_counter`` on CPU. The code before block 1 is timed into stage 1 and
   the code after block L into stage L, so the chain's compute time is the step's.
 * ``fwd_tmp[i]``, ``bwd_tmp[i]``: on CUDA, the allocator's peak during F_i above what is
@@ -43,7 +43,7 @@ from torch import nn
 import chainoffload as co
 
 from ._copy import size_class
-from ._instrument import Blocks, Instrument, find_blocks
+from ._instrument import Blocks, Instrument, find_blocks, find_blocks_warm
 from ._saved import Kept, check_version
 from ._stages import UnitLedger, canonical_device, model_state, resident_storages
 from ._tree import tensors_in
@@ -187,14 +187,22 @@ def _nbytes(t: Any) -> int:
     return t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0
 
 
-def _root_and_blocks(model: Any, args: tuple, kwargs: dict, blocks: Any) -> tuple[nn.Module, Blocks]:
-    """The module whose forward is a step, and its blocks; a list of stages becomes a Sequential."""
+def _root_and_blocks(
+    model: Any, args: tuple, kwargs: dict, blocks: Any, device: torch.device | None = None
+) -> tuple[nn.Module, Blocks, float | None]:
+    """The module whose forward is a step, its blocks, and with ``device`` the seconds of the
+    discovery's forward, run with autograd as the profile's warm-up (NOTE [ discovery as the
+    warm-up ]; else ``None``); a list of stages becomes a Sequential."""
     if isinstance(model, nn.Module):
-        return model, find_blocks(model, args, kwargs, blocks)
-    if isinstance(model, (list, tuple)):
+        root = model
+    elif isinstance(model, (list, tuple)):
         root = nn.Sequential(*model)
-        return root, find_blocks(root, args, kwargs, list(root) if blocks is None else blocks)
-    raise TypeError(f"model: expected an nn.Module or a list of modules, got {type(model).__name__}")
+        blocks = list(root) if blocks is None else blocks
+    else:
+        raise TypeError(f"model: expected an nn.Module or a list of modules, got {type(model).__name__}")
+    if device is None:
+        return root, find_blocks(root, args, kwargs, blocks), None
+    return root, *find_blocks_warm(root, args, kwargs, blocks, device)
 
 
 def _device_of(model: nn.Module, args: tuple, kwargs: dict, device: Any) -> torch.device:
@@ -251,13 +259,15 @@ class _Pass:
         #: A measured pass: (unit, ordinal) -> the stage r during whose forward the forward's own
         #: code lets go of that storage (NOTE [ late release ]).
         self.late: dict[tuple[int, int], int] = {}
-        #: A probe pass: per entry, the probe's own aliases of what autograd saved from its
-        #: storage, held until the probe returns (NOTE [ storages the forward keeps ]).
+        #: A probe pass: per entry, the aliases of what autograd saved from its storage that the
+        #: pass gave autograd instead (NOTE [ storages the forward keeps ]).
         self.aliases: dict[Any, list[torch.Tensor]] = {}
-
-
-#: What a probe pass gives autograd instead of a saved tensor (it never runs a backward).
-_PROBED = object()
+        #: A probe pass: per stage, the seconds its checks took inside that stage's forward.
+        self.checks: dict[int, float] = {}
+        #: Seconds the forward spent in the recorder's bookkeeping (the ledger, per saved tensor
+        #: and per boundary), which a reference forward does not run (NOTE [ how many
+        #: profiling steps ]).
+        self.bookkeeping = 0.0
 
 
 class _Recorder:
@@ -269,11 +279,8 @@ class _Recorder:
         self.roots = roots
         self.timer = _Timer(device)
         self.current: _Pass | None = None
-        #: A probe pass keeps no saved tensor (NOTE [ storages the forward keeps ]).
+        #: The next pass is a probe (NOTE [ storages the forward keeps ]).
         self.probe = False
-        #: The last pass begun: the probe's, read after it for its sizes and forward time
-        #: (NOTE [ how many profiling steps ]).
-        self.last: _Pass | None = None
 
     def wants(self) -> bool:
         return True
@@ -281,21 +288,27 @@ class _Recorder:
     def forward_start(self, args: tuple, kwargs: dict) -> _Pass:
         ledger = UnitLedger(self.device, resident_storages(self.roots))
         ledger.add_resident((args, kwargs))
-        p = self.current = self.last = _Pass(ledger)
+        p = self.current = _Pass(ledger)
         p.marks["start"] = self.timer.mark()
         return p
 
     def stage_start(self, p: _Pass, idx: int, hidden: Any, args: tuple, kwargs: dict) -> None:
+        start = time.perf_counter()
         p.versions[idx] = p.ledger.stage_start(idx, hidden, (args, kwargs))
+        p.bookkeeping += time.perf_counter() - start
         if self.probe:
+            start = time.perf_counter()
             self._still_alive(p, idx - 2, idx)
+            p.checks[idx] = time.perf_counter() - start
         if idx == 1:
             p.act[0] = _nbytes(hidden)
             p.a0_entry = p.ledger.owner(hidden) if isinstance(hidden, torch.Tensor) else None
         p.current = idx
 
     def stage_end(self, p: _Pass, idx: int, hidden_in: Any, hidden_out: Any) -> None:
+        start = time.perf_counter()
         p.ledger.stage_end(idx, hidden_in, p.versions.pop(idx, None), hidden_out)
+        p.bookkeeping += time.perf_counter() - start
         p.act[idx] = _nbytes(hidden_out)
         if idx < self.n:
             p.marks[("f", idx)] = self.timer.mark()
@@ -332,16 +345,18 @@ class _Recorder:
         return None
 
     def pack(self, p: _Pass, t: torch.Tensor) -> Any:
+        start = time.perf_counter()
         entry = p.ledger.pack(t, p.current)
-        if not self.probe:
-            return Kept(t, p.current)
-        if entry is not None:  # NOTE [ storages the forward keeps ]: the probe holds it, not autograd
-            p.aliases.setdefault(entry, []).append(t.detach())
-        return _PROBED
+        kept = Kept(t, p.current)
+        if self.probe and entry is not None:
+            # NOTE [ storages the forward keeps ]: autograd gets an alias, a tensor object of the
+            # probe's own over the same storage, so any other reference is the forward's.
+            kept.tensor = t.detach()
+            p.aliases.setdefault(entry, []).append(kept.tensor)
+        p.bookkeeping += time.perf_counter() - start
+        return kept
 
     def unpack(self, k: Any) -> Any:
-        if k is _PROBED:
-            raise RuntimeError("chainoffload_torch: a saved tensor of a probe pass was read (the probe has no backward)")
         # The check autograd skips under saved-tensor hooks (NOTE [ version discipline ]): a
         # model that modifies a saved tensor in place is refused while profiling, as plain
         # PyTorch would refuse its first backward.
@@ -482,10 +497,13 @@ def _measure(
     *,
     nosave: bool = True,
     split_prefix: bool = False,
+    reference: float | None = None,
 ) -> tuple[Sizes, dict[str, list]]:
     """Run profiling steps through ``instrument`` (its listener swapped for a recorder).
 
-    ``repeats=None``: as many steps as the timings need (NOTE [ how many profiling steps ]);
+    ``repeats=None``: as many steps as the timings need (NOTE [ how many profiling steps ]),
+    ``reference`` the seconds of a forward with autograd just before (the discovery's, NOTE
+    [ discovery as the warm-up ]; ``None``: the probe's forward is one and takes no backward);
     ``nosave``: also time a forward without autograd after each step (``fwd_nosave``);
     ``split_prefix``: make the code before the first block a stage when it pays, decided
     from the probe (NOTE [ the prefix as a stage ]; ``instrument.blocks`` is replaced).
@@ -497,23 +515,34 @@ def _measure(
         with model_state([root]), torch.enable_grad():
             n = instrument.blocks.stages
             rec = instrument.listener = _Recorder(n, device, (root,))
-            kept_alive = _probe(rec, root, args, kwargs)
-            if split_prefix and not instrument.blocks.prefix and prefix_pays(_sizes(rec.last, n)):
-                # NOTE [ the prefix as a stage ]: the probe's sizes decide, and the probe runs
-                # again on the new layout (what the forward keeps is found per unit).
-                instrument.blocks = dataclasses.replace(instrument.blocks, prefix=True)
-                n = instrument.blocks.stages
-                rec = instrument.listener = _Recorder(n, device, (root,))
-                kept_alive = _probe(rec, root, args, kwargs)
-            rec.timer.sync()
-            probe_fwd = sum(_times(rec.timer, rec.last.marks, n)[0])
-            rec.last = None
+            probed = None  # what the probe found on this layout, once it ran
             steps: list[dict[str, list]] = []
             limit = (warmup + repeats) if repeats is not None else AUTO_MAX_STEPS
-            for r in range(limit if timed else 1):
+            while True:
+                rec.probe = probed is None  # the first pass on a layout is the probe
                 out = root(*args, **kwargs)
                 p = rec.current
-                _apply_probe(p, kept_alive)
+                rec.current = None
+                if rec.probe:
+                    probed = _probed(p)
+                    if split_prefix and not instrument.blocks.prefix and prefix_pays(_sizes(p, n)):
+                        # NOTE [ the prefix as a stage ]: the probe's sizes decide, before its
+                        # backward; the next pass probes the new layout (what the forward keeps
+                        # is found per unit).
+                        del out, p
+                        instrument.blocks = dataclasses.replace(instrument.blocks, prefix=True)
+                        n = instrument.blocks.stages
+                        rec = instrument.listener = _Recorder(n, device, (root,))
+                        probed = None
+                        continue
+                    if reference is None and timed and repeats is None:
+                        # Nothing warmed up this forward: it is the reference, without a backward.
+                        rec.timer.sync()
+                        reference = sum(_forward_times(rec.timer, p, n)) - p.bookkeeping
+                        del out, p
+                        continue
+                else:
+                    _apply_probe(p, probed)
                 # The last step's: a first call may make what the model then caches (and so holds).
                 sizes = _sizes(p, n)
                 if not timed:
@@ -524,8 +553,8 @@ def _measure(
                 p.marks["bwd_end"] = rec.timer.mark()
                 rec.timer.sync()
                 del out, roots, grads
-                fwd, bwd = _times(rec.timer, p.marks, n)
-                step = {"fwd": fwd, "bwd": bwd}
+                fwd, bwd = _forward_times(rec.timer, p, n), _times(rec.timer, p.marks, n)[1]
+                step = {"fwd": fwd, "bwd": bwd, "bookkeeping": p.bookkeeping}
                 if rec.timer.cuda:
                     step["fwd_tmp"], step["bwd_tmp"] = _tmp(p.marks, n, list(sizes.act))
                 if nosave:
@@ -533,10 +562,11 @@ def _measure(
                         root(*args, **kwargs)
                     rec.timer.sync()
                     step["nosave"] = _times(rec.timer, rec.current.marks, n)[0]
+                    rec.current = None
                 steps.append(step)
                 del p  # before the next forward (NOTE [ how many profiling steps ])
-                kept = _kept_steps(steps, probe_fwd, warmup, repeats)
-                if kept is not None:
+                kept = _kept_steps(steps, reference, warmup, repeats)
+                if kept is not None or len(steps) == limit:
                     break
             if timed:
                 for step in steps:  # transients: the most any step saw, warm-up included
@@ -550,8 +580,17 @@ def _measure(
     finally:
         instrument.listener = before
         if rec is not None:
-            rec.current = rec.last = None
+            rec.current = None
     return sizes, runs
+
+
+def _forward_times(timer: _Timer, p: _Pass, n: int) -> list[float]:
+    """Per-stage forward seconds of a pass, less a probe's own checks where the clock is the
+    host's (on a GPU the device's clock runs on while the host checks)."""
+    fwd = _times(timer, p.marks, n)[0]
+    if timer.cuda or not p.checks:
+        return fwd
+    return [max(0.0, f - p.checks.get(i, 0.0)) for i, f in enumerate(fwd, start=1)]
 
 
 #: The adaptive profile (``repeats=None``): the most steps it takes, and how close two
@@ -565,16 +604,18 @@ def _close(a: float, b: float) -> bool:
     return abs(a - b) <= AUTO_TOLERANCE * max(a, b)
 
 
-def _kept_steps(steps: list[dict[str, list]], probe_fwd: float, warmup: int | None, repeats: int | None) -> list | None:
+def _kept_steps(steps: list[dict[str, list]], reference: float | None, warmup: int | None, repeats: int | None) -> list | None:
     """The steps whose timings count, once enough are taken; ``None`` while more are needed."""
     k = len(steps)
     if repeats is not None:
         return steps[warmup:] if k == warmup + repeats else None
     fwd, bwd = sum(steps[-1]["fwd"]), sum(steps[-1]["bwd"])
-    # One-sided: the probe's forward runs the same ops and more (its own checks), so a step
-    # faster than it says nothing against the step; only a slower one looks cold. A later step
-    # as fast as the probe counts alone too, unless its backward is slower than the one before.
-    warm = fwd <= (1 + AUTO_TOLERANCE) * probe_fwd
+    own = fwd - steps[-1].get("bookkeeping", 0.0)  # the model's forward, as the reference's
+    # One-sided: the reference forward runs the same ops and more (discovery's hooks, the
+    # probe's checks), so a step faster than it says nothing against the step; only a slower
+    # one looks cold. A later step as fast counts alone too, unless its backward is slower
+    # than the one before.
+    warm = reference is not None and own <= (1 + AUTO_TOLERANCE) * reference
     if warm and (k == 1 or bwd <= (1 + AUTO_TOLERANCE) * sum(steps[-2]["bwd"])):
         return steps[-1:]
     if k == 1:
@@ -595,39 +636,61 @@ def _kept_steps(steps: list[dict[str, list]], probe_fwd: float, warmup: int | No
 #   kernel, the allocator growing its pools).
 # * fwd_nosave: only a rematerializing method reads it, and the executor runs pure offloading:
 #   offload() and budget_curve() skip that forward (nosave=False); profile() keeps it.
-# The forwards before the first step warm up the forward: block discovery runs one without
-# autograd, the probe (NOTE [ storages the forward keeps ]) one with autograd, timed like a
-# step's. So with repeats=None the first full step's timings count at once when its forward
-# took at most AUTO_TOLERANCE (25 %) longer than the probe's (which runs the same ops and its
-# own checks besides, so a faster step is no warning): then the process is warm, and one step
-# is the profile. Otherwise steps are taken until one is that close to the probe with a backward
+# A reference forward before the first step warms up the forward: block discovery's, run with
+# autograd as a step's forward runs (NOTE [ discovery as the warm-up ]), and timed. So with
+# repeats=None the first step's timings count at once when its forward took at most
+# AUTO_TOLERANCE (25 %) longer than the reference (which runs the same ops and discovery's hooks
+# besides, so a faster step is no warning): then the process is warm, and one step is the
+# profile. Otherwise steps are taken until one is that close to the reference with a backward
 # no slower than the step before's (it counts alone), or two in a row agree, forward and
 # backward, within that tolerance (those two count), or AUTO_MAX_STEPS are taken (all but the
-# first count, as warmup=1 would). The probe first because two cold steps can agree with each
-# other: a CPU process whose heap reaches a new peak pays page faults for a step or two (a 21 M
-# GPT-2 of width 256: its last stages' forwards 4x slower), and keeping both would inflate the
-# profile. The probe holds what autograd would save, so it peaks where a step does and pays
-# those faults itself (0.8 of a step for that GPT-2 instead of 0.45); the reference is then
-# lenient by as much on CPU, the price of a first step that needs no second.
+# first count, as warmup=1 would). The reference first because two cold steps can agree with
+# each other: a CPU process whose heap reaches a new peak pays page faults for a step or two
+# (a 21 M GPT-2 of width 256: its last stages' forwards 4x slower), and keeping both would
+# inflate the profile. The reference forward holds what autograd saves, so it peaks where a
+# step's forward does and pays those faults itself (0.8 of a step for that GPT-2 instead of
+# 0.45); the reference is then lenient by as much on CPU, the price of a first step that needs
+# no second. A profile with no forward just before it (a new shape's plan) takes the probe's
+# forward as its reference and runs no backward after it, one forward more.
+# The first step is the probe (NOTE [ storages the forward keeps ]): its checks run at stage
+# starts, inside the stages' forwards, and on CPU their seconds are taken off those stages'
+# times (on a GPU the host checks while the device runs). A step is compared with the
+# reference less the seconds its forward spent in the recorder's bookkeeping (the ledger, per
+# saved tensor), which the reference does not run: 24-33 % of the forward of the tiny models of
+# benchmarks/offload_time.py on CPU (forwards of 5-25 ms), which made each first step look cold
+# and take a second; under 2 % for the 6.9 M GPT-2 there.
 # Each step's pass (its ledger) is let go of before the next step's forward: kept through it,
 # the 21 M GPT-2's second step peaked 650 MB above a plain step, with 180,000 page faults and
 # its forward 2.5 s instead of 1.1 s. The ledger holds no storage alive then (every weak
 # reference in it has expired), so the heap's layout, not live data, is the likely cause.
 # The cost: a model already warm (offload() after a few plain steps, or a forward-heavy first
-# call that settles at once) pays one no-grad forward, the probe and one step; a cold or noisy
-# one pays up to four steps, as before. What it gives up: the backward of a one-step profile is
-# a single sample, unchecked (no earlier backward to compare it with); a backward with a
-# one-time cost that the forward did not have shows up in bwd[i] of the stages it hit. Pass
-# repeats= (and warmup=) for the median of a fixed number of steps.
+# call that settles at once) pays discovery's forward and one step; a cold or noisy one pays up
+# to four steps, as before. What it gives up: the backward of a one-step profile is a single
+# sample, unchecked (no earlier backward to compare it with); a backward with a one-time cost
+# that the forward did not have shows up in bwd[i] of the stages it hit. Pass repeats= (and
+# warmup=) for the median of a fixed number of steps.
 #
 # The prefix's layout is decided from the probe's sizes (the same ledger on the same forward,
-# NOTE [ the prefix as a stage ]), before any step, so a model whose stem pays is measured
-# once, with one more probe on the new layout, instead of twice. tests/test_torch_profile_cost.py
-# holds both the count of model calls and the sizes against the layout decided after a full step.
+# NOTE [ the prefix as a stage ]) after its forward, before its backward, so a model whose stem
+# pays is measured once, with one more forward on the first layout, instead of twice.
+# tests/test_torch_profile_cost.py holds both the count of model calls and the sizes against
+# the layout decided after a full step.
+#
+# NOTE [ discovery as the warm-up ]
+# find_blocks traces one forward to find the blocks; offload() and profile() run it with
+# autograd, as a training step's forward runs, and time it, so it is also the warm-up and the
+# reference above. Without autograd it cost 0.43 of a step of the 21 M GPT-2, and the separate
+# probe forward after it another 0.78 (the faults of a heap growing to a step's peak); now the
+# discovery pays the faults, the probe is the first step, and the forward it saves is the one
+# in between. Discovery's model call is the same but for autograd: its trace sees the same
+# calls (the model's code rarely branches on torch.is_grad_enabled(), and where it does the
+# training step takes the branch this forward takes). The public find_blocks keeps its forward
+# without autograd.
 
 
 def _held_beyond_probe(p: _Pass, e: Any) -> bool:
-    """Whether something other than the probe's own aliases holds ``e``'s storage."""
+    """Whether something other than the probe's own aliases (and autograd's records of them)
+    holds ``e``'s storage."""
     aliases = p.aliases.get(e)
     if not aliases:
         return not e.ref.expired()
@@ -636,29 +699,22 @@ def _held_beyond_probe(p: _Pass, e: Any) -> bool:
     return torch._C._storage_Use_Count(st._cdata) > len(aliases) + 1
 
 
-def _probe(rec: _Recorder, root: nn.Module, args: tuple, kwargs: dict) -> tuple[set[tuple[int, int]], dict[tuple[int, int], int]]:
-    """The storages the forward keeps alive by itself (NOTE [ storages the forward keeps ]),
-    found by one forward whose saved tensors autograd does not hold, by (unit, ordinal): those
-    it still holds when it returns, and those it lets go of earlier, each with the stage r
-    during whose forward it does (NOTE [ late release ])."""
-    rec.probe = True
-    try:
-        out = root(*args, **kwargs)
-        p = rec.current
-        held, late = set(), {}
-        for u, entries in p.ledger.units.items():
-            for k, e in enumerate(entries):
-                if p.ledger.held_by.get(e) == "forward":
-                    held.add((u, k))
-                elif e in p.alive_at and e not in p.ledger.held_by:
-                    late[(u, k)] = p.alive_at[e]
-        del out, p
-        return held, late
-    finally:
-        rec.probe = False
-        rec.current = None
-        if rec.last is not None:
-            rec.last.aliases.clear()  # the saved tensors' memory, given back at once
+def _probed(p: _Pass) -> tuple[set[tuple[int, int]], dict[tuple[int, int], int]]:
+    """What a probe pass found the forward keeps alive by itself (NOTE [ storages the forward
+    keeps ]), by (unit, ordinal): those it still holds when it returns, and those it lets go of
+    earlier, each with the stage r during whose forward it does (NOTE [ late release ]); set as
+    the pass's own late releases. The pass's aliases are let go of: autograd's records hold
+    them, and the backward frees each as a plain one would."""
+    held, late = set(), {}
+    for u, entries in p.ledger.units.items():
+        for k, e in enumerate(entries):
+            if p.ledger.held_by.get(e) == "forward":
+                held.add((u, k))
+            elif e in p.alive_at and e not in p.ledger.held_by:
+                late[(u, k)] = p.alive_at[e]
+    p.late = dict(late)
+    p.aliases.clear()
+    return held, late
 
 
 def _apply_probe(p: _Pass, probed: tuple[set[tuple[int, int]], dict[tuple[int, int], int]]) -> None:
@@ -677,16 +733,17 @@ def _apply_probe(p: _Pass, probed: tuple[set[tuple[int, int]], dict[tuple[int, i
 # code keeps defers that: a U-Net's down blocks append their outputs to a Python list in the
 # parent's forward and its up path reads them later, a CNN stage's forward(input) holds its input
 # until its last block returns, a custom autograd Function keeps a tensor as a ctx attribute.
-# The ledger sees only what autograd saves and what blocks receive, so the profile runs one probe
-# forward whose pack hook gives autograd nothing to hold (no backward follows it; the model's state
-# is restored after) and looks, at the start of every stage from i+2 on and when the forward
-# returns, which storages of unit i are still held: by something other than autograd and the
-# executor. The probe keeps an alias of each saved tensor itself (a detached tensor over the same
-# storage) and counts the storage's references beyond its aliases, rather than letting the
-# storages die: freed as the forward went, on CPU glibc handed that memory back to the system and
-# the first step after the probe paid it again in page faults (a 21 M GPT-2 of width 256:
-# 110,000-130,000 faults, its forward 1.4-1.9 s against 1.0 s, a second profiling step). So the
-# probe peaks where a step does, as the steps after it do anyway.
+# The ledger sees only what autograd saves and what blocks receive, so the first pass on a
+# layout is a probe: its pack hook gives autograd an alias of each saved tensor (a detached
+# tensor object of its own over the same storage) and keeps a list of them, and at the start of
+# every stage from i+2 on and when the forward returns it looks which storages of unit i have
+# references beyond those aliases: held by something other than autograd and the executor.
+# Autograd holds the aliases as it would the saved tensors, so the probe peaks where a step does
+# and is a step itself: its list is dropped when the forward returns and its backward frees
+# each alias as a plain one would. (An earlier probe gave autograd nothing to hold and let the
+# storages die as it went: on CPU glibc handed that memory back to the system and the first step
+# after it paid it again in page faults, a 21 M GPT-2 of width 256: 110,000-130,000 faults,
+# its forward 1.4-1.9 s against 1.0 s, a second profiling step.)
 # A unit's own output is alive at the start of the next stage (its hidden input), which is why
 # the check waits one stage. Two cases, by (unit, ordinal), as the pinned storages of
 # NOTE [ units held elsewhere ]:
@@ -766,6 +823,7 @@ def measure_chain(
     name: str,
     nosave: bool = True,
     split_prefix: bool = False,
+    reference: float | None = None,
 ) -> tuple[co.Chain, Sizes]:
     """The chain and sizes of one call, measured through an installed ``instrument``.
 
@@ -774,8 +832,13 @@ def measure_chain(
     forward without autograd per step; else the chain has none, which means ``fwd``).
     ``split_prefix``: the code before the first block may become stage 1
     (NOTE [ the prefix as a stage ]), in which case ``instrument.blocks`` is replaced.
+    ``reference``: the seconds of a forward with autograd run just before, the block
+    discovery's (NOTE [ discovery as the warm-up ]), if there was one.
     """
-    sizes, runs = _measure(instrument, root, args, kwargs, device, repeats, warmup, nosave=nosave, split_prefix=split_prefix)
+    sizes, runs = _measure(
+        instrument, root, args, kwargs, device, repeats, warmup, nosave=nosave, split_prefix=split_prefix,
+        reference=reference,
+    )
     n = instrument.blocks.stages
     # NOTE [ the output's own storages ]
     saved, bwd_tmp = list(sizes.saved), _max(runs["bwd_tmp"], n)
@@ -831,7 +894,7 @@ def measure_sizes(model: Any, sample: Any, *, blocks: Any = None) -> Sizes:
     Sizes
     """
     args, kwargs = as_call(_check_sample(sample))
-    root, blks = _root_and_blocks(model, args, kwargs, blocks)
+    root, blks, _ = _root_and_blocks(model, args, kwargs, blocks)
     device = _device_of(root, args, kwargs, None)
     wrong = [t.device for t in tensors_in((args, kwargs)) if t.device != device]
     if wrong:
@@ -987,9 +1050,9 @@ def link_of(device: torch.device | str, *, nbytes: int | None = None, repeats: i
 #   owns it) is at least the smallest unit the solver may move (prefix_pays): a ResNet's stem.
 #   It then moves like any unit, a_0 is the forward's hidden input (none: 0 bytes, the model's
 #   arguments being the caller's, as they are for every chain of the adapter) and g_0 nothing.
-#   Whether it pays is read from the probe's sizes, before any step; the probe then runs again
-#   on the new layout and the steps are measured once (NOTE [ how many profiling steps ],
-#   NOTE [ the prefix as a stage ] in _instrument.py).
+#   Whether it pays is read from the probe's sizes after its forward, before its backward; the
+#   next pass probes the new layout and the steps are measured once (NOTE [ how many profiling
+#   steps ], NOTE [ the prefix as a stage ] in _instrument.py).
 # Below that size a stage would only renumber the units (keep= and the tables count blocks from
 # 1) to move a few KiB of embeddings.
 
@@ -1018,17 +1081,19 @@ def profile_full(
     repeats, warmup = profiling_steps(repeats, warmup, 5)
     args, kwargs = as_call(_check_sample(sample_input))
     probe = model if isinstance(model, nn.Module) else nn.Sequential(*model) if isinstance(model, (list, tuple)) else model
+    dev = torch.device("cpu")
     if isinstance(probe, nn.Module):
         dev = _device_of(probe, args, kwargs, device)
         args, kwargs = _to_device(args, dev), _to_device(kwargs, dev)
-    root, blks = _root_and_blocks(model, args, kwargs, blocks)
+    root, blks, reference = _root_and_blocks(model, args, kwargs, blocks, dev)
     dev = _device_of(root, args, kwargs, device)
     instrument = Instrument(root, blks, _Recorder(blks.stages, dev, (root,)))
     instrument.install()
     try:
         label = name or (type(model).__name__ if isinstance(model, nn.Module) else "chain")
         chain, sizes = measure_chain(
-            instrument, root, args, kwargs, dev, repeats=repeats, warmup=warmup, name=label, nosave=nosave, split_prefix=True
+            instrument, root, args, kwargs, dev, repeats=repeats, warmup=warmup, name=label, nosave=nosave,
+            split_prefix=True, reference=reference,
         )
         blks = instrument.blocks  # the stem may have become stage 1 (NOTE [ the prefix as a stage ])
     finally:
@@ -1070,7 +1135,7 @@ def profile(
     repeats, warmup
         Timed steps (the median is kept) and untimed steps before them, each followed by a
         forward without autograd (``fwd_nosave``). Both ``None``: as many steps as the timings
-        need, one when the first agrees with the probe's forward, at most 4 (what
+        need, one when the first agrees with block discovery's forward, at most 4 (what
         :func:`chainoffload_torch.offload` does: NOTE [ how many profiling steps ]).
     memory
         The platform's memory; default the keep-all peak of the profiled chain (so every
@@ -1092,9 +1157,10 @@ def profile(
 
     Notes
     -----
-    Cost: a forward without autograd (block discovery), a probe forward (NOTE [ storages the
-    forward keeps ]; one more when the stem becomes a stage), then ``warmup + repeats`` steps
-    and as many forwards without autograd, and the link (host copies, once per process).
+    Cost: a forward with autograd and no backward (block discovery, NOTE [ discovery as the
+    warm-up ]; one more when the stem becomes a stage: the probe's on the first layout), then
+    ``warmup + repeats`` steps, the first the probe (NOTE [ storages the forward keeps ]), each
+    followed by a forward without autograd, and the link (host copies, once per process).
     """
     prof = profile_full(
         model, sample_input, blocks=blocks, device=device, repeats=repeats, warmup=warmup, memory=memory, name=name

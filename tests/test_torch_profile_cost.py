@@ -83,21 +83,23 @@ def with_stem():
     return torch_models.ResNet([1, 1, 1, 1], width=4, classes=3), torch.randn(2, 3, 32, 32)
 
 
-def test_offload_runs_one_no_grad_forward_one_probe_and_one_step(settles_at_once):
+def test_offload_runs_one_forward_to_find_the_blocks_and_one_step(settles_at_once):
     model, x = mlp()
     handle, counts = counted(ct.offload, model, x, memory=0.6)
-    # find_blocks: one forward without autograd; the probe: one with; then one step. No
-    # forward without autograd per step (fwd_nosave: offload() runs pure offloading).
-    assert counts == (2, 1, 1)
+    # Block discovery: one forward with autograd (NOTE [ discovery as the warm-up ]); then one
+    # step, the probe's. No forward without autograd (fwd_nosave: offload() runs pure offloading).
+    assert counts == (2, 0, 1)
     assert "fwd_nosave" not in handle.chain.to_dict()
     handle.remove()
 
 
-def test_a_stem_that_becomes_a_stage_costs_one_more_probe_not_a_second_profile(settles_at_once):
+def test_a_stem_that_becomes_a_stage_costs_one_more_forward_not_a_second_profile(settles_at_once):
     model, x = with_stem()
     handle, counts = counted(ct.offload, model, x)  # the keep-all peak: its stages are held by its forward
     assert handle.blocks.prefix
-    assert counts == (3, 1, 1)  # two probes (one per layout) and one step
+    # Discovery, the probe on the blocks as found (its forward alone: its sizes decide the
+    # layout before a backward), and one step, the probe's on the new layout.
+    assert counts == (3, 0, 1)
     handle.remove()
 
 
@@ -105,15 +107,37 @@ def test_a_first_step_slower_than_the_probe_takes_steps_until_two_agree_at_most_
     monkeypatch.setattr(profiler, "AUTO_TOLERANCE", -1.0)  # nothing ever agrees: the cap
     model, x = mlp()
     handle, counts = counted(ct.offload, model, x, memory=0.6)
-    assert counts == (1 + profiler.AUTO_MAX_STEPS, 1, profiler.AUTO_MAX_STEPS)
+    assert counts == (1 + profiler.AUTO_MAX_STEPS, 0, profiler.AUTO_MAX_STEPS)
     handle.remove()
 
 
-def test_the_probe_holds_what_it_saved_until_it_returns_then_lets_go(monkeypatch):
-    # NOTE [ storages the forward keeps ]: freed as the forward went, that memory came back to
-    # the first step as page faults on CPU; held, the probe peaks where a step does.
+def test_a_new_shape_without_a_discovery_before_it_takes_the_probe_forward_as_its_reference(settles_at_once):
+    model, x = mlp()
+    handle = ct.offload(model, x, memory=0.6)
+    seen = []
+    measure = profiler._measure
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("reference"))
+        return measure(*args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(profiler, "_measure", spy)
+        # A new batch size: a new plan, profiled at the first forward that sees it.
+        _, counts = counted(lambda m, b: m(b).sum().backward(), model, torch.randn(4, 8))
+    assert seen == [None]
+    # The user's forward and backward; the probe's forward alone (no forward with autograd
+    # ran just before: it is the reference), then one step.
+    assert counts == (3, 0, 2)
+    handle.remove()
+
+
+def test_the_probe_gives_autograd_its_aliases_and_keeps_none_through_the_backward(monkeypatch, settles_at_once):
+    # NOTE [ storages the forward keeps ]: autograd holds the probe's aliases as it would the
+    # saved tensors (the probe peaks where a step does), and the backward frees each as it goes.
     seen = []
     forward_end = profiler._Recorder.forward_end
+    backward = torch.autograd.backward
 
     def spy(self, p, outputs):
         if self.probe:
@@ -121,25 +145,31 @@ def test_the_probe_holds_what_it_saved_until_it_returns_then_lets_go(monkeypatch
             seen.append((len(refs), all(r.nbytes() > 0 for r in refs), p))
         forward_end(self, p, outputs)
 
+    def spy_backward(*args, **kwargs):
+        (_, _, p), = seen
+        seen.append(len(p.aliases))
+        return backward(*args, **kwargs)
+
     monkeypatch.setattr(profiler._Recorder, "forward_end", spy)
+    monkeypatch.setattr(torch.autograd, "backward", spy_backward)
     model, x = mlp()
     handle = ct.offload(model, x, memory=0.6)
-    (count, alive, p), = seen
-    assert count >= 6 and alive  # every block's saved tensors, held to the end of the forward
-    assert not p.aliases  # and let go of once the probe returned
+    (count, alive, p), held_in_backward = seen
+    assert count >= 6 and alive  # every block's saved tensors, alive to the end of the forward
+    assert held_in_backward == 0 and not p.aliases  # the pass itself holds none into its backward
     handle.remove()
 
 
 def test_explicit_repeats_and_warmup_take_that_many_steps():
     model, x = mlp()
     handle, counts = counted(ct.offload, model, x, memory=0.6, repeats=3, warmup=1)
-    assert counts == (1 + 4, 1, 4)
+    assert counts == (1 + 4, 0, 4)  # discovery, then the steps, the first the probe's
     handle.remove()
     handle, counts = counted(ct.offload, model, x, memory=0.6, repeats=2)  # warmup: its fixed default, 1
-    assert counts == (1 + 3, 1, 3)
+    assert counts == (1 + 3, 0, 3)
     handle.remove()
     handle, counts = counted(ct.offload, model, x, memory=0.6, warmup=0)  # repeats: its fixed default, 3
-    assert counts == (1 + 3, 1, 3)
+    assert counts == (1 + 3, 0, 3)
     handle.remove()
 
 
@@ -148,7 +178,7 @@ def test_which_steps_count():
         return {"fwd": [f / 2, f / 2], "bwd": [b]}
 
     kept = profiler._kept_steps
-    # Adaptive: a first step no slower than the probe's forward (+25 %) is the profile.
+    # Adaptive: a first step no slower than the reference forward (+25 %) is the profile.
     assert kept([step(1.2, 2.0)], 1.0, None, None) == [step(1.2, 2.0)]
     assert kept([step(0.5, 2.0)], 1.0, None, None) == [step(0.5, 2.0)]  # faster than the probe: fine
     assert kept([step(1.3, 2.0)], 1.0, None, None) is None
@@ -164,9 +194,39 @@ def test_which_steps_count():
     # At the cap, all but the first.
     steps = [cold, step(2.0, 9.0), step(2.0, 2.0), step(2.0, 9.0)]
     assert kept(steps, 1.0, None, None) == steps[1:]
+    # Compared with the reference less the recorder's bookkeeping, which the reference never ran.
+    assert kept([{**step(1.4, 2.0), "bookkeeping": 0.3}], 1.0, None, None) is not None
+    assert kept([{**step(1.4, 2.0), "bookkeeping": 0.1}], 1.0, None, None) is None
+    # No reference: a first step never counts alone.
+    assert kept([warm], None, None, None) is None
+    assert kept([warm, warm], None, None, None) == [warm, warm]
     # Fixed: warmup + repeats steps, the first warmup ones dropped.
     assert kept([cold], 1.0, 1, 1) is None
     assert kept([cold, warm], 1.0, 1, 1) == [warm]
+
+
+def test_the_probes_checks_are_not_timed_into_its_stages_on_cpu():
+    p = profiler._Pass(None)
+    p.marks = {"start": (0.0, 0, 0), ("f", 1): (1.0, 0, 0), ("f", 2): (3.0, 0, 0)}
+    timer = profiler._Timer(torch.device("cpu"))
+    assert profiler._forward_times(timer, p, 2) == [1.0, 2.0]
+    p.checks = {2: 0.5}  # stage 2's start: the checks ran inside its forward
+    assert profiler._forward_times(timer, p, 2) == [1.0, 1.5]
+
+
+def test_nothing_runs_between_discovery_and_the_first_step(monkeypatch, settles_at_once):
+    # NOTE [ discovery as the warm-up ]: the link's host copies between them made each first
+    # step of a tiny model look cold (a second step).
+    import chainoffload_torch.api as api
+
+    order = []
+    for module, name in ((api, "link_of"), (api, "find_blocks_warm"), (profiler, "_measure")):
+        real = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *a, _real=real, _name=name, **k: order.append(_name) or _real(*a, **k))
+    monkeypatch.setattr(profiler, "_LINKS", {})
+    model, x = mlp()
+    ct.offload(model, x, memory=0.6).remove()
+    assert order == ["link_of", "find_blocks_warm", "_measure"]
 
 
 def test_repeats_and_warmup_errors_name_the_field():
@@ -182,15 +242,15 @@ def test_repeats_and_warmup_errors_name_the_field():
 def test_profile_still_measures_fwd_nosave_for_rematerializing_methods():
     model, x = mlp()
     (chain, platform), counts = counted(ct.profile, model, x, repeats=2, warmup=1)
-    assert counts == (1 + 3, 1 + 3, 3)  # a forward without autograd after each step
+    assert counts == (1 + 3, 3, 3)  # a forward without autograd after each step
     assert "fwd_nosave" in chain.to_dict() and all(t > 0 for t in chain.fwd_nosave)
     result = co.solve(chain, platform.with_memory(int(0.7 * co.keep_all_peak(chain))), "rotor")
     assert result.feasible
     # Adaptive, as offload() takes it, still with its no-grad forwards.
     (chain, _), counts = counted(ct.profile, model, x, repeats=None, warmup=None)
-    assert counts[1] == 1 + counts[2] and "fwd_nosave" in chain.to_dict()
+    assert counts[1] == counts[2] and "fwd_nosave" in chain.to_dict()
     prof, counts = counted(ct.profile_full, model, x, repeats=1, warmup=0, nosave=False, measure_platform=False)
-    assert counts == (2, 1, 1) and "fwd_nosave" not in prof.chain.to_dict()
+    assert counts == (2, 0, 1) and "fwd_nosave" not in prof.chain.to_dict()
 
 
 def test_the_link_is_measured_once_per_device_in_a_process(monkeypatch):
@@ -221,7 +281,7 @@ def sizes_decided_after_a_step(model, sample):
     full step on the blocks as found, the prefix's decision from that step's sizes, and the
     whole again on the new layout when it pays."""
     args, kwargs = profiler.as_call(sample)
-    root, blocks = profiler._root_and_blocks(model, args, kwargs, None)
+    root, blocks, _ = profiler._root_and_blocks(model, args, kwargs, None)
     device = torch.device("cpu")
     instrument = Instrument(root, blocks, profiler._Recorder(blocks.stages, device, (root,)))
     instrument.install()
