@@ -54,6 +54,23 @@ def test_an_evaluation_that_cannot_end_in_time_is_not_started():
     assert not roomy.exhausted and roomy.consider(range(1, 100), "on time") is not None and roomy.evals == 1
 
 
+@pytest.mark.parametrize("method", ["first-k", "largest-first", "dp", "offload-all"])
+def test_a_limit_shorter_than_one_evaluation_says_so_not_that_time_ran_out(method, monkeypatch):
+    # At 10^6 stages one evaluation with its schedule is estimated at ~20 s: under a 20 s limit
+    # these methods tried nothing and said "the time limit ran out before a set that fits was
+    # found" after 0.3 s. The estimate is scaled up here so that a small chain shows it.
+    chain, platform = _instance(2000)
+    co.solve(chain, platform, "keep-all", time_limit=5)  # kernels ready
+    monkeypatch.setattr(_clock, "EVAL_PER_STAGE", 1e-2)  # 20 s an evaluation at 2000 stages
+    _clock.forget()
+    w = time.perf_counter()
+    result = co.solve(chain, platform, method, time_limit=3)
+    assert time.perf_counter() - w < 3 and result.status == co.Status.TIMEOUT and result.info.get("tried", 0) == 0
+    assert "is shorter than one evaluation of 2,000 stages" in result.message, result.message
+    assert "nothing was tried; give a longer time limit or none" in result.message
+    assert "ran out" not in result.message
+
+
 def test_an_observed_evaluation_replaces_the_model():
     length = 123_457  # a length no other test evaluates
     modelled = _clock.eval_seconds(length)

@@ -110,6 +110,9 @@ class Evaluator:
         self.bound = bound
         self.evals = 0
         self.stopped = ""
+        #: Seconds the first evaluation was estimated to need when the deadline refused it
+        #: before any evaluation ran (``None`` otherwise): :meth:`timeout_message`.
+        self.short: float | None = None
         self.cache: dict[tuple[int, ...], Candidate] = {}
         self.best: Candidate | None = None
         self.order = 0
@@ -124,8 +127,9 @@ class Evaluator:
         if self.evals >= self.max_evals:
             self.stopped = self.stopped or "evals"
             return True
-        if time.perf_counter() + self.reserve() > self.deadline:
-            self.stopped = self.stopped or "time"
+        need = self.reserve()
+        if time.perf_counter() + need > self.deadline:
+            self._refused(need)
             return True
         return False
 
@@ -145,10 +149,30 @@ class Evaluator:
     def fits(self, units: int) -> bool:
         """Whether an evaluation of a set of ``units`` units may start (:meth:`reserve`); sets
         ``stopped`` when not."""
-        if time.perf_counter() + self.reserve(units) > self.deadline:
-            self.stopped = self.stopped or "time"
+        need = self.reserve(units)
+        if time.perf_counter() + need > self.deadline:
+            self._refused(need)
             return False
         return True
+
+    def _refused(self, need: float) -> None:
+        """Note that work estimated at ``need`` seconds was not started for the deadline."""
+        self.stopped = self.stopped or "time"
+        if self.evals == 0 and self.short is None:
+            self.short = need
+
+    def timeout_message(self, method: str, what: str, time_limit: float | None) -> str:
+        """Why ``method`` ends with no ``what`` that fits under ``time_limit`` (its share of the
+        user's limit): the time ran out, or, nothing evaluated, one evaluation was estimated not
+        to end within it (NOTE [ clock ]), which a longer limit cures and a retry does not."""
+        left = "" if time_limit is None else f" ({time_limit:.3g} s of it left for the search)"
+        if self.evals == 0 and self.short is not None:
+            return (
+                f"{method}: the time limit{left} is shorter than one evaluation of {self.chain.length:,} stages "
+                f"with its schedule built, estimated at {self.short:.1f} s at this load: nothing was tried; "
+                "give a longer time limit or none"
+            )
+        return f"{method}: the time limit{left} ran out before {what} that fits was found"
 
     def at_bound(self, candidate: Candidate | None) -> bool:
         """Whether ``candidate`` is feasible and reaches the lower bound (nothing can beat it)."""

@@ -64,7 +64,7 @@ def _first_fit(method: str, chain: Chain, platform: Platform, order: Sequence[in
             None,
             runtime=time.perf_counter() - t0,
             info={"tried": search.evals, "stopped": "time"},
-            message=f"{method}: the time limit ({time_limit} s) ran out before a set that fits was found",
+            message=search.timeout_message(method, "a set", time_limit),
         )
     over = [c.peak for c in search.cache.values() if c.rule == 1]
     return Result(
@@ -103,7 +103,7 @@ def offload_all(chain: Chain, platform: Platform, *, keep: Iterable[int] = (), t
             None,
             runtime=time.perf_counter() - t0,
             info={"tried": 0, "stopped": "time"},
-            message=f"offload-all: the time limit ({time_limit} s) is below what planning {len(units)} units takes",
+            message=search.timeout_message("offload-all", "a plan", time_limit),
         )
     cand = search.units(units)
     if cand.feasible:

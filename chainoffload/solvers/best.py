@@ -368,7 +368,7 @@ def _cut_short(chain: Chain, platform: Platform, fallback: Result | None, info: 
         )
     return Result(
         "best", Status.TIMEOUT, None, lower_bound=info.get("lp_bound", math.nan), runtime=time.perf_counter() - t0,
-        info=info, message=f"best: the time limit ({time_limit} s) ran out before a schedule that fits was found",
+        info=info, message=search.timeout_message("best", "a schedule", time_limit),
     )
 
 
@@ -527,7 +527,7 @@ def best(
             runtime=time.perf_counter() - t0,
             info={**info, "least_peak": int(current.peak)},
             message=(
-                f"best: the time limit ({time_limit} s) ran out before a schedule that fits was found"
+                search.timeout_message("best", "a schedule", time_limit)
                 if timed_out
                 else f"best: no schedule found fits in {platform.memory} B (least peak seen {current.peak} B)"
             ),

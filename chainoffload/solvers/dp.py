@@ -256,10 +256,11 @@ class _Budgets:
             return None
         search = self.search
         cells = (self.slots + 1) * (self.queue_slots + 1) ** 2
-        if time.perf_counter() + search.chain.length * cells / CELL_RATE + search.reserve() > search.deadline:
+        need = search.chain.length * cells / CELL_RATE + search.reserve()
+        if time.perf_counter() + need > search.deadline:
             # The table fill and the evaluation of its plan would not end in time (NOTE [ clock ]),
             # whether or not a plan is in hand: without one, the method times out.
-            search.stopped = search.stopped or "time"
+            search._refused(need)
             return None
         self.seen.add((budget, tight))
         self.tried += 1
@@ -395,7 +396,7 @@ def dp(
                 None,
                 runtime=time.perf_counter() - t0,
                 info={**base_info, "repairs": repairs, "tried": runs.tried, "stopped": "time"},
-                message=f"dp: the time limit ({time_limit} s) ran out before a plan that fits was found",
+                message=search.timeout_message("dp", "a plan", time_limit),
             )
         return Result(
             "dp",

@@ -183,7 +183,7 @@ def lp(
             lower_bound=bound if math.isfinite(bound) else math.nan,
             runtime=runtime,
             info=info,
-            message=f"lp: the time limit ({time_limit} s) ran out before a rounding that fits was found",
+            message=search.timeout_message("lp", "a rounding", time_limit),
         )
     why = (
         "the fluid LP is infeasible, so no pure-offloading schedule fits"
