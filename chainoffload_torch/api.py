@@ -521,8 +521,11 @@ def offload(
     blocks
         The chain's stages. ``None`` finds them: the longest ``nn.ModuleList`` / ``nn.Sequential``
         of repeated blocks that the forward calls in order, each feeding the next (HF
-        ``model.layers``, ``transformer.h``, ``encoder.layer``; a ResNet's stages, joined). A
-        module path (``"transformer.h"``) or a list of modules also works. Code after the last
+        ``model.layers``, ``transformer.h``, ``encoder.layer``; a ResNet's stages, joined), with
+        every other such stack the forward runs before or after it (an encoder-decoder's two,
+        CLIP's two towers); a layer called several times (ALBERT's) is one stage per call. Or
+        say it: a module path (``"transformer.h"``), a module list, or a list of paths, module
+        lists and modules (``["encoder.block", "decoder.block"]``). Code after the last
         block is never offloaded; code before the first is stage 1 of its own where it keeps as
         much as a block (a stem: :attr:`Blocks.prefix`, NOTE [ prefix and suffix ]), else what
         it saves stays resident outside the chain.
