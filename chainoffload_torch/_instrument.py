@@ -227,18 +227,41 @@ def _at(call: _Call, loc: tuple[str, Any] | None) -> Any:
     return call.kwargs.get(key)
 
 
+class Timer:
+    """Boundary marks: CUDA events and allocator figures on a GPU, perf_counter on CPU."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.device = device
+
+    def mark(self) -> tuple[Any, int, int]:
+        """(time or event, bytes allocated now, peak bytes since the previous mark)."""
+        if not self.cuda:
+            return time.perf_counter(), 0, 0
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()
+        alloc = torch.cuda.memory_allocated(self.device)
+        peak = torch.cuda.max_memory_allocated(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        return ev, alloc, peak
+
+    def seconds(self, a: Any, b: Any) -> float:
+        if not self.cuda:
+            return max(0.0, b - a)
+        return max(0.0, a.elapsed_time(b) / 1e3)
+
+    def sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+
+
 class _Clock:
     """A discovery forward run as a training step's forward runs, with autograd, and timed
     (NOTE [ discovery as the warm-up ])."""
 
     def __init__(self, device: torch.device) -> None:
-        self.cuda = device.type == "cuda"
-        self.device = device
+        self.timer = Timer(device)
         self.seconds = 0.0
-
-    def sync(self) -> None:
-        if self.cuda:
-            torch.cuda.synchronize(self.device)
 
 
 def _trace(
@@ -274,10 +297,10 @@ def _trace(
             if clock is None:
                 model(*args, **kwargs)
             else:
-                clock.sync()
+                clock.timer.sync()
                 start = time.perf_counter()
                 out = model(*args, **kwargs)
-                clock.sync()
+                clock.timer.sync()
                 clock.seconds = time.perf_counter() - start
                 del out  # and with it what autograd saved, no backward following
     finally:

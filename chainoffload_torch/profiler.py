@@ -43,7 +43,7 @@ from torch import nn
 import chainoffload as co
 
 from ._copy import size_class
-from ._instrument import Blocks, Instrument, find_blocks, find_blocks_warm
+from ._instrument import Blocks, Instrument, Timer, find_blocks, find_blocks_warm
 from ._saved import Kept, check_version
 from ._stages import UnitLedger, canonical_device, model_state, resident_storages
 from ._tree import tensors_in
@@ -217,34 +217,6 @@ def _device_of(model: nn.Module, args: tuple, kwargs: dict, device: Any) -> torc
 # -- the recorder -----------------------------------------------------------------------------
 
 
-class _Timer:
-    """Boundary marks: CUDA events and allocator figures on a GPU, perf_counter on CPU."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.cuda = device.type == "cuda"
-        self.device = device
-
-    def mark(self) -> tuple[Any, int, int]:
-        """(time or event, bytes allocated now, peak bytes since the previous mark)."""
-        if not self.cuda:
-            return time.perf_counter(), 0, 0
-        ev = torch.cuda.Event(enable_timing=True)
-        ev.record()
-        alloc = torch.cuda.memory_allocated(self.device)
-        peak = torch.cuda.max_memory_allocated(self.device)
-        torch.cuda.reset_peak_memory_stats(self.device)
-        return ev, alloc, peak
-
-    def seconds(self, a: Any, b: Any) -> float:
-        if not self.cuda:
-            return max(0.0, b - a)
-        return max(0.0, a.elapsed_time(b) / 1e3)
-
-    def sync(self) -> None:
-        if self.cuda:
-            torch.cuda.synchronize(self.device)
-
-
 class _Pass:
     def __init__(self, ledger: UnitLedger) -> None:
         self.ledger = ledger
@@ -277,7 +249,7 @@ class _Recorder:
         self.n = n
         self.device = device
         self.roots = roots
-        self.timer = _Timer(device)
+        self.timer = Timer(device)
         self.current: _Pass | None = None
         #: The next pass is a probe (NOTE [ storages the forward keeps ]).
         self.probe = False
@@ -378,7 +350,7 @@ def _backward_roots(out: Any) -> tuple[list[torch.Tensor], list[torch.Tensor | N
     return roots, [torch.ones_like(t) for t in roots]
 
 
-def _times(timer: _Timer, marks: dict, n: int) -> tuple[list[float], list[float]]:
+def _times(timer: Timer, marks: dict, n: int) -> tuple[list[float], list[float]]:
     """Per-stage forward and backward seconds of one pass (NOTE [ what the profiler measures ])."""
     ends = [marks["start"]] + [marks[("f", i)] for i in range(1, n + 1)]
     fwd = [timer.seconds(ends[i - 1][0], ends[i][0]) for i in range(1, n + 1)]
@@ -584,7 +556,7 @@ def _measure(
     return sizes, runs
 
 
-def _forward_times(timer: _Timer, p: _Pass, n: int) -> list[float]:
+def _forward_times(timer: Timer, p: _Pass, n: int) -> list[float]:
     """Per-stage forward seconds of a pass, less a probe's own checks where the clock is the
     host's (on a GPU the device's clock runs on while the host checks)."""
     fwd = _times(timer, p.marks, n)[0]

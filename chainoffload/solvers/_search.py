@@ -129,7 +129,7 @@ class Evaluator:
             return True
         need = self.reserve()
         if time.perf_counter() + need > self.deadline:
-            self._refused(need)
+            self.refused(need)
             return True
         return False
 
@@ -151,11 +151,11 @@ class Evaluator:
         ``stopped`` when not."""
         need = self.reserve(units)
         if time.perf_counter() + need > self.deadline:
-            self._refused(need)
+            self.refused(need)
             return False
         return True
 
-    def _refused(self, need: float) -> None:
+    def refused(self, need: float) -> None:
         """Note that work estimated at ``need`` seconds was not started for the deadline."""
         self.stopped = self.stopped or "time"
         if self.evals == 0 and self.short is None:

@@ -260,7 +260,7 @@ class _Budgets:
         if time.perf_counter() + need > search.deadline:
             # The table fill and the evaluation of its plan would not end in time (NOTE [ clock ]),
             # whether or not a plan is in hand: without one, the method times out.
-            search._refused(need)
+            search.refused(need)
             return None
         self.seen.add((budget, tight))
         self.tried += 1
