@@ -186,7 +186,7 @@ def test_rotor_kernel_runs_as_python():
     jitted = [rotor(tiny(), Platform(memory=175, bandwidth_d2h=0.0, bandwidth_h2d=0.0), slots=50),
               rotor(chain, Platform(memory=int(0.5 * chain.saved.sum()), bandwidth_d2h=0.0, bandwidth_h2d=0.0), slots=60)]
     for (makespan, ops), res in zip(json.loads(out.stdout), jitted):
-        assert res.info["source"] == "dp"
+        assert res.info["source"] in ("dp", "dp-lifted")  # the table's plan, not a fixed policy
         assert makespan == res.makespan
         assert [tuple(op) for op in ops] == list(res.schedule.compute)
 
@@ -384,5 +384,5 @@ def test_interpreted_kernels_give_the_same_rotor_answer():
         interpreted = solve(chain, platform, "rotor", slots=60)
     finally:
         INTERPRETED[0] = False
-    assert jitted.info["source"] == "dp"
+    assert jitted.info["source"] in ("dp", "dp-lifted")
     assert interpreted.schedule == jitted.schedule and interpreted.makespan == jitted.makespan
