@@ -7,11 +7,13 @@ least as fast: slot rounding (NOTE [ never lose to the family ] in
 ``chainoffload/solvers/rotor.py``) must not hide the policy. Compared exactly, no tolerance.
 """
 
+import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
 from _budget import examples
-from chainoffload import Platform, Status, simulate, solve
+from chainoffload import Platform, Schedule, Status, simulate, solve
+from chainoffload.generators import transformer_chain
 from chainoffload.solvers.remat_baselines import family_schedules
 from chainoffload.testing import assert_feasible, chains, instances
 
@@ -24,8 +26,6 @@ CHAINS = chains(min_length=1, max_length=9, max_bytes=1 << 24, min_time=1e-3, no
 def policy_peak(chain, name):
     """(peak, makespan) of a fixed policy's sequence, simulated with no memory limit."""
     if name == "keep-all":
-        from chainoffload import Schedule
-
         schedule = Schedule.keep_all(chain.length)
     else:
         schedule = family_schedules(chain.length)[name][1]()
@@ -73,10 +73,6 @@ def test_joint_is_never_slower_than_a_fixed_policy_at_its_peak(instance, policy)
 @pytest.mark.parametrize("kind", ["llama", "bert", "t5"])
 def test_rotor_is_no_slower_than_checkpoint_all_on_transformer_chains(kind):
     # The issue's case: profiles' sizes, at exactly the memory checkpointing every block holds.
-    from chainoffload.generators import transformer_chain
-
-    import numpy as np
-
     rng = np.random.default_rng({"llama": 1, "bert": 2, "t5": 3}[kind])
     for _ in range(4):
         base = transformer_chain(kind, 8, hidden=int(rng.choice([768, 1024, 2048])), seq=int(rng.choice([256, 512])))

@@ -14,11 +14,14 @@ from chainoffload.platform import Platform
 from chainoffload.result import Status
 from chainoffload.schedule import Schedule
 from chainoffload.simulate import keep_all_peak
-from chainoffload.solvers import solve
+from chainoffload.solvers import methods, solve
 from chainoffload._kernels.rotor import CAP, INF_U, bound_at
 from chainoffload.networks import network, network_names
 from chainoffload.solvers.rotor import (DEFAULT_SLOTS, default_slots, emit_segment, rotor, rotor_schedule,
-                                       fill_rotor_table, slots_for)
+                                       fill_rotor_table, slots_for, exact_quantum, lift_slots)
+from chainoffload.generators import transformer_chain
+from chainoffload.solvers.remat_baselines import (checkpoint_all_schedule, compute_seconds, family_schedules,
+                                                  sequence_length)
 
 from naive_rotor import naive_bound_table, naive_rotor_table
 
@@ -390,12 +393,6 @@ def test_interpreted_kernels_give_the_same_rotor_answer():
 
 # -- checkpoint-all, and rotor against its family (NOTE [ never lose to the family ]) ------------
 
-from chainoffload.generators import transformer_chain  # noqa: E402
-from chainoffload.solvers.remat_baselines import (checkpoint_all_schedule, compute_seconds,  # noqa: E402
-                                                  family_schedules, sequence_length)
-from chainoffload.solvers.rotor import exact_quantum, lift_slots  # noqa: E402
-
-
 def test_checkpoint_all_is_hf_gradient_checkpointing():
     # Every stage but the last keeps only its input in the forward, and is re-run just before its backward.
     assert checkpoint_all_schedule(3).compute == (
@@ -416,13 +413,7 @@ def test_checkpoint_all_method_fits_exactly_at_its_peak():
     assert compute_seconds(chain, at.schedule) == at.makespan
     below = solve(chain, free.with_memory(tl.peak_memory - 1), "checkpoint-all")
     assert below.status == Status.INFEASIBLE and below.min_memory == tl.peak_memory
-    assert "checkpoint-all" in co_methods()
-
-
-def co_methods():
-    from chainoffload import methods
-
-    return methods()
+    assert "checkpoint-all" in methods()
 
 
 def test_checkpoint_all_needs_less_than_keep_all_and_more_than_recompute_all():
