@@ -389,14 +389,18 @@ def lift_slots(length: int, slots: int) -> int:
     return int(min(length + 6, max(8, slots // 8)))
 
 
-def _lifted(chain: Chain, platform: Platform, table: RotorTable, budget: int, top: int) -> dict[int, tuple[Schedule, object]]:
+def _lifted(chain: Chain, platform: Platform, table: RotorTable, budget: int, top: int,
+            deadline: float = math.inf) -> dict[int, tuple[Schedule, object]]:
     """The table's plans at budgets ``budget`` and above (up to ``top`` slots), simulated in bytes:
     ``top`` itself, then a bisection for the largest budget whose plan fits. Budget to
-    (schedule, timeline), for the budgets tried that have a plan."""
+    (schedule, timeline), for the budgets tried that have a plan. Past ``deadline`` only the plan
+    at ``budget`` is made (the others are improvements, each a rebuild and a simulation)."""
     n = chain.length
     tried: dict[int, tuple[Schedule, object]] = {}
 
     def plan(m: int):
+        if m != budget and time.perf_counter() >= deadline:
+            return None
         if m not in tried:
             if not math.isfinite(table.value(1, n, m)):
                 return None
@@ -506,7 +510,9 @@ def rotor(chain: Chain, platform: Platform, *, slots: int | None = None, time_li
     info.update(dp_makespan=value)
     # NOTE [ never lose to the family ]: the table's plan at the budget, its plans above it that
     # fit in bytes, and the fixed policies of the family.
-    plans = _lifted(chain, platform, table, sl.budget, sl.budget + lift)
+    # Under a clock, the lifted plans may use what the estimate kept for them and no more.
+    plans = _lifted(chain, platform, table, sl.budget, sl.budget + lift,
+                    deadline - sequence_seconds(6 * n) if math.isfinite(deadline) else math.inf)
     info.update(table_bytes=table.nbytes, exact_entries=table.exact_count)
     if math.isfinite(value) and not plans[sl.budget][1].feasible:
         schedule, timeline = plans[sl.budget]
