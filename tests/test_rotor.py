@@ -515,3 +515,18 @@ def test_transformer_chain_rejects_bad_input():
         transformer_chain("llama", 4, hidden=1000, heads=16)
     with pytest.raises(ValueError, match="flops"):
         transformer_chain("bert", 4, flops=0.0)
+
+
+@pytest.mark.parametrize("length", [1, 2, 3, 5, 10, 17])
+def test_closed_form_times_of_the_fixed_policies_are_their_sequences(length):
+    # rotor skips a policy whose closed-form time is above its plan's: the form must be the sequence's.
+    from chainoffload.solvers.rotor import _family_seconds
+
+    chain = random_chain(np.random.default_rng(length), length)
+    free = Platform(memory=UNLIMITED, bandwidth_d2h=0.0, bandwidth_h2d=0.0)
+    for name, (ops, build) in family_schedules(length).items():
+        schedule = build()
+        assert len(schedule.compute) == ops
+        makespan = simulate(chain, free, schedule).makespan
+        assert math.isclose(_family_seconds(chain, name), makespan, rel_tol=1e-12)
+        assert math.isclose(compute_seconds(chain, schedule), makespan, rel_tol=1e-12)
