@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import os
 import subprocess
 import sys
 import time
@@ -31,15 +30,20 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from chainoffload import Chain, Platform, Schedule, simulate, solve  # noqa: E402
-from chainoffload.generators import transformer_chain  # noqa: E402
-from chainoffload.simulate import keep_all_peak  # noqa: E402
-from chainoffload.solvers.rotor import DEFAULT_SLOTS, fill_rotor_table, rotor_schedule, slots_for  # noqa: E402
-from chainoffload.tradeoff import policy_peak  # noqa: E402
+from chainoffload import Chain, Platform, Schedule, simulate, solve
+from chainoffload.generators import transformer_chain
+from chainoffload.simulate import keep_all_peak
+from chainoffload.solvers.rotor import (
+    DEFAULT_SLOTS,
+    fill_rotor_table,
+    rotor_schedule,
+    slots_for,
+)
+from chainoffload.tradeoff import policy_peak
 
 KINDS = ("llama", "bert", "t5")
 FRACTIONS = (0.0, 0.25, 0.5)
-LINK = dict(bandwidth_d2h=12e9, bandwidth_h2d=12e9, latency=1e-5)
+LINK = {"bandwidth_d2h": 12e9, "bandwidth_h2d": 12e9, "latency": 1e-5}
 UNLIMITED = 2**62
 
 
@@ -116,7 +120,7 @@ def main() -> int:
     parser.add_argument("--seeds", type=int, default=4, help="profile-like copies of each chain (default 4)")
     parser.add_argument("--out", default=str(HERE / "results" / "remat_grid.md"))
     args = parser.parse_args()
-    load_start = open("/proc/loadavg").read().split()[:3]
+    load_start = Path("/proc/loadavg").read_text().split()[:3]
     t0 = time.perf_counter()
     chains = []
     for kind in KINDS:
@@ -127,17 +131,17 @@ def main() -> int:
     for chain in chains:
         rows += run_chain(chain)
         print(f"{chain.name}: done", file=sys.stderr, flush=True)
-    load_end = open("/proc/loadavg").read().split()[:3]
-    commit = subprocess.run(["git", "-C", str(HERE.parent), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    load_end = Path("/proc/loadavg").read_text().split()[:3]
+    commit = subprocess.run(["git", "-C", str(HERE.parent), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False).stdout.strip()
     cols = ["checkpoint-all", "sqrt-checkpoint", "table only", "rotor", "joint"]
     lines = [
         "# rotor and joint against checkpointing every block (issue 31)",
         "",
-        f"`python benchmarks/remat_grid.py --seeds {args.seeds}`, {datetime.date.today()} at commit {commit}, "
+        (f"`python benchmarks/remat_grid.py --seeds {args.seeds}`, {datetime.date.today()} at commit {commit}, "
         f"2 CPU cores shared with other jobs (load average {' '.join(load_start)} at the start, {' '.join(load_end)} at the end), "
-        f"{time.perf_counter() - t0:.0f} s.",
+        f"{time.perf_counter() - t0:.0f} s."),
         "",
-        "Chains: `chainoffload.generators.transformer_chain(kind, 8)` (fp32, batch 4 x 512 tokens, width 1024, 16 heads; "
+        ("Chains: `chainoffload.generators.transformer_chain(kind, 8)` (fp32, batch 4 x 512 tokens, width 1024, 16 heads; "
         "T5: 8 encoder + 8 decoder blocks), and `-jitterN` copies with every size jittered by up to 10 % onto a "
         "512-byte grid, as a profile's sizes come. Memory: checkpoint-all's simulated peak (0), a quarter (0.25) "
         "and half (0.5) of the way from it to the keep-all peak. Each cell: simulated makespan / checkpoint-all's, "
@@ -145,11 +149,11 @@ def main() -> int:
         "`table only`: rotor's table plan at the budget rounded down to 500 slots, what `rotor` returned before "
         "`NOTE [ never lose to the family ]`. `joint` on a 12 GB/s duplex link, 10 us a copy. "
         "Above 1.0000: slower than checkpointing every block (\"slower on n/N\" below counts any excess, "
-        "a float rounding included).",
+        "a float rounding included)."),
         "",
-        "The issue's Llama- and BERT-like profiles (3.2 % and 4.2 % slower at checkpoint-all's peak) came from "
+        ("The issue's Llama- and BERT-like profiles (3.2 % and 4.2 % slower at checkpoint-all's peak) came from "
         "Hugging Face models profiled by the adapter; these hand-built chains reproduce the defect on the T5-like "
-        "ones (about 2 %), and `property_tests/test_prop_family.py` on random chains at every fixed policy's peak.",
+        "ones (about 2 %), and `property_tests/test_prop_family.py` on random chains at every fixed policy's peak."),
         "",
         "| chain | memory | " + " | ".join(cols) + " | rotor source | joint source |",
         "|---|---|" + "---:|" * len(cols) + "---|---|",

@@ -9,9 +9,10 @@ least as fast: slot rounding (NOTE [ never lose to the family ] in
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
-
 from _budget import examples
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from chainoffload import Platform, Schedule, Status, simulate, solve
 from chainoffload.generators import transformer_chain
 from chainoffload.solvers.remat_baselines import family_schedules
