@@ -777,8 +777,10 @@ def _cmd_tradeoff(args: argparse.Namespace, out: Output) -> int:
         ("stage floor", f"{format_bytes(curve.stage_floor)}: no schedule fits below (proven)"),
         ("offload floor", f"{format_bytes(curve.offload_floor)}: no schedule without recomputation fits below (proven)"),
         ("keep-all peak", f"{format_bytes(curve.keep_all_peak)}: everything fits, no overhead"),
-        ("stopped by", _sweep_stop(curve)),
     ]
+    for name, peak in curve.policy_peaks.items():
+        rows.append((f"{name} peak", f"{format_bytes(peak)}: what {_POLICY_WORDS.get(name, name + ' holds')}"))
+    rows.append(("stopped by", _sweep_stop(curve)))
     _table(out, rows)
     out.print("\noverhead over compute at each memory ('-': no schedule found; lower bound: pure offloading)")
     cols = list(curve.methods) + ["lower bound"]
@@ -797,6 +799,14 @@ def _cmd_tradeoff(args: argparse.Namespace, out: Output) -> int:
     if args.out:
         out.print(f"wrote {args.out}")
     return 0
+
+
+# How the tradeoff table names each fixed recomputing policy's peak.
+_POLICY_WORDS = {
+    "checkpoint-all": "checkpointing every block (HF gradient_checkpointing_enable) holds",
+    "sqrt-checkpoint": "sqrt checkpointing holds",
+    "recompute-all": "recomputing everything from the input holds (the least of any sequence)",
+}
 
 
 def _sweep_stop(curve: Any) -> str:

@@ -531,6 +531,7 @@ _METHOD_STYLES: dict[str, dict[str, Any]] = {
     "best": {"color": "#1F77B4", "marker": "o", "markersize": 4, "linestyle": "-", "linewidth": 1.8, "zorder": 6},
     "cpsat": {"color": "#D62728", "marker": "o", "markersize": 9, "fillstyle": "none", "linestyle": "-", "linewidth": 3.5, "alpha": 0.45, "zorder": 2},
     "rotor": {"color": "#FF7F0E", "marker": "^", "markersize": 8, "fillstyle": "none", "linestyle": "--", "linewidth": 2.0, "zorder": 3},
+    "checkpoint-all": {"color": "#AD494A", "marker": "d", "markersize": 6, "linestyle": "--", "linewidth": 1.6, "zorder": 4},
     "sqrt-checkpoint": {"color": "#E377C2", "marker": "h", "markersize": 5, "linestyle": "-.", "zorder": 4},
     "recompute-all": {"color": "#393B79", "marker": ">", "markersize": 5, "linestyle": ":", "zorder": 4},
     "joint": {"color": "#2CA02C", "marker": "o", "markersize": 3.5, "linestyle": "-", "linewidth": 1.4, "zorder": 5},

@@ -42,11 +42,19 @@ from ._progress import progress
 from .result import Result, Status
 from .units import format_bytes
 
-__all__ = ["tradeoff", "Tradeoff", "TradeoffPoint", "DEFAULT_TRADEOFF_METHODS", "sweep_memories"]
+__all__ = ["tradeoff", "Tradeoff", "TradeoffPoint", "DEFAULT_TRADEOFF_METHODS", "FIXED_REMAT_POLICIES", "sweep_memories",
+           "policy_peak"]
 
-#: What :func:`tradeoff` runs when no method is named: the policies users know, the default
-#: search, and the two that recompute (the exact ``cpsat`` is left out: it is for small chains).
-DEFAULT_TRADEOFF_METHODS = ("offload-all", "first-k", "largest-first", "best", "rotor", "joint")
+#: What :func:`tradeoff` runs when no method is named: the policies users know (offloading:
+#: offload-all, first-k, largest-first; recomputing: checkpoint every block, sqrt checkpointing),
+#: the default search, and the two that plan recomputation (the exact ``cpsat`` is left out: it
+#: is for small chains).
+DEFAULT_TRADEOFF_METHODS = ("offload-all", "first-k", "largest-first", "checkpoint-all", "sqrt-checkpoint", "best", "rotor",
+                            "joint")
+
+#: The recomputing policies whose schedule does not depend on the memory: each has one peak,
+#: which a sweep that runs it adds to its memories (the budget at which it starts to fit).
+FIXED_REMAT_POLICIES = ("checkpoint-all", "sqrt-checkpoint", "recompute-all")
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -142,6 +150,10 @@ class Tradeoff:
         The methods whose points a wall clock may have decided (``time_limit`` given: every
         method that takes one; ``None``: only those with a wall-clock default of their own,
         ``cpsat``); every other point is the same on any machine, apart from its runtime.
+    policy_peaks
+        For each method of :data:`FIXED_REMAT_POLICIES` swept, the peak of its schedule: the
+        least memory at which it fits (a default sweep has a point there, so that the methods
+        that plan recomputation are seen against it at the memory it holds).
     """
 
     chain_name: str
@@ -156,6 +168,7 @@ class Tradeoff:
     remat: dict[str, bool]
     time_limit: float | None = None
     clocked: tuple[str, ...] = ()
+    policy_peaks: dict[str, int] = dataclasses.field(default_factory=dict)
 
     @property
     def methods(self) -> tuple[str, ...]:
@@ -192,7 +205,7 @@ class Tradeoff:
         ``keep_all_peak``, ``offload_memory_floor``, ``stage_memory_floor``, ``memories``,
         ``lower_bound`` and ``lower_bound_overhead`` (one per memory; ``null`` below the offload
         floor), ``time_limit`` (seconds or ``null``), ``clocked`` (the methods a wall clock may
-        have decided), and ``methods``: name to ``{"remat": bool, "min_memory": int | null,
+        have decided), ``policy_peaks`` (name to bytes, :attr:`policy_peaks`), and ``methods``: name to ``{"remat": bool, "min_memory": int | null,
         "points": [...]}`` with one :meth:`TradeoffPoint.to_dict` per memory. Non-finite
         numbers are ``null``.
         """
@@ -210,6 +223,7 @@ class Tradeoff:
             "lower_bound_overhead": [_finite(x) for x in self.lower_bound_overheads()],
             "time_limit": self.time_limit,
             "clocked": list(self.clocked),
+            "policy_peaks": dict(self.policy_peaks),
             "methods": {
                 m: {"remat": self.remat[m], "min_memory": self.min_memory(m), "points": [p.to_dict() for p in pts]}
                 for m, pts in self.curves.items()
@@ -221,7 +235,8 @@ class Tradeoff:
         """Read back what :meth:`to_dict` wrote (the points have no ``result``).
 
         A table written before ``time_limit`` and ``clocked`` existed reads back with ``None``
-        and every method clocked (the sweeps then ran under a time limit). Raises
+        and every method clocked (the sweeps then ran under a time limit); one written before
+        ``policy_peaks`` with none. Raises
         ``ValueError`` naming the missing key when ``data`` is not such a table.
         """
         try:
@@ -255,6 +270,7 @@ class Tradeoff:
                 remat={name: bool(entry["remat"]) for name, entry in data["methods"].items()},
                 time_limit=None if data.get("time_limit") is None else float(data["time_limit"]),
                 clocked=tuple(data["clocked"]) if "clocked" in data else tuple(data["methods"]),
+                policy_peaks={str(k): int(v) for k, v in data.get("policy_peaks", {}).items()},
             )
         except KeyError as exc:
             raise ValueError(f"tradeoff: missing key {exc.args[0]!r} in the table") from None
@@ -283,12 +299,35 @@ def _finite(x: float) -> float | None:
     return x if math.isfinite(x) else None
 
 
-def sweep_memories(chain: Chain, points: int, *, offload_floor: bool = True) -> tuple[int, ...]:
+def policy_peak(chain: Chain, name: str) -> int:
+    """The peak memory of a fixed recomputing policy's schedule on ``chain``: the least memory
+    at which that method fits.
+
+    Parameters
+    ----------
+    chain
+        The chain.
+    name
+        One of :data:`FIXED_REMAT_POLICIES`.
+    """
+    from .platform import Platform
+    from .simulate import simulate
+    from .solvers.remat_baselines import family_schedules
+
+    if name not in FIXED_REMAT_POLICIES:
+        raise ValueError(f"policy: {name!r} is not one of {', '.join(FIXED_REMAT_POLICIES)}")
+    unlimited = Platform(memory=2**63 - 1, bandwidth_d2h=0.0, bandwidth_h2d=0.0)
+    return int(simulate(chain, unlimited, family_schedules(chain.length)[name][1]()).peak_memory)
+
+
+def sweep_memories(chain: Chain, points: int, *, offload_floor: bool = True, policies: Sequence[str] = ()) -> tuple[int, ...]:
     """Memory limits from the stage floor to the keep-all peak, in bytes, increasing.
 
     ``points`` limits evenly spaced from :meth:`Chain.stage_memory_floor` to
     :func:`chainoffload.keep_all_peak`, and with ``offload_floor`` also
-    :func:`chainoffload.bounds.offload_memory_floor` (where pure offloading may start to fit).
+    :func:`chainoffload.bounds.offload_memory_floor` (where pure offloading may start to fit),
+    and the peak of each of ``policies`` (names from :data:`FIXED_REMAT_POLICIES`, see
+    :func:`policy_peak`) that lies in that range.
     """
     from .bounds import offload_memory_floor
     from .simulate import keep_all_peak
@@ -299,6 +338,10 @@ def sweep_memories(chain: Chain, points: int, *, offload_floor: bool = True) -> 
     swept = {int(m) for m in np.linspace(floor, max(peak, floor), int(points))}
     if offload_floor:
         swept.add(min(offload_memory_floor(chain), max(peak, floor)))
+    for name in policies:
+        m = policy_peak(chain, name)
+        if floor <= m <= max(peak, floor):
+            swept.add(m)
     return tuple(sorted(swept))
 
 
@@ -326,7 +369,10 @@ def tradeoff(
     memories
         Memory limits in bytes (any order; duplicates dropped); each must be at least
         :meth:`Chain.stage_memory_floor`. ``None`` sweeps ``points`` limits evenly from that
-        floor to the keep-all peak, plus the offload floor (see :func:`sweep_memories`).
+        floor to the keep-all peak, plus the offload floor and the peak of each fixed
+        recomputing policy swept (checkpoint-all, sqrt-checkpoint, recompute-all: the memory it
+        holds, where the methods that plan recomputation are compared with it; see
+        :func:`sweep_memories`).
     points
         Number of memory limits when ``memories`` is ``None`` (at least 2).
     time_limit
@@ -382,8 +428,11 @@ def tradeoff(
         raise ValueError("methods: expected at least one method name, got none")
     entries = {name: spec(name) for name in dict.fromkeys(names)}  # unknown names raise here
     stage_floor = chain.stage_memory_floor()
+    policy_peaks = {name: policy_peak(chain, name) for name in entries if name in FIXED_REMAT_POLICIES}
     if memories is None:
-        swept = sweep_memories(chain, points)
+        # sweep_memories(chain, points, policies=...) without simulating each policy twice.
+        top = max(keep_all_peak(chain), stage_floor)
+        swept = tuple(sorted(set(sweep_memories(chain, points)) | {m for m in policy_peaks.values() if stage_floor <= m <= top}))
     else:
         swept = _check_memories(memories, stage_floor, chain.name)
     offload_floor = offload_memory_floor(chain)
@@ -420,6 +469,7 @@ def tradeoff(
         remat={name: entry.remat for name, entry in entries.items()},
         time_limit=None if time_limit is None else float(time_limit),
         clocked=tuple(clocked),
+        policy_peaks=policy_peaks,
     )
 
 

@@ -147,7 +147,7 @@ def test_recompute_all_is_refused_at_any_limit_when_its_sequence_cannot_fit_in_m
     assert "GB free" in result.message, result.message
 
 
-@pytest.mark.parametrize("method", ["sqrt-checkpoint", "recompute-all", "rotor", "joint"])
+@pytest.mark.parametrize("method", ["checkpoint-all", "sqrt-checkpoint", "recompute-all", "rotor", "joint"])
 def test_a_recomputing_method_keeps_a_short_limit_or_refuses(method):
     chain, platform = _instance(300)
     co.solve(chain, platform, method, time_limit=30) if method != "joint" else None  # kernels ready

@@ -252,3 +252,64 @@ def test_cli_tradeoff_prints_the_same_table_twice(tmp_path, capsys, chain3):
     assert "work budgets, no clock: the same figures on any machine, except cpsat (its own wall-clock limit)" in capsys.readouterr().out
     assert main(argv + ["--time-limit", "-1"]) == 2
     assert "time_limit: expected a finite number of seconds > 0 or None, got -1.0" in capsys.readouterr().err
+
+
+# -- the recomputing policies users know, side by side with the methods that plan recomputation --
+
+
+def test_default_methods_show_the_policies_users_know():
+    assert {"offload-all", "first-k", "checkpoint-all", "sqrt-checkpoint", "rotor", "joint"} <= set(DEFAULT_TRADEOFF_METHODS)
+
+
+def test_a_sweep_has_a_point_at_each_fixed_policys_peak():
+    # At the memory checkpointing every block holds, the policy fits with no byte to spare; the
+    # methods whose family holds it are never slower there (NOTE [ never lose to the family ]).
+    from chainoffload.generators import transformer_chain
+    from chainoffload.tradeoff import policy_peak
+
+    chain = transformer_chain("bert", 8)
+    link = Platform(memory=0, bandwidth_d2h=12e9, bandwidth_h2d=12e9, latency=1e-5)
+    t = tradeoff(chain, link, ["checkpoint-all", "sqrt-checkpoint", "rotor", "joint"], points=3)
+    assert set(t.policy_peaks) == {"checkpoint-all", "sqrt-checkpoint"}
+    for name, peak in t.policy_peaks.items():
+        assert peak == policy_peak(chain, name) == co.solve(chain, link.with_memory(peak), name).peak_memory
+        assert peak in t.memories
+        j = t.memories.index(peak)
+        policy = t.curves[name][j]
+        assert policy.feasible and (j == 0 or not t.curves[name][j - 1].feasible)
+        for method in ("rotor", "joint"):
+            assert t.curves[method][j].makespan <= policy.makespan, (name, method)
+    assert sweep_memories(chain, 3, policies=["checkpoint-all"]) == tuple(
+        sorted(set(sweep_memories(chain, 3)) | {t.policy_peaks["checkpoint-all"]}))
+    with pytest.raises(ValueError, match="policy: 'rotor'"):
+        sweep_memories(chain, 3, policies=["rotor"])
+    # Given memories are not changed; the peaks are still reported.
+    given = tradeoff(chain, link, ["checkpoint-all"], memories=[t.keep_all_peak])
+    assert given.memories == (t.keep_all_peak,) and given.policy_peaks == {"checkpoint-all": t.policy_peaks["checkpoint-all"]}
+    data = json.loads(json.dumps(t.to_dict()))
+    assert data["policy_peaks"] == t.policy_peaks and Tradeoff.from_dict(data).to_dict() == data
+    assert Tradeoff.from_dict({k: v for k, v in data.items() if k != "policy_peaks"}).policy_peaks == {}
+
+
+def test_cli_tradeoff_names_the_policies_peaks(tmp_path, capsys):
+    from chainoffload.cli import main
+    from chainoffload.generators import transformer_chain
+    from chainoffload.units import format_bytes
+
+    chain = transformer_chain("llama", 8)
+    path = tmp_path / "llama.json"
+    chain.save(path)
+    assert main(["tradeoff", str(path), "--bandwidth", "12GB/s", "--methods", "checkpoint-all", "sqrt-checkpoint", "rotor",
+                 "--points", "2"]) == 0
+    out = capsys.readouterr().out
+    from chainoffload.tradeoff import policy_peak
+
+    peak = format_bytes(policy_peak(chain, "checkpoint-all"))
+    assert f"checkpoint-all peak   {peak}: what checkpointing every block (HF gradient_checkpointing_enable) holds" in out
+    assert "sqrt-checkpoint peak  " in out
+    lines = out.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.split()[:1] == ["memory"])
+    assert lines[head].split() == ["memory", "checkpoint-all", "sqrt-checkpoint", "rotor", "lower", "bound"]
+    row = next(line for line in lines[head + 1:] if line.strip().startswith(peak))
+    cells = row.split()[2:]
+    assert cells[0] != "-" and float(cells[2].rstrip("%")) <= float(cells[0].rstrip("%"))

@@ -73,6 +73,7 @@ _REGISTRY: dict[str, SolverSpec] = {
         SolverSpec("best", "chainoffload.solvers.best:best", "local search from lp, dp and every baseline over units and triggers; never worse than a baseline", remat_option="remat", fits_option="first_fit"),
         SolverSpec("cpsat", "chainoffload.solvers.cpsat:cpsat", "exact CP-SAT model of the rules (small chains); proven optimum or bound"),
         SolverSpec("rotor", "chainoffload.solvers.rotor:rotor", "rotor DP: optimal persistent checkpointing, no offload", remat=True),
+        SolverSpec("checkpoint-all", "chainoffload.solvers.remat_baselines:checkpoint_all", "HF gradient_checkpointing_enable / Megatron full: keep every stage's input, recompute each stage before its backward", remat=True),
         SolverSpec("sqrt-checkpoint", "chainoffload.solvers.remat_baselines:sqrt_checkpoint", "Chen et al.: keep the input of every sqrt(L)-stage segment, recompute the rest", remat=True),
         SolverSpec("recompute-all", "chainoffload.solvers.remat_baselines:recompute_all", "keep only a_0; recompute up to each stage before its backward (least memory)", remat=True),
         SolverSpec("joint", "chainoffload.solvers.joint:joint", "joint DP of rematerialization and offloading (best of it, rotor, pure offload)", remat=True),

@@ -1,4 +1,4 @@
-"""Rematerialization baselines users know: sqrt-checkpoint (Chen et al. 2016) and recompute-all.
+"""Rematerialization baselines users know: checkpoint-all, sqrt-checkpoint (Chen et al. 2016), recompute-all.
 
 Neither looks at the memory limit to choose its sequence: each is a fixed policy, reported
 feasible when the simulator accepts it and infeasible (with its peak as ``min_memory``)
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 
 from ..chain import Chain
 from ..platform import Platform
@@ -17,7 +18,8 @@ from ..schedule import Schedule
 from ..simulate import simulate
 from ._options import OptionError
 
-__all__ = ["sqrt_checkpoint", "recompute_all", "sqrt_checkpoint_schedule", "recompute_all_schedule", "sequence_length"]
+__all__ = ["checkpoint_all", "sqrt_checkpoint", "recompute_all", "checkpoint_all_schedule", "sqrt_checkpoint_schedule",
+           "recompute_all_schedule", "sequence_length", "family_schedules", "compute_seconds"]
 
 
 def sqrt_checkpoint_schedule(length: int, segment: int | None = None) -> Schedule:
@@ -47,6 +49,25 @@ def sqrt_checkpoint_schedule(length: int, segment: int | None = None) -> Schedul
     return Schedule(tuple(ops), ())
 
 
+def checkpoint_all_schedule(length: int) -> Schedule:
+    """Checkpoint every block: keep each stage's input, recompute each stage just before its backward.
+
+    What Hugging Face's ``model.gradient_checkpointing_enable()`` and Megatron's "full"
+    recomputation do: the forward runs Fck_1, ..., Fck_{L-1} (each keeps its input and hands its
+    output on without keeping anything for the backward), then F_L; the backward runs B_L, then
+    for i = L-1, ..., 1: F_i (re-run from the kept a_{i-1}) and B_i. It is Chen et al.'s sequence
+    with segments of one stage (:func:`sqrt_checkpoint_schedule` with ``segment=1``).
+
+    NOTE [ the last stage is not recomputed ]
+    -----------------------------------------
+    Those libraries also wrap the last block, whose recomputation then starts the backward.
+    In this model that would be Fck_L at once followed by F_L over its lone a_L: the same F_L
+    holds unit L whole as well, so the re-run frees nothing and costs one more forward. So the
+    last stage (which holds the head and the loss in the PyTorch adapter's chain) runs F_L once.
+    """
+    return sqrt_checkpoint_schedule(length, 1)
+
+
 def recompute_all_schedule(length: int) -> Schedule:
     """The most memory-frugal persistent sequence: keep only a_0, recompute up to each stage.
 
@@ -60,6 +81,45 @@ def recompute_all_schedule(length: int) -> Schedule:
         ops.append(("F", i))
         ops.append(("B", i))
     return Schedule(tuple(ops), ())
+
+
+def family_schedules(length: int) -> dict[str, tuple[int, Callable[[], Schedule]]]:
+    """The fixed persistent checkpointing policies, by method name: (ops, a builder of the sequence).
+
+    ``rotor`` and ``joint`` compare their plans with these (``NOTE [ never lose to the family ]``
+    in :mod:`chainoffload.solvers.rotor`): each is in rotor's family of schedules, so neither
+    method may return a slower plan at a memory where one of them fits. The op counts let a
+    caller skip, or refuse under a clock, a sequence before building it (recompute-all's is
+    quadratic in L).
+
+    Parameters
+    ----------
+    length
+        The chain's length L (>= 1).
+    """
+    return {
+        "checkpoint-all": (sequence_length("checkpoint-all", length), lambda: checkpoint_all_schedule(length)),
+        "sqrt-checkpoint": (sequence_length("sqrt-checkpoint", length), lambda: sqrt_checkpoint_schedule(length)),
+        "recompute-all": (sequence_length("recompute-all", length), lambda: recompute_all_schedule(length)),
+    }
+
+
+def compute_seconds(chain: Chain, schedule: Schedule) -> float:
+    """The sum of the durations of ``schedule``'s compute ops on ``chain`` (F: fwd, Fck / Fn:
+    fwd_nosave, B: bwd): its makespan when nothing waits for a transfer.
+
+    Parameters
+    ----------
+    chain
+        The chain.
+    schedule
+        A schedule of ``chain`` (its transfers are not looked at).
+    """
+    table = {"F": chain.fwd, "Fck": chain.fwd_nosave, "Fn": chain.fwd_nosave, "B": chain.bwd}
+    total = 0.0
+    for kind, stage in schedule.compute:
+        total += float(table[kind][stage - 1])
+    return total
 
 
 def _fixed_policy(method: str, chain: Chain, platform: Platform, schedule: Schedule, t0: float, info: dict) -> Result:
@@ -78,12 +138,14 @@ def _fixed_policy(method: str, chain: Chain, platform: Platform, schedule: Sched
 
 
 def sequence_length(method: str, length: int, segment: int | None = None) -> int:
-    """Ops in the compute sequence of ``method`` (``"sqrt-checkpoint"`` or ``"recompute-all"``)
-    on ``length`` stages, known before it is built: its cost (``NOTE [ clock ]``)."""
+    """Ops in the compute sequence of ``method`` (``"checkpoint-all"``, ``"sqrt-checkpoint"`` or
+    ``"recompute-all"``) on ``length`` stages, known before it is built: its cost (``NOTE [ clock ]``)."""
     if method == "recompute-all":
         return length * (length + 1) // 2 + length
+    if method == "checkpoint-all":
+        method, segment = "sqrt-checkpoint", 1
     if method != "sqrt-checkpoint":
-        raise ValueError(f"method: {method!r} is not sqrt-checkpoint or recompute-all")
+        raise ValueError(f"method: {method!r} is not checkpoint-all, sqrt-checkpoint or recompute-all")
     seg = max(1, math.ceil(math.sqrt(length))) if segment is None else segment
     last = length - (length - 1) // seg * seg  # stages of the last segment
     return 3 * length - last  # every forward once, every backward, and the earlier segments' forwards again
@@ -97,6 +159,37 @@ def _refused(method: str, chain: Chain, ops: int, time_limit: float | None, t0: 
     return refusal(method, f"its sequence of {ops:,} ops on {chain.length:,} stages", sequence_seconds(ops),
                    sequence_bytes(ops), time_limit, t0, length=chain.length, info=info,
                    hint="rotor or sqrt-checkpoint need far fewer ops" if method == "recompute-all" else "")
+
+
+def checkpoint_all(chain: Chain, platform: Platform, *, time_limit: float | None = None) -> Result:
+    """Checkpoint every block (HF ``gradient_checkpointing_enable``, Megatron's "full" recomputation).
+
+    Keeps each stage's input a_{i-1} through the forward (Fck_i, which keeps nothing for the
+    backward) and re-runs stage i with F_all just before B_i; the last stage runs once
+    (:func:`checkpoint_all_schedule`). A fixed policy: reported feasible when the simulator
+    accepts its sequence at ``platform.memory``, infeasible with its peak as ``min_memory``
+    when not.
+
+    Parameters
+    ----------
+    chain, platform
+        The instance (the platform's bandwidths are not used).
+    time_limit
+        Seconds it may take (``None``: no limit). Its sequence (3 L - 1 ops) is built and
+        simulated whole, which no clock can cut, so it is refused up front (status ``timeout``,
+        the estimate in the message) when the estimate does not fit, or does not fit in memory.
+
+    Returns
+    -------
+    Result
+        ``feasible`` with the sequence, or ``infeasible`` with ``min_memory``: the memory it needs.
+    """
+    t0 = time.perf_counter()
+    info: dict = {}
+    refused = _refused("checkpoint-all", chain, sequence_length("checkpoint-all", chain.length), time_limit, t0, info)
+    if refused is not None:
+        return refused
+    return _fixed_policy("checkpoint-all", chain, platform, checkpoint_all_schedule(chain.length), t0, info)
 
 
 def sqrt_checkpoint(chain: Chain, platform: Platform, *, segment: int | None = None, time_limit: float | None = None) -> Result:

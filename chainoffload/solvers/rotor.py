@@ -28,13 +28,36 @@ memory; the table is a table of integer lower bounds (4 bytes an entry, filled o
 a time, 16 to a vector) from which the entries the schedule needs are made exact on demand
 (``NOTE [ rotor by bounds ]`` in :mod:`chainoffload._kernels.rotor`): equal bit for bit to
 the dense float64 table of the recurrence, at any entry asked.
+
+NOTE [ never lose to the family ]
+---------------------------------
+Slot rounding makes the table conservative: each size is charged up to one slot too many, and
+the budget loses up to one slot. At a memory where a schedule of the family fits with no byte to
+spare (checkpoint every block, at its own peak: the budget a user compares against), the table
+may not see it and returns a slower plan (measured on a 16-stage T5-like chain with sizes as a
+profile gives them: 2 % slower than checkpointing every block, at its peak). Three steps close
+that gap, each checked by the simulator in bytes, the fastest kept:
+
+* *An exact slot.* When one slot size divides the budget and every size (:func:`exact_quantum`)
+  and the budget is then at most S slots, it is used: nothing is rounded and the table is the
+  exact optimum of the family, in fewer slots.
+* *The lifted table.* Otherwise the table is filled up to :func:`lift_slots` slots above the
+  budget (at most L + 6: what one check of the recurrence can lose to rounding); its plans there
+  are tried in bytes, the top one and then a bisection for the largest budget whose plan fits
+  (the plans' times fall as the budget grows). The plan at the budget itself always fits.
+* *The fixed policies.* Keep-all (before any table), checkpoint-all, sqrt-checkpoint and
+  recompute-all are built and simulated whenever their compute time (closed form) is below the
+  plan in hand, so rotor is never slower than one of them at a memory where it fits.
+
+``info["source"]`` says which won ("dp", "dp-lifted" with ``info["lifted_by"]`` slots,
+"keep-all", or the policy's name).
 """
 
 from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -45,9 +68,8 @@ from ..result import Result, Status
 from ..schedule import Schedule
 from ..simulate import simulate
 from ._options import OptionError
-from .remat_baselines import recompute_all_schedule
 
-__all__ = ["rotor", "Slots", "slots_for", "rotor_schedule", "RotorTable", "fill_rotor_table", "default_slots", "DEFAULT_SLOTS"]
+__all__ = ["rotor", "Slots", "slots_for", "exact_quantum", "lift_slots", "rotor_schedule", "RotorTable", "fill_rotor_table", "default_slots", "DEFAULT_SLOTS"]
 
 _krot = lazy("rotor")  # imports Numba on first use only
 
@@ -77,7 +99,29 @@ class Slots:
     saved_down: np.ndarray
 
 
-def slots_for(chain: Chain, memory: int, slots: int) -> Slots:
+def exact_quantum(chain: Chain, memory: int) -> int:
+    """The largest slot that divides the budget ``memory - act[0]`` and every size of ``chain``.
+
+    With it no size and no budget is rounded, so rotor's table is the exact optimum. 0 when the
+    budget is not positive.
+
+    Parameters
+    ----------
+    chain
+        The chain.
+    memory
+        GPU memory limit in bytes.
+    """
+    budget_bytes = int(memory) - int(chain.act[0])
+    if budget_bytes <= 0:
+        return 0
+    g = budget_bytes
+    for a in (chain.act, chain.saved, chain.fwd_tmp, chain.bwd_tmp):
+        g = math.gcd(g, int(np.gcd.reduce(a.astype(np.int64))) if a.shape[0] else 0)
+    return g
+
+
+def slots_for(chain: Chain, memory: int, slots: int, *, exact: bool = False) -> Slots:
     """Round ``chain``'s sizes to slots for a budget of ``memory - act[0]`` bytes in ``slots`` slots.
 
     Parameters
@@ -88,11 +132,19 @@ def slots_for(chain: Chain, memory: int, slots: int) -> Slots:
         GPU memory limit in bytes (a_0 is taken out: it stays resident throughout).
     slots
         Number of slots S the budget is cut into (>= 1).
+    exact
+        Use :func:`exact_quantum` as the slot when the budget is then at most ``slots`` slots:
+        nothing is rounded, in fewer slots (rotor; the joint DP's queues, which move bytes in
+        slots, keep the even cut).
     """
     if isinstance(slots, bool) or not isinstance(slots, (int, np.integer)) or slots < 1:
         raise OptionError(f"slots: {slots!r} must be an integer >= 1")
     budget_bytes = int(memory) - int(chain.act[0])
     quantum = max(1, -(-max(budget_bytes, 0) // int(slots)))
+    if exact:
+        g = exact_quantum(chain, memory)
+        if g and budget_bytes // g <= int(slots):
+            quantum = g
     budget = max(budget_bytes, 0) // quantum
 
     def up(a: np.ndarray) -> np.ndarray:
@@ -322,6 +374,58 @@ def rotor_schedule(choice, sl: Slots, length: int) -> Schedule:
     return Schedule(tuple(ops), ())
 
 
+def lift_slots(length: int, slots: int) -> int:
+    """Slots the table gets above the budget, whose plans are tried in bytes (``NOTE [ never lose
+    to the family ]``): L + 6 (the most rounded sizes one check of the recurrence adds up), at
+    most an eighth of ``slots`` but at least 8.
+
+    Parameters
+    ----------
+    length
+        The chain's length L.
+    slots
+        The slots S of the budget.
+    """
+    return int(min(length + 6, max(8, slots // 8)))
+
+
+def _lifted(chain: Chain, platform: Platform, table: RotorTable, budget: int, top: int,
+            deadline: float = math.inf) -> dict[int, tuple[Schedule, object]]:
+    """The table's plans at budgets ``budget`` and above (up to ``top`` slots), simulated in bytes:
+    ``top`` itself, then a bisection for the largest budget whose plan fits. Budget to
+    (schedule, timeline), for the budgets tried that have a plan. Past ``deadline`` only the plan
+    at ``budget`` is made (the others are improvements, each a rebuild and a simulation)."""
+    n = chain.length
+    tried: dict[int, tuple[Schedule, object]] = {}
+
+    def plan(m: int):
+        if m != budget and time.perf_counter() >= deadline:
+            return None
+        if m not in tried:
+            if not math.isfinite(table.value(1, n, m)):
+                return None
+            ops: list[tuple[str, int]] = []
+            emit_segment(ops, table.choice, table.slots, 1, n, m)
+            schedule = Schedule(tuple(ops), ())
+            tried[m] = (schedule, simulate(chain, platform, schedule))
+        return tried[m][1]
+
+    plan(budget)
+    lo, hi = budget, top
+    tl = plan(hi)
+    if tl is None or not tl.feasible:
+        # The table's plans grow with the budget and fit less often: look for the last that fits.
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            tl = plan(mid)
+            if tl is not None and not tl.feasible:
+                hi = mid
+            else:
+                lo = mid
+        plan(lo)
+    return tried
+
+
 def rotor(chain: Chain, platform: Platform, *, slots: int | None = None, time_limit: float | None = None) -> Result:
     """Optimal persistent checkpointing (rematerialization only, no transfer).
 
@@ -354,8 +458,9 @@ def rotor(chain: Chain, platform: Platform, *, slots: int | None = None, time_li
     -------
     Result
         ``feasible`` with the rebuilt schedule (optimal among persistent checkpointing
-        schedules up to slot rounding), or ``infeasible`` with ``min_memory`` when even
-        the most frugal sequence does not fit in the slot-rounded budget.
+        schedules up to slot rounding, exact when :func:`exact_quantum` gives a slot, and never
+        slower than keep-all, checkpoint-all, sqrt-checkpoint or recompute-all where they fit:
+        ``NOTE [ never lose to the family ]``), or ``infeasible`` when no sequence fits.
     """
     from .._clock import rotor_bytes, rotor_seconds, sequence_seconds
     from ._options import check_time_limit, refusal
@@ -366,8 +471,9 @@ def rotor(chain: Chain, platform: Platform, *, slots: int | None = None, time_li
     chosen = slots is not None
     if slots is None:
         slots = default_slots(chain.length)
-    sl = slots_for(chain, platform.memory, slots)
-    info = {"slots": int(slots), "quantum": sl.quantum, "budget_slots": sl.budget}
+    sl = slots_for(chain, platform.memory, slots, exact=True)
+    lift = 0 if sl.budget * sl.quantum == int(platform.memory) - int(chain.act[0]) and _whole(chain, sl) else lift_slots(chain.length, slots)
+    info = {"slots": int(slots), "quantum": sl.quantum, "budget_slots": sl.budget, "lift_slots": lift}
     n = chain.length
     # Both sequences below are persistent checkpointing sequences that slot rounding can hide
     # from the table near its two ends: keep-all (optimal whenever it fits) and the most
@@ -380,38 +486,70 @@ def rotor(chain: Chain, platform: Platform, *, slots: int | None = None, time_li
     if timeline.feasible:
         info.update(source="keep-all", recomputed=0)
         return Result("rotor", Status.FEASIBLE, keep_all, makespan=timeline.makespan, runtime=time.perf_counter() - t0, info=info)
-    # NOTE [ clock ]: the table, and the schedule rebuilt from it (a few L ops), cannot be cut.
+    # NOTE [ clock ]: the table, and the schedules rebuilt from it (a few L ops each, about
+    # log2(lift) + 2 of them, and checkpoint-all's and sqrt-checkpoint's), cannot be cut.
+    table_slots = slots + lift
     left = None if time_limit is None else deadline - time.perf_counter()
-    need = rotor_seconds(n, slots) + sequence_seconds(4 * n)
+    tries = 2 + max(1, lift).bit_length()
+    need = rotor_seconds(n, table_slots) + sequence_seconds((4 * tries + 6) * n)
     hint = ""
     if left is not None and need > left:
         per_slot = (rotor_seconds(n, 2) - rotor_seconds(n, 1))
-        fit = int((left - (need - rotor_seconds(n, slots)) - rotor_seconds(n, 0)) / per_slot) if per_slot > 0 else 0
+        fit = int((left - (need - rotor_seconds(n, table_slots)) - rotor_seconds(n, 0)) / per_slot) if per_slot > 0 else 0
+        fit -= lift_slots(n, max(1, fit)) if fit >= 1 else 0
         hint = f"slots={fit} would fit" if 1 <= fit < slots else "no slot count would fit"
         if not chosen and fit >= 1:
             hint += f" (the default here is {slots})"
-    refused = refusal("rotor", f"a rotor table of {n:,} stages and {slots} slots", need, rotor_bytes(n, slots),
+    # The message names the slots asked for; the estimate counts the lifted ones too.
+    refused = refusal("rotor", f"a rotor table of {n:,} stages and {slots} slots", need, rotor_bytes(n, table_slots),
                       left, t0, length=n, hint=hint, info=info)
     if refused is not None:
         return refused
-    table = fill_rotor_table(chain, sl)
+    table = fill_rotor_table(chain, replace(sl, budget=sl.budget + lift))
     value = table.value(1, chain.length, sl.budget)
-    info.update(dp_makespan=value, table_bytes=table.nbytes)
-    if not math.isfinite(value):
-        from .remat_baselines import sequence_length
+    info.update(dp_makespan=value)
+    # NOTE [ never lose to the family ]: the table's plan at the budget, its plans above it that
+    # fit in bytes, and the fixed policies of the family.
+    # Under a clock, the lifted plans may use what the estimate kept for them and no more.
+    plans = _lifted(chain, platform, table, sl.budget, sl.budget + lift,
+                    deadline - sequence_seconds(6 * n) if math.isfinite(deadline) else math.inf)
+    info.update(table_bytes=table.nbytes, exact_entries=table.exact_count)
+    if math.isfinite(value) and not plans[sl.budget][1].feasible:
+        schedule, timeline = plans[sl.budget]
+        info.update(source="dp", recomputed=_recomputed(schedule))
+        return Result("rotor", Status.ERROR, schedule, makespan=math.inf, runtime=time.perf_counter() - t0, info=info,
+                      message=f"rotor: simulator rejects the rebuilt schedule: {timeline.violation.message}")
+    best: tuple[float, str, Schedule] | None = None
+    for m, (schedule, timeline) in sorted(plans.items()):
+        if timeline.feasible and (best is None or timeline.makespan < best[0]):
+            best = (timeline.makespan, "dp" if m == sl.budget else "dp-lifted", schedule)
+            if m > sl.budget:
+                info["lifted_by"] = m - sl.budget
+    from .remat_baselines import family_schedules
 
-        ops = sequence_length("recompute-all", n)
+    skipped = {}
+    for name, (ops, build) in family_schedules(n).items():
+        if best is not None and _family_seconds(chain, name) > best[0] * (1 + 1e-9):
+            continue  # slower whatever memory it needs
         left = None if time_limit is None else deadline - time.perf_counter()
-        refused = refusal("rotor", f"no sequence fits at {slots} slots; the recompute-all sequence ({ops:,} ops)",
-                          sequence_seconds(ops), float(ops) * 400, left, t0, length=n, info=info)
-        if refused is not None:
-            return refused
-        fallback = recompute_all_schedule(chain.length)
-        timeline = simulate(chain, platform, fallback)
-        if timeline.feasible:
-            info.update(source="recompute-all", recomputed=sum(1 for k, _ in fallback.compute if k in ("Fck", "Fn")))
-            return Result("rotor", Status.FEASIBLE, fallback, makespan=timeline.makespan, runtime=time.perf_counter() - t0, info=info)
+        if name == "recompute-all" and best is None:
+            refused = refusal("rotor", f"no sequence fits at {slots} slots; the recompute-all sequence ({ops:,} ops)",
+                              sequence_seconds(ops), float(ops) * 400, left, t0, length=n, info=info)
+            if refused is not None:
+                return refused
+        elif left is not None and sequence_seconds(ops) > left:
+            skipped[name] = f"its sequence of {ops:,} ops would not fit the time left"
+            continue
+        schedule = build()
+        timeline = simulate(chain, platform, schedule)
+        if timeline.feasible and (best is None or timeline.makespan < best[0]):
+            best = (timeline.makespan, name, schedule)
+    if skipped:
+        info["skipped"] = skipped
+    if best is None:
         least = table.least_budget()
+        if least is not None and least > sl.budget:
+            least = None  # only the lifted part of the table holds a plan: not a proven figure
         return Result(
             "rotor",
             Status.INFEASIBLE,
@@ -421,16 +559,33 @@ def rotor(chain: Chain, platform: Platform, *, slots: int | None = None, time_li
             info=info,
             message=f"rotor: no checkpointing sequence fits in {platform.memory} B at {slots} slots",
         )
-    schedule = rotor_schedule(table.choice, sl, chain.length)
-    info.update(table_bytes=table.nbytes, exact_entries=table.exact_count)
-    timeline = simulate(chain, platform, schedule)
-    info.update(source="dp", recomputed=sum(1 for k, _ in schedule.compute if k in ("Fck", "Fn")))
-    return Result(
-        "rotor",
-        Status.FEASIBLE if timeline.feasible else Status.ERROR,
-        schedule,
-        makespan=timeline.makespan if timeline.feasible else math.inf,
-        runtime=time.perf_counter() - t0,
-        info=info,
-        message="" if timeline.feasible else f"rotor: simulator rejects the rebuilt schedule: {timeline.violation.message}",
-    )
+    makespan, source, schedule = best
+    if source != "dp-lifted":
+        info.pop("lifted_by", None)
+    info.update(source=source, recomputed=_recomputed(schedule))
+    return Result("rotor", Status.FEASIBLE, schedule, makespan=makespan, runtime=time.perf_counter() - t0, info=info)
+
+
+def _recomputed(schedule: Schedule) -> int:
+    return sum(1 for k, _ in schedule.compute if k in ("Fck", "Fn"))
+
+
+def _whole(chain: Chain, sl: Slots) -> bool:
+    """Whether every size of ``chain`` is a whole number of slots (nothing is rounded)."""
+    return all(not np.any(a.astype(np.int64) % sl.quantum) for a in (chain.act, chain.saved, chain.fwd_tmp, chain.bwd_tmp))
+
+
+def _family_seconds(chain: Chain, name: str) -> float:
+    """The compute time of a fixed policy's sequence (its makespan: it moves nothing), in closed
+    form, so that a policy slower than the plan in hand is neither built nor simulated."""
+    body = float(np.sum(chain.fwd)) + float(np.sum(chain.bwd))
+    nosave = chain.fwd_nosave.astype(float)
+    if name == "checkpoint-all":
+        return body + float(np.sum(nosave[:-1]))
+    if name == "recompute-all":
+        # Before B_i: Fn_1..Fn_{i-1}, then F_i.
+        return body + float(np.sum(np.cumsum(nosave)[:-1]))
+    # sqrt-checkpoint: every stage outside the last segment runs Fck / Fn once more.
+    seg = max(1, math.ceil(math.sqrt(chain.length)))
+    last = chain.length - (chain.length - 1) // seg * seg
+    return body + float(np.sum(nosave[: chain.length - last]))
