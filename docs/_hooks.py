@@ -123,28 +123,34 @@ def title_of(text: str, fallback: str) -> str:
 
 
 def section(text: str, heading: str) -> str:
-    """The first Markdown table after the line that starts with ``heading`` in ``text``."""
+    """The first Markdown table, or fenced block, after the line of ``text`` that starts with
+    ``heading`` (whichever comes first)."""
     lines = text.splitlines()
     at = next((i for i, line in enumerate(lines) if line.startswith(heading)), None)
     if at is None:
         raise ValueError(f"no line starting with {heading!r}")
-    first = next((i for i in range(at + 1, len(lines)) if lines[i].startswith("|")), None)
+    first = next((i for i in range(at, len(lines)) if lines[i].startswith(("|", "```"))), None)
     if first is None:
-        raise ValueError(f"no table after {heading!r}")
-    end = first
-    while end < len(lines) and lines[end].startswith("|"):
-        end += 1
+        raise ValueError(f"no table or fenced block after {heading!r}")
+    if lines[first].startswith("```"):
+        end = next(i for i in range(first + 1, len(lines)) if lines[i].startswith("```")) + 1
+    else:
+        end = first
+        while end < len(lines) and lines[end].startswith("|"):
+            end += 1
     return "\n".join(lines[first:end]) + "\n"
 
 
-def expand_includes(markdown: str, root: Path = ROOT) -> str:
-    """Replace every include marker with the table it names, read from the file now."""
+def expand_includes(markdown: str, root: Path = ROOT, page_depth: int = 1) -> str:
+    """Replace every include marker with the table it names, read from the file now; the link
+    to the file's page is relative to a page ``page_depth`` folders below the site's root."""
 
     def table(m: re.Match) -> str:
         source = root / m.group(1)
         quoted = section(source.read_text(), m.group(2))
         name = Path(m.group(1)).name
-        return f"{quoted}\n*Table from [`{m.group(1)}`](files/{name}), as that file says it now.*\n"
+        link = "/".join([".."] * page_depth + ["results", "files", name])
+        return f"{quoted}\n*From [`{m.group(1)}`]({link}), as that file says it now.*\n"
 
     return INCLUDE.sub(table, markdown)
 
@@ -258,12 +264,16 @@ def rooms_markdown(root: Path = ROOT) -> str:
         mine.sort(key=lambda r: (order.get(r.layer, len(order)), r.module) if package == "chainoffload" else r.module)
         layer_col = package == "chainoffload"
         text.append(f"### `{package}`\n")
+        text.append(f"Names starting with a dot are inside `{package}`.\n")
         text.append("| layer | module | what it does | imports |" if layer_col else "| module | what it does | imports |")
         text.append("|---|---|---|---|" if layer_col else "|---|---|---|")
+        def short(module: str) -> str:  # names inside the package are relative to it
+            return "." + module[len(package) + 1:] if module.startswith(package + ".") else module
+
         for r in mine:
-            imports = ", ".join(f"`{m}`" for m in r.imports) or "-"
+            imports = ", ".join(f"`{short(m)}`" for m in r.imports) or "-"
             gist = r.gist.replace("|", "\\|")
-            cells = ([r.layer or "-"] if layer_col else []) + [f"`{r.module}`", gist, imports]
+            cells = ([r.layer or "-"] if layer_col else []) + [f"`{short(r.module)}`", gist, imports]
             text.append("| " + " | ".join(cells) + " |")
         text.append("")
     return "\n".join(text)
@@ -288,4 +298,4 @@ def on_page_markdown(markdown, page, config, files):
         markdown = markdown.replace(NOTES_MARK, notes_markdown())
     if ROOMS_MARK in markdown:
         markdown = markdown.replace(ROOMS_MARK, rooms_markdown())
-    return expand_includes(markdown)
+    return expand_includes(markdown, page_depth=page.file.src_uri.count("/"))
