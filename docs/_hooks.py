@@ -253,6 +253,36 @@ def rooms(root: Path = ROOT) -> list[Room]:
     return out
 
 
+ARROWS_MARK = "<!-- layer-arrows -->"
+
+
+def layer_arrows(root: Path = ROOT) -> list[tuple[str, str, list[str]]]:
+    """``(from layer, to layer, [module -> module, ...])`` for every import between two different
+    layers of the core, in layer order; an arrow that points up is a break of the layer map."""
+    table = layers()
+    order = list(table)
+    found: dict[tuple[str, str], list[str]] = {}
+    for room in rooms(root):
+        if not room.layer:
+            continue
+        for target in room.imports:
+            layer = _layer(target, table)
+            if layer and layer != room.layer:
+                found.setdefault((room.layer, layer), []).append(f"{room.module} -> {target}")
+    return [(a, b, sorted(found[a, b])) for a, b in sorted(found, key=lambda k: (order.index(k[0]), order.index(k[1])))]
+
+
+def arrows_markdown(root: Path = ROOT) -> str:
+    """The arrows between the core's layers as a Markdown table."""
+    order = list(layers())
+    text = ["| from | to | direction | imports |", "|---|---|---|---|"]
+    for a, b, edges in layer_arrows(root):
+        way = "down" if order.index(b) < order.index(a) else "**up**"
+        shown = ", ".join(f"`{e}`" for e in edges[:4]) + (f" and {len(edges) - 4} more" if len(edges) > 4 else "")
+        text.append(f"| {a} | {b} | {way} | {shown} |")
+    return "\n".join(text) + "\n"
+
+
 def rooms_markdown(root: Path = ROOT) -> str:
     """The rooms as Markdown tables, one per package; the core's in layer order, lowest first."""
     table = layers()
@@ -298,4 +328,6 @@ def on_page_markdown(markdown, page, config, files):
         markdown = markdown.replace(NOTES_MARK, notes_markdown())
     if ROOMS_MARK in markdown:
         markdown = markdown.replace(ROOMS_MARK, rooms_markdown())
+    if ARROWS_MARK in markdown:
+        markdown = markdown.replace(ARROWS_MARK, arrows_markdown())
     return expand_includes(markdown, page_depth=page.file.src_uri.count("/"))

@@ -90,6 +90,24 @@ def test_every_module_is_a_room_with_its_imports():
         assert (f"`.{rest}`" if rest else f"`{package}`") in markdown, name
 
 
+def test_the_layer_arrows_are_the_import_maps():
+    # The architecture page's arrows between layers: an arrow up is one tests/test_imports.py
+    # allows by name (UPWARD_ALLOWED), and every edge is one the rooms table lists.
+    allowed = next(ast.literal_eval(n.value) for n in ast.parse((ROOT / "tests" / "test_imports.py").read_text()).body
+                   if isinstance(n, ast.Assign) and any(getattr(x, "id", None) == "UPWARD_ALLOWED" for x in n.targets))
+    order = list(hooks.layers())
+    rooms = {r.module: r for r in hooks.rooms()}
+    arrows = hooks.layer_arrows()
+    assert arrows and all(a != b for a, b, _ in arrows)
+    for a, b, edges in arrows:
+        for edge in edges:
+            source, target = edge.split(" -> ")
+            assert target in rooms[source].imports and rooms[source].layer == a
+            if order.index(b) > order.index(a):
+                assert (source, target) in allowed, f"{edge} points up ({a} -> {b}) and tests/test_imports.py does not allow it"
+    assert "| from | to | direction | imports |" in hooks.arrows_markdown()
+
+
 def includes():
     """Every include marker of every docs page: ``(page, file, heading)``."""
     found = []
