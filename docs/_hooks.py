@@ -309,6 +309,18 @@ def rooms_markdown(root: Path = ROOT) -> str:
     return "\n".join(text)
 
 
+# -- Sphinx roles in the docstrings ----------------------------------------------------------
+
+# The docstrings cite objects the Sphinx way (":class:`~chainoffload.Timeline`"), which Markdown
+# renders as ":class:" before the code; the site shows the code alone, "~" keeping the last name.
+SPHINX_ROLE = re.compile(r":(?:py:)?(?:class|func|meth|mod|attr|data|exc|obj|const):<code>(~?)([^<]*)</code>")
+
+
+def plain_roles(html: str) -> str:
+    """``html`` with Sphinx roles before inline code removed (``~a.b.c`` shown as ``c``)."""
+    return SPHINX_ROLE.sub(lambda m: f"<code>{m.group(2).rsplit('.', 1)[-1] if m.group(1) else m.group(2)}</code>", html)
+
+
 # -- MkDocs hook events ---------------------------------------------------------------------
 
 
@@ -331,3 +343,7 @@ def on_page_markdown(markdown, page, config, files):
     if ARROWS_MARK in markdown:
         markdown = markdown.replace(ARROWS_MARK, arrows_markdown())
     return expand_includes(markdown, page_depth=page.file.src_uri.count("/"))
+
+
+def on_page_content(html, page, config, files):
+    return plain_roles(html)

@@ -420,8 +420,13 @@ def test_no_page_quotes_a_table_it_should_include():
         assert "| resnet18 | 1.09 GiB |" not in text and "1.95 GiB       843.7%" not in text, name
 
 
+def test_sphinx_roles_show_as_code():
+    html = 'see :class:<code>~chainoffload.Timeline</code> and :func:<code>chainoffload.solve</code>, <code>x</code>'
+    assert hooks.plain_roles(html) == "see <code>Timeline</code> and <code>chainoffload.solve</code>, <code>x</code>"
+
+
 def test_the_hooks_file_is_the_one_mkdocs_runs():
     config = (ROOT / "mkdocs.yml").read_text()
     assert "hooks:\n  - docs/_hooks.py" in config and "docstring_style: numpy" in config
-    assert {"on_files", "on_page_markdown"} <= {n.name for n in ast.parse((DOCS / "_hooks.py").read_text()).body
+    assert {"on_files", "on_page_markdown", "on_page_content"} <= {n.name for n in ast.parse((DOCS / "_hooks.py").read_text()).body
                                                  if isinstance(n, ast.FunctionDef)}
