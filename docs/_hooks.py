@@ -7,6 +7,10 @@ never go stale (issue 34).
   table under that heading in the file as it is now.
 * **The NOTE index.** ``<!-- notes-index -->`` on the architecture page becomes the list of every
   ``# NOTE [ name ]`` block in the packages: where it is and its first sentence.
+* **The rooms and the arrows.** ``<!-- rooms -->`` becomes every module of both packages with its
+  docstring's first sentence and the modules it imports; ``<!-- layer-arrows -->`` the imports
+  between the core's layers (the layer map is ``tests/test_imports.py``'s ``LAYERS``).
+* **Sphinx roles.** The docstrings' ``:class:`~chainoffload.Timeline``` shows as code.
 
 The functions below are plain Python and are what ``tests/test_docs.py`` checks; the ``on_*``
 functions at the end are MkDocs' hook events.
@@ -14,6 +18,7 @@ functions at the end are MkDocs' hook events.
 
 from __future__ import annotations
 
+import ast
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -158,8 +163,7 @@ def expand_includes(markdown: str, root: Path = ROOT, page_depth: int = 1) -> st
 def results_page(path: Path) -> str:
     """The site page of one results file: a line saying where it comes from, then the file."""
     text = path.read_text()
-    # The files were written for GitHub; a heading level below the page's own title keeps the
-    # site's table of contents in order.
+    # A file that opens with a lower heading (or none) gets a title, so that every page has one.
     body = text if text.lstrip().startswith("# ") else f"# {title_of(text, path.stem)}\n\n{text}"
     head, _, rest = body.partition("\n")
     source = f"`benchmarks/results/{path.name}`"
@@ -185,8 +189,6 @@ LAYER_MAP = ROOT / "tests" / "test_imports.py"  # the layer map the import test 
 
 def layers() -> dict[str, list[str]]:
     """``LAYERS`` of ``tests/test_imports.py`` (read, not imported: the docs build needs no pytest)."""
-    import ast
-
     for node in ast.parse(LAYER_MAP.read_text()).body:
         if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "LAYERS" for t in node.targets):
             return ast.literal_eval(node.value)
@@ -218,8 +220,6 @@ def _module_name(path: Path, root: Path) -> str:
 def rooms(root: Path = ROOT) -> list[Room]:
     """Every module of the two packages, with every import of a sibling module it makes (at module
     level or inside a function; ``_kernels.lazy("name")`` counts as importing that kernel)."""
-    import ast
-
     paths = {_module_name(p, root): p for package in PACKAGES for p in sorted((root / package).rglob("*.py"))}
     table = layers()
     out = []
@@ -283,6 +283,11 @@ def arrows_markdown(root: Path = ROOT) -> str:
     return "\n".join(text) + "\n"
 
 
+def _relative(module: str, package: str) -> str:
+    """``module`` named relative to ``package`` (``.chain``) when inside it."""
+    return "." + module[len(package) + 1:] if module.startswith(package + ".") else module
+
+
 def rooms_markdown(root: Path = ROOT) -> str:
     """The rooms as Markdown tables, one per package; the core's in layer order, lowest first."""
     table = layers()
@@ -297,13 +302,10 @@ def rooms_markdown(root: Path = ROOT) -> str:
         text.append(f"Names starting with a dot are inside `{package}`.\n")
         text.append("| layer | module | what it does | imports |" if layer_col else "| module | what it does | imports |")
         text.append("|---|---|---|---|" if layer_col else "|---|---|---|")
-        def short(module: str) -> str:  # names inside the package are relative to it
-            return "." + module[len(package) + 1:] if module.startswith(package + ".") else module
-
         for r in mine:
-            imports = ", ".join(f"`{short(m)}`" for m in r.imports) or "-"
+            imports = ", ".join(f"`{_relative(m, package)}`" for m in r.imports) or "-"
             gist = r.gist.replace("|", "\\|")
-            cells = ([r.layer or "-"] if layer_col else []) + [f"`{short(r.module)}`", gist, imports]
+            cells = ([r.layer or "-"] if layer_col else []) + [f"`{_relative(r.module, package)}`", gist, imports]
             text.append("| " + " | ".join(cells) + " |")
         text.append("")
     return "\n".join(text)
