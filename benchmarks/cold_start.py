@@ -2,7 +2,7 @@
 
     python benchmarks/cold_start.py [--repeats N]
 
-The command is read from README.md (the ``bash`` block under "Run the main job"), so it
+The command is read from README.md (the ``bash`` block that runs ``chainoffload solve``), so it
 cannot drift from what a new user runs: ``chainoffload example resnet50 -o resnet50.json &&
 chainoffload solve ... --min-memory --out schedule.json && chainoffload simulate ... &&
 chainoffload plot ...``. Each ``&&`` part runs as its own process, ``.venv/bin/chainoffload``
@@ -45,16 +45,22 @@ RESULTS = ROOT / "benchmarks" / "results"
 TARGET = 15.0  # seconds of wall time for the cold job (issue 22)
 
 
+def main_job(text: str) -> str:
+    """The main job's command line in README text: the ``chainoffload`` parts of the first ``bash``
+    block that runs ``chainoffload solve`` (after the set-up parts, ``pip`` and ``venv``), its
+    continued lines joined, as one ``&&``-joined line."""
+    for block in re.findall(r"```bash\n(.*?)\n```", text, re.S):
+        if "chainoffload solve" not in block:
+            continue
+        line = " ".join(block.replace("\\\n", " ").split())
+        parts = [part.strip() for part in line.split("&&")]
+        return " && ".join(part for part in parts if part.split()[0].endswith("/chainoffload"))
+    raise SystemExit("no bash block that runs `chainoffload solve`")
+
+
 def readme_job(readme: Path = ROOT / "README.md") -> str:
-    """The main job's command line, from the first ``bash`` block after "Run the main job"."""
-    text = readme.read_text()
-    start = text.find("Run the main job")
-    if start < 0:
-        raise SystemExit(f"{readme}: no 'Run the main job' section")
-    block = re.search(r"```bash\n(.*?)\n```", text[start:], re.S)
-    if block is None:
-        raise SystemExit(f"{readme}: no bash block after 'Run the main job'")
-    return block.group(1).strip()
+    """The main job's command line, as README.md writes it."""
+    return main_job(readme.read_text())
 
 
 def job_parts(line: str) -> list[list[str]]:

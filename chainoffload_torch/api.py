@@ -630,7 +630,7 @@ def offload(
             f"chainoffload_torch: the model's forward keeps {' and '.join(x for x in (whole, some) if x)} alive after it "
             "returns (a reference outside autograd: a module attribute, a cache, a tensor kept as a ctx attribute): "
             "offloading them would free nothing, so the plan does not count on them (what it lets go of before it "
-            "returns, a list of skips, moves: NOTE [ late release ])",
+            "returns, a list of skips, moves; the documentation's training guide, 'Memory the forward keeps', says more)",
             RuntimeWarning,
             stacklevel=2,
         )

@@ -322,7 +322,8 @@ def nothing_fits(
     shapes = f" for {describe_key(key)}" if key is not None else ""
     # Every figure is a whole step's: the chain's plus what stays resident outside it.
     r = sizes.resident_bytes
-    outside = f"; {exact_bytes(r)} of it resident outside the chain (NOTE [ resident outside the chain ])" if r else ""
+    outside = (f"; {exact_bytes(r)} of it resident outside the chain (held by the forward's output or code, whatever "
+               "the plan; the solver gets the budget less it)") if r else ""
     return (
         f"memory: no schedule fits in {exact_bytes(platform.memory + r)}{shapes} ({status}); "
         f"keep-all peak {exact_bytes(step_peak(chain, sizes))}{outside}; proven floors {exact_bytes(offload_memory_floor(chain) + r)} "

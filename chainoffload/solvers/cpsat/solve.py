@@ -338,7 +338,7 @@ def _outcome(chain, platform, status_name, found, warm, lb, rejected, time_limit
         # A warm start may beat CP-SAT's schedule by rounding (at most 2 * tolerance): keep the better.
         candidates.append((warm[0], warm[1], warm[2]))
     if not candidates:
-        why = (f"the simulator rejected the {rejected} schedule(s) CP-SAT found (NOTE [ cpsat: time scale ])"
+        why = (f"the simulator rejected the {rejected} schedule(s) CP-SAT found (its integer times round the instance's; a longer time limit or another method may give one)"
                if rejected else f"CP-SAT found none (status {status_name})")
         return Result("cpsat", Status.TIMEOUT, None, lower_bound=lb, runtime=runtime, info=info,
                       message=f"cpsat: no schedule found within {limit}: {why}, and there is no warm start")
@@ -350,10 +350,11 @@ def _outcome(chain, platform, status_name, found, warm, lb, rejected, time_limit
         return Result("cpsat", Status.OPTIMAL, schedule, makespan=makespan, lower_bound=lb, runtime=runtime, info=info)
     if status_name == "INFEASIBLE":
         message = (f"cpsat: CP-SAT's integer model has no solution, yet the warm start ({source}) fits in the "
-                   "simulator: a rounding coincidence (NOTE [ cpsat: time scale ]); kept the warm start, optimality unproven")
+                   "simulator: its integer times round the instance's, and two events fell the other way; kept the warm start, "
+                   "optimality unproven")
     elif found is None and rejected:
-        message = (f"cpsat: the simulator rejected the {rejected} schedule(s) CP-SAT found (NOTE [ cpsat: time "
-                   f"scale ]); kept the warm start ({source}), {gap}")
+        message = (f"cpsat: the simulator rejected the {rejected} schedule(s) CP-SAT found (its integer times round "
+                   f"the instance's); kept the warm start ({source}), {gap}")
     elif found is None:
         message = f"cpsat: CP-SAT found no schedule within {limit}; kept the warm start ({source}), {gap}"
     else:
