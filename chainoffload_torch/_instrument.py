@@ -24,7 +24,8 @@ from typing import Any, Protocol, Sequence
 import torch
 from torch import nn
 
-from ._stages import as_stages, model_state
+from ._stages import as_stages
+from ._state import training_state
 from ._tree import first_tensor, signature, tensors_in
 
 __all__ = ["Blocks", "find_blocks", "Instrument", "Listener", "COMPILE_REFUSAL", "check_not_instrumented", "resolve_blocks"]
@@ -293,7 +294,7 @@ def _trace(
         handles.append(m.register_forward_pre_hook(pre, with_kwargs=True))
         handles.append(m.register_forward_hook(post, with_kwargs=True))
     try:
-        with model_state([model]), torch.set_grad_enabled(clock is not None):
+        with training_state([model]), torch.set_grad_enabled(clock is not None):
             if clock is None:
                 model(*args, **kwargs)
             else:

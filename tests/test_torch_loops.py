@@ -1,0 +1,265 @@
+"""Training loops people write, offloaded: bitwise equal to the same loop without offload().
+
+offload() and every replan run passes of the model of their own; these tests hold that none of
+them shows in training (NOTE [ profiling leaves no trace ] in chainoffload_torch/_state.py), and
+that the loops the adapter cannot carry out exactly are refused with a clear message.
+"""
+
+import copy
+import random
+import threading
+import warnings
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch import nn  # noqa: E402
+
+import chainoffload_torch as ct  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
+
+D = 16
+
+
+class Schedule:
+    """A plain object a model holds and its forward advances (a warm-up schedule)."""
+
+    def __init__(self) -> None:
+        self.t = 0
+
+    def scale(self) -> float:
+        self.t += 1
+        return 1.0 + 0.05 * (self.t % 4)
+
+
+class Block(nn.Module):
+    """A residual MLP block with whatever randomness or state the test asks for."""
+
+    def __init__(self, mode: str) -> None:
+        super().__init__()
+        self.mode = mode
+        self.f = nn.Sequential(nn.Linear(D, 2 * D), nn.Tanh(), nn.Linear(2 * D, D))
+        self.calls = 0
+        self.sched = Schedule()
+        self.rng = random.Random(3)
+
+    def forward(self, x):
+        y = self.f(x)
+        if self.mode == "random":  # stochastic depth drawn with Python's random
+            y = y * (0.0 if random.random() < 0.3 else 1.0 / 0.7)
+        elif self.mode == "numpy":  # a feature mask from NumPy's global generator
+            y = y * torch.from_numpy((np.random.rand(D) > 0.4).astype(np.float32))
+        elif self.mode == "counter":  # a call counter and a schedule object driven by it
+            self.calls += 1
+            y = y * (1.0 + 0.1 * (self.calls % 3)) * self.sched.scale()
+        elif self.mode == "own-rng":  # a generator object the module holds
+            y = y * (1.0 + self.rng.random())
+        elif self.mode == "dropout":
+            y = nn.functional.dropout(y, 0.2, self.training)
+        return x + y
+
+
+class Net(nn.Module):
+    def __init__(self, mode: str = "plain", n: int = 8) -> None:
+        super().__init__()
+        self.inp = nn.Linear(D, D)
+        self.blocks = nn.ModuleList(Block(mode) for _ in range(n))
+        self.head = nn.Linear(D, 4)
+        self.steps = 0
+
+    def forward(self, x):
+        self.steps += 1
+        h = self.inp(x)
+        for b in self.blocks:
+            h = b(h)
+        return self.head(h)
+
+
+def seed_all(seed: int = 0) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def batch(t: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(4, t, D, generator=g)
+
+
+def optimizer_in_backward(model: nn.Module) -> dict:
+    """torchtune's optimizer in backward: one AdamW per parameter, stepped from its hook."""
+    opts = {p: torch.optim.AdamW([p], lr=1e-2) for p in model.parameters()}
+
+    def step(p):
+        opts[p].step()
+        opts[p].zero_grad()
+
+    for p in model.parameters():
+        p.register_post_accumulate_grad_hook(step)
+    return opts
+
+
+def run(model, lengths, *, in_hooks=False, opts=None):
+    """Train ``model`` one step per length; losses, and the optimizer state at the end.
+
+    The generators are seeded once, before the run (not before each step): a pass that advances
+    them shows as a different draw in a later step.
+    """
+    opt = None if in_hooks else torch.optim.AdamW(model.parameters(), lr=1e-2)
+    losses = []
+    for k, t in enumerate(lengths):
+        loss = model(batch(t, k)).square().mean()
+        loss.backward()
+        losses.append(loss.detach())
+        if opt is not None:
+            opt.step()
+            opt.zero_grad()
+    return losses
+
+
+def offloaded_and_plain(mode, lengths, memory=0.6, in_hooks=False, **kw):
+    seed_all(1)
+    model = Net(mode)
+    ref = copy.deepcopy(model)
+    if in_hooks:
+        opts_a, opts_b = optimizer_in_backward(model), optimizer_in_backward(ref)
+    seed_all(7)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        handle = ct.offload(model, batch(lengths[0], 0), memory=memory, **kw)
+    got = run(model, lengths, in_hooks=in_hooks)
+    seed_all(7)
+    want = run(ref, lengths, in_hooks=in_hooks)
+    assert [float(x) for x in got] == [float(x) for x in want]
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        assert torch.equal(p, q), name
+        assert (p.grad is None) == (q.grad is None) and (p.grad is None or torch.equal(p.grad, q.grad)), name
+    if in_hooks:
+        for (p, oa), ob in zip(opts_a.items(), opts_b.values()):
+            sa, sb = oa.state[p], ob.state[next(iter(ob.state))] if ob.state else {}
+            assert sa.keys() == sb.keys()
+            assert all(torch.equal(sa[k], sb[k]) for k in sa)
+    return handle, model, ref
+
+
+# -- 1. offload() and replans leave training as it was -----------------------------------------
+
+
+def test_an_optimizer_stepped_from_gradient_hooks_takes_no_step_while_profiling():
+    """The issue's loss 4.26 plain against 18.27 offloaded at step 0: every profiling backward
+    stepped AdamW. Three steps, then a new shape (a replan inside the step), then two more."""
+    handle, model, _ = offloaded_and_plain("plain", [6, 6, 6, 9, 6, 9], in_hooks=True)
+    assert handle.replans == 1
+    assert handle.schedule.offloaded_units
+
+
+def test_an_optimizer_in_hooks_is_restored_with_its_hooks_after_offload():
+    seed_all(0)
+    model = Net()
+    opts = optimizer_in_backward(model)
+    before = [p.detach().clone() for p in model.parameters()]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ct.offload(model, batch(6, 0), memory=0.6)
+    assert all(torch.equal(a, p) for a, p in zip(before, model.parameters()))
+    assert all(not o.state for o in opts.values())
+    model(batch(6, 0)).square().mean().backward()  # the hooks still run in training
+    assert all(o.state for o in opts.values())
+    assert all(p.grad is None for p in model.parameters())
+
+
+@pytest.mark.parametrize("mode", ["random", "numpy", "counter", "own-rng", "dropout"])
+def test_randomness_and_state_of_the_model_are_as_plain_training_has_them(mode):
+    """Stochastic depth drawn with random, a NumPy mask, a counter-driven forward, a module's own
+    generator, dropout: step 0 and the steps after a replan draw what plain training draws."""
+    handle, model, ref = offloaded_and_plain(mode, [6, 6, 9, 6, 9, 5])
+    assert handle.replans == 2
+    assert model.steps == ref.steps == 6
+    assert [b.calls for b in model.blocks] == [b.calls for b in ref.blocks]
+    assert [b.sched.t for b in model.blocks] == [b.sched.t for b in ref.blocks]
+
+
+def test_attributes_the_passes_add_are_removed_and_containers_restored_in_place():
+    class Logging(Net):
+        def __init__(self):
+            super().__init__()
+            self.log = []
+            self.seen = {}
+
+        def forward(self, x):
+            self.log.append(x.shape[1])
+            self.seen[x.shape[1]] = self.seen.get(x.shape[1], 0) + 1
+            self.last = x.shape[1]
+            return super().forward(x)
+
+    seed_all(0)
+    model = Logging()
+    log, seen = model.log, model.seen
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ct.offload(model, batch(6, 0), memory=0.6)
+    assert model.log is log and log == [] and model.seen is seen and seen == {}
+    assert not hasattr(model, "last") and model.steps == 0
+    model(batch(9, 0)).sum().backward()  # a replan inside this call: only the call shows
+    assert log == [9] and seen == {9: 1} and model.last == 9 and model.steps == 1
+
+
+def test_a_hook_that_writes_the_weights_in_a_forward_is_refused_not_trained_on():
+    seed_all(0)
+    model = Net()
+
+    def bump(module, args):
+        with torch.no_grad():
+            module.f[0].bias.add_(1e-3)
+
+    model.blocks[2].register_forward_pre_hook(bump)
+    with pytest.raises(ct.ProfilingSideEffect, match=r"profiling changed 1 parameter\(s\) of the model in place \(blocks.2.f.0.bias\)"):
+        ct.offload(model, batch(6, 0), memory=0.6)
+    assert not model._forward_hooks  # the refused handle took its hooks away
+
+
+# -- 2. writes no version counter sees ----------------------------------------------------------
+
+
+class DataWrites(Net):
+    """The parent scales some blocks' outputs through ``.data``: no version counter moves."""
+
+    def __init__(self, written=(2, 5)):
+        super().__init__()
+        self.written = written
+
+    def forward(self, x):
+        h = self.inp(x)
+        for k, b in enumerate(self.blocks, start=1):
+            h = b(h)
+            if k in self.written:
+                h.data.mul_(0.9)
+        return self.head(h)
+
+
+def test_a_unit_written_through_data_after_it_was_saved_stays_resident_and_training_is_equal():
+    seed_all(0)
+    model = DataWrites()
+    ref = copy.deepcopy(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        handle = ct.offload(model, batch(6, 0), memory=0.6)
+    units = {u for u, why in handle.plan.sizes.unmovable.items() if "through .data" in why}
+    assert units == {2, 5}
+    assert handle.schedule.offloaded_units and not units & set(handle.schedule.offloaded_units)
+    rows = {r["stage"]: r["decision"] for r in handle.decisions()}
+    assert "through .data" in rows[2] and "through .data" in rows[5]
+    opt_a, opt_b = torch.optim.SGD(model.parameters(), lr=0.1), torch.optim.SGD(ref.parameters(), lr=0.1)
+    for k in range(3):
+        for m, opt in ((model, opt_a), (ref, opt_b)):
+            torch.manual_seed(k)
+            m(batch(6, k)).square().mean().backward()
+        for p, q in zip(model.parameters(), ref.parameters()):
+            assert torch.equal(p.grad, q.grad)
+        for opt in (opt_a, opt_b):
+            opt.step()
+            opt.zero_grad()
+    assert handle.last_step.offloaded_bytes > 0
