@@ -17,6 +17,7 @@ import dataclasses
 import functools
 import os
 import sys
+import threading
 import time
 import weakref
 from typing import Any, Protocol, Sequence
@@ -46,6 +47,14 @@ def check_not_instrumented(model: nn.Module) -> None:
 COMPILE_REFUSAL = (
     "torch.compile: a model instrumented by chainoffload_torch cannot be compiled (Dynamo cannot trace the "
     "saved-tensor hooks that move activations); train it uncompiled, or call handle.remove() before compiling"
+)
+
+#: What a forward of one offloaded model from a second thread gets while another runs
+#: (NOTE [ one step at a time ] in api.py).
+CONCURRENT_REFUSAL = (
+    "chainoffload_torch: the offloaded model was called from two threads at once (a forward while another "
+    "thread's forward or backward of it was running); one offloaded model runs one training step at a time. Call it "
+    "from one thread, or hold a lock around each step's forward and backward"
 )
 
 
@@ -777,6 +786,12 @@ class Instrument:
         self._handles: list[Any] = []
         self._stack: list[_Pass | None] = []
         self._ctx: _Pass | None = None
+        # The thread whose forward runs now and how deep (a replan's passes nest), and the
+        # forwards refused on this thread (NOTE [ one step at a time ] in api.py).
+        self._lock = threading.Lock()
+        self._owner: int | None = None
+        self._depth = 0
+        self._local = threading.local()
 
     # -- installation --------------------------------------------------------------------
 
@@ -817,6 +832,15 @@ class Instrument:
     # -- the model's forward -----------------------------------------------------------------
 
     def _root_pre(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        tid = threading.get_ident()
+        with self._lock:
+            foreign = self._depth > 0 and self._owner != tid
+            if not foreign:
+                self._owner, self._depth = tid, self._depth + 1
+        if foreign:
+            # _root_post runs even though this raises: it must leave the other thread's pass alone.
+            self._local.refused = getattr(self._local, "refused", 0) + 1
+            raise RuntimeError(CONCURRENT_REFUSAL)
         self._stack.append(None)  # popped by _root_post, which runs even if this raises
         if _under_compile():
             raise RuntimeError(COMPILE_REFUSAL)
@@ -828,6 +852,13 @@ class Instrument:
         return None
 
     def _root_post(self, module: nn.Module, args: tuple, kwargs: dict, out: Any) -> None:
+        if getattr(self._local, "refused", 0):
+            self._local.refused -= 1
+            return None
+        with self._lock:
+            self._depth = max(0, self._depth - 1)
+            if not self._depth:
+                self._owner = None
         p = self._stack.pop() if self._stack else None
         if p is None:
             return None

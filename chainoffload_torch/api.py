@@ -14,6 +14,7 @@ plan (NOTE [ plans per shape ]); ``handle.remove()`` leaves the model exactly as
 from __future__ import annotations
 
 import collections
+import threading
 import warnings
 from typing import Any, Iterable
 
@@ -26,7 +27,7 @@ from chainoffload.solvers import spec
 from chainoffload.units import format_bytes, parse_bytes
 
 from ._copy import Copier, HostPool
-from ._instrument import COMPILE_REFUSAL, Blocks, Instrument, check_not_instrumented, find_blocks_warm, resolve_blocks
+from ._instrument import COMPILE_REFUSAL, CONCURRENT_REFUSAL, Blocks, Instrument, check_not_instrumented, find_blocks_warm, resolve_blocks
 from ._stages import EntryState, canonical_device
 from ._tree import call_key, describe_key
 from .executor import ScheduleRun, StepStats
@@ -147,6 +148,13 @@ class Offloader:
         self._warned: set[Any] = set()
         self.replans = 0  #: plans made after the first (new shapes)
         self._removed = False
+        #: The step between its forward's start and its backward's end (NOTE [ one step at a
+        #: time ]), the thread that started it, and whether its backward has begun.
+        self._in_flight: Any = None
+        self._flight_thread: int | None = None
+        self._in_backward = False
+        #: remove() was called while a step was in flight: done at that step's end.
+        self._remove_pending = False
         self._instrument = Instrument(model, blocks, self)
 
     def _cache(self, plan: Plan) -> ScheduleRun:
@@ -199,8 +207,12 @@ class Offloader:
 
     def forward_start(self, args: tuple, kwargs: dict) -> Any:
         """Choose the plan for this call's shapes (NOTE [ plans per shape ]) and start its step."""
+        if self._in_backward and self._flight_thread != threading.get_ident():
+            raise RuntimeError(CONCURRENT_REFUSAL)
         run = self._select(args, kwargs)
-        return run.forward_start(args, kwargs)
+        step = run.forward_start(args, kwargs)
+        self._in_flight, self._flight_thread, self._in_backward = step, threading.get_ident(), False
+        return step
 
     def _select(self, args: tuple, kwargs: dict) -> ScheduleRun:
         if self._planner is None:
@@ -280,12 +292,24 @@ class Offloader:
 
     def forward_failed(self, step: Any) -> None:
         self._run.forward_failed(step)
+        self._step_over(step)
 
     def backward_mark(self, step: Any, idx: int) -> None:
+        if step is self._in_flight:
+            self._in_backward = True
         self._run.backward_mark(step, idx)
 
     def backward_end(self, step: Any) -> None:
         self._run.backward_end(step)
+        self._step_over(step)
+
+    def _step_over(self, step: Any) -> None:
+        if step is None or step is not self._in_flight:
+            return
+        self._in_flight, self._flight_thread, self._in_backward = None, None, False
+        if self._remove_pending:
+            self._remove_pending = False
+            self._release()
 
     def pack(self, step: Any, t: torch.Tensor) -> Any:
         return self._run.pack(step, t)
@@ -365,19 +389,29 @@ class Offloader:
     def reset(self) -> None:
         """Abandon the step in flight, if any (after an exception in its backward, say)."""
         self._run.reset()
+        self._step_over(self._in_flight)
 
     def remove(self) -> None:
-        """Take every hook away, drop the step in flight and free the host buffers.
+        """Take every hook away and free the host buffers.
 
-        The model is then exactly as it was before :func:`offload`.
+        The model is then exactly as it was before :func:`offload`: its next forward is plain.
+        Called between a step's forward and the end of its backward (``out = model(x);
+        handle.remove(); out.sum().backward()``), that backward still runs under the plan, and
+        the host buffers are freed at its end (or when the handle is let go of, if it never runs).
         """
         if self._removed:
             return
         self._instrument.remove()
+        self._removed = True
+        if self._in_flight is not None:
+            self._remove_pending = True  # NOTE [ one step at a time ]
+            return
+        self._release()
+
+    def _release(self) -> None:
         for _, run in self._plans.values():
             run.reset()
         self.pool.clear()
-        self._removed = True
 
     def decisions(self) -> list[dict[str, Any]]:
         """One row per block of the plan in force: sizes, the decision, its triggers, the bytes last moved."""
@@ -467,6 +501,22 @@ class Offloader:
     def __repr__(self) -> str:
         state = "removed" if self._removed else f"{len(self.blocks)} blocks, {len(self._plans)} plan(s)"
         return f"Offloader({type(self.model).__name__}, {state})"
+
+
+# NOTE [ one step at a time ]
+# A handle carries out one step at a time: the executor's state (which storages are on the host,
+# which copies are queued) is that of the step in flight, from its forward's start to its
+# backward's end. Two threads calling one offloaded model at once would interleave two steps in
+# that state (the issue's "dictionary changed size during iteration"); the instrument refuses a
+# forward from a second thread while another thread's forward runs, and the handle one while
+# another thread's step is in its backward, both with CONCURRENT_REFUSAL and before anything
+# moves. Steps from different threads one after the other are fine (a pool of worker threads).
+# A forward after another's forward and before its backward, on one thread, is a second forward
+# per backward (the executor's rule, not a concurrency error).
+# remove() in the middle of a step takes the module hooks away at once (the next forward is
+# plain) and leaves the step in flight to its plan: its backward's tensor hooks and saved-tensor
+# records still reach the handle, which frees the host buffers when that backward ends. Dropping
+# the step there (as remove() did) made its backward fail with "unit 3 was dropped".
 
 
 def _sharded(model: nn.Module) -> bool:

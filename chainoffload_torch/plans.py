@@ -208,7 +208,11 @@ class _Planner:
         resident = sizes.resident_bytes
         # NOTE [ resident outside the chain ]: the solver gets the budget less what stays resident.
         platform = self.link.with_memory(max(0, self.budget.bytes_for(chain, resident, step_peak(chain, sizes)) - resident))
-        result = solve_for(chain, platform, self.method, keep, sizes, self.options, key)
+        try:
+            result = solve_for(chain, platform, self.method, keep, sizes, self.options, key)
+        except ValueError as exc:
+            # NOTE [ what would help ]: the coverage and the blocks= to paste.
+            raise ValueError(f"{exc}; {what_would_help(chain, sizes, instrument.blocks)}") from None
         host = sizes.host_bytes(result.schedule.offloaded_units)
         if self.host_memory is not None and host > self.host_memory:
             raise ValueError(
@@ -330,6 +334,30 @@ def nothing_fits(
         f"units kept resident: {', '.join(why)}"
         + (f"; least memory known to work: {exact_bytes(works + r)}" if works is not None else "")
     )
+
+
+def what_would_help(chain: co.Chain, sizes: Sizes, blocks: Any) -> str:
+    """The tail of a refusal (NOTE [ what would help ]): the floor as a share of the keep-all
+    peak, what the chain can move, and the ``blocks=`` in use or to try, to paste."""
+    cover = coverage(chain, sizes, blocks)
+    floor = offload_memory_floor(chain) + sizes.resident_bytes
+    peak = cover.keep_all
+    text = f"the pure-offloading floor is {100 * floor / peak:.0f} % of the keep-all peak" if peak else ""
+    text += ("; " if text else "") + cover.describe()
+    lists = tuple(getattr(blocks, "lists", ()))
+    if lists and not cover.left_out:
+        text += f"; the chain's blocks are blocks={list(lists)!r} (pass other module lists, or a list of paths, to cover more)"
+    return text
+
+
+# NOTE [ what would help ]
+# A refusal names the figures a user chooses from (NOTE [ nothing fits ]) and, when the floor is
+# high because the chain covers little of the step, why: the share of the keep-all peak the chain
+# can move and what it leaves out (before the first block, the last block and after it, units
+# kept resident), with a blocks= to paste: the module lists outside the chain the search saw
+# added to the chain's own (a vision-language model whose text and vision towers are two lists),
+# or the chain's own lists to edit. The floor is given as a share too: a floor of 73 % at a
+# budget of 0.6 says at once that no schedule of these blocks can do it.
 
 
 def _held_reason(by: str | None) -> str:

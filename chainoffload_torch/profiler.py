@@ -385,20 +385,23 @@ def _storage_bytes(t: torch.Tensor) -> torch.Tensor:
 
 def _fingerprint(t: torch.Tensor) -> torch.Tensor | None:
     """Two integer sums over the bit patterns of ``t`` (all of them, and by rows of 64 weighted
-    by position), on its device: what a write of its bytes changes but for a vanishing chance."""
-    x = t.detach()
-    if x.numel() == 0 or x.layout != torch.strided:
-        return None
-    if x.is_complex():
-        x = torch.view_as_real(x)
-    dt = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}.get(x.element_size())
-    if dt is None:
+    by position), on its device: what a write of its bytes changes but for a vanishing chance.
+    ``None`` for a tensor whose bytes cannot be read so (not strided, an odd element size)."""
+    if t.numel() == 0 or t.layout != torch.strided:
         return None
     try:
-        v = x.view(dt)
-    except RuntimeError:
-        v = x.contiguous().view(dt)
-    v = v.reshape(-1)
+        # The stored bytes as they are: a plain tensor over them (no lazy conj / neg bit).
+        x = torch.empty(0, dtype=t.dtype, device=t.device).set_(t.untyped_storage(), t.storage_offset(), t.size(), t.stride())
+        if x.is_complex():
+            x = torch.view_as_real(x)
+        dt = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[x.element_size()]
+        try:
+            v = x.view(dt)
+        except RuntimeError:
+            v = x.contiguous().view(dt)
+        v = v.reshape(-1)
+    except (RuntimeError, KeyError):
+        return None
     rows = v.numel() // 64
     whole = v.sum(dtype=torch.int64)
     if not rows:

@@ -263,3 +263,144 @@ def test_a_unit_written_through_data_after_it_was_saved_stays_resident_and_train
             opt.step()
             opt.zero_grad()
     assert handle.last_step.offloaded_bytes > 0
+
+
+# -- 3. one step at a time: threads and remove() ---------------------------------------------
+
+
+def offloaded_net(memory=0.6):
+    seed_all(0)
+    model = Net()
+    ref = copy.deepcopy(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        handle = ct.offload(model, batch(6, 0), memory=memory)
+    assert handle.schedule.offloaded_units
+    return handle, model, ref
+
+
+def grads_equal(model, ref):
+    return all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(), ref.parameters()))
+
+
+def in_thread(fn):
+    """Run ``fn`` in a thread; return (thread, box) where box gets its result or exception."""
+    box = {}
+
+    def target():
+        try:
+            box["result"] = fn()
+        except BaseException as e:  # noqa: BLE001 - handed to the test
+            box["error"] = e
+
+    th = threading.Thread(target=target)
+    th.start()
+    return th, box
+
+
+@pytest.mark.parametrize("where", ["forward", "backward"])
+def test_a_forward_from_a_second_thread_while_a_step_runs_is_refused_clearly(where):
+    handle, model, ref = offloaded_net()
+    entered, go = threading.Event(), threading.Event()
+    owner = []
+
+    def wait(*_):
+        if threading.get_ident() == owner[0]:
+            entered.set()
+            assert go.wait(20)
+
+    if where == "forward":
+        model.blocks[3].register_forward_pre_hook(wait)
+    else:
+        model.blocks[2].f[0].weight.register_hook(wait)
+
+    def step():
+        owner.append(threading.get_ident())
+        model(batch(6, 0)).square().mean().backward()
+
+    th, box = in_thread(step)
+    assert entered.wait(20)
+    with pytest.raises(RuntimeError, match="called from two threads at once"):
+        model(batch(6, 1))
+    go.set()
+    th.join(20)
+    assert "error" not in box, box.get("error")
+    owner[0] = None
+    ref(batch(6, 0)).square().mean().backward()
+    assert grads_equal(model, ref)
+    assert handle.last_step.offloaded_bytes > 0
+    for m in (model, ref):  # steps one after the other from other threads are fine
+        m.zero_grad()
+        th, box = in_thread(lambda m=m: m(batch(6, 2)).square().mean().backward())
+        th.join(20)
+        assert "error" not in box, box.get("error")
+    assert grads_equal(model, ref)
+
+
+def test_remove_between_forward_and_backward_lets_that_backward_finish_under_the_plan():
+    handle, model, ref = offloaded_net()
+    loss = model(batch(6, 0)).square().mean()
+    handle.remove()
+    assert handle.hooks_installed == 0
+    assert handle.pool.total_bytes > 0  # the step in flight still holds its host copies
+    loss.backward()
+    ref(batch(6, 0)).square().mean().backward()
+    assert grads_equal(model, ref)
+    assert handle.last_step.offloaded_bytes > 0
+    assert handle.pool.total_bytes == 0
+    # the model is plain again: a second handle may offload it, and a forward moves nothing
+    model(batch(6, 1)).square().mean().backward()
+    assert handle.last_step.offloaded_bytes > 0 and handle.unit_states() == {}
+
+
+def test_remove_between_steps_still_frees_at_once():
+    handle, model, _ = offloaded_net()
+    model(batch(6, 0)).square().mean().backward()
+    handle.remove()
+    assert handle.hooks_installed == 0 and handle.pool.total_bytes == 0
+
+
+# -- 7. refusals say what would help ---------------------------------------------------------
+
+
+class Wide(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(D, 8 * D), nn.Linear(8 * D, D)
+
+    def forward(self, x):
+        return x + self.b(torch.tanh(self.a(x)))
+
+
+class Towers(nn.Module):
+    """A short stack of wide blocks before the long stack of narrow ones (a vision tower)."""
+
+    def __init__(self):
+        super().__init__()
+        self.vision = nn.ModuleList(Wide() for _ in range(3))
+        self.blocks = nn.ModuleList(Block("plain") for _ in range(8))
+
+    def forward(self, x):
+        for b in self.vision:
+            x = b(x)
+        for b in self.blocks:
+            x = b(x)
+        return x
+
+
+def test_a_refusal_gives_the_floor_as_a_share_the_coverage_and_the_blocks_to_paste():
+    torch.manual_seed(0)
+    model = Towers()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(ValueError) as info:
+            ct.offload(model, batch(6, 0), memory=0.4)
+    msg = str(info.value)
+    assert "memory: no schedule fits" in msg
+    assert "the pure-offloading floor is 60 % of the keep-all peak" in msg
+    assert "of the keep-all peak" in msg.split("floor is")[1] and "the chain can move" in msg
+    assert "blocks=['vision', 'blocks'] would add them" in msg
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        handle = ct.offload(model, batch(6, 0), memory=0.4, blocks=["vision", "blocks"])
+    assert len(handle.blocks) == 11 and handle.schedule.offloaded_units
