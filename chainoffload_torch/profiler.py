@@ -264,6 +264,8 @@ class _Recorder:
         self._at_end: dict[int, tuple[int, torch.Tensor, torch.Tensor, int]] = {}
         #: Units a tensor of which the backward read with other bytes than were saved.
         self.written: set[int] = set()
+        #: Per stage, the seconds the backward spent on those checks (off B_i's time on CPU).
+        self.bwd_checks: dict[int, float] = {}
 
     def wants(self) -> bool:
         return True
@@ -298,6 +300,8 @@ class _Recorder:
                 # The earliest an offload may copy a_i: what the backward reads must be these
                 # bytes, or a write its version counter saw (NOTE [ writes no version counter sees ]).
                 self._at_end[id(entry)] = (idx, fp, version_probe(hidden_out), hidden_out._version)
+            p.checks[idx] = p.checks.get(idx, 0.0) + time.perf_counter() - start
+            start = time.perf_counter()
         p.bookkeeping += time.perf_counter() - start
         p.act[idx] = _nbytes(hidden_out)
         if idx < self.n:
@@ -339,9 +343,12 @@ class _Recorder:
         entry = p.ledger.pack(t, p.current)
         kept = Kept(t, p.current)
         if self.check_writes and entry is not None and 1 <= entry.unit <= self.n:
+            fp_start = time.perf_counter()
             fp = _fingerprint(t)
             if fp is not None:
                 self._prints[id(kept)] = (entry.unit, fp, id(entry))
+            if p.current is not None:  # not the stage's own work: off its time on CPU
+                p.checks[p.current] = p.checks.get(p.current, 0.0) + time.perf_counter() - fp_start
         if self.probe and entry is not None:
             # NOTE [ storages the forward keeps ]: autograd gets an alias, a tensor object of the
             # probe's own over the same storage, so any other reference is the forward's.
@@ -358,11 +365,14 @@ class _Recorder:
             check_version(k, k.tensor._version, "while profiling (chainoffload_torch.profile)")
             seen = self._prints.pop(id(k), None)
             if seen is not None:
+                start = time.perf_counter()
                 self._compares.append((seen[0], seen[1], _fingerprint(k.tensor)))
                 end = self._at_end.pop(seen[2], None)
                 if end is not None and end[2]._version == end[3]:
                     # No version counter of a_i moved since F_i ended: its bytes must not have.
                     self._compares.append((end[0], end[1], _fingerprint(_storage_bytes(k.tensor))))
+                if k.stage is not None:
+                    self.bwd_checks[k.stage] = self.bwd_checks.get(k.stage, 0.0) + time.perf_counter() - start
             return k.tensor
         return k
 
@@ -604,6 +614,9 @@ def _measure(
                     written = rec.written
                 del out, roots, grads
                 fwd, bwd = _forward_times(rec.timer, p, n), _times(rec.timer, p.marks, n)[1]
+                if rec.bwd_checks and not rec.timer.cuda:
+                    bwd = [max(0.0, b - rec.bwd_checks.get(i, 0.0)) for i, b in enumerate(bwd, start=1)]
+                rec.bwd_checks.clear()
                 step = {"fwd": fwd, "bwd": bwd, "bookkeeping": p.bookkeeping}
                 if rec.timer.cuda:
                     step["fwd_tmp"], step["bwd_tmp"] = _tmp(p.marks, n, list(sizes.act))
@@ -918,23 +931,34 @@ def measure_chain(
         reference=reference,
     )
     n = instrument.blocks.stages
+    chain = chain_of(
+        sizes, _median_rows(runs["fwd"], n), _median_rows(runs["bwd"], n), _max(runs["fwd_tmp"], n), _max(runs["bwd_tmp"], n),
+        _median_rows(runs["nosave"], n) if nosave else None, name,
+    )
+    return chain, sizes
+
+
+def chain_of(
+    sizes: Sizes, fwd: list[float], bwd: list[float], fwd_tmp: list[int], bwd_tmp: list[int], nosave: list[float] | None, name: str
+) -> co.Chain:
+    """The chain of measured ``sizes`` and per-stage times and transients (as the allocator saw
+    them), with what the adapter adds: the output's own storages and the late releases."""
+    n = len(sizes.saved)
     # NOTE [ the output's own storages ]
-    saved, bwd_tmp = list(sizes.saved), _max(runs["bwd_tmp"], n)
+    saved = list(sizes.saved)
     saved[-1] += sizes.output_bytes
     bwd_tmp = [b + sizes.output_bytes if i < n else b for i, b in enumerate(bwd_tmp, start=1)]
     # NOTE [ late release ]
-    fwd_tmp = [f + (sizes.late_tmp[i] if sizes.late_tmp else 0) for i, f in enumerate(_max(runs["fwd_tmp"], n))]
-    chain = co.Chain(
-        _median_rows(runs["fwd"], n),
-        _median_rows(runs["bwd"], n),
-        list(sizes.act),
-        saved,
-        fwd_tmp,
-        bwd_tmp,
-        _median_rows(runs["nosave"], n) if nosave else None,
-        name=name,
-    )
-    return chain, sizes
+    fwd_tmp = [f + (sizes.late_tmp[i] if sizes.late_tmp else 0) for i, f in enumerate(fwd_tmp)]
+    return co.Chain(fwd, bwd, list(sizes.act), saved, fwd_tmp, bwd_tmp, nosave, name=name)
+
+
+def measure_call_sizes(instrument: Instrument, root: nn.Module, args: tuple, kwargs: dict, device: torch.device) -> Sizes:
+    """The sizes of one call, from one forward with autograd and no backward through an
+    installed ``instrument`` (the model's state restored after): what a plan reused for another
+    shape is checked with (NOTE [ one plan for many shapes ] in api.py)."""
+    sizes, _ = _measure(instrument, root, args, kwargs, device, 1, 0, timed=False)
+    return sizes
 
 
 # NOTE [ the output's own storages ]

@@ -176,7 +176,7 @@ def test_randomness_and_state_of_the_model_are_as_plain_training_has_them(mode):
     """Stochastic depth drawn with random, a NumPy mask, a counter-driven forward, a module's own
     generator, dropout: step 0 and the steps after a replan draw what plain training draws."""
     handle, model, ref = offloaded_and_plain(mode, [6, 6, 9, 6, 9, 5])
-    assert handle.replans == 2
+    assert handle.replans + handle.reuses == 2  # 9 profiled; 5 runs a larger shape's schedule or its own
     assert model.steps == ref.steps == 6
     assert [b.calls for b in model.blocks] == [b.calls for b in ref.blocks]
     assert [b.sched.t for b in model.blocks] == [b.sched.t for b in ref.blocks]
@@ -404,3 +404,49 @@ def test_a_refusal_gives_the_floor_as_a_share_the_coverage_and_the_blocks_to_pas
         warnings.simplefilter("ignore")
         handle = ct.offload(model, batch(6, 0), memory=0.4, blocks=["vision", "blocks"])
     assert len(handle.blocks) == 11 and handle.schedule.offloaded_units
+
+
+# -- 6. one plan for many shapes ---------------------------------------------------------------
+
+
+def test_dynamic_padding_over_many_lengths_profiles_a_few_times_and_trains_equal():
+    lengths = [int(t) for t in np.random.default_rng(5).integers(3, 17, size=30)]
+    handle, model, ref = offloaded_and_plain("dropout", lengths)
+    distinct = len(set(lengths))
+    records = sum(1 for k, t in enumerate(lengths) if t > max(lengths[:k] or [0]))  # new longest lengths
+    assert handle.replans <= records - 1 < distinct - 1
+    assert handle.reuses >= 1 and handle.replans + handle.reuses <= distinct - 1
+    for plan in handle.plans:
+        assert plan.predicted_peak <= plan.memory, plan.shapes
+    reused = [p for p in handle.plans if p.reused_from is not None]
+    assert reused and all(p.schedule.offloaded_units for p in reused)
+    assert "running a larger shape's schedule" in handle.table() and "-> schedule of arg0=(4, " in handle.table()
+
+
+class Scaled(Net):
+    """HF Trainer's ``num_items_in_batch``: a number that scales the loss and changes no size;
+    ``keep`` (how many positions the head sees) changes sizes."""
+
+    def forward(self, x, num_items_in_batch=None, keep=None):
+        out = super().forward(x)
+        if keep is not None:
+            out = out[:, :keep].tanh()
+        return out / (num_items_in_batch or 1)
+
+
+def test_a_number_that_changes_no_size_does_not_split_plans_and_one_that_does_still_does():
+    seed_all(0)
+    model = Scaled()
+    ref = copy.deepcopy(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        handle = ct.offload(model, {"x": batch(6, 0), "num_items_in_batch": 24}, memory=0.6)
+    calls = [dict(num_items_in_batch=n) for n in (24, 17, 30, 11, 24)] + [dict(num_items_in_batch=9, keep=k) for k in (3, 5, 3)]
+    for k, kw in enumerate(calls):
+        for m in (model, ref):
+            torch.manual_seed(k)
+            m(x=batch(6, k), **kw).square().mean().backward()
+        assert grads_equal(model, ref)
+    assert handle.replans == 2  # keep=3 and keep=5: their sizes differ
+    assert len({id(p.schedule) for p in handle.plans}) == 3
+    assert "arguments that change no size (one plan for all their values): num_items_in_batch" in handle.table()
