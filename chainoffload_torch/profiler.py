@@ -293,6 +293,8 @@ class _Recorder:
     def stage_end(self, p: _Pass, idx: int, hidden_in: Any, hidden_out: Any) -> None:
         start = time.perf_counter()
         p.ledger.stage_end(idx, hidden_in, p.versions.pop(idx, None), hidden_out)
+        p.bookkeeping += time.perf_counter() - start
+        start = time.perf_counter()
         if self.check_writes and idx < self.n and isinstance(hidden_out, torch.Tensor):
             entry = p.ledger.owner(hidden_out)
             fp = _fingerprint(_storage_bytes(hidden_out)) if entry is not None and entry.unit == idx else None
@@ -301,8 +303,6 @@ class _Recorder:
                 # bytes, or a write its version counter saw (NOTE [ writes no version counter sees ]).
                 self._at_end[id(entry)] = (idx, fp, version_probe(hidden_out), hidden_out._version)
             p.checks[idx] = p.checks.get(idx, 0.0) + time.perf_counter() - start
-            start = time.perf_counter()
-        p.bookkeeping += time.perf_counter() - start
         p.act[idx] = _nbytes(hidden_out)
         if idx < self.n:
             p.marks[("f", idx)] = self.timer.mark()
@@ -342,19 +342,21 @@ class _Recorder:
         start = time.perf_counter()
         entry = p.ledger.pack(t, p.current)
         kept = Kept(t, p.current)
+        checked = 0.0
         if self.check_writes and entry is not None and 1 <= entry.unit <= self.n:
             fp_start = time.perf_counter()
             fp = _fingerprint(t)
             if fp is not None:
                 self._prints[id(kept)] = (entry.unit, fp, id(entry))
+            checked = time.perf_counter() - fp_start
             if p.current is not None:  # not the stage's own work: off its time on CPU
-                p.checks[p.current] = p.checks.get(p.current, 0.0) + time.perf_counter() - fp_start
+                p.checks[p.current] = p.checks.get(p.current, 0.0) + checked
         if self.probe and entry is not None:
             # NOTE [ storages the forward keeps ]: autograd gets an alias, a tensor object of the
             # probe's own over the same storage, so any other reference is the forward's.
             kept.tensor = t.detach()
             p.aliases.setdefault(entry, []).append(kept.tensor)
-        p.bookkeeping += time.perf_counter() - start
+        p.bookkeeping += time.perf_counter() - start - checked
         return kept
 
     def unpack(self, k: Any) -> Any:
