@@ -450,3 +450,61 @@ def test_a_number_that_changes_no_size_does_not_split_plans_and_one_that_does_st
     assert handle.replans == 2  # keep=3 and keep=5: their sizes differ
     assert len({id(p.schedule) for p in handle.plans}) == 3
     assert "arguments that change no size (one plan for all their values): num_items_in_batch" in handle.table()
+
+
+# -- 8. the fuzz draws these loops -------------------------------------------------------------
+
+from chainoffload_torch import testing  # noqa: E402
+from chainoffload_torch.testing import BlockSpec, ModelCase, ModelSpec, differential_check  # noqa: E402
+
+LOOP_SPECS = {  # name: (the spec's loop fields, the feature they are)
+    "python": (dict(draws=((1, "python"), (4, "python"))), "python_random"),
+    "numpy": (dict(draws=((2, "numpy"), (5, "numpy"))), "numpy_random"),
+    "counter": (dict(draws=((3, "counter"),)), "counter"),
+    "data_write": (dict(data_writes=(2, 5)), "data_write"),
+    "optimizer_in_hooks": (dict(optimizer="adamw_in_hooks"), "optimizer_in_hooks"),
+    "varying_shapes": (dict(batches=(3, 2, 4, 1)), "varying_shapes"),
+}
+
+
+def loop_case(**loop):
+    blocks = (BlockSpec(("residual", "gain")),) * 8
+    return ModelCase(ModelSpec(blocks=blocks, width=8, batch=3, seed=5, **loop))
+
+
+@pytest.mark.parametrize("name", list(LOOP_SPECS))
+def test_each_loop_the_fuzz_draws_trains_equal(name):
+    fields, feature = LOOP_SPECS[name]
+    case = loop_case(**fields)
+    assert case.features == {feature}
+    result = differential_check(case, memory=0.6, method="largest-first", steps=4)
+    assert result.kind == "equal", result
+    assert result.offloaded_units
+
+
+@pytest.mark.parametrize("name", ["optimizer_in_hooks", "python", "counter"])
+def test_the_fuzz_sees_what_profiling_did_before_it_left_no_trace(monkeypatch, name):
+    """With the passes of offload() restoring only what they restored before issue 32 (buffers,
+    grads, torch's generators), the loop differs: the differential check catches it."""
+    from chainoffload_torch import _instrument, _stages, profiler
+
+    monkeypatch.setattr(profiler, "training_state", _stages.model_state)
+    monkeypatch.setattr(_instrument, "training_state", _stages.model_state)
+    result = differential_check(loop_case(**LOOP_SPECS[name][0]), memory=0.6, method="largest-first", steps=3)
+    assert result.kind == "silent_difference", result
+
+
+def test_drawn_loops_use_each_loop_feature_and_bad_loop_fields_are_refused():
+    seen = set()
+    for k in range(200):
+        seen |= testing.draw_model(k).features & set(testing.LOOP_FEATURES)
+    assert seen == set(testing.LOOP_FEATURES)
+    blocks = (BlockSpec(),) * 3
+    for bad, match in (
+        (dict(draws=((0, "dice"),)), "draws"),
+        (dict(data_writes=(3,)), "data_writes"),
+        (dict(optimizer="lion"), "optimizer"),
+        (dict(batches=(0,)), "batches"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            ModelSpec(blocks=blocks, **bad)
