@@ -142,6 +142,20 @@ class Blocks:
 
 # -- finding the blocks ----------------------------------------------------------------------
 
+# NOTE [ blocks a forward skipped ]
+# LayerDrop (HF Wav2Vec2 and HuBERT train with layerdrop=0.1 by default; BART, Whisper expose
+# it) skips some layers in a training forward, so the one forward discovery traces may call only
+# a subset of a module list: the run then broke at the first skipped layer, and which list won
+# depended on the draw (HuBERT: with one seed the 3 conv layers, 4 % coverage). A child of a
+# list not called between two children that were (each once, in order), or before the first,
+# is therefore a stage too, while at most as many were skipped as called (LayerDrop skips a
+# minority; a list the forward picks one child from is no chain). Its call is made up from its
+# neighbours' (the next one's arguments, the previous one's output; before the first one
+# called, that one's hidden input), and the list's run goes on through it: the blocks are the
+# whole list whatever the draw; after the last one called, each takes the one before's output
+# where that one took its input. A training step that skips a block is refused by the instrument, saying what
+# to do: the executor runs every block once per step.
+
 # NOTE [ finding the blocks ]
 # One forward of the sample (no autograd, model state restored after) with hooks on every child
 # of every nn.ModuleList / nn.Sequential of the model records which is called, when (start and
@@ -183,6 +197,9 @@ class _Call:
     kwargs: dict
     out: Any = None
     end: int = 0
+    #: Not called in the traced forward (NOTE [ blocks a forward skipped ]): made up from the
+    #: next block's arguments and the previous block's output.
+    skipped: bool = False
 
 
 @dataclasses.dataclass
@@ -383,15 +400,50 @@ def _chain(stages: list[tuple[nn.Module, _Call]], same_shape: bool = True) -> tu
 
 def _container_stages(children: Sequence[nn.Module], calls: dict[int, list[_Call]]) -> tuple[list, str]:
     """The calls of a container's children as stages: each child once, in order; or its one
-    child called several times (one stage per call)."""
+    child called several times (one stage per call). A child that was not called between two
+    that were (LayerDrop skipped it in this forward) is a stage too, with a call made up from
+    its neighbours' (NOTE [ blocks a forward skipped ])."""
     if len(children) == 1 and len(calls.get(id(children[0]), [])) >= 2:
         return [(children[0], c) for c in calls[id(children[0])]], ""
-    stages = []
+    stages: list = []
+    gap: list[nn.Module] = []
     for j, child in enumerate(children):
         cs = calls.get(id(child), [])
+        if not cs:
+            gap.append(child)
+            continue
         if len(cs) != 1:
-            return stages, (f"block {j} was not called" if not cs else f"block {j} was called {len(cs)} times")
-        stages.append((child, cs[0]))
+            return stages, f"block {j} was called {len(cs)} times"
+        call = cs[0]
+        if stages:
+            before, out = stages[-1][1].end, stages[-1][1].out
+        else:  # skipped first blocks: they hand on the hidden input the first one called takes
+            before, out = call.order - 1, _at(call, _first_location(call.args, call.kwargs))
+        for k, skipped in enumerate(gap, start=1):
+            at = before + k / (len(gap) + 1)  # between the two calls, in order
+            stages.append((skipped, _Call(at, call.args, call.kwargs, out, at, True)))
+        gap = []
+        stages.append((child, call))
+    if gap and stages:
+        # Skipped last blocks: each takes the one before's output where that one took its input.
+        last = stages[-1][1]
+        loc = _first_location(last.args, last.kwargs)
+        args, kwargs = list(last.args), dict(last.kwargs)
+        if loc is not None and loc[0] == "arg":
+            args[loc[1]] = last.out
+        elif loc is not None:
+            kwargs[loc[1]] = last.out
+        for k, skipped in enumerate(gap, start=1):
+            at = last.end + k / (len(gap) + 1)
+            stages.append((skipped, _Call(at, tuple(args), kwargs, last.out, at, True)))
+        gap = []
+    made_up = sum(1 for _, c in stages if c.skipped)
+    if made_up and (made_up > len(stages) - made_up or len(stages) - made_up < 2):
+        # More skipped than run (or one run): not LayerDrop, a list the forward picks from.
+        first = next(k for k, (_, c) in enumerate(stages) if c.skipped)
+        return stages[:first], f"block {first} was not called"
+    if gap:
+        return stages, f"block {len(children) - len(gap)} was not called"
     return stages, ""
 
 
@@ -944,6 +996,14 @@ class Instrument:
             self._end(p, prev, prev_in, self.blocks.hidden_of(idx, args, kwargs))
             del prev_in
         if idx != p.expect:
+            if idx > p.expect:
+                skipped = ", ".join(self.blocks.names[p.expect - 1 : idx - 1][:4]) + (", ..." if idx - p.expect > 4 else "")
+                raise RuntimeError(
+                    f"chainoffload_torch: block {idx} ({self.blocks.names[idx - 1]}) started while block {p.expect} was "
+                    f"expected: this step skipped {skipped} (LayerDrop, stochastic depth that skips the call, an early "
+                    "exit?). An offloaded model must run every block once per step: turn the skipping off while "
+                    "offloading (Hugging Face: config.layerdrop = 0), or scale the block's output instead of skipping it"
+                )
             raise RuntimeError(
                 f"chainoffload_torch: block {idx} ({self.blocks.names[idx - 1]}) started while block {p.expect} was "
                 "expected; the blocks must run once each, in order"

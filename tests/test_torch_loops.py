@@ -508,3 +508,91 @@ def test_drawn_loops_use_each_loop_feature_and_bad_loop_fields_are_refused():
     ):
         with pytest.raises(ValueError, match=match):
             ModelSpec(blocks=blocks, **bad)
+
+
+# -- 4. LayerDrop: blocks a forward skipped ----------------------------------------------------
+
+
+class LayerDrop(nn.Module):
+    """Each block skipped with probability ``p`` in training (Python's random, as in HF)."""
+
+    def __init__(self, p=0.3, n=8):
+        super().__init__()
+        self.p = p
+        self.layers = nn.ModuleList(Block("plain") for _ in range(n))
+        self.head = nn.Linear(D, 4)
+
+    def forward(self, x):
+        for layer in self.layers:
+            if self.training and random.random() < self.p:
+                continue
+            x = layer(x)
+        return self.head(x)
+
+
+def test_discovery_finds_the_whole_list_whichever_blocks_one_forward_skipped():
+    torch.manual_seed(0)
+    model = LayerDrop()
+    skipped_first = skipped_last = 0
+    for seed in range(16):
+        random.seed(seed)
+        draws = [random.random() < model.p for _ in model.layers]
+        if sum(draws) > len(draws) // 2:
+            continue  # more skipped than run: taken for a list the forward picks from (the NOTE)
+        skipped_first += draws[0]
+        skipped_last += draws[-1]
+        random.seed(seed)
+        blocks = ct.find_blocks(model, (batch(6, 0),), {})
+        assert blocks.names == tuple(f"layers.{k}" for k in range(8)), (seed, blocks.names)
+        assert random.random() == (random.seed(seed), random.random())[1]  # the trace drew nothing that stays
+    assert skipped_first and skipped_last  # the seeds covered both ends
+
+
+def test_a_step_that_skips_a_block_is_refused_with_what_to_do_and_without_skipping_trains_equal():
+    torch.manual_seed(0)
+    model = LayerDrop()
+    ref = copy.deepcopy(model)
+    skips = r"this step skipped layers\.\d.*LayerDrop.*config\.layerdrop = 0"
+    random.seed(4)  # the profile's own forwards skip a block: refused up front
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(RuntimeError, match=skips):
+            ct.offload(model, batch(6, 0), memory=0.6)
+    assert not model._forward_hooks and not model.layers[0]._forward_pre_hooks  # nothing left behind
+    model.p = ref.p = 0.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        handle = ct.offload(model, batch(6, 0), memory=0.6)
+    assert len(handle.blocks) == 8
+    for m in (model, ref):
+        m(batch(6, 1)).square().mean().backward()
+    assert grads_equal(model, ref) and handle.last_step.offloaded_bytes > 0
+    model.p = 0.3  # LayerDrop back on in training: the first step that skips is refused
+    with pytest.raises(RuntimeError, match=skips):
+        for k in range(20):
+            model(batch(6, k)).square().mean().backward()
+
+
+def hf_audio(kind, layerdrop):
+    transformers = pytest.importorskip("transformers")
+    cfg_cls, model_cls = {
+        "wav2vec2": (transformers.Wav2Vec2Config, transformers.Wav2Vec2ForCTC),
+        "hubert": (transformers.HubertConfig, transformers.HubertForCTC),
+    }[kind]
+    cfg = cfg_cls(
+        hidden_size=32, num_hidden_layers=8, num_attention_heads=2, intermediate_size=64, conv_dim=(16, 16, 16),
+        conv_stride=(5, 2, 2), conv_kernel=(10, 3, 3), num_feat_extract_layers=3, vocab_size=16, layerdrop=layerdrop,
+    )
+    model = model_cls(cfg)
+    model.train()
+    g = torch.Generator().manual_seed(0)
+    return model, {"input_values": torch.randn(2, 1600, generator=g), "labels": torch.randint(1, 16, (2, 10), generator=g)}
+
+
+@pytest.mark.parametrize("kind", ["wav2vec2", "hubert"])
+def test_hf_wav2vec2_and_hubert_with_layerdrop_find_their_encoder_layers_for_every_seed(kind):
+    for seed in range(4):
+        torch.manual_seed(seed)
+        model, sample = hf_audio(kind, 0.1)  # the models' default LayerDrop
+        blocks = ct.find_blocks(model, (), sample)
+        assert blocks.names == tuple(f"{kind}.encoder.layers.{k}" for k in range(8)), (seed, blocks.names)
