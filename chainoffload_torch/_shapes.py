@@ -8,9 +8,10 @@ says what these comparisons decide.
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
-__all__ = ["leaves", "strip_numbers", "numbers_apart", "dominates", "volume"]
+__all__ = ["dominates", "leaves", "numbers_apart", "strip_numbers", "volume"]
 
 Path = tuple
 

@@ -14,14 +14,15 @@ import contextlib
 import random
 import sys
 import types
-from typing import Any, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import torch
 from torch import nn
 
 from ._stages import model_state
 
-__all__ = ["training_state", "ProfilingSideEffect"]
+__all__ = ["ProfilingSideEffect", "training_state"]
 
 #: The attributes ``nn.Module.__init__`` makes: torch's own bookkeeping, not the model's state.
 _MODULE_INTERNALS = frozenset(vars(nn.Module())) - {"training"}

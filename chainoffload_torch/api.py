@@ -16,6 +16,7 @@ from __future__ import annotations
 import collections
 import threading
 import warnings
+import weakref
 from typing import Any, Iterable
 
 import torch
@@ -30,7 +31,7 @@ from ._copy import Copier, HostPool
 from ._instrument import COMPILE_REFUSAL, CONCURRENT_REFUSAL, Blocks, Instrument, check_not_instrumented, find_blocks_warm, resolve_blocks
 from ._stages import EntryState, canonical_device
 from ._shapes import dominates, numbers_apart, strip_numbers, volume
-from ._tree import call_key, describe_key
+from ._tree import call_key, describe_key, held_tensors
 from .executor import ScheduleRun, StepStats
 from .plans import Budget, Plan, _Planner, coverage, exact_bytes, resident_units, step_peak
 from .profiler import _device_of, _to_device, as_call, link_of, profiling_steps
@@ -161,6 +162,11 @@ class Offloader:
         self._in_backward = False
         #: remove() was called while a step was in flight: done at that step's end.
         self._remove_pending = False
+        #: The step in flight's forward returned, and weak references to the tensors it returned
+        #: (NOTE [ several forwards per backward ]).
+        self._forward_done = False
+        self._outputs: list[weakref.ref] = []
+        self._warned_extra = False
         self._instrument = Instrument(model, blocks, self)
 
     def _key(self, key: Any) -> Any:
@@ -231,10 +237,31 @@ class Offloader:
         """Choose the plan for this call's shapes (NOTE [ plans per shape ]) and start its step."""
         if self._in_backward and self._flight_thread != threading.get_ident():
             raise RuntimeError(CONCURRENT_REFUSAL)
+        if self._extra_forward():
+            return _ExtraForward()
         run = self._select(args, kwargs)
         step = run.forward_start(args, kwargs)
         self._in_flight, self._flight_thread, self._in_backward = step, threading.get_ident(), False
+        self._forward_done, self._outputs = False, []
         return step
+
+    def _extra_forward(self) -> bool:
+        """Whether this forward is one more before the backward of the step in flight, whose
+        outputs the caller still holds (NOTE [ several forwards per backward ])."""
+        if self._in_flight is None or not self._forward_done or self._in_backward:
+            return False
+        if self._flight_thread != threading.get_ident() or not any(r() is not None for r in self._outputs):
+            return False
+        if not self._warned_extra:
+            self._warned_extra = True
+            warnings.warn(
+                "chainoffload_torch: the model ran another forward before the backward of the one before (a Siamese "
+                "or contrastive loss, several forwards per backward): the first forward runs under the plan and what "
+                "the others save stays resident, beyond the plan's memory bound; the gradients are exact",
+                RuntimeWarning,
+                stacklevel=5,
+            )
+        return True
 
     def _select(self, args: tuple, kwargs: dict) -> ScheduleRun:
         if self._planner is None:
@@ -343,6 +370,9 @@ class Offloader:
 
     def forward_end(self, step: Any, outputs: Any) -> None:
         self._run.forward_end(step, outputs)
+        if step is self._in_flight:
+            self._forward_done = True
+            self._outputs = [weakref.ref(t) for t in held_tensors(outputs) if t.requires_grad]
 
     def forward_failed(self, step: Any) -> None:
         self._run.forward_failed(step)
@@ -361,6 +391,7 @@ class Offloader:
         if step is None or step is not self._in_flight:
             return
         self._in_flight, self._flight_thread, self._in_backward = None, None, False
+        self._forward_done, self._outputs = False, []
         if self._remove_pending:
             self._remove_pending = False
             self._release()
@@ -617,6 +648,31 @@ def _same_sizes(a: Any, b: Any) -> bool:
 # Plans made are remembered by key (KNOWN_PLANS); the executors of the most recent cache_size are
 # kept, and one evicted is rebuilt from its plan without a profile. handle.table() lists which
 # plan each shape seen uses.
+
+
+class _ExtraForward:
+    """The step of a forward run before the backward of the step in flight: passive (no
+    saved-tensor hooks: autograd keeps what it saves), and no executor's step, so every event of
+    it is ignored (NOTE [ several forwards per backward ])."""
+
+    passive = True
+    done = False
+
+
+# NOTE [ several forwards per backward ]
+# Siamese and contrastive losses (SimCLR) run the model two or more times before one backward:
+# a = model(x1); b = model(x2); loss(a, b).backward(). The executor carries out one step at a
+# time, and a second forward used to abandon the first (its backward then raised "a saved tensor
+# of unit 5 was dropped"). Now a forward that starts while the step in flight has finished its
+# forward, not begun its backward, on the same thread, with a tensor it returned still alive
+# (the caller holds it for the loss), runs as an extra forward: passive (no saved-tensor hooks,
+# what it saves stays resident as in plain PyTorch) and outside the executor (its events reach
+# the handle with a step no executor knows, and are ignored), while the first step keeps its
+# plan and its backward moves what it planned. The numbers are plain autograd's; the memory
+# bound holds for the first forward only, and a warning says so once. A forward after a step
+# whose outputs were all dropped without a backward (an evaluation under grad mode) still
+# abandons it, as before; a loop that keeps such outputs alive and trains on gets its later
+# forwards run resident until a backward ends the step in flight, with that warning.
 
 
 # NOTE [ one step at a time ]

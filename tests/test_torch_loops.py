@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
-from torch import nn  # noqa: E402
+from torch import nn
 
-import chainoffload_torch as ct  # noqa: E402
+import chainoffload_torch as ct
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
@@ -454,8 +454,13 @@ def test_a_number_that_changes_no_size_does_not_split_plans_and_one_that_does_st
 
 # -- 8. the fuzz draws these loops -------------------------------------------------------------
 
-from chainoffload_torch import testing  # noqa: E402
-from chainoffload_torch.testing import BlockSpec, ModelCase, ModelSpec, differential_check  # noqa: E402
+from chainoffload_torch import testing
+from chainoffload_torch.testing import (
+    BlockSpec,
+    ModelCase,
+    ModelSpec,
+    differential_check,
+)
 
 LOOP_SPECS = {  # name: (the spec's loop fields, the feature they are)
     "python": (dict(draws=((1, "python"), (4, "python"))), "python_random"),
@@ -596,3 +601,39 @@ def test_hf_wav2vec2_and_hubert_with_layerdrop_find_their_encoder_layers_for_eve
         model, sample = hf_audio(kind, 0.1)  # the models' default LayerDrop
         blocks = ct.find_blocks(model, (), sample)
         assert blocks.names == tuple(f"{kind}.encoder.layers.{k}" for k in range(8)), (seed, blocks.names)
+
+
+# -- 5. several forwards per backward --------------------------------------------------------
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_several_forwards_before_one_backward_train_equal_the_extra_ones_resident(k):
+    handle, model, ref = offloaded_net()
+    opts = [torch.optim.SGD(m.parameters(), lr=0.05) for m in (model, ref)]
+    for step in range(3):
+        for m, opt in zip((model, ref), opts):
+            torch.manual_seed(step)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                outs = [m(batch(6 + j, 10 * step + j)) for j in range(k)]  # a contrastive k-tuple, lengths differ
+            extra = [w for w in caught if "another forward before the backward" in str(w.message)]
+            assert len(extra) == (m is model and step == 0)  # said once
+            loss = sum((o.mean(1) - outs[0].mean(1)).square().mean() for o in outs[1:]) + outs[0].square().mean()
+            loss.backward()
+        assert grads_equal(model, ref)
+        assert handle.last_step.offloaded_bytes > 0  # the first forward ran under its plan
+        for opt in opts:
+            opt.step()
+            opt.zero_grad()
+    assert handle.replans == 0  # the extra forwards' shapes made no plan
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), ref.parameters()))
+
+
+def test_a_forward_whose_outputs_were_dropped_without_a_backward_is_abandoned_as_before():
+    handle, model, ref = offloaded_net()
+    model(batch(6, 0))  # an evaluation under grad mode: output dropped, no backward
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # not taken for an extra forward: no warning
+        model(batch(6, 1)).square().mean().backward()
+    ref(batch(6, 1)).square().mean().backward()
+    assert grads_equal(model, ref) and handle.last_step.offloaded_bytes > 0
