@@ -99,6 +99,8 @@ def shrink(spec: ModelSpec, memory: float, method: str | None, device: str, kind
             yield dataclasses.replace(s, optimizer="sgd")
         if s.batches:
             yield dataclasses.replace(s, batches=())
+        if s.forwards > 1:
+            yield dataclasses.replace(s, forwards=1)
         for i, b in enumerate(s.blocks):
             alts = []
             if b.share is not None:

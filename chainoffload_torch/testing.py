@@ -157,6 +157,7 @@ LOOP_FEATURES: tuple[str, ...] = (
     "data_write",
     "optimizer_in_hooks",
     "varying_shapes",
+    "several_forwards",
 )
 #: Every feature :func:`random_models` can switch on or off (``features=``). ``basic`` is always on.
 FEATURES: tuple[str, ...] = MODEL_FEATURES + LOOP_FEATURES
@@ -250,6 +251,9 @@ class ModelSpec:
         stepped from its post-accumulate-grad hook: torchtune's optimizer in backward).
     batches
         The batch size of each training step (shapes that change per step); empty: ``batch``.
+    forwards
+        Forwards per backward: the loss sums the model's outputs on ``forwards`` scaled copies
+        of the batch, each run before the one backward (a Siamese or contrastive loss).
     """
 
     blocks: tuple[BlockSpec, ...]
@@ -264,6 +268,7 @@ class ModelSpec:
     data_writes: tuple[int, ...] = ()
     optimizer: str = "sgd"
     batches: tuple[int, ...] = ()
+    forwards: int = 1
 
     def __post_init__(self) -> None:
         if len(self.blocks) < 2:
@@ -297,6 +302,8 @@ class ModelSpec:
             raise ValueError(f"optimizer: {self.optimizer!r} is not one of {', '.join(OPTIMIZERS)}")
         if any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in self.batches):
             raise ValueError(f"batches: {self.batches} must be batch sizes >= 1")
+        if isinstance(self.forwards, bool) or not isinstance(self.forwards, int) or self.forwards < 1:
+            raise ValueError(f"forwards: {self.forwards!r} must be an integer >= 1")
 
     @property
     def features(self) -> frozenset[str]:
@@ -327,6 +334,8 @@ class ModelSpec:
             used.add("optimizer_in_hooks")
         if len(set(self.batches)) > 1:
             used.add("varying_shapes")
+        if self.forwards > 1:
+            used.add("several_forwards")
         used.discard("basic")
         return frozenset(used)
 
@@ -641,8 +650,11 @@ class ModelCase:
         return x, perm
 
     def loss(self, model: nn.Module, batch: tuple) -> torch.Tensor:
-        """The training loss of ``model`` on ``batch`` (a scalar)."""
-        return model(*batch).square().mean()
+        """The training loss of ``model`` on ``batch`` (a scalar); with ``forwards`` > 1, of
+        that many forwards (on scaled copies of ``x``) before the one backward."""
+        x, perm = batch
+        outs = [model(x * (1.0 + 0.25 * k), perm) for k in range(self.spec.forwards)]
+        return sum(o.square().mean() for o in outs[1:]) + outs[0].square().mean() if len(outs) > 1 else outs[0].square().mean()
 
     @property
     def features(self) -> frozenset[str]:
@@ -768,6 +780,7 @@ def _describe(src: Any, min_blocks: int, max_blocks: int, max_ops: int, features
         data_writes=writes,
         optimizer="adamw_in_hooks" if "optimizer_in_hooks" in loop else "sgd",
         batches=batches,
+        forwards=src.integer(2, 3) if "several_forwards" in loop else 1,
     )
 
 
@@ -856,7 +869,8 @@ def random_models(
 # before they existed): the parent scales the hidden state by a factor from random.random(),
 # np.random.rand() or the model's own counter, writes it through .data, the optimizer is one
 # AdamW per parameter stepped from its post-accumulate-grad hook (registered before offload()),
-# and the batch size may change each step (replans, and plans reused across shapes). Each side
+# the batch size may change each step (replans, and plans reused across shapes), and the loss
+# may take two or three forwards before its one backward. Each side
 # of the check has its own Python and NumPy generators, seeded alike once before offload() and
 # never reseeded (_Globals): a profiling pass that drew from them would show in a later step.
 

@@ -469,6 +469,7 @@ LOOP_SPECS = {  # name: (the spec's loop fields, the feature they are)
     "data_write": (dict(data_writes=(2, 5)), "data_write"),
     "optimizer_in_hooks": (dict(optimizer="adamw_in_hooks"), "optimizer_in_hooks"),
     "varying_shapes": (dict(batches=(3, 2, 4, 1)), "varying_shapes"),
+    "several_forwards": (dict(forwards=3), "several_forwards"),
 }
 
 
@@ -510,6 +511,7 @@ def test_drawn_loops_use_each_loop_feature_and_bad_loop_fields_are_refused():
         (dict(data_writes=(3,)), "data_writes"),
         (dict(optimizer="lion"), "optimizer"),
         (dict(batches=(0,)), "batches"),
+        (dict(forwards=0), "forwards"),
     ):
         with pytest.raises(ValueError, match=match):
             ModelSpec(blocks=blocks, **bad)
