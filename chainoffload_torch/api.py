@@ -300,7 +300,7 @@ class Offloader:
             self._run.reset()
         return self._use(self._plan_for(args, kwargs, raw))
 
-    def _plan_for(self, args: tuple, kwargs: dict, raw: Any) -> Plan:
+    def _plan_for(self, args: tuple, kwargs: dict, raw: Any, count: bool = True) -> Plan:
         """A plan for a call of new shapes: a known plan when only numbers that change no size
         differ, a larger shape's schedule when it fits these shapes' budget, else a new
         profile and solve (NOTE [ one plan for many shapes ])."""
@@ -323,7 +323,7 @@ class Offloader:
                     self.reuses += 1
                     return plan
         plan = self._planner.plan(self._instrument, args, kwargs, raw)
-        self.replans += 1
+        self.replans += int(count)  # prepare()'s plans are not replans inside training
         return plan
 
     def prepare(self, sample: Any) -> Plan:
@@ -357,7 +357,7 @@ class Offloader:
             return self._known[key]
         if _sharded(self.model):
             raise RuntimeError("prepare: the model is already sharded by FSDP; prepare plans before fully_shard")
-        plan = self._plan_for(args, kwargs, raw)
+        plan = self._plan_for(args, kwargs, raw, count=False)
         self._cache(plan)
         self._remember(plan)
         return plan
