@@ -72,7 +72,7 @@ def _check(spec: ModelSpec, memory: float, method: str | None, device: str) -> s
 
 def shrink(spec: ModelSpec, memory: float, method: str | None, device: str, kind: str, budget: int = 150) -> ModelSpec:
     """A smaller description with the same outcome ``kind``: greedy passes that drop hooks,
-    between-block ops, casts, shares, skips and masks, and ops of blocks (each block keeps at
+    between-block ops, casts, the loop's features, shares, skips and masks, and ops of blocks (each block keeps at
     least one op; the block count stays, as the chain's length matters to the plan)."""
     tries = [0]
 
@@ -90,6 +90,17 @@ def shrink(spec: ModelSpec, memory: float, method: str | None, device: str, kind
             yield dataclasses.replace(s, between=s.between[:i] + s.between[i + 1:])
         for i in range(len(s.hidden_casts)):
             yield dataclasses.replace(s, hidden_casts=s.hidden_casts[:i] + s.hidden_casts[i + 1:])
+        # The loop's features (NOTE [ the loops the fuzz draws ] in chainoffload_torch/testing.py).
+        for i in range(len(s.draws)):
+            yield dataclasses.replace(s, draws=s.draws[:i] + s.draws[i + 1:])
+        for i in range(len(s.data_writes)):
+            yield dataclasses.replace(s, data_writes=s.data_writes[:i] + s.data_writes[i + 1:])
+        if s.optimizer != "sgd":
+            yield dataclasses.replace(s, optimizer="sgd")
+        if s.batches:
+            yield dataclasses.replace(s, batches=())
+        if s.forwards > 1:
+            yield dataclasses.replace(s, forwards=1)
         for i, b in enumerate(s.blocks):
             alts = []
             if b.share is not None:

@@ -21,6 +21,7 @@ from .executor import OffloadActivations, StepStats
 from .profiler import Profile, Sizes, measure_link, measure_sizes, profile, profile_full
 from ._instrument import Blocks, find_blocks
 from ._stages import EntryState, as_stages
+from ._state import ProfilingSideEffect
 
 __all__ = [
     "offload",
@@ -40,4 +41,5 @@ __all__ = [
     "Blocks",
     "find_blocks",
     "as_stages",
+    "ProfilingSideEffect",
 ]

@@ -17,6 +17,7 @@ import dataclasses
 import functools
 import os
 import sys
+import threading
 import time
 import weakref
 from typing import Any, Protocol, Sequence
@@ -24,7 +25,8 @@ from typing import Any, Protocol, Sequence
 import torch
 from torch import nn
 
-from ._stages import as_stages, model_state
+from ._stages import as_stages
+from ._state import training_state
 from ._tree import first_tensor, signature, tensors_in
 
 __all__ = ["Blocks", "find_blocks", "Instrument", "Listener", "COMPILE_REFUSAL", "check_not_instrumented", "resolve_blocks"]
@@ -45,6 +47,14 @@ def check_not_instrumented(model: nn.Module) -> None:
 COMPILE_REFUSAL = (
     "torch.compile: a model instrumented by chainoffload_torch cannot be compiled (Dynamo cannot trace the "
     "saved-tensor hooks that move activations); train it uncompiled, or call handle.remove() before compiling"
+)
+
+#: What a forward of one offloaded model from a second thread gets while another runs
+#: (NOTE [ one step at a time ] in api.py).
+CONCURRENT_REFUSAL = (
+    "chainoffload_torch: the offloaded model was called from two threads at once (a forward while another "
+    "thread's forward or backward of it was running); one offloaded model runs one training step at a time. Call it "
+    "from one thread, or hold a lock around each step's forward and backward"
 )
 
 
@@ -132,6 +142,20 @@ class Blocks:
 
 # -- finding the blocks ----------------------------------------------------------------------
 
+# NOTE [ blocks a forward skipped ]
+# LayerDrop (HF Wav2Vec2 and HuBERT train with layerdrop=0.1 by default; BART, Whisper expose
+# it) skips some layers in a training forward, so the one forward discovery traces may call only
+# a subset of a module list: the run then broke at the first skipped layer, and which list won
+# depended on the draw (HuBERT: with one seed the 3 conv layers, 4 % coverage). A child of a
+# list not called between two children that were (each once, in order), or before the first,
+# is therefore a stage too, while at most as many were skipped as called (LayerDrop skips a
+# minority; a list the forward picks one child from is no chain). Its call is made up from its
+# neighbours' (the next one's arguments, the previous one's output; before the first one
+# called, that one's hidden input), and the list's run goes on through it: the blocks are the
+# whole list whatever the draw; after the last one called, each takes the one before's output
+# where that one took its input. A training step that skips a block is refused by the instrument, saying what
+# to do: the executor runs every block once per step.
+
 # NOTE [ finding the blocks ]
 # One forward of the sample (no autograd, model state restored after) with hooks on every child
 # of every nn.ModuleList / nn.Sequential of the model records which is called, when (start and
@@ -173,6 +197,9 @@ class _Call:
     kwargs: dict
     out: Any = None
     end: int = 0
+    #: Not called in the traced forward (NOTE [ blocks a forward skipped ]): made up from the
+    #: next block's arguments and the previous block's output.
+    skipped: bool = False
 
 
 @dataclasses.dataclass
@@ -293,7 +320,7 @@ def _trace(
         handles.append(m.register_forward_pre_hook(pre, with_kwargs=True))
         handles.append(m.register_forward_hook(post, with_kwargs=True))
     try:
-        with model_state([model]), torch.set_grad_enabled(clock is not None):
+        with training_state([model]), torch.set_grad_enabled(clock is not None):
             if clock is None:
                 model(*args, **kwargs)
             else:
@@ -373,15 +400,50 @@ def _chain(stages: list[tuple[nn.Module, _Call]], same_shape: bool = True) -> tu
 
 def _container_stages(children: Sequence[nn.Module], calls: dict[int, list[_Call]]) -> tuple[list, str]:
     """The calls of a container's children as stages: each child once, in order; or its one
-    child called several times (one stage per call)."""
+    child called several times (one stage per call). A child that was not called between two
+    that were (LayerDrop skipped it in this forward) is a stage too, with a call made up from
+    its neighbours' (NOTE [ blocks a forward skipped ])."""
     if len(children) == 1 and len(calls.get(id(children[0]), [])) >= 2:
         return [(children[0], c) for c in calls[id(children[0])]], ""
-    stages = []
+    stages: list = []
+    gap: list[nn.Module] = []
     for j, child in enumerate(children):
         cs = calls.get(id(child), [])
+        if not cs:
+            gap.append(child)
+            continue
         if len(cs) != 1:
-            return stages, (f"block {j} was not called" if not cs else f"block {j} was called {len(cs)} times")
-        stages.append((child, cs[0]))
+            return stages, f"block {j} was called {len(cs)} times"
+        call = cs[0]
+        if stages:
+            before, out = stages[-1][1].end, stages[-1][1].out
+        else:  # skipped first blocks: they hand on the hidden input the first one called takes
+            before, out = call.order - 1, _at(call, _first_location(call.args, call.kwargs))
+        for k, skipped in enumerate(gap, start=1):
+            at = before + k / (len(gap) + 1)  # between the two calls, in order
+            stages.append((skipped, _Call(at, call.args, call.kwargs, out, at, True)))
+        gap = []
+        stages.append((child, call))
+    if gap and stages:
+        # Skipped last blocks: each takes the one before's output where that one took its input.
+        last = stages[-1][1]
+        loc = _first_location(last.args, last.kwargs)
+        args, kwargs = list(last.args), dict(last.kwargs)
+        if loc is not None and loc[0] == "arg":
+            args[loc[1]] = last.out
+        elif loc is not None:
+            kwargs[loc[1]] = last.out
+        for k, skipped in enumerate(gap, start=1):
+            at = last.end + k / (len(gap) + 1)
+            stages.append((skipped, _Call(at, tuple(args), kwargs, last.out, at, True)))
+        gap = []
+    made_up = sum(1 for _, c in stages if c.skipped)
+    if made_up and (made_up > len(stages) - made_up or len(stages) - made_up < 2):
+        # More skipped than run (or one run): not LayerDrop, a list the forward picks from.
+        first = next(k for k, (_, c) in enumerate(stages) if c.skipped)
+        return stages[:first], f"block {first} was not called"
+    if gap:
+        return stages, f"block {len(children) - len(gap)} was not called"
     return stages, ""
 
 
@@ -776,6 +838,12 @@ class Instrument:
         self._handles: list[Any] = []
         self._stack: list[_Pass | None] = []
         self._ctx: _Pass | None = None
+        # The thread whose forward runs now and how deep (a replan's passes nest), and the
+        # forwards refused on this thread (NOTE [ one step at a time ] in api.py).
+        self._lock = threading.Lock()
+        self._owner: int | None = None
+        self._depth = 0
+        self._local = threading.local()
 
     # -- installation --------------------------------------------------------------------
 
@@ -816,6 +884,15 @@ class Instrument:
     # -- the model's forward -----------------------------------------------------------------
 
     def _root_pre(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        tid = threading.get_ident()
+        with self._lock:
+            foreign = self._depth > 0 and self._owner != tid
+            if not foreign:
+                self._owner, self._depth = tid, self._depth + 1
+        if foreign:
+            # _root_post runs even though this raises: it must leave the other thread's pass alone.
+            self._local.refused = getattr(self._local, "refused", 0) + 1
+            raise RuntimeError(CONCURRENT_REFUSAL)
         self._stack.append(None)  # popped by _root_post, which runs even if this raises
         if _under_compile():
             raise RuntimeError(COMPILE_REFUSAL)
@@ -827,6 +904,13 @@ class Instrument:
         return None
 
     def _root_post(self, module: nn.Module, args: tuple, kwargs: dict, out: Any) -> None:
+        if getattr(self._local, "refused", 0):
+            self._local.refused -= 1
+            return None
+        with self._lock:
+            self._depth = max(0, self._depth - 1)
+            if not self._depth:
+                self._owner = None
         p = self._stack.pop() if self._stack else None
         if p is None:
             return None
@@ -912,6 +996,14 @@ class Instrument:
             self._end(p, prev, prev_in, self.blocks.hidden_of(idx, args, kwargs))
             del prev_in
         if idx != p.expect:
+            if idx > p.expect:
+                skipped = ", ".join(self.blocks.names[p.expect - 1 : idx - 1][:4]) + (", ..." if idx - p.expect > 4 else "")
+                raise RuntimeError(
+                    f"chainoffload_torch: block {idx} ({self.blocks.names[idx - 1]}) started while block {p.expect} was "
+                    f"expected: this step skipped {skipped} (LayerDrop, stochastic depth that skips the call, an early "
+                    "exit?). An offloaded model must run every block once per step: turn the skipping off while "
+                    "offloading (Hugging Face: config.layerdrop = 0), or scale the block's output instead of skipping it"
+                )
             raise RuntimeError(
                 f"chainoffload_torch: block {idx} ({self.blocks.names[idx - 1]}) started while block {p.expect} was "
                 "expected; the blocks must run once each, in order"

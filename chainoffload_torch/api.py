@@ -14,7 +14,9 @@ plan (NOTE [ plans per shape ]); ``handle.remove()`` leaves the model exactly as
 from __future__ import annotations
 
 import collections
+import threading
 import warnings
+import weakref
 from typing import Any, Iterable
 
 import torch
@@ -26,9 +28,10 @@ from chainoffload.solvers import spec
 from chainoffload.units import format_bytes, parse_bytes
 
 from ._copy import Copier, HostPool
-from ._instrument import COMPILE_REFUSAL, Blocks, Instrument, check_not_instrumented, find_blocks_warm, resolve_blocks
+from ._instrument import COMPILE_REFUSAL, CONCURRENT_REFUSAL, Blocks, Instrument, check_not_instrumented, find_blocks_warm, resolve_blocks
 from ._stages import EntryState, canonical_device
-from ._tree import call_key, describe_key
+from ._shapes import dominates, numbers_apart, strip_numbers, volume
+from ._tree import call_key, describe_key, held_tensors
 from .executor import ScheduleRun, StepStats
 from .plans import Budget, Plan, _Planner, coverage, exact_bytes, resident_units, step_peak
 from .profiler import _device_of, _to_device, as_call, link_of, profiling_steps
@@ -145,15 +148,47 @@ class Offloader:
         self._copier: Copier | None = None
         self.pool = HostPool(pin=self.device is not None and self.device.type == "cuda", limit=host_memory)
         self._warned: set[Any] = set()
-        self.replans = 0  #: plans made after the first (new shapes)
+        self.replans = 0  #: plans profiled and solved after the first (new shapes)
+        self.reuses = 0  #: plans that run a larger shape's schedule (NOTE [ one plan for many shapes ])
+        #: Every plan made, by key (less the numbers known not to change sizes), oldest first.
+        self._known: dict[Any, Plan] = {}
+        #: Paths of number arguments found not to change what a step saves.
+        self._neutral: set[tuple] = set()
         self._removed = False
+        #: The step between its forward's start and its backward's end (NOTE [ one step at a
+        #: time ]), the thread that started it, and whether its backward has begun.
+        self._in_flight: Any = None
+        self._flight_thread: int | None = None
+        self._in_backward = False
+        #: remove() was called while a step was in flight: done at that step's end.
+        self._remove_pending = False
+        #: The step in flight's forward returned, and weak references to the tensors it returned
+        #: (NOTE [ several forwards per backward ]).
+        self._forward_done = False
+        self._outputs: list[weakref.ref] = []
+        self._warned_extra = False
         self._instrument = Instrument(model, blocks, self)
+
+    def _key(self, key: Any) -> Any:
+        """``key`` less the numbers known not to change sizes (NOTE [ one plan for many shapes ])."""
+        return strip_numbers(key, self._neutral) if key is not None else None
+
+    def _remember(self, plan: Plan) -> None:
+        self._known[self._key(plan.key)] = plan
+        while len(self._known) > KNOWN_PLANS:
+            del self._known[next(iter(self._known))]
+
+    def _rekey(self) -> None:
+        """After a number argument was found not to change sizes: key the plans without it."""
+        self._plans = collections.OrderedDict((self._key(p.key), (p, r)) for p, r in self._plans.values())
+        self._known = {self._key(p.key): p for p in self._known.values()}
 
     def _cache(self, plan: Plan) -> ScheduleRun:
         """``plan``'s executor, made and cached (most recently used) if new."""
-        hit = self._plans.get(plan.key)
+        pkey = self._key(plan.key)
+        hit = self._plans.get(pkey)
         if hit is not None and hit[0] is plan:
-            self._plans.move_to_end(plan.key)
+            self._plans.move_to_end(pkey)
             return hit[1]
         if self._copier is None and self.device is not None:
             self._copier = Copier(self.device, duplex=plan.platform.duplex if plan.platform is not None else True)
@@ -172,10 +207,10 @@ class Offloader:
             # not refused mid-training; a schedule given by hand is the user's word, refused.
             strict=self._planner is None,
         )
-        self._plans[plan.key] = (plan, run)
+        self._plans[pkey] = (plan, run)
         while len(self._plans) > self.cache_size:
             # Least recently used first; neither the plan in force nor the new one.
-            victim = next((k for k, (p, _) in self._plans.items() if p is not self._plan and k != plan.key), None)
+            victim = next((k for k, (p, _) in self._plans.items() if p is not self._plan and k != pkey), None)
             if victim is None:
                 break
             del self._plans[victim]
@@ -184,6 +219,7 @@ class Offloader:
     def _use(self, plan: Plan) -> ScheduleRun:
         """Put ``plan`` in force (cached, with its executor)."""
         run = self._cache(plan)
+        self._remember(plan)
         if self._run is not None and self._run is not run:
             self._run.reset()  # a step of the previous plan still in flight is abandoned
         self._plan, self._run = plan, run
@@ -199,18 +235,47 @@ class Offloader:
 
     def forward_start(self, args: tuple, kwargs: dict) -> Any:
         """Choose the plan for this call's shapes (NOTE [ plans per shape ]) and start its step."""
+        if self._in_backward and self._flight_thread != threading.get_ident():
+            raise RuntimeError(CONCURRENT_REFUSAL)
+        if self._extra_forward():
+            return _ExtraForward()
         run = self._select(args, kwargs)
-        return run.forward_start(args, kwargs)
+        step = run.forward_start(args, kwargs)
+        self._in_flight, self._flight_thread, self._in_backward = step, threading.get_ident(), False
+        self._forward_done, self._outputs = False, []
+        return step
+
+    def _extra_forward(self) -> bool:
+        """Whether this forward is one more before the backward of the step in flight, whose
+        outputs the caller still holds (NOTE [ several forwards per backward ])."""
+        if self._in_flight is None or not self._forward_done or self._in_backward:
+            return False
+        if self._flight_thread != threading.get_ident() or not any(r() is not None for r in self._outputs):
+            return False
+        if not self._warned_extra:
+            self._warned_extra = True
+            warnings.warn(
+                "chainoffload_torch: the model ran another forward before the backward of the one before (a Siamese "
+                "or contrastive loss, several forwards per backward): the first forward runs under the plan and what "
+                "the others save stays resident, beyond the plan's memory bound; the gradients are exact",
+                RuntimeWarning,
+                stacklevel=5,
+            )
+        return True
 
     def _select(self, args: tuple, kwargs: dict) -> ScheduleRun:
         if self._planner is None:
             return self._run
-        key = call_key(self.model, args, kwargs)
-        if key == self._plan.key:
+        raw = call_key(self.model, args, kwargs)
+        key = self._key(raw)
+        if key == self._key(self._plan.key):
             return self._run
         hit = self._plans.get(key)
         if hit is not None:
             return self._use(hit[0])
+        known = self._known.get(key)
+        if known is not None:
+            return self._use(known)
         if self.on_new_shape == "error":
             raise ValueError(
                 f"on_new_shape: the plan was made for {describe_key(self._plan.key)}, this call has "
@@ -233,9 +298,33 @@ class Offloader:
             )
         if self._run is not None:
             self._run.reset()
-        plan = self._planner.plan(self._instrument, args, kwargs, key)
-        self.replans += 1
-        return self._use(plan)
+        return self._use(self._plan_for(args, kwargs, raw))
+
+    def _plan_for(self, args: tuple, kwargs: dict, raw: Any, count: bool = True) -> Plan:
+        """A plan for a call of new shapes: a known plan when only numbers that change no size
+        differ, a larger shape's schedule when it fits these shapes' budget, else a new
+        profile and solve (NOTE [ one plan for many shapes ])."""
+        key = self._key(raw)
+        plans = list(self._known.values())
+        same = [(p, apart) for p in plans if (apart := numbers_apart(self._key(p.key), key))]
+        larger = sorted(
+            (p for p in plans if p.reused_from is None and dominates(self._key(p.key), key)), key=lambda p: volume(p.key)
+        )
+        if same or larger:
+            sizes = self._planner.measure(self._instrument, args, kwargs, like=(same[0][0] if same else larger[0]))
+            for p, apart in same:
+                if _same_sizes(p.sizes, sizes):
+                    self._neutral |= apart
+                    self._rekey()
+                    return p
+            for p in larger:
+                plan = self._planner.reuse(p, sizes, raw)
+                if plan is not None:
+                    self.reuses += 1
+                    return plan
+        plan = self._planner.plan(self._instrument, args, kwargs, raw)
+        self.replans += int(count)  # prepare()'s plans are not replans inside training
+        return plan
 
     def prepare(self, sample: Any) -> Plan:
         """Make (or find) the plan for ``sample``'s shapes now, outside a training step.
@@ -259,14 +348,18 @@ class Offloader:
             raise RuntimeError("prepare: the handle was removed")
         args, kwargs = as_call(sample)
         args, kwargs = _to_device(args, self.device), _to_device(kwargs, self.device)
-        key = call_key(self.model, args, kwargs)
+        raw = call_key(self.model, args, kwargs)
+        key = self._key(raw)
         hit = self._plans.get(key)
         if hit is not None:
             return hit[0]
+        if key in self._known:
+            return self._known[key]
         if _sharded(self.model):
             raise RuntimeError("prepare: the model is already sharded by FSDP; prepare plans before fully_shard")
-        plan = self._planner.plan(self._instrument, args, kwargs, key)
+        plan = self._plan_for(args, kwargs, raw, count=False)
         self._cache(plan)
+        self._remember(plan)
         return plan
 
     def stage_start(self, step: Any, idx: int, hidden: Any, args: tuple, kwargs: dict) -> None:
@@ -277,15 +370,31 @@ class Offloader:
 
     def forward_end(self, step: Any, outputs: Any) -> None:
         self._run.forward_end(step, outputs)
+        if step is self._in_flight:
+            self._forward_done = True
+            self._outputs = [weakref.ref(t) for t in held_tensors(outputs) if t.requires_grad]
 
     def forward_failed(self, step: Any) -> None:
         self._run.forward_failed(step)
+        self._step_over(step)
 
     def backward_mark(self, step: Any, idx: int) -> None:
+        if step is self._in_flight:
+            self._in_backward = True
         self._run.backward_mark(step, idx)
 
     def backward_end(self, step: Any) -> None:
         self._run.backward_end(step)
+        self._step_over(step)
+
+    def _step_over(self, step: Any) -> None:
+        if step is None or step is not self._in_flight:
+            return
+        self._in_flight, self._flight_thread, self._in_backward = None, None, False
+        self._forward_done, self._outputs = False, []
+        if self._remove_pending:
+            self._remove_pending = False
+            self._release()
 
     def pack(self, step: Any, t: torch.Tensor) -> Any:
         return self._run.pack(step, t)
@@ -365,19 +474,29 @@ class Offloader:
     def reset(self) -> None:
         """Abandon the step in flight, if any (after an exception in its backward, say)."""
         self._run.reset()
+        self._step_over(self._in_flight)
 
     def remove(self) -> None:
-        """Take every hook away, drop the step in flight and free the host buffers.
+        """Take every hook away and free the host buffers.
 
-        The model is then exactly as it was before :func:`offload`.
+        The model is then exactly as it was before :func:`offload`: its next forward is plain.
+        Called between a step's forward and the end of its backward (``out = model(x);
+        handle.remove(); out.sum().backward()``), that backward still runs under the plan, and
+        the host buffers are freed at its end (or when the handle is let go of, if it never runs).
         """
         if self._removed:
             return
         self._instrument.remove()
+        self._removed = True
+        if self._in_flight is not None:
+            self._remove_pending = True  # NOTE [ one step at a time ]
+            return
+        self._release()
+
+    def _release(self) -> None:
         for _, run in self._plans.values():
             run.reset()
         self.pool.clear()
-        self._removed = True
 
     def decisions(self) -> list[dict[str, Any]]:
         """One row per block of the plan in force: sizes, the decision, its triggers, the bytes last moved."""
@@ -436,7 +555,9 @@ class Offloader:
                 f"{r['decision']} | {r['offload_at']} | {r['prefetch_at']} | {moved} |"
             )
         plan, chain = self._plan, self._plan.chain
-        tail = [f"plan for: {plan.shapes}"]
+        tail = [f"plan for: {plan.shapes}" + (f" (runs the schedule solved for {describe_key(plan.reused_from)})" if plan.reused_from else "")]
+        if len(self._known) > 1 or self._neutral:
+            tail.append(self._shapes_line())
         if plan.platform is not None:
             r = plan.resident_bytes
             outside = f", {exact_bytes(r)} of it resident outside the chain" if r else ""
@@ -464,9 +585,110 @@ class Offloader:
             tail.append(f"host buffers: {format_bytes(plan.host_bytes)} for this plan, {format_bytes(self.pool.total_bytes)} held")
         return "\n".join(lines + [""] + tail)
 
+    def _shapes_line(self) -> str:
+        """Which plan each shape seen uses (NOTE [ one plan for many shapes ])."""
+        known = list(self._known.values())
+        own = sum(1 for p in known if p.reused_from is None)
+        parts = []
+        for p in known[-SHAPES_SHOWN:]:
+            parts.append(f"{p.shapes} -> " + (f"schedule of {describe_key(p.reused_from)}" if p.reused_from else "its own"))
+        more = f" (the last {SHAPES_SHOWN})" if len(known) > SHAPES_SHOWN else ""
+        neutral = ""
+        if self._neutral:
+            names = sorted(".".join(str(x) for x in path[1:]) or str(path) for path in self._neutral)
+            neutral = f"; arguments that change no size (one plan for all their values): {', '.join(names)}"
+        return (
+            f"plans: {len(known)} shape(s), {own} profiled and solved, {len(known) - own} running a larger shape's "
+            f"schedule{neutral}; shapes{more}: " + "; ".join(parts)
+        )
+
     def __repr__(self) -> str:
         state = "removed" if self._removed else f"{len(self.blocks)} blocks, {len(self._plans)} plan(s)"
         return f"Offloader({type(self.model).__name__}, {state})"
+
+
+#: Plans remembered (beyond the cache of executors), and shapes the table lists.
+KNOWN_PLANS = 256
+SHAPES_SHOWN = 12
+
+
+def _same_sizes(a: Any, b: Any) -> bool:
+    """Whether two profiles' sizes are those of the same storages (what a plan depends on)."""
+    if a is None or b is None:
+        return False
+    return (
+        a.act == b.act and a.saved == b.saved and a.storages == b.storages and dict(a.pinned) == dict(b.pinned)
+        and a.resident == b.resident and a.output_bytes == b.output_bytes and a.prefix_bytes == b.prefix_bytes
+        and dict(a.late) == dict(b.late)
+    )
+
+
+# NOTE [ one plan for many shapes ]
+# Dynamic padding gives every batch its own sequence length: a plan per shape costs a profile
+# (5-7 steps) and a solve per length, and the cache of executors thrashed (24 replans in 25
+# steps, 5.5-6.8x plain time). A call of new shapes is now planned, in order:
+# * Numbers that change no size: a call whose key differs from a known plan's only in number
+#   arguments (HF Trainer's num_items_in_batch as an int, a step counter) has its sizes measured
+#   once (one forward with autograd, no backward, state restored); if every storage is the size
+#   the known plan's profile found, those arguments are left out of every key from then on, and
+#   their values share one plan. A number that changes sizes keeps splitting plans.
+# * A larger shape's schedule: a known plan whose shapes dominate the call's (the same
+#   arguments, every tensor dimension at least as large) lends its schedule when it fits this
+#   call's budget: the call's sizes are measured as above (exact), its times are the larger
+#   plan's scaled by each stage's output size, and the simulator must find the schedule feasible
+#   under this call's memory (a fraction is of this call's keep-all peak), with no unit it moves
+#   resident at these shapes. The plan is the call's own (its chain, its sizes, its pinned
+#   storages for the executor) with the borrowed schedule, Plan.reused_from saying whose; the
+#   smallest dominating plan is tried first. It costs a forward and a simulation instead of a
+#   profile and a solve. What it gives up: the schedule is the larger shape's best, not this
+#   one's (it may offload more than this shape needs), and its times are estimates.
+# * Else a profile and a solve, as before (handle.replans counts them, handle.reuses the
+#   borrowed ones). A run over random lengths profiles at each new longest length only once a
+#   long one has been seen: a few times over hundreds of steps.
+# Plans made are remembered by key (KNOWN_PLANS); the executors of the most recent cache_size are
+# kept, and one evicted is rebuilt from its plan without a profile. handle.table() lists which
+# plan each shape seen uses.
+
+
+class _ExtraForward:
+    """The step of a forward run before the backward of the step in flight: passive (no
+    saved-tensor hooks: autograd keeps what it saves), and no executor's step, so every event of
+    it is ignored (NOTE [ several forwards per backward ])."""
+
+    passive = True
+    done = False
+
+
+# NOTE [ several forwards per backward ]
+# Siamese and contrastive losses (SimCLR) run the model two or more times before one backward:
+# a = model(x1); b = model(x2); loss(a, b).backward(). The executor carries out one step at a
+# time, and a second forward used to abandon the first (its backward then raised "a saved tensor
+# of unit 5 was dropped"). Now a forward that starts while the step in flight has finished its
+# forward, not begun its backward, on the same thread, with a tensor it returned still alive
+# (the caller holds it for the loss), runs as an extra forward: passive (no saved-tensor hooks,
+# what it saves stays resident as in plain PyTorch) and outside the executor (its events reach
+# the handle with a step no executor knows, and are ignored), while the first step keeps its
+# plan and its backward moves what it planned. The numbers are plain autograd's; the memory
+# bound holds for the first forward only, and a warning says so once. A forward after a step
+# whose outputs were all dropped without a backward (an evaluation under grad mode) still
+# abandons it, as before; a loop that keeps such outputs alive and trains on gets its later
+# forwards run resident until a backward ends the step in flight, with that warning.
+
+
+# NOTE [ one step at a time ]
+# A handle carries out one step at a time: the executor's state (which storages are on the host,
+# which copies are queued) is that of the step in flight, from its forward's start to its
+# backward's end. Two threads calling one offloaded model at once would interleave two steps in
+# that state (the issue's "dictionary changed size during iteration"); the instrument refuses a
+# forward from a second thread while another thread's forward runs, and the handle one while
+# another thread's step is in its backward, both with CONCURRENT_REFUSAL and before anything
+# moves. Steps from different threads one after the other are fine (a pool of worker threads).
+# A forward after another's forward and before its backward, on one thread, is a second forward
+# per backward (the executor's rule, not a concurrency error).
+# remove() in the middle of a step takes the module hooks away at once (the next forward is
+# plain) and leaves the step in flight to its plan: its backward's tensor hooks and saved-tensor
+# records still reach the handle, which frees the host buffers when that backward ends. Dropping
+# the step there (as remove() did) made its backward fail with "unit 3 was dropped".
 
 
 def _sharded(model: nn.Module) -> bool:

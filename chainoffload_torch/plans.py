@@ -22,7 +22,7 @@ from chainoffload.units import format_bytes, parse_bytes
 
 from ._instrument import Instrument
 from ._tree import describe_key
-from .profiler import Sizes, measure_chain
+from .profiler import WRITTEN, Sizes, chain_of, measure_call_sizes, measure_chain
 
 __all__ = ["Budget", "Plan", "solve_for", "resident_units", "nothing_fits", "exact_bytes", "Coverage", "coverage", "step_peak"]
 
@@ -97,6 +97,9 @@ class Plan:
         Units kept because the user asked.
     host_bytes
         Host buffer bytes the plan takes in the pool's size classes (``None`` if unknown).
+    reused_from
+        The shapes whose schedule this plan runs, checked against this call's own sizes
+        (NOTE [ one plan for many shapes ] in api.py); ``None`` for a plan solved for its own.
     """
 
     key: tuple | None
@@ -107,6 +110,7 @@ class Plan:
     sizes: Sizes | None = None
     keep: frozenset[int] = frozenset()
     host_bytes: int | None = None
+    reused_from: tuple | None = None
 
     @property
     def resident_bytes(self) -> int:
@@ -208,7 +212,11 @@ class _Planner:
         resident = sizes.resident_bytes
         # NOTE [ resident outside the chain ]: the solver gets the budget less what stays resident.
         platform = self.link.with_memory(max(0, self.budget.bytes_for(chain, resident, step_peak(chain, sizes)) - resident))
-        result = solve_for(chain, platform, self.method, keep, sizes, self.options, key)
+        try:
+            result = solve_for(chain, platform, self.method, keep, sizes, self.options, key)
+        except ValueError as exc:
+            # NOTE [ what would help ]: the coverage and the blocks= to paste.
+            raise ValueError(f"{exc}; {what_would_help(chain, sizes, instrument.blocks)}") from None
         host = sizes.host_bytes(result.schedule.offloaded_units)
         if self.host_memory is not None and host > self.host_memory:
             raise ValueError(
@@ -217,6 +225,50 @@ class _Planner:
                 f"buffers, above host_memory={format_bytes(self.host_memory)}; give more GPU memory or more host memory"
             )
         return Plan(key, chain, platform, result.schedule, result, sizes, keep, host)
+
+
+    def measure(self, instrument: Instrument, args: tuple, kwargs: dict, like: Plan | None = None) -> Sizes:
+        """The sizes of one call from one forward (no backward, no timing), with the units
+        ``like``'s profile found written where no version counter sees (NOTE [ writes no version
+        counter sees ] in profiler.py: found in a backward, which this measure has not)."""
+        sizes = measure_call_sizes(instrument, self.model, args, kwargs, self.device)
+        if like is not None and like.sizes is not None:
+            written = {u: w for u, w in like.sizes.unmovable.items() if WRITTEN in w and u <= len(sizes.saved)}
+            if written:
+                sizes = dataclasses.replace(sizes, unmovable={**sizes.unmovable, **written})
+        return sizes
+
+    def reuse(self, ref: Plan, sizes: Sizes, key: tuple) -> Plan | None:
+        """``ref``'s schedule as the plan of a call with ``sizes``, if it fits this call's budget
+        when simulated on this call's chain (sizes measured, times scaled from ``ref``'s by the
+        ratio of each stage's output): NOTE [ one plan for many shapes ] in api.py."""
+        chain0, sizes0 = ref.chain, ref.sizes
+        n = chain0.length
+        if sizes0 is None or len(sizes.saved) != n or ref.platform is None:
+            return None
+        ratio = [sizes.act[i] / sizes0.act[i] if sizes0.act[i] else 1.0 for i in range(1, n + 1)]
+        late0 = sizes0.late_tmp or (0,) * n
+        fwd_tmp = [int(max(0, int(chain0.fwd_tmp[i]) - int(late0[i])) * ratio[i]) for i in range(n)]
+        bwd_tmp = [int(max(0, int(chain0.bwd_tmp[i]) - (sizes0.output_bytes if i < n - 1 else 0)) * ratio[i]) for i in range(n)]
+        chain = chain_of(
+            sizes, [float(chain0.fwd[i]) * ratio[i] for i in range(n)], [float(chain0.bwd[i]) * ratio[i] for i in range(n)],
+            fwd_tmp, bwd_tmp, None, chain0.name,
+        )
+        keep = co.solvers.check_keep(chain, self.keep)
+        if resident_units(chain, sizes, keep) & set(ref.schedule.offloaded_units):
+            return None  # a unit the schedule moves cannot move at these shapes
+        resident = sizes.resident_bytes
+        platform = self.link.with_memory(max(0, self.budget.bytes_for(chain, resident, step_peak(chain, sizes)) - resident))
+        try:
+            timeline = co.simulate(chain, platform, ref.schedule)
+        except (ValueError, co.PlatformError):
+            return None
+        if not timeline.feasible:
+            return None
+        host = sizes.host_bytes(ref.schedule.offloaded_units)
+        if self.host_memory is not None and host > self.host_memory:
+            return None
+        return Plan(key, chain, platform, ref.schedule, None, sizes, frozenset(keep), host, reused_from=ref.key)
 
 
 # NOTE [ resident outside the chain ]
@@ -331,6 +383,30 @@ def nothing_fits(
         f"units kept resident: {', '.join(why)}"
         + (f"; least memory known to work: {exact_bytes(works + r)}" if works is not None else "")
     )
+
+
+def what_would_help(chain: co.Chain, sizes: Sizes, blocks: Any) -> str:
+    """The tail of a refusal (NOTE [ what would help ]): the floor as a share of the keep-all
+    peak, what the chain can move, and the ``blocks=`` in use or to try, to paste."""
+    cover = coverage(chain, sizes, blocks)
+    floor = offload_memory_floor(chain) + sizes.resident_bytes
+    peak = cover.keep_all
+    text = f"the pure-offloading floor is {100 * floor / peak:.0f} % of the keep-all peak" if peak else ""
+    text += ("; " if text else "") + cover.describe()
+    lists = tuple(getattr(blocks, "lists", ()))
+    if lists and not cover.left_out:
+        text += f"; the chain's blocks are blocks={list(lists)!r} (pass other module lists, or a list of paths, to cover more)"
+    return text
+
+
+# NOTE [ what would help ]
+# A refusal names the figures a user chooses from (NOTE [ nothing fits ]) and, when the floor is
+# high because the chain covers little of the step, why: the share of the keep-all peak the chain
+# can move and what it leaves out (before the first block, the last block and after it, units
+# kept resident), with a blocks= to paste: the module lists outside the chain the search saw
+# added to the chain's own (a vision-language model whose text and vision towers are two lists),
+# or the chain's own lists to edit. The floor is given as a share too: a floor of 73 % at a
+# budget of 0.6 says at once that no schedule of these blocks can do it.
 
 
 def _held_reason(by: str | None) -> str:

@@ -44,8 +44,9 @@ import chainoffload as co
 
 from ._copy import size_class
 from ._instrument import Blocks, Instrument, Timer, find_blocks, find_blocks_warm
-from ._saved import Kept, check_version
-from ._stages import UnitLedger, canonical_device, model_state, resident_storages
+from ._saved import Kept, check_version, version_probe
+from ._stages import UnitLedger, canonical_device, resident_storages
+from ._state import training_state
 from ._tree import tensors_in
 
 __all__ = ["Sizes", "measure_sizes", "measure_link", "link_of", "profile", "profile_full", "Profile", "as_call", "prefix_pays"]
@@ -253,6 +254,18 @@ class _Recorder:
         self.current: _Pass | None = None
         #: The next pass is a probe (NOTE [ storages the forward keeps ]).
         self.probe = False
+        #: Fingerprint what the passes save, and compare at unpack, until one backward has run
+        #: (NOTE [ writes no version counter sees ]).
+        self.check_writes = True
+        self._prints: dict[int, tuple[int, torch.Tensor]] = {}
+        self._compares: list[tuple[int, torch.Tensor, torch.Tensor]] = []
+        #: Per entry of an output a_i: (i, fingerprint of its storage at the end of F_i, a
+        #: version probe of a_i, its version then).
+        self._at_end: dict[int, tuple[int, torch.Tensor, torch.Tensor, int]] = {}
+        #: Units a tensor of which the backward read with other bytes than were saved.
+        self.written: set[int] = set()
+        #: Per stage, the seconds the backward spent on those checks (off B_i's time on CPU).
+        self.bwd_checks: dict[int, float] = {}
 
     def wants(self) -> bool:
         return True
@@ -281,6 +294,15 @@ class _Recorder:
         start = time.perf_counter()
         p.ledger.stage_end(idx, hidden_in, p.versions.pop(idx, None), hidden_out)
         p.bookkeeping += time.perf_counter() - start
+        start = time.perf_counter()
+        if self.check_writes and idx < self.n and isinstance(hidden_out, torch.Tensor):
+            entry = p.ledger.owner(hidden_out)
+            fp = _fingerprint(_storage_bytes(hidden_out)) if entry is not None and entry.unit == idx else None
+            if fp is not None:
+                # The earliest an offload may copy a_i: what the backward reads must be these
+                # bytes, or a write its version counter saw (NOTE [ writes no version counter sees ]).
+                self._at_end[id(entry)] = (idx, fp, version_probe(hidden_out), hidden_out._version)
+            p.checks[idx] = p.checks.get(idx, 0.0) + time.perf_counter() - start
         p.act[idx] = _nbytes(hidden_out)
         if idx < self.n:
             p.marks[("f", idx)] = self.timer.mark()
@@ -320,12 +342,21 @@ class _Recorder:
         start = time.perf_counter()
         entry = p.ledger.pack(t, p.current)
         kept = Kept(t, p.current)
+        checked = 0.0
+        if self.check_writes and entry is not None and 1 <= entry.unit <= self.n:
+            fp_start = time.perf_counter()
+            fp = _fingerprint(t)
+            if fp is not None:
+                self._prints[id(kept)] = (entry.unit, fp, id(entry))
+            checked = time.perf_counter() - fp_start
+            if p.current is not None:  # not the stage's own work: off its time on CPU
+                p.checks[p.current] = p.checks.get(p.current, 0.0) + checked
         if self.probe and entry is not None:
             # NOTE [ storages the forward keeps ]: autograd gets an alias, a tensor object of the
             # probe's own over the same storage, so any other reference is the forward's.
             kept.tensor = t.detach()
             p.aliases.setdefault(entry, []).append(kept.tensor)
-        p.bookkeeping += time.perf_counter() - start
+        p.bookkeeping += time.perf_counter() - start - checked
         return kept
 
     def unpack(self, k: Any) -> Any:
@@ -334,8 +365,62 @@ class _Recorder:
         # PyTorch would refuse its first backward.
         if isinstance(k, Kept):
             check_version(k, k.tensor._version, "while profiling (chainoffload_torch.profile)")
+            seen = self._prints.pop(id(k), None)
+            if seen is not None:
+                start = time.perf_counter()
+                self._compares.append((seen[0], seen[1], _fingerprint(k.tensor)))
+                end = self._at_end.pop(seen[2], None)
+                if end is not None and end[2]._version == end[3]:
+                    # No version counter of a_i moved since F_i ended: its bytes must not have.
+                    self._compares.append((end[0], end[1], _fingerprint(_storage_bytes(k.tensor))))
+                if k.stage is not None:
+                    self.bwd_checks[k.stage] = self.bwd_checks.get(k.stage, 0.0) + time.perf_counter() - start
             return k.tensor
         return k
+
+    def checked_writes(self) -> None:
+        """After a backward: note the units read back with other bytes than saved, and stop
+        checking (NOTE [ writes no version counter sees ])."""
+        for unit, then, now in self._compares:
+            if not torch.equal(then, now):
+                self.written.add(unit)
+        self._compares.clear()
+        self._prints.clear()
+        self._at_end.clear()
+        self.check_writes = False
+
+
+def _storage_bytes(t: torch.Tensor) -> torch.Tensor:
+    """A flat uint8 tensor over the whole storage of ``t``."""
+    return torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage())
+
+
+def _fingerprint(t: torch.Tensor) -> torch.Tensor | None:
+    """Two integer sums over the bit patterns of ``t`` (all of them, and by rows of 64 weighted
+    by position), on its device: what a write of its bytes changes but for a vanishing chance.
+    ``None`` for a tensor whose bytes cannot be read so (not strided, an odd element size)."""
+    if t.numel() == 0 or t.layout != torch.strided:
+        return None
+    try:
+        # The stored bytes as they are: a plain tensor over them (no lazy conj / neg bit).
+        x = torch.empty(0, dtype=t.dtype, device=t.device).set_(t.untyped_storage(), t.storage_offset(), t.size(), t.stride())
+        if x.is_complex():
+            x = torch.view_as_real(x)
+        dt = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[x.element_size()]
+        try:
+            v = x.view(dt)
+        except RuntimeError:
+            v = x.contiguous().view(dt)
+        v = v.reshape(-1)
+    except (RuntimeError, KeyError):
+        return None
+    rows = v.numel() // 64
+    whole = v.sum(dtype=torch.int64)
+    if not rows:
+        return whole.reshape(1)
+    weights = torch.arange(1, rows + 1, device=v.device, dtype=torch.int64)
+    by_row = (v[: rows * 64].view(rows, 64).sum(1, dtype=torch.int64) * weights).sum()
+    return torch.stack([whole, by_row])
 
 
 def _backward_roots(out: Any) -> tuple[list[torch.Tensor], list[torch.Tensor | None]]:
@@ -482,9 +567,9 @@ def _measure(
     """
     before = instrument.listener
     runs: dict[str, list] = {"fwd": [], "bwd": [], "nosave": [], "fwd_tmp": [], "bwd_tmp": []}
-    sizes, rec, kept = None, None, []
+    sizes, rec, kept, written = None, None, [], set()
     try:
-        with model_state([root]), torch.enable_grad():
+        with training_state([root]), torch.enable_grad():
             n = instrument.blocks.stages
             rec = instrument.listener = _Recorder(n, device, (root,))
             probed = None  # what the probe found on this layout, once it ran
@@ -512,6 +597,8 @@ def _measure(
                         rec.timer.sync()
                         reference = sum(_forward_times(rec.timer, p, n)) - p.bookkeeping
                         del out, p
+                        rec._prints.clear()  # no backward reads them (their ids may come back)
+                        rec._at_end.clear()
                         continue
                 else:
                     _apply_probe(p, probed)
@@ -524,8 +611,14 @@ def _measure(
                 torch.autograd.backward(roots, grads)
                 p.marks["bwd_end"] = rec.timer.mark()
                 rec.timer.sync()
+                if rec.check_writes:
+                    rec.checked_writes()
+                    written = rec.written
                 del out, roots, grads
                 fwd, bwd = _forward_times(rec.timer, p, n), _times(rec.timer, p.marks, n)[1]
+                if rec.bwd_checks and not rec.timer.cuda:
+                    bwd = [max(0.0, b - rec.bwd_checks.get(i, 0.0)) for i, b in enumerate(bwd, start=1)]
+                rec.bwd_checks.clear()
                 step = {"fwd": fwd, "bwd": bwd, "bookkeeping": p.bookkeeping}
                 if rec.timer.cuda:
                     step["fwd_tmp"], step["bwd_tmp"] = _tmp(p.marks, n, list(sizes.act))
@@ -553,7 +646,35 @@ def _measure(
         instrument.listener = before
         if rec is not None:
             rec.current = None
+    if written and sizes is not None:
+        # NOTE [ writes no version counter sees ]: those units stay resident.
+        unmovable = dict(sizes.unmovable)
+        for u in sorted(written):
+            unmovable[u] = ", ".join(x for x in (unmovable.get(u), WRITTEN) if x)
+        sizes = dataclasses.replace(sizes, unmovable=unmovable)
     return sizes, runs
+
+
+#: What Sizes.unmovable says of a unit the backward read back with other bytes than it saved.
+WRITTEN = "tensor written after it was saved, where no version counter sees it (through .data)"
+
+
+# NOTE [ writes no version counter sees ]
+# PyTorch checks at unpack that a saved tensor was not modified in place since it was saved (its
+# version counter), and the executor does the same for what it moves (NOTE [ version discipline ]
+# in _saved.py). A write through .data (h = block(h); h.data.mul_(0.9) in the parent's forward)
+# or through a tensor made with set_() or from a storage goes around that counter: plain PyTorch
+# trains on the written bytes, deterministically, while an offloaded unit's host copy may have
+# been taken before the write, and the backward would read the stale bytes (gradients off by up
+# to 1.9e-3 at memory 0.6, silently). The profile finds such writes: until one of its steps has
+# run a backward, the recorder takes a fingerprint of every tensor a unit owns when it is saved
+# (two integer sums of its bit patterns, on its device, no copy) and again when the backward
+# reads it; the two are compared after the backward (one sync). A unit read back with other
+# bytes is kept resident (Sizes.unmovable, shown in the table), where the backward reads what
+# plain training reads. What it cannot see: a write that happens only in some steps (drawn at
+# random, or after the profiled ones); a model that writes through .data in its forward only now
+# and then must keep those blocks resident with keep=. The fingerprints cost one read of what
+# the step saves, twice, in one profiling step.
 
 
 def _forward_times(timer: Timer, p: _Pass, n: int) -> list[float]:
@@ -812,23 +933,34 @@ def measure_chain(
         reference=reference,
     )
     n = instrument.blocks.stages
+    chain = chain_of(
+        sizes, _median_rows(runs["fwd"], n), _median_rows(runs["bwd"], n), _max(runs["fwd_tmp"], n), _max(runs["bwd_tmp"], n),
+        _median_rows(runs["nosave"], n) if nosave else None, name,
+    )
+    return chain, sizes
+
+
+def chain_of(
+    sizes: Sizes, fwd: list[float], bwd: list[float], fwd_tmp: list[int], bwd_tmp: list[int], nosave: list[float] | None, name: str
+) -> co.Chain:
+    """The chain of measured ``sizes`` and per-stage times and transients (as the allocator saw
+    them), with what the adapter adds: the output's own storages and the late releases."""
+    n = len(sizes.saved)
     # NOTE [ the output's own storages ]
-    saved, bwd_tmp = list(sizes.saved), _max(runs["bwd_tmp"], n)
+    saved = list(sizes.saved)
     saved[-1] += sizes.output_bytes
     bwd_tmp = [b + sizes.output_bytes if i < n else b for i, b in enumerate(bwd_tmp, start=1)]
     # NOTE [ late release ]
-    fwd_tmp = [f + (sizes.late_tmp[i] if sizes.late_tmp else 0) for i, f in enumerate(_max(runs["fwd_tmp"], n))]
-    chain = co.Chain(
-        _median_rows(runs["fwd"], n),
-        _median_rows(runs["bwd"], n),
-        list(sizes.act),
-        saved,
-        fwd_tmp,
-        bwd_tmp,
-        _median_rows(runs["nosave"], n) if nosave else None,
-        name=name,
-    )
-    return chain, sizes
+    fwd_tmp = [f + (sizes.late_tmp[i] if sizes.late_tmp else 0) for i, f in enumerate(fwd_tmp)]
+    return co.Chain(fwd, bwd, list(sizes.act), saved, fwd_tmp, bwd_tmp, nosave, name=name)
+
+
+def measure_call_sizes(instrument: Instrument, root: nn.Module, args: tuple, kwargs: dict, device: torch.device) -> Sizes:
+    """The sizes of one call, from one forward with autograd and no backward through an
+    installed ``instrument`` (the model's state restored after): what a plan reused for another
+    shape is checked with (NOTE [ one plan for many shapes ] in api.py)."""
+    sizes, _ = _measure(instrument, root, args, kwargs, device, 1, 0, timed=False)
+    return sizes
 
 
 # NOTE [ the output's own storages ]
@@ -1007,7 +1139,8 @@ def link_of(device: torch.device | str, *, nbytes: int | None = None, repeats: i
 # output's loss when it has one, else every output that requires grad with a gradient of ones.
 # One step without autograd per repeat gives fwd_nosave (when asked: NOTE [ how many profiling
 # steps ]). The model's buffers, gradients and
-# RNG are restored after (model_state), so profiling leaves no trace in training.
+# RNG are restored after, with everything else a pass can change (training_state: NOTE
+# [ profiling leaves no trace ] in _state.py), so profiling leaves no trace in training.
 #
 # NOTE [ prefix and suffix ]
 # The chain is the blocks; a model has code before the first block (embeddings, a ResNet's

@@ -42,12 +42,17 @@ import random
 import traceback
 from typing import Any, Callable, Iterable
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 __all__ = [
     "FEATURES",
+    "MODEL_FEATURES",
+    "LOOP_FEATURES",
+    "DRAW_SOURCES",
+    "OPTIMIZERS",
     "BLOCK_OPS",
     "BETWEEN_OPS",
     "HOOK_KINDS",
@@ -120,8 +125,8 @@ HOOK_KINDS: dict[str, str] = {
     "post_new": "hooks",  # forward hook: returns output + 0.1
 }
 
-#: Every feature :func:`random_models` can switch on or off (``features=``). ``basic`` is always on.
-FEATURES: tuple[str, ...] = (
+#: The model's features (``basic`` is always on).
+MODEL_FEATURES: tuple[str, ...] = (
     "inplace",
     "inplace_saved",
     "between_inplace",
@@ -143,6 +148,19 @@ FEATURES: tuple[str, ...] = (
     "late_hooks",
     "dropout",
 )
+#: The features above are the model's, drawn first; these are the training loop's (NOTE [ the
+#: loops the fuzz draws ]), drawn after the model so that a seed draws the same model as before.
+LOOP_FEATURES: tuple[str, ...] = (
+    "python_random",
+    "numpy_random",
+    "counter",
+    "data_write",
+    "optimizer_in_hooks",
+    "varying_shapes",
+    "several_forwards",
+)
+#: Every feature :func:`random_models` can switch on or off (``features=``). ``basic`` is always on.
+FEATURES: tuple[str, ...] = MODEL_FEATURES + LOOP_FEATURES
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
@@ -221,6 +239,21 @@ class ModelSpec:
     hidden_casts
         Indices of blocks after which the parent casts the hidden state to float64 and back
         (mixed dtypes between blocks).
+    draws
+        ``(block index, source)`` pairs: the parent scales the hidden state after that block by
+        a factor drawn from ``"python"`` (``random.random()``, stochastic depth's way),
+        ``"numpy"`` (``np.random.rand()``) or ``"counter"`` (the model's own call counter).
+    data_writes
+        Indices of blocks after which the parent writes the hidden state through ``.data``
+        (``h.data.mul_(0.9)``: no version counter moves).
+    optimizer
+        ``"sgd"`` (stepped in the loop) or ``"adamw_in_hooks"`` (one AdamW per parameter,
+        stepped from its post-accumulate-grad hook: torchtune's optimizer in backward).
+    batches
+        The batch size of each training step (shapes that change per step); empty: ``batch``.
+    forwards
+        Forwards per backward: the loss sums the model's outputs on ``forwards`` scaled copies
+        of the batch, each run before the one backward (a Siamese or contrastive loss).
     """
 
     blocks: tuple[BlockSpec, ...]
@@ -231,6 +264,11 @@ class ModelSpec:
     between: tuple[tuple[int, str], ...] = ()
     hooks: tuple[HookSpec, ...] = ()
     hidden_casts: tuple[int, ...] = ()
+    draws: tuple[tuple[int, str], ...] = ()
+    data_writes: tuple[int, ...] = ()
+    optimizer: str = "sgd"
+    batches: tuple[int, ...] = ()
+    forwards: int = 1
 
     def __post_init__(self) -> None:
         if len(self.blocks) < 2:
@@ -255,6 +293,17 @@ class ModelSpec:
         for h in self.hooks:
             if h.kind not in HOOK_KINDS or h.when not in ("before", "after") or not 0 <= h.block < len(self.blocks):
                 raise ValueError(f"hooks: {h!r} is not a valid hook")
+        for i, source in self.draws:
+            if source not in DRAW_SOURCES or not 0 <= i < len(self.blocks):
+                raise ValueError(f"draws: ({i}, {source!r}) is not a block index and one of {', '.join(DRAW_SOURCES)}")
+        if any(not 0 <= i < len(self.blocks) for i in self.data_writes):
+            raise ValueError(f"data_writes: {self.data_writes} holds an index that is not a block's")
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer: {self.optimizer!r} is not one of {', '.join(OPTIMIZERS)}")
+        if any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in self.batches):
+            raise ValueError(f"batches: {self.batches} must be batch sizes >= 1")
+        if isinstance(self.forwards, bool) or not isinstance(self.forwards, int) or self.forwards < 1:
+            raise ValueError(f"forwards: {self.forwards!r} must be an integer >= 1")
 
     @property
     def features(self) -> frozenset[str]:
@@ -278,6 +327,15 @@ class ModelSpec:
                 used.add("late_hooks")
         if self.hidden_casts:
             used.add("mixed_hidden")
+        used.update({"python": "python_random", "numpy": "numpy_random", "counter": "counter"}[src] for _, src in self.draws)
+        if self.data_writes:
+            used.add("data_write")
+        if self.optimizer == "adamw_in_hooks":
+            used.add("optimizer_in_hooks")
+        if len(set(self.batches)) > 1:
+            used.add("varying_shapes")
+        if self.forwards > 1:
+            used.add("several_forwards")
         used.discard("basic")
         return frozenset(used)
 
@@ -423,6 +481,10 @@ class _ShiftOut:
 
 _HOOKS = {"pre_inplace": _ScaleArgInPlace, "pre_new": _ScaleArg, "post_inplace": _ScaleOutInPlace, "post_new": _ShiftOut}
 
+#: Where the parent's scale factors come from (:attr:`ModelSpec.draws`), and the optimizers.
+DRAW_SOURCES = ("python", "numpy", "counter")
+OPTIMIZERS = ("sgd", "adamw_in_hooks")
+
 
 class FuzzModel(nn.Module):
     """The model of a :class:`ModelSpec`: prefix, ``blocks`` (an ``nn.ModuleList``), suffix.
@@ -445,10 +507,14 @@ class FuzzModel(nn.Module):
                 # One Parameter object in two blocks: both blocks' uses add into its grad.
                 self.blocks[i].weight = self.blocks[b.share].weight
         self._between = dict(spec.between)
+        self._draws = dict(spec.draws)
+        self._data_writes = frozenset(spec.data_writes)
+        self.calls = 0  # a plain attribute the forward advances (the "counter" draws)
         self._casts = frozenset(spec.hidden_casts)
         self._skips_needed = frozenset(b.skip_from for b in spec.blocks if b.skip_from is not None)
 
     def forward(self, x: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
         h = F.linear(x, self.embed)
         mask = h.detach() < -0.5  # a bool tensor made in the prefix, passed to blocks
         outputs: dict[int, torch.Tensor] = {}
@@ -479,7 +545,54 @@ class FuzzModel(nn.Module):
                 h = h.view(h.shape)
             if i in self._casts:
                 h = h.double().tanh().to(x.dtype)
+            source = self._draws.get(i)
+            if source == "python":
+                h = h * (0.5 + random.random())
+            elif source == "numpy":
+                h = h * float(0.5 + np.random.rand())
+            elif source == "counter":
+                h = h * (1.0 + 0.1 * (self.calls % 3))
+            if i in self._data_writes:
+                h.data.mul_(0.9)
         return F.linear(h, self.head)
+
+
+def _optimizer_in_backward(model: nn.Module, lr: float = 1e-2) -> None:
+    """One AdamW per parameter, stepped (and its grad cleared) from the parameter's
+    post-accumulate-grad hook, as torchtune's optimizer in backward."""
+    opts = {p: torch.optim.AdamW([p], lr=lr) for p in model.parameters()}
+
+    def step(p: torch.Tensor) -> None:
+        opts[p].step()
+        opts[p].zero_grad()
+
+    for p in model.parameters():
+        p.register_post_accumulate_grad_hook(step)
+
+
+class _Globals:
+    """One side's Python and NumPy global generators: each model of a differential check draws
+    from its own, as if it trained alone in its own process."""
+
+    def __init__(self, seed: int) -> None:
+        state, np_state = random.getstate(), np.random.get_state()
+        random.seed(seed)
+        np.random.seed(seed % 2**32)
+        self.state, self.np_state = random.getstate(), np.random.get_state()
+        random.setstate(state)
+        np.random.set_state(np_state)
+        self._outer: Any = None
+
+    def __enter__(self) -> "_Globals":
+        self._outer = (random.getstate(), np.random.get_state())
+        random.setstate(self.state)
+        np.random.set_state(self.np_state)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.state, self.np_state = random.getstate(), np.random.get_state()
+        random.setstate(self._outer[0])
+        np.random.set_state(self._outer[1])
 
 
 class ModelCase:
@@ -504,6 +617,8 @@ class ModelCase:
         if device is not None:
             model.to(device)
         self._register(model, "before")
+        if self.spec.optimizer == "adamw_in_hooks":
+            _optimizer_in_backward(model)
         return model
 
     def register_late_hooks(self, model: FuzzModel) -> None:
@@ -521,19 +636,25 @@ class ModelCase:
             else:
                 block.register_forward_hook(fn)
 
-    def batch(self, device: torch.device | str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def batch(self, device: torch.device | str | None = None, step: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """``(x, perm)`` on ``device``: the input ``(batch, width)`` and an int64 permutation of
-        the features."""
+        the features; ``step`` picks that step's batch size from ``batches`` (when drawn)."""
         gen = torch.Generator().manual_seed(self.spec.seed + 1)
-        x = torch.randn(self.spec.batch, self.spec.width, generator=gen, dtype=torch.float64).to(_DTYPES[self.spec.dtype])
+        rows = self.spec.batch
+        if step is not None and self.spec.batches:
+            rows = self.spec.batches[step % len(self.spec.batches)]
+        x = torch.randn(rows, self.spec.width, generator=gen, dtype=torch.float64).to(_DTYPES[self.spec.dtype])
         perm = torch.randperm(self.spec.width, generator=gen)
         if device is not None:
             x, perm = x.to(device), perm.to(device)
         return x, perm
 
     def loss(self, model: nn.Module, batch: tuple) -> torch.Tensor:
-        """The training loss of ``model`` on ``batch`` (a scalar)."""
-        return model(*batch).square().mean()
+        """The training loss of ``model`` on ``batch`` (a scalar); with ``forwards`` > 1, of
+        that many forwards (on scaled copies of ``x``) before the one backward."""
+        x, perm = batch
+        outs = [model(x * (1.0 + 0.25 * k), perm) for k in range(self.spec.forwards)]
+        return sum(o.square().mean() for o in outs[1:]) + outs[0].square().mean() if len(outs) > 1 else outs[0].square().mean()
 
     @property
     def features(self) -> frozenset[str]:
@@ -608,7 +729,7 @@ def _describe(src: Any, min_blocks: int, max_blocks: int, max_ops: int, features
     # Each model switches on a few of the allowed features (each with chance 1/3), so that a
     # failure points at few features, and plain PyTorch's own refusals (in-place on a saved
     # tensor) do not mask every other feature of every model.
-    on = {"basic"} | {f for f in FEATURES if f in features and src.chance(1 / 3)}
+    on = {"basic"} | {f for f in MODEL_FEATURES if f in features and src.chance(1 / 3)}
     n = src.integer(min_blocks, max_blocks)
     ops_allowed = tuple(op for op, feat in BLOCK_OPS.items() if feat in on and op not in ("skip",))
     blocks = []
@@ -635,7 +756,7 @@ def _describe(src: Any, min_blocks: int, max_blocks: int, max_ops: int, features
             when = "after" if "late_hooks" in on and src.chance(0.5) else "before"
             hooks.append(HookSpec(src.integer(0, n - 1), src.choice(hook_kinds), when))
     casts = tuple(i for i in range(n) if "mixed_hidden" in on and src.chance(0.05))
-    return ModelSpec(
+    spec = ModelSpec(
         blocks=tuple(blocks),
         seed=src.integer(0, 2**16),
         width=2 * src.integer(1, 6),
@@ -644,6 +765,22 @@ def _describe(src: Any, min_blocks: int, max_blocks: int, max_ops: int, features
         between=between,
         hooks=tuple(hooks),
         hidden_casts=casts,
+    )
+    # NOTE [ the loops the fuzz draws ]: after the model, so a seed draws the model it drew before.
+    loop = {f for f in LOOP_FEATURES if f in features and src.chance(1 / 4)}
+    if not loop:
+        return spec
+    sources = tuple(s for s, f in (("python", "python_random"), ("numpy", "numpy_random"), ("counter", "counter")) if f in loop)
+    draws = tuple((i, src.choice(sources)) for i in range(n) if sources and src.chance(0.2))
+    writes = tuple(i for i in range(n - 1) if "data_write" in loop and src.chance(0.15))
+    batches = tuple(src.integer(1, 5) for _ in range(4)) if "varying_shapes" in loop else ()
+    return dataclasses.replace(
+        spec,
+        draws=draws,
+        data_writes=writes,
+        optimizer="adamw_in_hooks" if "optimizer_in_hooks" in loop else "sgd",
+        batches=batches,
+        forwards=src.integer(2, 3) if "several_forwards" in loop else 1,
     )
 
 
@@ -722,6 +859,20 @@ def random_models(
         return ModelCase(_describe(_HypothesisSource(draw, st), min_blocks, max_blocks, max_ops, feats))
 
     return _models()
+
+
+# NOTE [ the loops the fuzz draws ]
+# Issue 32 found training loops, not models, that offload() changed silently: an optimizer
+# stepped from gradient hooks, stochastic depth drawn with Python's random or NumPy, a forward
+# driven by a call counter, writes through .data, shapes that change every step. A drawn case
+# may use each (LOOP_FEATURES, drawn after the model so that a seed draws the same model as
+# before they existed): the parent scales the hidden state by a factor from random.random(),
+# np.random.rand() or the model's own counter, writes it through .data, the optimizer is one
+# AdamW per parameter stepped from its post-accumulate-grad hook (registered before offload()),
+# the batch size may change each step (replans, and plans reused across shapes), and the loss
+# may take two or three forwards before its one backward. Each side
+# of the check has its own Python and NumPy generators, seeded alike once before offload() and
+# never reseeded (_Globals): a profiling pass that drew from them would show in a later step.
 
 
 # -- the differential check -------------------------------------------------------------------
@@ -855,20 +1006,22 @@ def differential_check(
     seed = case.spec.seed
     dev = torch.device(device) if device is not None else None
     cuda = [dev.index or 0] if dev is not None and dev.type == "cuda" else []
+    sides = (_Globals(seed), _Globals(seed))
     with torch.random.fork_rng(devices=cuda):
         plain, off = case.build(dev), case.build(dev)
-        batch = case.batch(dev)
+        batch = case.batch(dev, 0)
         handle = None
         setup_error: BaseException | None = None
         try:
-            handle = offload(off, batch, memory=float(memory), method=method, **options)
+            with sides[1]:  # what offload() draws would show in the offloaded side's steps
+                handle = offload(off, batch, memory=float(memory), method=method, **options)
         except Exception as exc:  # noqa: BLE001 - every exception is an outcome to classify
             setup_error = exc
         case.register_late_hooks(plain)
         case.register_late_hooks(off)
         units = tuple(handle.schedule.offloaded_units) if handle is not None else ()
         try:
-            return _train_both(case, plain, off, batch, seed, steps, lr, setup_error, units)
+            return _train_both(case, plain, off, batch, seed, steps, lr, setup_error, units, sides)
         finally:
             if handle is not None:
                 handle.remove()
@@ -894,12 +1047,22 @@ def _train_both(
     lr: float,
     setup_error: BaseException | None,
     units: tuple[int, ...],
+    sides: tuple[_Globals, _Globals] | None = None,
 ) -> Outcome:
-    opt_plain = torch.optim.SGD(plain.parameters(), lr=lr)
-    opt_off = torch.optim.SGD(off.parameters(), lr=lr) if setup_error is None else None
+    if sides is None:
+        sides = (_Globals(seed), _Globals(seed))
+    # NOTE [ the loops the fuzz draws ]: an optimizer in hooks steps from the backward itself.
+    in_loop = case.spec.optimizer == "sgd"
+    opt_plain = torch.optim.SGD(plain.parameters(), lr=lr) if in_loop else None
+    opt_off = torch.optim.SGD(off.parameters(), lr=lr) if setup_error is None and in_loop else None
+    device = batch[0].device
     for step in range(steps):
-        opt_plain.zero_grad()
-        loss_p, err_p = _step(case, plain, batch, seed + step)
+        if step and case.spec.batches:
+            batch = case.batch(device, step)
+        if opt_plain is not None:
+            opt_plain.zero_grad()
+        with sides[0]:
+            loss_p, err_p = _step(case, plain, batch, seed + step)
         if setup_error is not None:
             if err_p is not None:
                 return Outcome(
@@ -911,8 +1074,10 @@ def _train_both(
                     same_error=_err(err_p) == _err(setup_error),
                 )
             continue
-        opt_off.zero_grad()
-        loss_o, err_o = _step(case, off, batch, seed + step)
+        if opt_off is not None:
+            opt_off.zero_grad()
+        with sides[1]:
+            loss_o, err_o = _step(case, off, batch, seed + step)
         if err_p is not None or err_o is not None:
             kind = "both_raised" if err_p is not None and err_o is not None else (
                 "plain_only_raise" if err_p is not None else "offloaded_only_raise"
@@ -928,8 +1093,9 @@ def _train_both(
         where = _first_difference(plain, off, "grad")
         if where is not None:
             return Outcome("silent_difference", f"{where} differs in step {step}", step, units)
-        opt_plain.step()
-        opt_off.step()
+        if opt_plain is not None:
+            opt_plain.step()
+            opt_off.step()
         where = _first_difference(plain, off, "value")
         if where is not None:
             return Outcome("silent_difference", f"{where} differs after step {step}", step, units)

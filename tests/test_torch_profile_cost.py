@@ -123,12 +123,24 @@ def test_a_new_shape_without_a_discovery_before_it_takes_the_probe_forward_as_it
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(profiler, "_measure", spy)
-        # A new batch size: a new plan, profiled at the first forward that sees it.
-        _, counts = counted(lambda m, b: m(b).sum().backward(), model, torch.randn(4, 8))
+        # A new, larger batch size (no plan of a larger shape to lend its schedule: NOTE [ one
+        # plan for many shapes ]): a new plan, profiled at the first forward that sees it.
+        _, counts = counted(lambda m, b: m(b).sum().backward(), model, torch.randn(16, 8))
     assert seen == [None]
     # The user's forward and backward; the probe's forward alone (no forward with autograd
     # ran just before: it is the reference), then one step.
     assert counts == (3, 0, 2)
+    handle.remove()
+
+
+def test_a_smaller_shape_that_a_larger_shapes_schedule_fits_costs_one_forward(settles_at_once):
+    model, x = mlp()
+    handle = ct.offload(model, x, memory=0.6)
+    # NOTE [ one plan for many shapes ]: its sizes from one forward with autograd, no backward.
+    _, counts = counted(lambda m, b: m(b).sum().backward(), model, torch.randn(4, 8))
+    assert counts == (2, 0, 1)
+    assert handle.reuses == 1 and handle.replans == 0
+    assert handle.plan.reused_from == handle.plans[0].key and "(4, 8)" in handle.plan.shapes
     handle.remove()
 
 
