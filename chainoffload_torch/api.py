@@ -168,6 +168,7 @@ class Offloader:
             pinned=plan.sizes.pinned if plan.sizes is not None else None,
             resident_bytes=plan.resident_bytes,
             names=self.blocks.names,
+            blocks=self.blocks,
             # A plan of offload()'s own came from a profile: what it did not see is warned of,
             # not refused mid-training; a schedule given by hand is the user's word, refused.
             strict=self._planner is None,
