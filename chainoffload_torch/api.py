@@ -390,10 +390,12 @@ class Offloader:
             by_unit.setdefault(t.unit, {})[t.kind] = t
         last = run.last_step
         rows = []
+        recomputes, checkpoints, lone = _remat_decisions(sched, chain.length)
         for i, name in enumerate(self.blocks.stage_names, start=1):
             trs = by_unit.get(i, {})
             if i in run.offloaded:
-                decision = "offload a_i alone" if i in run.act_alone else "offload"
+                alone = i in run.act_alone or (i in lone and "offload" in trs and run._maker(i, trs["offload"].event) in lone[i])
+                decision = "offload a_i alone" if alone else "offload"
                 if sizes is not None and sizes.pinned.get(i):
                     decision += ", held storages stay"
             elif i in plan.keep:
@@ -406,6 +408,11 @@ class Offloader:
                 decision = f"keep (saves a {sizes.unmovable[i]})"
             else:
                 decision = "keep"
+            if recomputes.get(i):
+                n = recomputes[i]
+                decision = f"recompute ({n} time{'s' if n > 1 else ''})" + ("" if decision == "keep" else f"; {decision}")
+            if i in checkpoints:
+                decision += "; a_i kept as a checkpoint"
 
             def trig(t: co.Transfer | None) -> str:
                 return "" if t is None else f"{t.at} of {sched.op_name(t.op)}"
@@ -470,6 +477,29 @@ class Offloader:
         return f"Offloader({type(self.model).__name__}, {state})"
 
 
+def _remat_decisions(sched: co.Schedule, length: int) -> tuple[dict[int, int], set[int], dict[int, set[int]]]:
+    """Per stage, how many times a schedule runs its forward again after the model's forward;
+    the stages whose a_i a recomputation starts from (checkpoints); per stage, the ops that make a
+    lone a_i of it (Fck, Fn)."""
+    recomputes: dict[int, int] = {}
+    checkpoints: set[int] = set()
+    lone: dict[int, set[int]] = {}
+    for k, (kind, i) in enumerate(sched.compute):
+        if kind in ("Fck", "Fn"):
+            lone.setdefault(i, set()).add(k)
+        if kind == "B" or k < length:
+            continue
+        recomputes[i] = recomputes.get(i, 0) + 1
+        # Its input a_{i-1} is kept, or made by an op of the same recomputation: a checkpoint
+        # when the op that made it ran before the backward op that precedes this one.
+        prev = max((m for m in range(k) if sched.compute[m] in (("F", i - 1), ("Fck", i - 1), ("Fn", i - 1))), default=-1)
+        if i > 1 and not any(sched.compute[m][0] == "B" for m in range(prev + 1, k)):
+            continue
+        if i > 1:
+            checkpoints.add(i - 1)
+    return recomputes, checkpoints, lone
+
+
 def _sharded(model: nn.Module) -> bool:
     """Whether FSDP2 (``fully_shard``) manages ``model`` or one of its submodules."""
     try:
@@ -531,8 +561,10 @@ def offload(
         much as a block (a stem: :attr:`Blocks.prefix`, NOTE [ prefix and suffix ]), else what
         it saves stays resident outside the chain.
     method
-        A pure-offloading :func:`chainoffload.methods` name; default
-        :data:`chainoffload.solvers.DEFAULT_METHOD`.
+        A :func:`chainoffload.methods` name (pure offloading such as ``"best"``, recomputation
+        such as ``"rotor"``, or both: ``"joint"``). ``None`` (default): solve with every method
+        of :data:`chainoffload_torch.plans.EXECUTABLE_METHODS` and keep the plan of least
+        simulated step time that fits (NOTE [ one call chooses ]).
     device
         Where to profile; default the model's device.
     keep
@@ -586,9 +618,8 @@ def offload(
         raise ValueError(f"on_new_shape: {on_new_shape!r} is not one of {', '.join(ON_NEW_SHAPE)}")
     if isinstance(cache_size, bool) or not isinstance(cache_size, int) or cache_size < 1:
         raise ValueError(f"cache_size: {cache_size!r} must be an integer >= 1")
-    if method is not None and spec(method).remat:
-        pure = ", ".join(n for n in co.methods() if not spec(n).remat)
-        raise ValueError(f"method: {method!r} recomputes activations; the executor runs pure-offloading methods: {pure}")
+    if method is not None:
+        spec(method)  # an unknown name is refused here, with the list of known ones
     budget = Budget.parse(platform.memory if memory is None and platform is not None else memory)
     repeats, warmup = profiling_steps(repeats, warmup, 3)
     host = None if host_memory is None else parse_bytes(host_memory, field="host_memory")

@@ -746,6 +746,7 @@ class ScheduleRun:
         if i in ledger.units or i in ledger.output:
             self._drop_unit(step, i)  # F over a lone a_i replaces it
         ledger._seen[i] = 0  # the same storages in the same order: pins apply as in the forward
+        step.offload_issued.discard(i)  # an offload moves the instance its maker made, not this one
         for t in list(tensors_in((rec.args, rec.kwargs))) + [x]:
             if t.device == self.device and t.layout == torch.strided:
                 ledger._borrow(t)  # the caller's, or unit i-1's: never unit i's

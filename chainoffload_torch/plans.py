@@ -24,7 +24,15 @@ from ._instrument import Instrument
 from ._tree import describe_key
 from .profiler import Sizes, measure_chain
 
-__all__ = ["Budget", "Plan", "solve_for", "resident_units", "nothing_fits", "exact_bytes", "Coverage", "coverage", "step_peak"]
+__all__ = [
+    "Budget", "Plan", "solve_for", "resident_units", "nothing_fits", "exact_bytes", "Coverage", "coverage", "step_peak",
+    "EXECUTABLE_METHODS", "not_recomputable", "recompute_chain",
+]
+
+#: What :func:`~chainoffload_torch.offload` solves with when no method is named: every method whose
+#: schedules the executor carries out (pure offloading, recomputation, both); the plan with the least
+#: simulated step time that fits is taken (NOTE [ one call chooses ]).
+EXECUTABLE_METHODS = ("best", "rotor", "joint")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -197,10 +205,11 @@ class _Planner:
         self.may_split_prefix = True
 
     def plan(self, instrument: Instrument, args: tuple, kwargs: dict, key: tuple) -> Plan:
-        # The executor runs pure offloading: no fwd_nosave (NOTE [ how many profiling steps ]).
+        # fwd_nosave only when a method that recomputes may be chosen (NOTE [ how many profiling steps ]).
+        remat = self.method is None or co.solvers.spec(self.method).remat
         chain, sizes = measure_chain(
             instrument, self.model, args, kwargs, self.device, repeats=self.repeats, warmup=self.warmup,
-            name=type(self.model).__name__, nosave=False, split_prefix=self.may_split_prefix, reference=self.reference,
+            name=type(self.model).__name__, nosave=remat, split_prefix=self.may_split_prefix, reference=self.reference,
         )
         self.may_split_prefix = False
         self.reference = None
@@ -208,7 +217,7 @@ class _Planner:
         resident = sizes.resident_bytes
         # NOTE [ resident outside the chain ]: the solver gets the budget less what stays resident.
         platform = self.link.with_memory(max(0, self.budget.bytes_for(chain, resident, step_peak(chain, sizes)) - resident))
-        result = solve_for(chain, platform, self.method, keep, sizes, self.options, key)
+        result = solve_for(chain, platform, self.method, keep, sizes, self.options, key, blocks=instrument.blocks)
         host = sizes.host_bytes(result.schedule.offloaded_units)
         if self.host_memory is not None and host > self.host_memory:
             raise ValueError(
@@ -269,8 +278,14 @@ def solve_for(
     sizes: Sizes,
     options: dict[str, Any],
     key: tuple | None = None,
+    blocks: Any = None,
 ) -> co.Result:
     """Solve keeping resident the user's units, the ones that cannot move, and unit L.
+
+    ``method=None`` with ``blocks`` solves with every method of :data:`EXECUTABLE_METHODS` and
+    returns the result of least makespan (ties: the first); a method that recomputes is solved on
+    :func:`recompute_chain` (never recomputing what the executor cannot run again) and its
+    result holds the simulator's figures on ``chain`` itself.
 
     Raises
     ------
@@ -279,13 +294,105 @@ def solve_for(
         memory known to work (NOTE [ nothing fits ]).
     """
     resident = resident_units(chain, sizes, keep)
+    if method is None and blocks is not None:
+        methods: tuple[str | None, ...] = EXECUTABLE_METHODS
+    else:
+        methods = (method,)
+    best: co.Result | None = None
+    last: co.Result | None = None
+    for name in methods:
+        if len(methods) > 1:
+            # Choosing: each method gets the options it takes (time_limit is every method's).
+            takes = _takes(name)
+            opts = {k: v for k, v in options.items() if k == "time_limit" or takes is None or k in takes}
+        else:
+            opts = options
+        result = _solve_one(chain, platform, name, resident, sizes, opts, blocks)
+        last = result if result is not None else last
+        if result is not None and result.feasible and (best is None or result.makespan < best.makespan):
+            best = result
+    if best is not None:
+        return best
+    shown = method if len(methods) == 1 else None
+    raise ValueError(nothing_fits(chain, platform, shown, resident, keep, sizes, last if len(methods) == 1 else None, key))
+
+
+def _solve_one(
+    chain: co.Chain, platform: co.Platform, method: str | None, resident: set[int], sizes: Sizes,
+    options: dict[str, Any], blocks: Any,
+) -> co.Result | None:
+    remat = method is not None and co.solvers.spec(method).remat
+    solved_on = recompute_chain(chain, sizes, blocks) if remat and blocks is not None else chain
+    takes = _takes(method)
+    kept = {"keep": sorted(resident)} if takes is None or "keep" in takes else {}
     try:
-        result = co.solve(chain, platform, method, keep=sorted(resident), **options)
+        result = co.solve(solved_on, platform, method, **kept, **options)
     except co.PlatformError:
-        result = None
-    if result is not None and result.feasible:
+        return None
+    if not result.feasible:
         return result
-    raise ValueError(nothing_fits(chain, platform, method, resident, keep, sizes, result, key))
+    if not kept and set(result.schedule.offloaded_units) & resident:
+        # A method that takes no keep= (joint) moved a unit that cannot move (aliased, held,
+        # saving what a byte copy cannot carry): the executor would free less than planned.
+        return None
+    if solved_on is chain:
+        return result
+    banned = not_recomputable(chain, sizes, blocks)
+    comp = result.schedule.compute
+    if any(s in banned for k, (kind, s) in enumerate(comp) if kind in ("Fck", "Fn") or (kind == "F" and k >= chain.length)):
+        return None  # only by recomputing what cannot be: nothing of this method fits
+    timeline = co.simulate(chain, platform, result.schedule)
+    if not timeline.feasible:
+        return None
+    return dataclasses.replace(result, makespan=timeline.makespan, peak_memory=timeline.peak_memory, timeline=timeline)
+
+
+def _takes(method: str | None) -> set[str] | None:
+    """The options ``method`` takes (``None``: any)."""
+    import inspect
+
+    func = co.solvers.spec(method or co.solvers.DEFAULT_METHOD).load()
+    params = inspect.signature(func).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return None
+    return set(list(params)[2:])
+
+
+# NOTE [ one call chooses ]
+# offload(model, batch, memory=...) with no method solves with pure offloading (best), with
+# recomputation (rotor) and with both (joint), each on the same profile, and keeps the plan of
+# least simulated step time that fits (ties: pure offloading first, which recomputes nothing).
+# A method that recomputes is solved on the chain with a prohibitive fwd_nosave for the stages
+# the executor cannot call again (not_recomputable): the code before the first block when it is
+# a stage, a block whose a_i the code after it makes, the last block (head and loss), a block
+# that returns its input or a view of it. Its schedule is then simulated on the profiled chain
+# itself, so the step time compared is the real chain's; a schedule that still recomputes one of
+# them (the only way to fit) counts as not fitting. method= forces one method.
+
+
+def not_recomputable(chain: co.Chain, sizes: Sizes | None, blocks: Any) -> dict[int, str]:
+    """The stages the executor cannot recompute, each with why (NOTE [ one call chooses ])."""
+    length = chain.length
+    out: dict[int, str] = {length: "the last block, with the head and the loss"}
+    off = int(getattr(blocks, "prefix", False))
+    if off:
+        out.setdefault(1, "the code before the first block")
+    if blocks is not None:
+        for b in range(1, len(blocks.modules)):
+            if not blocks.is_linked(b):
+                out.setdefault(b + off, "its a_i is made by the code after the block")
+    for u in getattr(sizes, "aliased", ()) or ():
+        out.setdefault(u, "returns its input or a view of it (units share storage)")
+    return out
+
+
+def recompute_chain(chain: co.Chain, sizes: Sizes | None, blocks: Any) -> co.Chain:
+    """``chain`` with a prohibitive ``fwd_nosave`` (and so Fck / Fn) for the stages of
+    :func:`not_recomputable`, so that a method that recomputes leaves them alone."""
+    banned = not_recomputable(chain, sizes, blocks)
+    big = 1e3 * (float(sum(chain.fwd)) + float(sum(chain.bwd)) + 1.0)
+    nosave = [big if i in banned else float(t) for i, t in enumerate(chain.fwd_nosave, start=1)]
+    return chain.replace(fwd_nosave=nosave)
 
 
 # NOTE [ nothing fits ]

@@ -1,0 +1,234 @@
+"""The executor carries out recomputation: rotor's and joint's schedules (Fck, Fn, a repeated F, lone
+a_i offloaded), bitwise equal to plain training, state changed once, refusals where it cannot."""
+
+import copy
+import os
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+torch = pytest.importorskip("torch")
+from torch import nn  # noqa: E402
+
+import chainoffload as co  # noqa: E402
+import chainoffload_torch as ct  # noqa: E402
+from chainoffload.bounds import offload_memory_floor  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
+
+
+class Blk(nn.Module):
+    """A block with every kind of state a recomputation must get right: dropout (RNG), batch norm
+    (running statistics, num_batches_tracked), a saved output (tanh)."""
+
+    def __init__(self, d):
+        super().__init__()
+        self.l1 = nn.Linear(d, 2 * d)
+        self.bn = nn.BatchNorm1d(2 * d)
+        self.dp = nn.Dropout(0.3)
+        self.l2 = nn.Linear(2 * d, d)
+
+    def forward(self, x):
+        return x + self.l2(self.dp(torch.tanh(self.bn(self.l1(x)))))
+
+
+def blocks_model(n=8, d=32, seed=0):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(16, d), *[Blk(d) for _ in range(n)], nn.Linear(d, 4)), torch.randn(64, 16)
+
+
+def train_equal(model, ref, x, handle, steps=3):
+    """Train ``model`` (offloaded) and ``ref`` (untouched) side by side with AdamW; every step's loss,
+    gradients, buffers and parameters are bitwise equal."""
+    oa = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    ob = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    for step in range(steps):
+        torch.manual_seed(step)
+        la = model(x).square().mean()
+        la.backward()
+        rng_a = torch.get_rng_state()
+        torch.manual_seed(step)
+        lb = ref(x).square().mean()
+        lb.backward()
+        # The RNG after the step is plain training's: the recomputations drew nothing of their own.
+        assert torch.equal(rng_a, torch.get_rng_state()), step
+        assert torch.equal(la, lb), step
+        assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(), ref.parameters())), step
+        assert all(torch.equal(p, q) for p, q in zip(model.buffers(), ref.buffers())), step
+        oa.step()
+        ob.step()
+        oa.zero_grad()
+        ob.zero_grad()
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), ref.parameters()))
+
+
+def schedule_for(chain, platform, method, memory):
+    result = co.solve(chain, platform.with_memory(memory), method=method)
+    assert result.feasible, (method, memory, result.message)
+    return result.schedule
+
+
+@pytest.mark.parametrize("method", ["rotor", "joint", "recompute-all", "sqrt-checkpoint"])
+def test_recomputing_schedules_below_the_pure_offloading_floor_train_bitwise_equal(method):
+    model, x = blocks_model()
+    ref = copy.deepcopy(model)
+    prof = ct.profile_full(model, x, repeats=1, warmup=0)
+    chain = prof.chain
+    floor = offload_memory_floor(chain)
+    memory = floor - 1 if method != "sqrt-checkpoint" else co.keep_all_peak(chain) - 1
+    schedule = schedule_for(chain, prof.platform, method, memory)
+    assert schedule.has_remat
+    handle = ct.Offloader(model, chain, schedule, platform=prof.platform.with_memory(memory))
+    train_equal(model, ref, x, handle)
+    stats = handle.last_step
+    recomputes = sum(1 for k, (kind, _) in enumerate(schedule.compute) if kind != "B" and k >= chain.length)
+    assert stats.recomputed_ops == recomputes > 0
+    assert stats.offloaded_bytes == schedule.offloaded_bytes(chain)
+    assert stats.prefetched_bytes == stats.offloaded_bytes
+    assert handle.live_entries() == 0
+    handle.remove()
+
+
+def test_a_joint_schedule_that_offloads_lone_checkpoints_moves_act_bytes_alone():
+    model, x = blocks_model()
+    ref = copy.deepcopy(model)
+    prof = ct.profile_full(model, x, repeats=1, warmup=0)
+    chain = prof.chain
+    L = chain.length
+    # Fck every block but the last; a_3 (a lone checkpoint Fck_3 made) goes to the host and back
+    # before the recomputation that starts from it.
+    comp = [("F", 1)] + [("Fck", i) for i in range(2, L)] + [("F", L), ("B", L)]
+    for i in range(L - 1, 1, -1):
+        comp += [("F", i), ("B", i)]
+    comp.append(("B", 1))
+    k_fck3 = comp.index(("Fck", 3))
+    k_f4 = comp.index(("F", 4), L)
+    schedule = co.Schedule(
+        tuple(comp),
+        (co.Transfer("offload", 3, k_fck3, "end"), co.Transfer("prefetch", 3, k_f4 - 2, "end", before=k_f4)),
+    )
+    platform = prof.platform.with_memory(co.keep_all_peak(chain))
+    assert co.simulate(chain, platform, schedule).feasible
+    handle = ct.Offloader(model, chain, schedule, platform=platform)
+    train_equal(model, ref, x, handle)
+    assert handle.last_step.unit_offloaded == {3: int(chain.act[3])}
+    assert handle.last_step.offloaded_bytes == schedule.offloaded_bytes(chain) == int(chain.act[3])
+    assert handle.last_step.restored_reads == 0  # the recomputation read the copy, not autograd
+
+
+def test_batch_norm_statistics_move_once_where_torch_checkpoint_moves_them_twice():
+    model, x = blocks_model()
+    ref = copy.deepcopy(model)
+    cp = copy.deepcopy(model)
+    prof = ct.profile_full(model, x, repeats=1, warmup=0)
+    schedule = schedule_for(prof.chain, prof.platform, "recompute-all", co.keep_all_peak(prof.chain))
+    ct.Offloader(model, prof.chain, schedule, platform=prof.platform)
+    torch.manual_seed(0)
+    model(x).square().mean().backward()
+    torch.manual_seed(0)
+    ref(x).square().mean().backward()
+    torch.manual_seed(0)
+    h = cp[0](x)
+    for blk in cp[1:-1]:
+        h = torch.utils.checkpoint.checkpoint(blk, h, use_reentrant=False)
+    cp[-1](h).square().mean().backward()
+    for a, b, c in zip(model[1:-1], ref[1:-1], cp[1:-1]):
+        assert torch.equal(a.bn.running_mean, b.bn.running_mean) and torch.equal(a.bn.running_var, b.bn.running_var)
+        assert int(a.bn.num_batches_tracked) == int(b.bn.num_batches_tracked) == 1
+        assert int(c.bn.num_batches_tracked) == 2 and not torch.equal(c.bn.running_mean, b.bn.running_mean)
+
+
+class Counting(nn.Module):
+    """A block that changes plain state in its forward and reads it: a recomputation must see the
+    value the original call saw, and leave the count as one call left it."""
+
+    def __init__(self, d):
+        super().__init__()
+        self.lin = nn.Linear(d, d)
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        return torch.tanh(self.lin(x)) * (1.0 + 0.1 * self.calls)
+
+
+def test_a_counter_attribute_moves_once_and_the_recomputation_sees_the_original_value():
+    torch.manual_seed(0)
+    model = nn.Sequential(*[Counting(16) for _ in range(8)])
+    x = torch.randn(4, 16)
+    prof = ct.profile_full(model, x, repeats=1, warmup=0)
+    ref = copy.deepcopy(model)  # after profiling, whose forwards count too (a profile's own side effect)
+    schedule = schedule_for(prof.chain, prof.platform, "recompute-all", co.keep_all_peak(prof.chain))
+    handle = ct.Offloader(model, prof.chain, schedule, platform=prof.platform)
+    train_equal(model, ref, x, handle)
+    assert [m.calls for m in model] == [m.calls for m in ref]
+
+
+def test_what_cannot_be_recomputed_is_refused():
+    model, x = blocks_model()
+    prof = ct.profile_full(model, x, repeats=1, warmup=0)
+    chain = prof.chain
+    L = chain.length
+    fixed = [("F", i) for i in range(1, L + 1)] + [("B", i) for i in range(L, 0, -1)]
+    # The last block (with the head and the loss) run without saving, or recomputed.
+    last_ck = co.Schedule(tuple([("F", i) for i in range(1, L)] + [("Fck", L), ("F", L)] + fixed[L:]))
+    with pytest.raises((ValueError, co.ScheduleError), match=f"stage {L}|F_{L}"):
+        ct.Offloader(model, chain, last_ck)
+    # A recomputation before the forward ends.
+    early = co.Schedule(tuple([("Fck", 1), ("F", 1)] + fixed[1:]))
+    with pytest.raises(ValueError, match="begins with one forward op per stage"):
+        ct.Offloader(model, chain, early)
+    # Without the blocks to call again.
+    remat = co.Schedule(tuple([("Fck", 1)] + fixed[1:L] + fixed[L:-1] + [("F", 1), ("B", 1)]))
+    with pytest.raises(ValueError, match="blocks"):
+        ct.executor.ScheduleRun(chain, remat)
+
+
+class InPlace(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.lin = nn.Linear(d, d)
+
+    def forward(self, x):
+        x.mul_(0.5)  # its hidden input, changed in place: the checkpoint it would restart from is gone
+        return self.lin(x) + 1.0
+
+
+def test_a_block_that_modifies_its_input_in_place_is_refused_not_recomputed_wrong():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 16), *[InPlace(16) for _ in range(7)])
+    x = torch.randn(4, 16)
+    ref = copy.deepcopy(model)
+    prof = ct.profile_full(model, x, repeats=1, warmup=0)
+    L = prof.chain.length
+    fixed = [("F", i) for i in range(1, L + 1)] + [("B", i) for i in range(L, 0, -1)]
+    sched = co.Schedule(tuple([("F", 1), ("Fck", 2)] + fixed[2:L] + fixed[L:-2] + [("F", 2), ("B", 2), ("B", 1)]))
+    ct.Offloader(model, prof.chain, sched)
+    with pytest.raises(RuntimeError, match="modifies its hidden input in place"):
+        model(x).square().mean().backward()
+    # Plain PyTorch trains it; the refusal is the adapter's, and a plan that keeps it trains equal.
+    ref(x).square().mean().backward()
+
+
+def test_a_block_with_a_forward_pre_hook_of_its_own_is_refused():
+    model, x = blocks_model()
+    prof = ct.profile_full(model, x, repeats=1, warmup=0)
+    schedule = schedule_for(prof.chain, prof.platform, "recompute-all", co.keep_all_peak(prof.chain))
+    ct.Offloader(model, prof.chain, schedule, platform=prof.platform)
+    model[3].register_forward_pre_hook(lambda m, a: (a[0] * 2,))
+    with pytest.raises(RuntimeError, match="forward pre-hooks of its own"):
+        model(x).square().mean().backward()
+
+
+def test_a_schedule_that_recomputes_from_the_wrong_instance_is_caught():
+    """The executor checks which a_{i-1} instance each recomputation reads (the mutation 'recompute
+    from the wrong checkpoint' is killed here)."""
+    model, x = blocks_model()
+    prof = ct.profile_full(model, x, repeats=1, warmup=0)
+    schedule = schedule_for(prof.chain, prof.platform, "recompute-all", co.keep_all_peak(prof.chain))
+    handle = ct.Offloader(model, prof.chain, schedule, platform=prof.platform)
+    run = handle._run
+    k = next(k for k, (kind, i) in enumerate(schedule.compute) if k >= prof.chain.length and kind != "B" and i > 1)
+    run.remat.maker_of_read[k] = -5
+    with pytest.raises(RuntimeError, match="does not hold"):
+        model(x).square().mean().backward()
