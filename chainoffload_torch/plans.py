@@ -313,8 +313,10 @@ def solve_for(
             best = result
     if best is not None:
         return best
-    shown = method if len(methods) == 1 else None
-    raise ValueError(nothing_fits(chain, platform, shown, resident, keep, sizes, last if len(methods) == 1 else None, key))
+    if len(methods) == 1:
+        raise ValueError(nothing_fits(chain, platform, method, resident, keep, sizes, last, key))
+    tried = f"no plan of {', '.join(methods)} fits, nor recomputes only what the executor can call again"
+    raise ValueError(nothing_fits(chain, platform, None, resident, keep, sizes, None, key, tried=tried))
 
 
 def _solve_one(
@@ -412,8 +414,9 @@ def nothing_fits(
     sizes: Sizes,
     result: co.Result | None,
     key: tuple | None,
+    tried: str | None = None,
 ) -> str:
-    """The message of NOTE [ nothing fits ]."""
+    """The message of NOTE [ nothing fits ]; ``tried`` says what was solved when several methods were."""
     why = []
     for u in sorted(resident):
         reasons = [r for r, s in (("user", set(keep)), ("aliased", sizes.aliased)) if u in s]
@@ -425,7 +428,7 @@ def nothing_fits(
             reasons = ["last"]
         why.append(f"{u} ({', '.join(reasons)})")
     works = co.minimum_memory(chain, platform, "largest-first", keep=sorted(resident))
-    status = f"method {result.method}: {result.status}" if result is not None else "below any schedule's floor"
+    status = f"method {result.method}: {result.status}" if result is not None else (tried or "below any schedule's floor")
     shapes = f" for {describe_key(key)}" if key is not None else ""
     # Every figure is a whole step's: the chain's plus what stays resident outside it.
     r = sizes.resident_bytes

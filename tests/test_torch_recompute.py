@@ -232,3 +232,88 @@ def test_a_schedule_that_recomputes_from_the_wrong_instance_is_caught():
     run.remat.maker_of_read[k] = -5
     with pytest.raises(RuntimeError, match="does not hold"):
         model(x).square().mean().backward()
+
+
+# -- Hugging Face models, below the pure-offloading floor ----------------------------------------
+
+
+def hf_model(name, layers=8):
+    """A Hugging Face model from a tiny config (``layers`` blocks per stack, dropout on) and a batch."""
+    tf = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    ids = torch.randint(0, 64, (2, 32))
+    if name == "gpt2":
+        config = tf.GPT2Config(n_layer=layers, n_embd=32, n_head=4, vocab_size=64, n_positions=64, use_cache=False)
+        return tf.GPT2LMHeadModel(config), {"input_ids": ids, "labels": ids}
+    if name == "llama":
+        config = tf.LlamaConfig(
+            num_hidden_layers=layers, hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
+            vocab_size=64, max_position_embeddings=64, use_cache=False, attention_dropout=0.1,
+        )
+        return tf.LlamaForCausalLM(config), {"input_ids": ids, "labels": ids}
+    if name == "bert":
+        config = tf.BertConfig(
+            num_hidden_layers=layers, hidden_size=32, intermediate_size=64, num_attention_heads=4, vocab_size=64,
+            max_position_embeddings=64, num_labels=3,
+        )
+        mask = torch.ones_like(ids)
+        mask[1, 24:] = 0  # an attention mask the layers take as a keyword argument
+        return tf.BertForSequenceClassification(config), {"input_ids": ids, "attention_mask": mask, "labels": torch.tensor([0, 2])}
+    config = tf.T5Config(
+        vocab_size=64, d_model=32, d_kv=8, d_ff=64, num_layers=layers, num_decoder_layers=layers, num_heads=4,
+        dropout_rate=0.1, use_cache=False, decoder_start_token_id=0, pad_token_id=0,
+    )
+    return tf.T5ForConditionalGeneration(config), {"input_ids": ids, "labels": ids}
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama", "bert", "t5"])
+def test_hugging_face_models_train_bitwise_equal_with_rotor_and_joint_below_the_pure_offloading_floor(name):
+    model, batch = hf_model(name)
+    model.train()
+    probe = ct.offload(model, batch, memory=1.0, method="best", repeats=1, warmup=0)
+    chain, resident = probe.chain, probe.plan.resident_bytes
+    below = offload_memory_floor(chain) + resident - 1  # no pure-offloading schedule fits here
+    probe.remove()
+    ref = copy.deepcopy(model)
+    opt_a = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    opt_b = torch.optim.AdamW(ref.parameters(), lr=1e-3)
+    step = 0
+    for method in ("rotor", "joint"):
+        handle = ct.offload(model, batch, memory=below, method=method, repeats=1, warmup=0)
+        assert handle.schedule.has_remat and handle.predicted_peak <= below
+        for _ in range(3):
+            torch.manual_seed(step)
+            la = model(**batch).loss
+            la.backward()
+            torch.manual_seed(step)
+            lb = ref(**batch).loss
+            lb.backward()
+            assert torch.equal(la, lb), (method, step)
+            assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(), ref.parameters())), (method, step)
+            opt_a.step()
+            opt_b.step()
+            opt_a.zero_grad()
+            opt_b.zero_grad()
+            step += 1
+        assert handle.last_step.recomputed_ops > 0
+        assert handle.last_step.offloaded_bytes == handle.plan.offloaded_bytes
+        assert "recompute (" in handle.table()
+        handle.remove()
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), ref.parameters()))
+
+
+def test_offload_chooses_recomputation_below_the_floor_and_pure_offloading_where_it_is_free():
+    model, x = blocks_model()
+    ref = copy.deepcopy(model)
+    probe = ct.offload(model, x, memory=1.0, repeats=1, warmup=0)
+    chain = probe.chain
+    assert probe.result.method == "best" and not probe.schedule.offloaded_units  # keep-all: nothing to choose
+    probe.remove()
+    below = offload_memory_floor(chain) - 1
+    handle = ct.offload(model, x, memory=below, repeats=1, warmup=0)
+    assert handle.result.method in ("rotor", "joint") and handle.schedule.has_remat
+    train_equal(model, ref, x, handle)
+    handle.remove()
+    # Forced: a method that cannot fit says so with the floors.
+    with pytest.raises(ValueError, match="no schedule fits"):
+        ct.offload(model, x, memory=below, method="best", repeats=1, warmup=0)
