@@ -54,15 +54,25 @@ class Slot:
     """What autograd holds, in the original graph, for a tensor a block run without saving saved.
 
     ``record`` is the executor's pack record of the same tensor from the recomputation (``None``
-    until the recomputation ran).
+    until the recomputation ran). The slot also carries what autograd's in-place check needs of
+    the original tensor (a version probe, its version, what made it: NOTE [ version discipline ]
+    in _saved.py), so that a saved tensor modified in place after the block ran raises as in
+    plain PyTorch, although the recomputation made a fresh one.
     """
 
-    __slots__ = ("stage", "index", "record")
+    __slots__ = ("stage", "index", "record", "probe", "version", "made_by", "output_nr", "type_name", "size")
 
-    def __init__(self, stage: int, index: int) -> None:
+    def __init__(self, stage: int, index: int, t: torch.Tensor) -> None:
+        from ._saved import _describe, version_probe
+
         self.stage = stage
         self.index = index
         self.record: Any = None
+        self.probe = version_probe(t)
+        self.version = t._version
+        self.made_by, self.output_nr = _describe(t)
+        self.type_name = t.type()
+        self.size = t.size()
 
 
 class Act:

@@ -413,6 +413,8 @@ class Offloader:
                 decision = f"recompute ({n} time{'s' if n > 1 else ''})" + ("" if decision == "keep" else f"; {decision}")
             if i in checkpoints:
                 decision += "; a_i kept as a checkpoint"
+            if i in plan.not_recomputable and i < chain.length:
+                decision += f" (never recomputed: {plan.not_recomputable[i]})"
 
             def trig(t: co.Transfer | None) -> str:
                 return "" if t is None else f"{t.at} of {sched.op_name(t.op)}"

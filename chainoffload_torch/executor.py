@@ -569,7 +569,7 @@ class ScheduleRun:
             return Kept(t, None)
         if step.dropping is not None:
             slots = step.slots[step.dropping]
-            slot = Slot(step.dropping, len(slots))
+            slot = Slot(step.dropping, len(slots), t)
             slots.append(slot)
             return slot
         return self._record(step, t, step.current)
@@ -618,6 +618,8 @@ class ScheduleRun:
         autograd's version check (NOTE [ version discipline ]); for a slot, what the
         recomputation saved in its place."""
         if isinstance(packed, Slot):
+            name = self.names[packed.stage - 1] if self.names is not None and packed.stage <= len(self.names) else packed.stage
+            check_version(packed, packed.probe._version, f"in the forward of block {packed.stage} ({name}), run without saving")
             if packed.record is None:
                 raise RuntimeError(
                     f"chainoffload_torch: the backward of block {packed.stage} needs what its recomputation saves, and "

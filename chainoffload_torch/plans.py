@@ -9,9 +9,10 @@ says what would (NOTE [ nothing fits ]).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import torch
 from torch import nn
@@ -105,6 +106,9 @@ class Plan:
         Units kept because the user asked.
     host_bytes
         Host buffer bytes the plan takes in the pool's size classes (``None`` if unknown).
+    not_recomputable
+        The stages no plan of a method that recomputes may recompute, each with why
+        (NOTE [ one call chooses ]); empty when no such method was solved with.
     """
 
     key: tuple | None
@@ -115,6 +119,7 @@ class Plan:
     sizes: Sizes | None = None
     keep: frozenset[int] = frozenset()
     host_bytes: int | None = None
+    not_recomputable: dict[int, str] = dataclasses.field(default_factory=dict)
 
     @property
     def resident_bytes(self) -> int:
@@ -207,17 +212,19 @@ class _Planner:
     def plan(self, instrument: Instrument, args: tuple, kwargs: dict, key: tuple) -> Plan:
         # fwd_nosave only when a method that recomputes may be chosen (NOTE [ how many profiling steps ]).
         remat = self.method is None or co.solvers.spec(self.method).remat
-        chain, sizes = measure_chain(
-            instrument, self.model, args, kwargs, self.device, repeats=self.repeats, warmup=self.warmup,
-            name=type(self.model).__name__, nosave=remat, split_prefix=self.may_split_prefix, reference=self.reference,
-        )
+        with _watch_blocks(instrument.blocks) as unsafe:
+            chain, sizes = measure_chain(
+                instrument, self.model, args, kwargs, self.device, repeats=self.repeats, warmup=self.warmup,
+                name=type(self.model).__name__, nosave=remat, split_prefix=self.may_split_prefix, reference=self.reference,
+            )
+        blocks = _Unsafe(instrument.blocks, unsafe)
         self.may_split_prefix = False
         self.reference = None
         keep = co.solvers.check_keep(chain, self.keep)
         resident = sizes.resident_bytes
         # NOTE [ resident outside the chain ]: the solver gets the budget less what stays resident.
         platform = self.link.with_memory(max(0, self.budget.bytes_for(chain, resident, step_peak(chain, sizes)) - resident))
-        result = solve_for(chain, platform, self.method, keep, sizes, self.options, key, blocks=instrument.blocks)
+        result = solve_for(chain, platform, self.method, keep, sizes, self.options, key, blocks=blocks)
         host = sizes.host_bytes(result.schedule.offloaded_units)
         if self.host_memory is not None and host > self.host_memory:
             raise ValueError(
@@ -225,7 +232,8 @@ class _Planner:
                 f"{format_bytes(result.schedule.offloaded_bytes(chain))} per step and needs {format_bytes(host)} of host "
                 f"buffers, above host_memory={format_bytes(self.host_memory)}; give more GPU memory or more host memory"
             )
-        return Plan(key, chain, platform, result.schedule, result, sizes, keep, host)
+        banned = not_recomputable(chain, sizes, blocks) if remat else {}
+        return Plan(key, chain, platform, result.schedule, result, sizes, keep, host, banned)
 
 
 # NOTE [ resident outside the chain ]
@@ -372,10 +380,85 @@ def _takes(method: str | None) -> set[str] | None:
 # them (the only way to fit) counts as not fitting. method= forces one method.
 
 
+class _Unsafe:
+    """The chain's blocks, with the blocks a profile saw to be unsafe to recompute."""
+
+    def __init__(self, blocks: Any, unsafe: dict[int, str]) -> None:
+        self.blocks = blocks
+        self.unsafe = unsafe
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.blocks, name)
+
+
+# NOTE [ blocks a recomputation would get wrong ]
+# Some blocks can be called again and still not give what the forward gave, and a schedule must
+# not recompute them (the executor checks again at every step and refuses mid-training rather
+# than train wrong). The profiling passes are watched for them, with module hooks of their own
+# around every block call: a block that modifies its hidden input in place (the checkpoint it
+# would start from is gone), a block whose output the code after it modifies in place before the
+# next block reads it (a recomputed a_i would miss the change), and a block with forward
+# pre-hooks of its own (a recomputation would run them again on arguments they already changed).
+
+
+@contextlib.contextmanager
+def _watch_blocks(blocks: Any) -> Iterator[dict[int, str]]:
+    """Watch the blocks' calls while profiling; yield {block index (1-based): why it must not
+    be recomputed}, filled when the context exits."""
+    from ._instrument import _Hook
+
+    found: dict[int, str] = {}
+    n = len(blocks.modules)
+    calls = [0]
+    state: dict[str, Any] = {"open": [], "last": None}
+
+    def pre(module: nn.Module, a: tuple, kw: dict) -> None:
+        b = calls[0] % n + 1
+        calls[0] += 1
+        hidden = blocks.hidden_of(b, a, kw)
+        last = state["last"]
+        if last is not None and last[0] == b - 1 and last[1] is hidden and hidden._version != last[2]:
+            found.setdefault(b - 1, "its output is modified in place by the code after it, before the next block reads it")
+        state["last"] = None
+        ver = hidden._version if isinstance(hidden, torch.Tensor) else None
+        state["open"].append((b, hidden, ver))
+
+    def post(module: nn.Module, a: tuple, kw: dict, out: Any) -> None:
+        if not state["open"]:
+            return
+        b, hidden, ver = state["open"].pop()
+        if ver is not None and hidden._version != ver:
+            found.setdefault(b, "modifies its hidden input in place")
+        first = next(iter(t for t in _tensors(out)), None)
+        state["last"] = (b, first, first._version) if first is not None else None
+
+    handles = []
+    for b, module in enumerate(blocks.modules, start=1):
+        if any(not isinstance(h, _Hook) for h in module._forward_pre_hooks.values()):
+            found.setdefault(b, "has forward pre-hooks of its own (a recomputation would run them again)")
+    for module in {id(m): m for m in blocks.modules}.values():
+        handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
+        handles.append(module.register_forward_hook(post, with_kwargs=True))
+    try:
+        yield found
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def _tensors(obj: Any) -> Iterator[torch.Tensor]:
+    from ._tree import tensors_in
+
+    return tensors_in(obj)
+
+
 def not_recomputable(chain: co.Chain, sizes: Sizes | None, blocks: Any) -> dict[int, str]:
     """The stages the executor cannot recompute, each with why (NOTE [ one call chooses ])."""
     length = chain.length
     out: dict[int, str] = {length: "the last block, with the head and the loss"}
+    off0 = int(getattr(blocks, "prefix", False))
+    for b, why in getattr(blocks, "unsafe", {}).items():
+        out.setdefault(b + off0, why)
     off = int(getattr(blocks, "prefix", False))
     if off:
         out.setdefault(1, "the code before the first block")
