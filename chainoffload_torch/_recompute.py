@@ -115,6 +115,8 @@ class RematPlan:
     ----------
     first
         Per stage (index i - 1), the kind of its first forward op, the one the user's forward runs.
+    orig
+        Per stage (index i - 1), the index of that op in the compute sequence.
     recomputed
         Stages with a forward op after the forward (their calls are recorded).
     maker_of_read
@@ -130,6 +132,7 @@ class RematPlan:
     recomputed: frozenset[int]
     maker_of_read: dict[int, int]
     last_read: dict[int, int]
+    orig: tuple[int, ...]
 
     @classmethod
     def of(cls, schedule: co.Schedule, length: int) -> "RematPlan":
@@ -138,36 +141,42 @@ class RematPlan:
         Raises
         ------
         ValueError
-            The sequence does not begin with one forward op per stage, in order (a recomputation
-            before the forward ends), or stage L runs without saving or is recomputed.
+            The first forward ops of the stages are not in the order 1..L (the model's forward
+            runs its blocks in order), or stage L runs without saving or is recomputed.
         """
         comp = schedule.compute
-        head = comp[:length]
-        if [s for _, s in head] != list(range(1, length + 1)) or any(k not in FORWARD_KINDS for k, _ in head):
+        orig: dict[int, int] = {}
+        for k, (kind, i) in enumerate(comp):
+            if kind in FORWARD_KINDS and i not in orig:
+                orig[i] = k
+        order = [orig[i] for i in range(1, length + 1)]
+        if order != sorted(order):
             raise ValueError(
-                "schedule: a rematerializing schedule the executor runs begins with one forward op per stage, "
-                f"1..{length}, in order (the model's forward); got {' '.join(f'{k}_{s}' for k, s in head[:8])}"
+                "schedule: the first forward ops of the stages must come in the order 1..L, as the model's forward "
+                f"runs its blocks; got {' '.join(f'{comp[k][0]}_{comp[k][1]}' for k in sorted(order)[:8])}"
                 f"{' ...' if length > 8 else ''}"
             )
-        first = tuple(k for k, _ in head)
+        first = tuple(comp[k][0] for k in order)
         if first[-1] != "F":
             raise ValueError(f"schedule: stage {length} (the last block, the head and the loss) must run F, not {first[-1]}")
         recomputed: set[int] = set()
-        last_fwd: dict[int, int] = {i: i - 1 for i in range(1, length + 1)}  # last forward op of each stage
+        last_fwd: dict[int, int] = {}  # the last forward op of each stage so far
         maker_of_read: dict[int, int] = {}
         last_read: dict[int, int] = {}
-        for k in range(length, len(comp)):
-            kind, i = comp[k]
+        for k, (kind, i) in enumerate(comp):
             if kind not in FORWARD_KINDS:
                 continue
-            if i == length:
-                raise ValueError(f"schedule: recomputes stage {length} (op {k}, {kind}_{i}); the last block holds the head and the loss")
-            recomputed.add(i)
-            m = last_fwd[i - 1] if i > 1 else -1
-            maker_of_read[k] = m
-            last_read[m if i > 1 else -1] = k
+            if k != orig[i]:
+                if i == length:
+                    raise ValueError(
+                        f"schedule: recomputes stage {length} (op {k}, {kind}_{i}); the last block holds the head and the loss"
+                    )
+                recomputed.add(i)
+                m = last_fwd[i - 1] if i > 1 else -1
+                maker_of_read[k] = m
+                last_read[m] = k
             last_fwd[i] = k
-        return cls(length, first, frozenset(recomputed), maker_of_read, last_read)
+        return cls(length, first, frozenset(recomputed), maker_of_read, last_read, tuple(order))
 
 
 # NOTE [ state changes happen once ]

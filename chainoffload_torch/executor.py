@@ -38,7 +38,7 @@ from torch import nn
 import chainoffload as co
 
 from ._copy import Copier, HostPool
-from ._instrument import Blocks, Instrument
+from ._instrument import Blocks, Instrument, recomputing
 from ._recompute import FORWARD_KINDS, Act, CallRecord, RematPlan, Slot, rebuild_act
 from ._saved import Kept, Packed, check_version, rebuild, root_of, version_probe
 from ._stages import Entry, EntryState, UnitLedger, canonical_device, resident_storages
@@ -217,6 +217,8 @@ class ScheduleRun:
         #: (NOTE [ state changes happen once ] in _recompute.py).
         self._mutable: set[int] = set()
         self._learned = False
+        #: Per stage (index i - 1), the op the model's own forward runs: its first forward op.
+        self._orig = self.remat.orig if self.remat is not None else tuple(range(chain.length))
         self._build_events()
         self._step: _Step | None = None
         self._warned_held: set[int] = set()
@@ -422,7 +424,7 @@ class ScheduleRun:
         step.current = idx
         if self.remat is not None:
             self._record_call(step, idx, hidden, args, kwargs)
-        self._advance(step, 2 * (idx - 1))
+        self._advance(step, 2 * self._orig[idx - 1])
 
     def _record_call(self, step: _Step, idx: int, hidden: Any, args: tuple, kwargs: dict) -> None:
         """The original call of stage ``idx`` begins: record what its recomputations need, and
@@ -463,7 +465,7 @@ class ScheduleRun:
         if self.remat is not None:
             self._end_call(step, idx, hidden_in, hidden_out)
         if idx < self.chain.length:
-            self._advance(step, 2 * (idx - 1) + 1)
+            self._advance(step, 2 * self._orig[idx - 1] + 1)
 
     def _end_call(self, step: _Step, idx: int, hidden_in: Any, hidden_out: Any) -> None:
         """The original call of stage ``idx`` ended (rematerializing schedules)."""
@@ -479,8 +481,9 @@ class ScheduleRun:
                 )
             self._mutable.update(id(b) for b in rec.changed_buffers())
         step.inst[idx] = "whole" if self.remat.first[idx - 1] == "F" else "a"
-        if (idx - 1) in self.remat.last_read and isinstance(hidden_out, torch.Tensor):
-            step.acts[idx] = (idx - 1, Act(hidden_out, step.ledger.output.get(idx), original=True))
+        maker = self._orig[idx - 1]
+        if maker in self.remat.last_read and isinstance(hidden_out, torch.Tensor):
+            step.acts[idx] = (maker, Act(hidden_out, step.ledger.output.get(idx), original=True))
 
     def _refuse(self, units: set[int], why: str) -> None:
         bad = sorted(units & self.offloaded)
@@ -521,7 +524,7 @@ class ScheduleRun:
                 RuntimeWarning,
                 stacklevel=2,
             )
-        self._advance(step, 2 * (self.chain.length - 1) + 1)
+        self._advance(step, 2 * self._orig[-1] + 1)
         step.forward_done = True
         step.current = None
         ledger.by_key.clear()  # no pack of the forward's after it: the address map is done
@@ -705,7 +708,7 @@ class ScheduleRun:
                 for unit in (stage, stage - 1):
                     if unit in self.offloaded:
                         self._await_prefetch(step, unit)
-            elif self.remat is not None and k >= self.chain.length:
+            elif self.remat is not None and k in self.remat.maker_of_read:
                 self._recompute(step, k)
         if end and kind == "B":
             self._drop_unit(step, stage)
@@ -760,11 +763,12 @@ class ScheduleRun:
             )
         else:
             hooks = torch.autograd.graph.saved_tensors_hooks(_pack_nothing, _unpack_nothing)
-        step.current = i
+        current, step.current = step.current, i
         try:
-            out = rec.call(x, hooks)
+            with recomputing():
+                out = rec.call(x, hooks)
         finally:
-            step.current = None
+            step.current = current
         a = first_tensor(out)
         if not isinstance(a, torch.Tensor):
             raise RuntimeError(f"chainoffload_torch: block {i} returned no tensor when recomputed")
@@ -932,6 +936,7 @@ class ScheduleRun:
         """
         step.ledger.output.pop(unit, None)
         for e in step.ledger.units.pop(unit, ()):
+            step.ledger.forget(e)  # a later pack of its storage (a recomputation in the forward) is no longer its
             if e.state is S.PREFETCHING:
                 # Its destination must not be reused by compute before the copy into it ends.
                 self.copier.await_prefetch(e.h2d_event, e.dev)

@@ -174,10 +174,6 @@ def test_what_cannot_be_recomputed_is_refused():
     last_ck = co.Schedule(tuple([("F", i) for i in range(1, L)] + [("Fck", L), ("F", L)] + fixed[L:]))
     with pytest.raises((ValueError, co.ScheduleError), match=f"stage {L}|F_{L}"):
         ct.Offloader(model, chain, last_ck)
-    # A recomputation before the forward ends.
-    early = co.Schedule(tuple([("Fck", 1), ("F", 1)] + fixed[1:]))
-    with pytest.raises(ValueError, match="begins with one forward op per stage"):
-        ct.Offloader(model, chain, early)
     # Without the blocks to call again.
     remat = co.Schedule(tuple([("Fck", 1)] + fixed[1:L] + fixed[L:-1] + [("F", 1), ("B", 1)]))
     with pytest.raises(ValueError, match="blocks"):
@@ -317,3 +313,17 @@ def test_offload_chooses_recomputation_below_the_floor_and_pure_offloading_where
     # Forced: a method that cannot fit says so with the floors.
     with pytest.raises(ValueError, match="no schedule fits"):
         ct.offload(model, x, memory=below, method="best", repeats=1, warmup=0)
+
+
+def test_a_recomputation_during_the_forward_runs_between_the_blocks():
+    """Fck_i then F_i over the lone a_i it made, before F_{i+1} (a shape the core's strategies draw):
+    the recomputation runs between block i's end and block i+1's start, and trains equal."""
+    model, x = blocks_model()
+    ref = copy.deepcopy(model)
+    prof = ct.profile_full(model, x, repeats=1, warmup=0)
+    L = prof.chain.length
+    comp = [("F", 1), ("F", 2), ("Fck", 3), ("F", 3)] + [("F", i) for i in range(4, L + 1)] + [("B", i) for i in range(L, 0, -1)]
+    schedule = co.Schedule(tuple(comp))
+    handle = ct.Offloader(model, prof.chain, schedule, platform=prof.platform)
+    train_equal(model, ref, x, handle)
+    assert handle.last_step.recomputed_ops == 1
