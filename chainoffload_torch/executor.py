@@ -116,6 +116,7 @@ class _Step:
         self.records: dict[int, CallRecord] = {}  # per recomputed stage, its original call
         self.acts: dict[int, tuple[int, Act]] = {}  # a_i instances held for a recomputation: (maker op, act)
         self.inst: dict[int, str] = {}  # per unit, its instance on the device: "a" (lone a_i) or "whole"
+        self.outputs: dict[int, tuple[int, int]] = {}  # a recomputed block's output: (address, version)
 
 
 class ScheduleRun:
@@ -432,6 +433,18 @@ class ScheduleRun:
         remat = self.remat
         if idx == 1 and -1 in remat.last_read and isinstance(hidden, torch.Tensor):
             step.acts[0] = (-1, Act(hidden, None, original=True))
+        prev = step.outputs.pop(idx - 1, None)
+        if prev is not None and (
+            not isinstance(hidden, torch.Tensor)
+            or hidden.untyped_storage().data_ptr() != prev[0]
+            or hidden._version != prev[1]
+        ):
+            # A recomputed a_{idx-1} is the block's own output; this block read something else.
+            raise RuntimeError(
+                f"chainoffload_torch: block {idx} does not take block {idx - 1}'s output as it returned it (the code "
+                f"between them changed it, in place or not), so a recomputed a_{idx - 1} would not be its input; the "
+                "schedule recomputes from it. Train with method='best' (no recomputation), or let offload() plan"
+            )
         if idx in remat.recomputed:
             if not isinstance(hidden, torch.Tensor):
                 raise RuntimeError(f"chainoffload_torch: block {idx} got no tensor as its hidden state; it cannot be recomputed")
@@ -481,6 +494,8 @@ class ScheduleRun:
                 )
             self._mutable.update(id(b) for b in rec.changed_buffers())
         step.inst[idx] = "whole" if self.remat.first[idx - 1] == "F" else "a"
+        if idx in self.remat.recomputed and idx + 1 in self.remat.recomputed and isinstance(hidden_out, torch.Tensor):
+            step.outputs[idx] = (hidden_out.untyped_storage().data_ptr(), hidden_out._version)
         maker = self._orig[idx - 1]
         if maker in self.remat.last_read and isinstance(hidden_out, torch.Tensor):
             step.acts[idx] = (maker, Act(hidden_out, step.ledger.output.get(idx), original=True))
@@ -831,6 +846,7 @@ class ScheduleRun:
         step.records.clear()
         step.slots.clear()
         step.inst.clear()
+        step.outputs.clear()
         step.dropping = None
 
     # -- actions -----------------------------------------------------------------------------

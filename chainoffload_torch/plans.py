@@ -308,6 +308,7 @@ def solve_for(
         methods = (method,)
     best: co.Result | None = None
     last: co.Result | None = None
+    refused: str | None = None
     for name in methods:
         if len(methods) > 1:
             # Choosing: each method gets the options it takes (time_limit is every method's).
@@ -315,14 +316,15 @@ def solve_for(
             opts = {k: v for k, v in options.items() if k == "time_limit" or takes is None or k in takes}
         else:
             opts = options
-        result = _solve_one(chain, platform, name, resident, sizes, opts, blocks)
+        result, why = _solve_one(chain, platform, name, resident, sizes, opts, blocks)
         last = result if result is not None else last
+        refused = why or refused
         if result is not None and result.feasible and (best is None or result.makespan < best.makespan):
             best = result
     if best is not None:
         return best
     if len(methods) == 1:
-        raise ValueError(nothing_fits(chain, platform, method, resident, keep, sizes, last, key))
+        raise ValueError(nothing_fits(chain, platform, method, resident, keep, sizes, last, key, tried=refused))
     tried = f"no plan of {', '.join(methods)} fits, nor recomputes only what the executor can call again"
     raise ValueError(nothing_fits(chain, platform, None, resident, keep, sizes, None, key, tried=tried))
 
@@ -330,7 +332,8 @@ def solve_for(
 def _solve_one(
     chain: co.Chain, platform: co.Platform, method: str | None, resident: set[int], sizes: Sizes,
     options: dict[str, Any], blocks: Any,
-) -> co.Result | None:
+) -> tuple[co.Result | None, str | None]:
+    """``method``'s result (``None`` when it has none the executor can carry out) and, then, why."""
     remat = method is not None and co.solvers.spec(method).remat
     solved_on = recompute_chain(chain, sizes, blocks) if remat and blocks is not None else chain
     takes = _takes(method)
@@ -338,23 +341,29 @@ def _solve_one(
     try:
         result = co.solve(solved_on, platform, method, **kept, **options)
     except co.PlatformError:
-        return None
+        return None, None
     if not result.feasible:
-        return result
-    if not kept and set(result.schedule.offloaded_units) & resident:
+        return result, None
+    moved = sorted(set(result.schedule.offloaded_units) & resident)
+    if not kept and moved:
         # A method that takes no keep= (joint) moved a unit that cannot move (aliased, held,
         # saving what a byte copy cannot carry): the executor would free less than planned.
-        return None
+        return None, f"method {method}: its plan offloads unit(s) {moved}, which must stay resident"
     if solved_on is chain:
-        return result
+        return result, None
     banned = not_recomputable(chain, sizes, blocks)
     comp = result.schedule.compute
-    if any(s in banned for k, (kind, s) in enumerate(comp) if kind in ("Fck", "Fn") or (kind == "F" and k >= chain.length)):
-        return None  # only by recomputing what cannot be: nothing of this method fits
+    seen: set[int] = set()
+    for kind, s in comp:
+        if kind == "B":
+            continue
+        if (kind != "F" or s in seen) and s in banned:
+            return None, f"method {method}: fits only by recomputing stage {s}, which the executor cannot: {banned[s]}"
+        seen.add(s)
     timeline = co.simulate(chain, platform, result.schedule)
     if not timeline.feasible:
-        return None
-    return dataclasses.replace(result, makespan=timeline.makespan, peak_memory=timeline.peak_memory, timeline=timeline)
+        return None, f"method {method}: {timeline.violation}"
+    return dataclasses.replace(result, makespan=timeline.makespan, peak_memory=timeline.peak_memory, timeline=timeline), None
 
 
 def _takes(method: str | None) -> set[str] | None:
