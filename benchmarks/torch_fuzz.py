@@ -175,6 +175,7 @@ def run(args: argparse.Namespace) -> None:
                 "memory": memory,
                 "method": method,
                 "units": list(result.offloaded_units),
+                "recomputations": result.recomputations,
                 "features": sorted(case.features),
                 "seconds": round(time.perf_counter() - start, 4),
                 "spec": repr(case.spec),
@@ -216,6 +217,16 @@ def report(args: argparse.Namespace, command: str) -> None:
         "|---|---:|",
     ]
     lines += [f"| {k} | {counts.get(k, 0)} |" for k in OUTCOMES]
+    if any("recomputations" in r for r in rows):
+        equal = [r for r in rows if r["kind"] == "equal"]
+        remat = [r for r in equal if r.get("recomputations")]
+        by = collections.Counter(str(r["method"]) for r in remat)
+        lines += [
+            "",
+            f"Of the `equal` models, {len(remat)} trained with a plan that recomputes "
+            f"({sum(r['recomputations'] for r in remat)} forward ops run again per step in all; by method: "
+            + ", ".join(f"{m} {n}" for m, n in sorted(by.items())) + ").",
+        ]
     lines += ["", "Per feature (a model counts under every feature it uses):", ""]
     lines.append("| feature | models | " + " | ".join(OUTCOMES) + " |")
     lines.append("|---|---:|" + "---:|" * len(OUTCOMES))

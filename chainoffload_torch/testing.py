@@ -756,6 +756,8 @@ class Outcome:
         ``"Type: message"`` of each side's exception, if any.
     same_error
         For ``both_raised``: whether both raised the same type with the same message.
+    recomputations
+        For ``equal``: forward ops the plan ran again per step (0: it recomputed nothing).
     """
 
     kind: str
@@ -765,6 +767,7 @@ class Outcome:
     plain_error: str | None = None
     offloaded_error: str | None = None
     same_error: bool | None = None
+    recomputations: int = 0
 
     @property
     def ok(self) -> bool:
@@ -886,7 +889,10 @@ def differential_check(
         case.register_late_hooks(off)
         units = tuple(handle.schedule.offloaded_units) if handle is not None else ()
         try:
-            return _train_both(case, plain, off, batch, seed, steps, lr, setup_error, units)
+            outcome = _train_both(case, plain, off, batch, seed, steps, lr, setup_error, units)
+            if outcome.kind == "equal" and handle.last_step is not None:
+                outcome = dataclasses.replace(outcome, recomputations=handle.last_step.recomputed_ops)
+            return outcome
         finally:
             if handle is not None:
                 handle.remove()
