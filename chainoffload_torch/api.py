@@ -29,6 +29,7 @@ from ._copy import Copier, HostPool
 from ._instrument import COMPILE_REFUSAL, Blocks, Instrument, check_not_instrumented, find_blocks_warm, resolve_blocks
 from ._stages import EntryState, canonical_device
 from ._tree import call_key, describe_key
+from ._recompute import RematPlan
 from .executor import ScheduleRun, StepStats
 from .plans import Budget, Plan, _Planner, coverage, exact_bytes, resident_units, step_peak
 from .profiler import _device_of, _to_device, as_call, link_of, profiling_steps
@@ -412,7 +413,7 @@ class Offloader:
                 n = recomputes[i]
                 decision = f"recompute ({n} time{'s' if n > 1 else ''})" + ("" if decision == "keep" else f"; {decision}")
             if i in checkpoints:
-                decision += "; a_i kept as a checkpoint"
+                decision += "; a_i kept as a checkpoint (recomputations start from it)"
             if i in plan.not_recomputable and i < chain.length:
                 decision += f" (never recomputed: {plan.not_recomputable[i]})"
 
@@ -480,25 +481,21 @@ class Offloader:
 
 
 def _remat_decisions(sched: co.Schedule, length: int) -> tuple[dict[int, int], set[int], dict[int, set[int]]]:
-    """Per stage, how many times a schedule runs its forward again after the model's forward;
-    the stages whose a_i a recomputation starts from (checkpoints); per stage, the ops that make a
-    lone a_i of it (Fck, Fn)."""
-    recomputes: dict[int, int] = {}
-    checkpoints: set[int] = set()
+    """Per stage, how many times a schedule runs its forward again after the model's forward
+    ran it; the stages whose a_i a recomputation starts from (checkpoints); per stage, the ops
+    that make a lone a_i of it (Fck, Fn)."""
     lone: dict[int, set[int]] = {}
     for k, (kind, i) in enumerate(sched.compute):
         if kind in ("Fck", "Fn"):
             lone.setdefault(i, set()).add(k)
-        if kind == "B" or k < length:
-            continue
+    if not sched.has_remat:
+        return {}, set(), lone
+    remat = RematPlan.of(sched, length)
+    recomputes: dict[int, int] = {}
+    for k in remat.maker_of_read:
+        i = sched.compute[k][1]
         recomputes[i] = recomputes.get(i, 0) + 1
-        # Its input a_{i-1} is kept, or made by an op of the same recomputation: a checkpoint
-        # when the op that made it ran before the backward op that precedes this one.
-        prev = max((m for m in range(k) if sched.compute[m] in (("F", i - 1), ("Fck", i - 1), ("Fn", i - 1))), default=-1)
-        if i > 1 and not any(sched.compute[m][0] == "B" for m in range(prev + 1, k)):
-            continue
-        if i > 1:
-            checkpoints.add(i - 1)
+    checkpoints = {sched.compute[m][1] for m in remat.maker_of_read.values() if m >= 0}
     return recomputes, checkpoints, lone
 
 

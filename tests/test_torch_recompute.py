@@ -351,3 +351,32 @@ def test_a_resnet_with_batch_norm_trains_bitwise_equal_with_rotor_and_joint():
         train_equal(model, ref, x, handle)
         assert handle.last_step.recomputed_ops > 0 or method == "joint"
         handle.remove()
+
+
+def test_the_table_says_per_block_recompute_how_many_times_checkpoint_and_offload_a_i_alone():
+    model, x = blocks_model()
+    prof = ct.profile_full(model, x, repeats=1, warmup=0)
+    L = prof.chain.length
+    # recompute-all: stage i < L runs again L - i times; every a_i but a_{L-1} is a checkpoint.
+    schedule = schedule_for(prof.chain, prof.platform, "recompute-all", co.keep_all_peak(prof.chain))
+    handle = ct.Offloader(model, prof.chain, schedule, platform=prof.platform)
+    model(x).square().mean().backward()
+    rows = {r["stage"]: r["decision"] for r in handle.decisions()}
+    for i in range(1, L):
+        n = L - i
+        assert rows[i].startswith(f"recompute ({n} time{'s' if n > 1 else ''})"), rows[i]
+        assert ("checkpoint" in rows[i]) == (i < L - 1), rows[i]
+    assert rows[L] == "keep"
+    assert "recompute (" in handle.table()
+    handle.remove()
+    # A lone a_i offloaded: "offload a_i alone".
+    comp = [("F", 1)] + [("Fck", i) for i in range(2, L)] + [("F", L), ("B", L)]
+    for i in range(L - 1, 1, -1):
+        comp += [("F", i), ("B", i)]
+    comp.append(("B", 1))
+    k3 = comp.index(("Fck", 3))
+    sched = co.Schedule(tuple(comp), (co.Transfer("offload", 3, k3, "end"), co.Transfer("prefetch", 3, k3 + 2, "end")))
+    handle = ct.Offloader(model, prof.chain, sched, platform=prof.platform.with_memory(co.keep_all_peak(prof.chain)))
+    rows = {r["stage"]: r["decision"] for r in handle.decisions()}
+    assert rows[3] == "recompute (1 time); offload a_i alone; a_i kept as a checkpoint (recomputations start from it)"
+    handle.remove()
