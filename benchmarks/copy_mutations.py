@@ -34,6 +34,7 @@ RESULTS = HERE / "results"
 SUBSET = ("tests/test_torch_copy_engine.py",)
 COPY = "_copy.py"
 EXEC = "executor.py"
+REMAT = "_recompute.py"
 #: Tests of the subset that train through the executor (the others drive the engine, copier and pool).
 #: How a test failed, by the exception it ended with.
 HOW = {"CopyEngineError": "reported (CopyEngineError)", "AssertionError": "assertion failed (wrong data or state)"}
@@ -42,6 +43,7 @@ EXECUTOR_TESTS = (
     "test_a_prefetch_during_the_forward",
     "test_a_forward_that_fails",
     "test_adapter_tests",
+    "test_recomputing_training",
 )
 
 
@@ -150,6 +152,44 @@ MUTATIONS = (
             ),
         ),
     ),
+    # Recomputation (NOTE [ recomputation ] in _recompute.py): each is killed by a training run that
+    # must stay bitwise equal to plain training (dropout and batch norm in every block).
+    Mutation(
+        "recompute from the wrong checkpoint",
+        "a recomputation starts from the a_{i-1} instance the schedule names (the executor checks which it holds)",
+        EXEC,
+        (
+            (
+                "        held = step.acts.get(i - 1)\n        if held is None or held[0] != maker:",
+                "        held = step.acts.get(i - 2) or step.acts.get(i - 1)\n        if held is None:",
+            ),
+        ),
+    ),
+    Mutation(
+        "a prefetched checkpoint not awaited",
+        "a recomputation that starts from a prefetched checkpoint waits for its copy",
+        EXEC,
+        (
+            (
+                "        if e.state is S.PREFETCHING:\n            self.copier.await_prefetch(e.h2d_event, e.dev)\n"
+                "            e.state = S.RESTORED\n        if e.state is not S.RESTORED:\n            raise RuntimeError(f\"chainoffload_torch: the a_{rec.stage - 1} block",
+                "        if e.state is S.PREFETCHING:\n"
+                "            e.state = S.RESTORED\n        if e.state is not S.RESTORED:\n            raise RuntimeError(f\"chainoffload_torch: the a_{rec.stage - 1} block",
+            ),
+        ),
+    ),
+    Mutation(
+        "RNG state not restored",
+        "a recomputation runs under the CPU RNG state of the original call (dropout masks)",
+        REMAT,
+        (("            torch.set_rng_state(self.cpu_rng)\n", ""),),
+    ),
+    Mutation(
+        "BatchNorm statistics updated twice",
+        "a recomputation sees the buffers as the original call did and leaves them as it left them",
+        REMAT,
+        (("        restore = [(b, snap) for _, b, _, snap in self.buffers if snap is not None]", "        restore = []"),),
+    ),
 )
 
 
@@ -244,7 +284,7 @@ def main(argv=None) -> int:
         "# Mutation check of the copier's synchronization\n\n"
         f"`python benchmarks/copy_mutations.py`, {time.strftime('%Y-%m-%d')}: each mutant removes one ordering rule "
         "from a copy of `chainoffload_torch` (`_copy.py`: the copier, the host pool; `executor.py`: its calls into "
-        f"them); {', '.join(f'`{s}`' for s in SUBSET)} must fail against it. *Killed by* names the first failing "
+        f"them and its recomputations; `_recompute.py`: the state a recomputation runs under); {', '.join(f'`{s}`' for s in SUBSET)} must fail against it. *Killed by* names the first failing "
         f"tests. The unmutated copy passed in {secs:.0f} s; the {len(MUTATIONS)} mutants took {wall:.0f} s "
         f"({args.jobs} at a time).\n\n"
         f"{text}\n\n{verdict}.\n"

@@ -53,14 +53,22 @@ from chainoffload_torch.testing import (  # noqa: E402
 RESULTS = Path(__file__).resolve().parent / "results"
 #: Solvers drawn per model: the fast size-only ones, and the default search users get.
 METHODS = ("largest-first", "first-k", "offload-all", None)
+#: With --recompute: the methods that recompute (rotor; joint, which also offloads; recompute-all,
+#: the most recomputations) and offload()'s own choice among best, rotor and joint.
+REMAT_METHODS = ("rotor", "joint", "recompute-all", None)
 STEPS = 3
 
 
-def trial(seed: int, k: int, features: frozenset[str] = frozenset(FEATURES)) -> tuple[ModelCase, float, str | None]:
+def trial(
+    seed: int, k: int, features: frozenset[str] = frozenset(FEATURES), recompute: bool = False
+) -> tuple[ModelCase, float, str | None]:
     """Model ``k`` of the run seeded ``seed``: its case, budget and method (independent of
-    every other model, so shards and resumed runs draw exactly the same)."""
+    every other model, so shards and resumed runs draw exactly the same). ``recompute``: a
+    method of :data:`REMAT_METHODS` and a budget in [0.15, 0.95], below where pure offloading fits."""
     rng = random.Random(f"{seed}:{k}")
     case = draw_model(rng, features=features)
+    if recompute:
+        return case, round(rng.uniform(0.15, 0.95), 2), rng.choice(REMAT_METHODS)
     memory = 1.0 if rng.random() < 0.2 else round(rng.uniform(0.4, 0.95), 2)
     method = rng.choice(METHODS)
     return case, memory, method
@@ -167,7 +175,7 @@ def run(args: argparse.Namespace) -> None:
     shrunk = 0
     with path.open("a") as f:
         for n, k in enumerate(todo, start=1):
-            case, memory, method = trial(args.seed, k, args.features)
+            case, memory, method = trial(args.seed, k, args.features, args.recompute)
             start = time.perf_counter()
             result = differential_check(case, memory=memory, method=method, steps=STEPS, device=args.device)
             row = {
@@ -178,6 +186,7 @@ def run(args: argparse.Namespace) -> None:
                 "memory": memory,
                 "method": method,
                 "units": list(result.offloaded_units),
+                "recomputations": result.recomputations,
                 "features": sorted(case.features),
                 "seconds": round(time.perf_counter() - start, 4),
                 "spec": repr(case.spec),
@@ -219,6 +228,16 @@ def report(args: argparse.Namespace, command: str) -> None:
         "|---|---:|",
     ]
     lines += [f"| {k} | {counts.get(k, 0)} |" for k in OUTCOMES]
+    if any("recomputations" in r for r in rows):
+        equal = [r for r in rows if r["kind"] == "equal"]
+        remat = [r for r in equal if r.get("recomputations")]
+        by = collections.Counter(str(r["method"]) for r in remat)
+        lines += [
+            "",
+            f"Of the `equal` models, {len(remat)} trained with a plan that recomputes "
+            f"({sum(r['recomputations'] for r in remat)} forward ops run again per step in all; by method: "
+            + ", ".join(f"{m} {n}" for m, n in sorted(by.items())) + ").",
+        ]
     lines += ["", "Per feature (a model counts under every feature it uses):", ""]
     lines.append("| feature | models | " + " | ".join(OUTCOMES) + " |")
     lines.append("|---|---:|" + "---:|" * len(OUTCOMES))
@@ -263,8 +282,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--shrink", type=int, default=25, help="shrink the first SHRINK failures (default 25; 0: none)")
     parser.add_argument("--without", nargs="*", default=[], choices=FEATURES, metavar="FEATURE", help="features switched off")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1 is fastest for these tiny models)")
+    parser.add_argument(
+        "--recompute", action="store_true",
+        help="plans that recompute: rotor, joint, recompute-all or offload()'s choice, at 15-95 %% of the keep-all "
+        "peak, without late hooks (a pre-hook added after offload() on a recomputed block is refused at the step)",
+    )
     args = parser.parse_args(argv)
-    args.features = frozenset(FEATURES) - set(args.without)
+    args.features = frozenset(FEATURES) - set(args.without) - ({"late_hooks"} if args.recompute else set())
     torch.set_num_threads(args.threads)
     if args.device != "cpu":
         torch.use_deterministic_algorithms(True, warn_only=True)

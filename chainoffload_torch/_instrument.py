@@ -13,6 +13,7 @@ while the model's forward runs (NOTE [ boundary events ]).
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import functools
 import os
@@ -20,7 +21,7 @@ import sys
 import threading
 import time
 import weakref
-from typing import Any, Protocol, Sequence
+from typing import Any, Iterator, Protocol, Sequence
 
 import torch
 from torch import nn
@@ -30,6 +31,21 @@ from ._state import training_state
 from ._tree import first_tensor, signature, tensors_in
 
 __all__ = ["Blocks", "find_blocks", "Instrument", "Listener", "COMPILE_REFUSAL", "check_not_instrumented", "resolve_blocks"]
+
+#: Depth of recomputations in progress (the executor calling a block again): the blocks' hooks
+#: then report nothing, since that call is no step of the model's forward.
+RECOMPUTING = [0]
+
+
+@contextlib.contextmanager
+def recomputing() -> Iterator[None]:
+    """Mark the block calls inside as a recomputation, which no instrument reports."""
+    RECOMPUTING[0] += 1
+    try:
+        yield
+    finally:
+        RECOMPUTING[0] -= 1
+
 
 # The model each installed instrument hooks: a model is instrumented by one at a time.
 _INSTALLED: "weakref.WeakKeyDictionary[nn.Module, Instrument]" = weakref.WeakKeyDictionary()
@@ -981,7 +997,7 @@ class Instrument:
 
     def _block_pre(self, idxs: tuple[int, ...], module: nn.Module, args: tuple, kwargs: dict) -> None:
         p = self._current()
-        if p is None:
+        if p is None or RECOMPUTING[0]:
             return None
         # A module that is several stages (one per call) is the stage expected next, if it is one.
         idx = p.expect if p.expect in idxs else idxs[0]
@@ -1016,7 +1032,7 @@ class Instrument:
 
     def _block_post(self, idxs: tuple[int, ...], module: nn.Module, args: tuple, kwargs: dict, out: Any) -> None:
         p = self._current()
-        if p is None:
+        if p is None or RECOMPUTING[0]:
             return None
         running = p.running.get(id(module))
         idx = running.pop() if running else idxs[0]

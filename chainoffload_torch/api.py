@@ -30,6 +30,7 @@ from chainoffload.units import format_bytes, parse_bytes
 from ._copy import Copier, HostPool
 from ._instrument import COMPILE_REFUSAL, CONCURRENT_REFUSAL, Blocks, Instrument, check_not_instrumented, find_blocks_warm, resolve_blocks
 from ._stages import EntryState, canonical_device
+from ._recompute import RematPlan
 from ._shapes import dominates, numbers_apart, strip_numbers, volume
 from ._tree import call_key, describe_key, held_tensors
 from .executor import ScheduleRun, StepStats
@@ -203,6 +204,7 @@ class Offloader:
             pinned=plan.sizes.pinned if plan.sizes is not None else None,
             resident_bytes=plan.resident_bytes,
             names=self.blocks.names,
+            blocks=self.blocks,
             # A plan of offload()'s own came from a profile: what it did not see is warned of,
             # not refused mid-training; a schedule given by hand is the user's word, refused.
             strict=self._planner is None,
@@ -508,10 +510,12 @@ class Offloader:
             by_unit.setdefault(t.unit, {})[t.kind] = t
         last = run.last_step
         rows = []
+        recomputes, checkpoints, lone = _remat_decisions(sched, chain.length)
         for i, name in enumerate(self.blocks.stage_names, start=1):
             trs = by_unit.get(i, {})
             if i in run.offloaded:
-                decision = "offload a_i alone" if i in run.act_alone else "offload"
+                alone = i in run.act_alone or (i in lone and "offload" in trs and run._maker(i, trs["offload"].event) in lone[i])
+                decision = "offload a_i alone" if alone else "offload"
                 if sizes is not None and sizes.pinned.get(i):
                     decision += ", held storages stay"
             elif i in plan.keep:
@@ -524,6 +528,13 @@ class Offloader:
                 decision = f"keep (saves a {sizes.unmovable[i]})"
             else:
                 decision = "keep"
+            if recomputes.get(i):
+                n = recomputes[i]
+                decision = f"recompute ({n} time{'s' if n > 1 else ''})" + ("" if decision == "keep" else f"; {decision}")
+            if i in checkpoints:
+                decision += "; a_i kept as a checkpoint (recomputations start from it)"
+            if i in plan.not_recomputable and i < chain.length:
+                decision += f" (never recomputed: {plan.not_recomputable[i]})"
 
             def trig(t: co.Transfer | None) -> str:
                 return "" if t is None else f"{t.at} of {sched.op_name(t.op)}"
@@ -691,6 +702,25 @@ class _ExtraForward:
 # the step there (as remove() did) made its backward fail with "unit 3 was dropped".
 
 
+def _remat_decisions(sched: co.Schedule, length: int) -> tuple[dict[int, int], set[int], dict[int, set[int]]]:
+    """Per stage, how many times a schedule runs its forward again after the model's forward
+    ran it; the stages whose a_i a recomputation starts from (checkpoints); per stage, the ops
+    that make a lone a_i of it (Fck, Fn)."""
+    lone: dict[int, set[int]] = {}
+    for k, (kind, i) in enumerate(sched.compute):
+        if kind in ("Fck", "Fn"):
+            lone.setdefault(i, set()).add(k)
+    if not sched.has_remat:
+        return {}, set(), lone
+    remat = RematPlan.of(sched, length)
+    recomputes: dict[int, int] = {}
+    for k in remat.maker_of_read:
+        i = sched.compute[k][1]
+        recomputes[i] = recomputes.get(i, 0) + 1
+    checkpoints = {sched.compute[m][1] for m in remat.maker_of_read.values() if m >= 0}
+    return recomputes, checkpoints, lone
+
+
 def _sharded(model: nn.Module) -> bool:
     """Whether FSDP2 (``fully_shard``) manages ``model`` or one of its submodules."""
     try:
@@ -752,8 +782,10 @@ def offload(
         much as a block (a stem: :attr:`Blocks.prefix`, NOTE [ prefix and suffix ]), else what
         it saves stays resident outside the chain.
     method
-        A pure-offloading :func:`chainoffload.methods` name; default
-        :data:`chainoffload.solvers.DEFAULT_METHOD`.
+        A :func:`chainoffload.methods` name (pure offloading such as ``"best"``, recomputation
+        such as ``"rotor"``, or both: ``"joint"``). ``None`` (default): solve with every method
+        of :data:`chainoffload_torch.plans.EXECUTABLE_METHODS` and keep the plan of least
+        simulated step time that fits (NOTE [ one call chooses ]).
     device
         Where to profile; default the model's device.
     keep
@@ -807,9 +839,8 @@ def offload(
         raise ValueError(f"on_new_shape: {on_new_shape!r} is not one of {', '.join(ON_NEW_SHAPE)}")
     if isinstance(cache_size, bool) or not isinstance(cache_size, int) or cache_size < 1:
         raise ValueError(f"cache_size: {cache_size!r} must be an integer >= 1")
-    if method is not None and spec(method).remat:
-        pure = ", ".join(n for n in co.methods() if not spec(n).remat)
-        raise ValueError(f"method: {method!r} recomputes activations; the executor runs pure-offloading methods: {pure}")
+    if method is not None:
+        spec(method)  # an unknown name is refused here, with the list of known ones
     budget = Budget.parse(platform.memory if memory is None and platform is not None else memory)
     repeats, warmup = profiling_steps(repeats, warmup, 3)
     host = None if host_memory is None else parse_bytes(host_memory, field="host_memory")

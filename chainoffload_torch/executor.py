@@ -38,10 +38,11 @@ from torch import nn
 import chainoffload as co
 
 from ._copy import Copier, HostPool
-from ._instrument import Blocks, Instrument
+from ._instrument import Blocks, Instrument, recomputing
+from ._recompute import FORWARD_KINDS, Act, CallRecord, RematPlan, Slot, rebuild_act
 from ._saved import Kept, Packed, check_version, rebuild, root_of, version_probe
 from ._stages import Entry, EntryState, UnitLedger, canonical_device, resident_storages
-from ._tree import tensors_in
+from ._tree import first_tensor, tensors_in
 
 __all__ = ["OffloadActivations", "ScheduleRun", "StepStats"]
 
@@ -74,6 +75,9 @@ class StepStats:
         (``None`` without a platform).
     wall_time
         Host seconds from the start of the forward to the end of the backward.
+    recomputed_ops
+        Forward ops of a rematerializing schedule run again in the backward (a block called
+        again: ``Fck``, ``Fn`` or ``F`` after the forward).
     """
 
     offloaded_bytes: int = 0
@@ -86,6 +90,7 @@ class StepStats:
     measured_peak: int | None = None
     predicted_peak: int | None = None
     wall_time: float = 0.0
+    recomputed_ops: int = 0
 
 
 class _Step:
@@ -105,17 +110,26 @@ class _Step:
         self.a0_before = 0  # bytes of a_0 allocated before the step (a model input)
         #: Nothing moves in this step: no saved-tensor hooks, no ledger (NOTE [ passive steps ]).
         self.passive = False
+        # Rematerialization (NOTE [ recomputation ] in _recompute.py).
+        self.dropping: int | None = None  # the block running without saving (its original Fck / Fn)
+        self.slots: dict[int, list[Slot]] = {}  # per stage, what its original call would have saved
+        self.records: dict[int, CallRecord] = {}  # per recomputed stage, its original call
+        self.acts: dict[int, tuple[int, Act]] = {}  # a_i instances held for a recomputation: (maker op, act)
+        self.inst: dict[int, str] = {}  # per unit, its instance on the device: "a" (lone a_i) or "whole"
+        self.outputs: dict[int, tuple[int, int]] = {}  # a recomputed block's output: (address, version)
 
 
 class ScheduleRun:
-    """Execute one fixed-order schedule, step after step, as an instrument's listener.
+    """Execute one schedule, step after step, as an instrument's listener.
 
     Parameters
     ----------
     chain
         The chain the schedule was made for; its length is the number of blocks.
     schedule
-        A fixed-order schedule (F_1..F_L, B_L..B_1). Rematerialization ops are rejected.
+        A fixed-order schedule (F_1..F_L, B_L..B_1), or a rematerializing one (``Fck``, ``Fn``,
+        a repeated ``F``) that begins with one forward op per stage, in order (the model's own
+        forward; NOTE [ recomputation ] in _recompute.py).
     platform
         The platform the schedule was made for. With it the executor releases offloaded GPU
         copies where the simulated timeline does and reports the predicted peak; without it a
@@ -141,12 +155,17 @@ class ScheduleRun:
     resident_bytes
         Bytes resident for the whole step outside the chain
         (:attr:`chainoffload_torch.Sizes.resident_bytes`), added to the predicted peak.
+    blocks
+        The chain's stages in the model; needed by a rematerializing schedule (the blocks it
+        recomputes are called again).
 
     Raises
     ------
     ValueError
-        The schedule has rematerialization ops, does not fit the chain, or offloads a unit
-        before its forward ends.
+        The schedule does not fit the chain, offloads an instance before the op that makes it
+        ends, or recomputes what cannot be called again (the code before the first block, a
+        block whose output is not the next block's hidden input, the last block) or has no
+        ``blocks``.
     """
 
     def __init__(
@@ -163,6 +182,7 @@ class ScheduleRun:
         pinned: dict[int, tuple[int, ...]] | None = None,
         resident_bytes: int = 0,
         strict: bool = True,
+        blocks: Blocks | None = None,
     ) -> None:
         if not isinstance(chain, co.Chain):
             raise TypeError(f"chain: expected a chainoffload.Chain, got {type(chain).__name__}")
@@ -170,13 +190,11 @@ class ScheduleRun:
             raise TypeError(f"schedule: expected a chainoffload.Schedule, got {type(schedule).__name__}")
         if platform is not None and not isinstance(platform, co.Platform):
             raise TypeError(f"platform: expected a chainoffload.Platform, got {type(platform).__name__}")
-        if schedule.has_remat:
-            kinds = sorted({k for k, _ in schedule.compute if k in ("Fck", "Fn")})
-            raise ValueError(
-                "schedule: has rematerialization ops "
-                f"({', '.join(kinds) or 'a repeated forward'}); only fixed-order (pure offloading) schedules can be executed"
-            )
         schedule.validate(chain)
+        self.remat = RematPlan.of(schedule, chain.length) if schedule.has_remat else None
+        self.blocks = blocks
+        if self.remat is not None:
+            self._check_recomputable(blocks, chain.length)
         self.chain = chain
         self.schedule = schedule
         self.platform = platform
@@ -196,6 +214,12 @@ class ScheduleRun:
         self._warned_unmoved: set[tuple[int, str]] = set()
         self.pinned = dict(pinned or {})
         self.resident_bytes = int(resident_bytes)
+        #: ids of buffers seen to change in a recomputed block's forward; None until a step ended
+        #: (NOTE [ state changes happen once ] in _recompute.py).
+        self._mutable: set[int] = set()
+        self._learned = False
+        #: Per stage (index i - 1), the op the model's own forward runs: its first forward op.
+        self._orig = self.remat.orig if self.remat is not None else tuple(range(chain.length))
         self._build_events()
         self._step: _Step | None = None
         self._warned_held: set[int] = set()
@@ -220,14 +244,52 @@ class ScheduleRun:
                 self._waits[t.before].append(t)
             if t.kind == "offload":
                 self._offload_of[t.unit] = t
-                end_f = 2 * sched.index("F", t.unit) + 1
-                if t.event < end_f:
+                maker = self._maker(t.unit, t.event)
+                if t.event < 2 * maker + 1:
                     raise ValueError(
                         f"schedule.transfers[{idx}]: the offload of unit {t.unit} is triggered at "
-                        f"{t.at} of {sched.op_name(t.op)}, before F_{t.unit} has made it"
+                        f"{t.at} of {sched.op_name(t.op)}, before {sched.op_name(maker)} has made it"
                     )
         for unit, t in self._offload_of.items():
             self._release_at[self._release_event(unit, t, length)].append(unit)
+        # Rematerialization: which a_i instance the executor drops after which op.
+        self._act_drop_at: dict[int, list[tuple[int, int]]] = {}
+        if self.remat is not None:
+            for m, k in self.remat.last_read.items():
+                stage = 0 if m < 0 else sched.compute[m][1]
+                self._act_drop_at.setdefault(k, []).append((stage, m))
+
+    def _maker(self, unit: int, event: int) -> int:
+        """The op that makes the instance of ``unit`` a transfer triggered at ``event`` moves:
+        the last forward op of stage ``unit`` that starts at or before it (docs/model.md), or
+        the first one."""
+        comp = self.schedule.compute
+        ops = [k for k, (kind, s) in enumerate(comp) if s == unit and kind in FORWARD_KINDS]
+        before = [k for k in ops if 2 * k <= event]
+        return before[-1] if before else ops[0]
+
+    def _check_recomputable(self, blocks: Blocks | None, length: int) -> None:
+        remat = self.remat
+        need = set(remat.recomputed) | {i for i, k in enumerate(remat.first, start=1) if k != "F"}
+        if not need:
+            return
+        if blocks is None:
+            raise ValueError("blocks: a rematerializing schedule needs the chain's blocks, to call them again")
+        off = int(blocks.prefix)
+        if blocks.stages != length:
+            raise ValueError(f"blocks: {blocks.stages} stages, but the chain has {length}")
+        for i in sorted(need):
+            b = i - off
+            if b < 1:
+                raise ValueError(
+                    f"schedule: recomputes stage {i}, the code before the first block ({blocks.names[0]}), which is no "
+                    "module call the executor can run again"
+                )
+            if not blocks.is_linked(b):
+                raise ValueError(
+                    f"schedule: recomputes stage {i} ({blocks.names[b - 1]}), whose a_{i} is made by the code after the "
+                    "block (not the block's own output), which the executor cannot run again"
+                )
 
     # NOTE [ release point ]
     # docs/model.md frees the GPU copy of an offloaded unit i at max(end of O_i, end of F_{i+1}),
@@ -268,6 +330,8 @@ class ScheduleRun:
         return self._n_events - 1
 
     def _release_event(self, unit: int, offload: co.Transfer, length: int) -> int:
+        if self.remat is not None:
+            return self._release_event_remat(unit, offload)
         sched = self.schedule
         earliest = offload.event
         if unit < length:
@@ -279,6 +343,28 @@ class ScheduleRun:
         free_time = float(tl.transfer_end[t_idx])
         if unit < length:
             free_time = max(free_time, float(tl.op_end[sched.index("F", unit + 1)]))
+        return self._first_event_at(earliest, free_time)
+
+    def _release_event_remat(self, unit: int, offload: co.Transfer) -> int:
+        """docs/model.md's release point of an offloaded instance: the latest of the end of its
+        offload and the end of every forward op that reads the original (those of stage
+        ``unit + 1`` before the first backward op at or after the trigger, that do not free it)."""
+        sched, tl = self.schedule, self.timeline
+        maker = self._maker(unit, offload.event)
+        earliest = offload.event
+        free_time = float(tl.transfer_end[sched.transfers.index(offload)]) if tl is not None else 0.0
+        for k in range(maker + 1, len(sched.compute)):
+            kind, s = sched.compute[k]
+            if kind == "B" and 2 * k >= offload.event:
+                break
+            if s == unit and kind in FORWARD_KINDS:
+                break  # a new instance: the offloaded one has no reader left
+            if s == unit + 1 and kind in ("F", "Fck"):
+                earliest = max(earliest, 2 * k + 1)
+                if tl is not None:
+                    free_time = max(free_time, float(tl.op_end[k]))
+        if tl is None:
+            return earliest
         return self._first_event_at(earliest, free_time)
 
     # -- listener: the forward -------------------------------------------------------------
@@ -303,7 +389,7 @@ class ScheduleRun:
             self.copier = Copier(device, duplex=self.platform.duplex if self.platform is not None else True)
         if self.pool is None:
             self.pool = HostPool(pin=device.type == "cuda")
-        passive = not self.offloaded
+        passive = not self.offloaded and self.remat is None
         # NOTE [ passive steps ]: a schedule that moves nothing needs no map of the storages.
         ledger = UnitLedger(device, set() if passive else resident_storages(self.roots), hold=self.offloaded, pinned=self.pinned)
         ledger.add_resident((args, kwargs))
@@ -337,7 +423,47 @@ class ScheduleRun:
         step.versions[idx] = ledger.stage_start(idx, hidden, (args, kwargs))
         self._refuse(ledger.held, "is held beyond its backward by a later block (a skip connection)")
         step.current = idx
-        self._advance(step, 2 * (idx - 1))
+        if self.remat is not None:
+            self._record_call(step, idx, hidden, args, kwargs)
+        self._advance(step, 2 * self._orig[idx - 1])
+
+    def _record_call(self, step: _Step, idx: int, hidden: Any, args: tuple, kwargs: dict) -> None:
+        """The original call of stage ``idx`` begins: record what its recomputations need, and
+        run it without saving if the schedule says Fck / Fn (NOTE [ recomputation ])."""
+        remat = self.remat
+        if idx == 1 and -1 in remat.last_read and isinstance(hidden, torch.Tensor):
+            step.acts[0] = (-1, Act(hidden, None, original=True))
+        prev = step.outputs.pop(idx - 1, None)
+        if prev is not None and (
+            not isinstance(hidden, torch.Tensor)
+            or hidden.untyped_storage().data_ptr() != prev[0]
+            or hidden._version != prev[1]
+        ):
+            # A recomputed a_{idx-1} is the block's own output; this block read something else.
+            raise RuntimeError(
+                f"chainoffload_torch: block {idx} does not take block {idx - 1}'s output as it returned it (the code "
+                f"between them changed it, in place or not), so a recomputed a_{idx - 1} would not be its input; the "
+                "schedule recomputes from it. Train with method='best' (no recomputation), or let offload() plan"
+            )
+        if idx in remat.recomputed:
+            if not isinstance(hidden, torch.Tensor):
+                raise RuntimeError(f"chainoffload_torch: block {idx} got no tensor as its hidden state; it cannot be recomputed")
+            b = idx - int(self.blocks.prefix)
+            module = self.blocks.modules[b - 1]
+            others = [h for h in module._forward_pre_hooks.values() if not _is_instrument_hook(h)]
+            if others or nn.modules.module._global_forward_pre_hooks:
+                raise RuntimeError(
+                    f"chainoffload_torch: block {idx} ({self.blocks.names[b - 1]}) has forward pre-hooks of its own; a "
+                    "recomputation would run them a second time on the arguments they already changed. Remove them, or "
+                    "train with method='best' (no recomputation)"
+                )
+            step.records[idx] = CallRecord(
+                module, idx, args, kwargs, self.blocks.hidden_in[b - 1], hidden, self.device,
+                self._mutable if self._learned else None,
+            )
+        if remat.first[idx - 1] != "F":
+            step.dropping = idx
+            step.slots[idx] = []
 
     def stage_end(self, step: _Step, idx: int, hidden_in: Any, hidden_out: Any) -> None:
         """F_idx ends (for the last block, F_L goes on until the model's forward returns)."""
@@ -349,8 +475,30 @@ class ScheduleRun:
         out = ledger.output.get(idx)
         if out is not None and idx in self.offloaded:
             _counter(out, hidden_out)
+        if self.remat is not None:
+            self._end_call(step, idx, hidden_in, hidden_out)
         if idx < self.chain.length:
-            self._advance(step, 2 * (idx - 1) + 1)
+            self._advance(step, 2 * self._orig[idx - 1] + 1)
+
+    def _end_call(self, step: _Step, idx: int, hidden_in: Any, hidden_out: Any) -> None:
+        """The original call of stage ``idx`` ended (rematerializing schedules)."""
+        if step.dropping == idx:
+            step.dropping = None
+        rec = step.records.get(idx)
+        if rec is not None:
+            if isinstance(hidden_in, torch.Tensor) and hidden_in._version != rec.hidden_version:
+                raise RuntimeError(
+                    f"chainoffload_torch: block {idx} modifies its hidden input in place, so the input a recomputation "
+                    "would start from is gone; the schedule recomputes it. Train with method='best' (no recomputation), "
+                    "or make the block leave its input alone"
+                )
+            self._mutable.update(id(b) for b in rec.changed_buffers())
+        step.inst[idx] = "whole" if self.remat.first[idx - 1] == "F" else "a"
+        if idx in self.remat.recomputed and idx + 1 in self.remat.recomputed and isinstance(hidden_out, torch.Tensor):
+            step.outputs[idx] = (hidden_out.untyped_storage().data_ptr(), hidden_out._version)
+        maker = self._orig[idx - 1]
+        if maker in self.remat.last_read and isinstance(hidden_out, torch.Tensor):
+            step.acts[idx] = (maker, Act(hidden_out, step.ledger.output.get(idx), original=True))
 
     def _refuse(self, units: set[int], why: str) -> None:
         bad = sorted(units & self.offloaded)
@@ -391,10 +539,10 @@ class ScheduleRun:
                 RuntimeWarning,
                 stacklevel=2,
             )
-        self._advance(step, 2 * (self.chain.length - 1) + 1)
+        self._advance(step, 2 * self._orig[-1] + 1)
         step.forward_done = True
         step.current = None
-        ledger.by_key.clear()  # no pack after the forward: the address map is done
+        ledger.by_key.clear()  # no pack of the forward's after it: the address map is done
 
     def forward_failed(self, step: _Step) -> None:
         """The forward raised: drop the step."""
@@ -416,6 +564,9 @@ class ScheduleRun:
         self._advance(step, self._n_events - 1)
         for unit in list(step.ledger.units):
             self._drop_unit(step, unit)
+        self._clear_remat(step)
+        if self.remat is not None:
+            self._learned = True
         stats = step.stats
         stats.wall_time = time.perf_counter() - step.t0
         if self.device is not None and self.device.type == "cuda":
@@ -430,12 +581,21 @@ class ScheduleRun:
 
     def pack(self, step: _Step, t: torch.Tensor) -> Any:
         """A record of ``t`` for autograd: the tensor and its version, or, if its unit is
-        offloaded, a handle on its storage (NOTE [ version discipline ])."""
+        offloaded, a handle on its storage (NOTE [ version discipline ]); inside a block the
+        schedule runs without saving, an empty slot its recomputation fills (NOTE [ recomputation ])."""
         if step is not self._step or step.forward_done:
             return Kept(t, None)
-        entry = step.ledger.pack(t, step.current)
+        if step.dropping is not None:
+            slots = step.slots[step.dropping]
+            slot = Slot(step.dropping, len(slots), t)
+            slots.append(slot)
+            return slot
+        return self._record(step, t, step.current)
+
+    def _record(self, step: _Step, t: torch.Tensor, stage: int | None) -> Any:
+        entry = step.ledger.pack(t, stage)
         if entry is None or entry.unit not in self.offloaded:
-            return Kept(t, step.current)
+            return Kept(t, stage)
         if entry.unit in step.offload_issued and self._moves(step, entry):
             if entry.state is S.DEVICE:
                 # Saved after its unit's offload was queued (code between two blocks): send it too.
@@ -443,7 +603,7 @@ class ScheduleRun:
             elif entry.state is S.OFFLOADING:
                 self._recopy_if_stale(step, entry, t)
         probe = _counter(entry, t)[1]
-        return Packed(entry, t, probe, step.current)
+        return Packed(entry, t, probe, stage)
 
     def _recopy_if_stale(self, step: _Step, e: Entry, t: torch.Tensor) -> None:
         """Copy ``e`` to the host again if its storage may have changed since its copy was queued.
@@ -473,7 +633,18 @@ class ScheduleRun:
 
     def unpack(self, packed: Any) -> torch.Tensor:
         """The tensor behind ``packed``: the original, or its copy back from the host, after
-        autograd's version check (NOTE [ version discipline ])."""
+        autograd's version check (NOTE [ version discipline ]); for a slot, what the
+        recomputation saved in its place."""
+        if isinstance(packed, Slot):
+            name = self.names[packed.stage - 1] if self.names is not None and packed.stage <= len(self.names) else packed.stage
+            check_version(packed, packed.probe._version, f"in the forward of block {packed.stage} ({name}), run without saving")
+            if packed.record is None:
+                raise RuntimeError(
+                    f"chainoffload_torch: the backward of block {packed.stage} needs what its recomputation saves, and "
+                    "the recomputation has not run (a backward that reaches this block before the schedule's point: a "
+                    "second backward through the step, or a gradient that does not pass through the block's output)"
+                )
+            return self.unpack(packed.record)
         if isinstance(packed, Kept):
             check_version(packed, packed.tensor._version, self._where(packed))
             return packed.tensor
@@ -518,6 +689,7 @@ class ScheduleRun:
                 e.state = S.DROPPED
         step.ledger.units.clear()
         step.ledger.by_key.clear()
+        self._clear_remat(step)
         step.done = True
         if self._step is step:
             self._step = None
@@ -551,8 +723,131 @@ class ScheduleRun:
                 for unit in (stage, stage - 1):
                     if unit in self.offloaded:
                         self._await_prefetch(step, unit)
+            elif self.remat is not None and k in self.remat.maker_of_read:
+                self._recompute(step, k)
         if end and kind == "B":
             self._drop_unit(step, stage)
+            if self.remat is not None:
+                step.inst.pop(stage, None)
+                if step.inst.get(stage - 1) == "a":
+                    # B_i frees a lone a_{i-1}: it has no reader once stage i is done.
+                    self._drop_unit(step, stage - 1)
+                    step.inst.pop(stage - 1, None)
+        if end and self.remat is not None:
+            if kind == "Fn" and stage > 1:
+                self._drop_unit(step, stage - 1)  # Fn_i frees its input a_{i-1}
+                step.inst.pop(stage - 1, None)
+            for unit, maker in self._act_drop_at.get(k, ()):
+                held = step.acts.get(unit)
+                if held is not None and held[0] == maker:
+                    del step.acts[unit]
+
+    # -- recomputation (NOTE [ recomputation ] in _recompute.py) ------------------------------
+
+    def _recompute(self, step: _Step, k: int) -> None:
+        """Run forward op ``k`` (after the forward) again: call its block on the a_{i-1}
+        instance the schedule names, under the original call's states."""
+        kind, i = self.schedule.compute[k]
+        rec = step.records.get(i)
+        if rec is None:
+            raise RuntimeError(f"chainoffload_torch: {kind}_{i} recomputes block {i}, whose call was not recorded in this step")
+        maker = self.remat.maker_of_read[k]
+        held = step.acts.get(i - 1)
+        if held is None or held[0] != maker:
+            raise RuntimeError(
+                f"chainoffload_torch: {kind}_{i} (op {k}) reads the a_{i - 1} that op {maker} made, which the executor "
+                "does not hold"
+            )
+        x = self._read_act(step, held[1], rec)
+        x = x.detach()
+        if rec.hidden_requires_grad:
+            x.requires_grad_(True)
+        ledger = step.ledger
+        if i in ledger.units or i in ledger.output:
+            self._drop_unit(step, i)  # F over a lone a_i replaces it
+        ledger._seen[i] = 0  # the same storages in the same order: pins apply as in the forward
+        step.offload_issued.discard(i)  # an offload moves the instance its maker made, not this one
+        for t in list(tensors_in((rec.args, rec.kwargs))) + [x]:
+            if t.device == self.device and t.layout == torch.strided:
+                ledger._borrow(t)  # the caller's, or unit i-1's: never unit i's
+        step.inst[i] = "whole" if kind == "F" else "a"
+        records: list[Any] = []
+        if kind == "F":
+            hooks = torch.autograd.graph.saved_tensors_hooks(
+                lambda t: self._pack_recomputed(step, i, records, t), _unpack_nothing
+            )
+        else:
+            hooks = torch.autograd.graph.saved_tensors_hooks(_pack_nothing, _unpack_nothing)
+        current, step.current = step.current, i
+        try:
+            with recomputing():
+                out = rec.call(x, hooks)
+        finally:
+            step.current = current
+        a = first_tensor(out)
+        if not isinstance(a, torch.Tensor):
+            raise RuntimeError(f"chainoffload_torch: block {i} returned no tensor when recomputed")
+        if kind == "F":
+            slots = step.slots.pop(i, None)
+            if slots is None or len(slots) != len(records):
+                raise RuntimeError(
+                    f"chainoffload_torch: block {i} saved {len(records)} tensors when recomputed but "
+                    f"{'none' if slots is None else len(slots)} in its forward; a block that is recomputed must run "
+                    "the same operations each time (no data-dependent control flow over what it saves)"
+                )
+            for slot, r in zip(slots, records):
+                slot.record = r
+        ledger.stage_end(i, x, None, a)
+        if k in self.remat.last_read:
+            step.acts[i] = (k, Act(a, ledger.output.get(i), original=False))
+        step.stats.recomputed_ops += 1
+        del out, a, x
+
+    def _pack_recomputed(self, step: _Step, stage: int, records: list, t: torch.Tensor) -> None:
+        """Pack hook of a recomputed F: the record goes to the original call's slot, nothing to
+        the recomputation's own graph (which is never run backward)."""
+        record = self._record(step, t, stage)
+        if isinstance(record, Kept):
+            record.tensor = t.detach()  # not the recomputation's graph, which is dropped
+        records.append(record)
+        return None
+
+    def _read_act(self, step: _Step, act: Act, rec: CallRecord) -> torch.Tensor:
+        """The a_{i-1} a recomputation starts from: on the device, or its prefetched copy."""
+        if act.tensor is not None:
+            if act.original and act.probe._version != rec.hidden_version:
+                raise RuntimeError(
+                    f"chainoffload_torch: the hidden input of block {rec.stage} was modified in place after the block "
+                    "read it (by the code after it), so the block cannot be recomputed from it; train with "
+                    "method='best' (no recomputation)"
+                )
+            return act.tensor
+        e = act.entry
+        if e is None:
+            raise RuntimeError(f"chainoffload_torch: the a_{rec.stage - 1} block {rec.stage} starts from is gone")
+        if e.state is S.HOST:
+            self._prefetch_entry(step, e)  # no prefetch triggered before (a read violation): fetch it now
+        if e.state is S.PREFETCHING:
+            self.copier.await_prefetch(e.h2d_event, e.dev)
+            e.state = S.RESTORED
+        if e.state is not S.RESTORED:
+            raise RuntimeError(f"chainoffload_torch: the a_{rec.stage - 1} block {rec.stage} starts from was dropped")
+        if act.original:
+            copied = [c[2] for c in e.counters.values() if c[2] is not None]
+            if any(v != rec.hidden_version for v in copied):
+                raise RuntimeError(
+                    f"chainoffload_torch: the hidden input of block {rec.stage} was modified in place after its offload "
+                    "was queued, so the block cannot be recomputed from the copy; train with method='best'"
+                )
+        return rebuild_act(act, e.dev)
+
+    def _clear_remat(self, step: _Step) -> None:
+        step.acts.clear()
+        step.records.clear()
+        step.slots.clear()
+        step.inst.clear()
+        step.outputs.clear()
+        step.dropping = None
 
     # -- actions -----------------------------------------------------------------------------
 
@@ -584,8 +879,10 @@ class ScheduleRun:
         stats.unit_offloaded[e.unit] = stats.unit_offloaded.get(e.unit, 0) + e.nbytes
 
     def _moves(self, step: _Step, e: Entry) -> bool:
-        """Whether the transfers of ``e``'s unit move ``e`` (all of the unit, or a_i alone)."""
-        return e.unit not in self.act_alone or step.ledger.output.get(e.unit) is e
+        """Whether the transfers of ``e``'s unit move ``e`` (all of the unit, or a_i alone: a
+        transfer that says so, or a lone a_i that Fck_i / Fn_i made)."""
+        alone = e.unit in self.act_alone or (self.remat is not None and step.inst.get(e.unit) == "a")
+        return not alone or step.ledger.output.get(e.unit) is e
 
     def _moving(self, step: _Step, unit: int) -> list[Entry]:
         """The entries the transfers of ``unit`` move."""
@@ -601,6 +898,9 @@ class ScheduleRun:
     def _release_entry(self, step: _Step, e: Entry) -> None:
         self.copier.release(e.src, e.d2h_event)
         e.src = None
+        for _, act in step.acts.values():
+            if act.entry is e:
+                act.tensor = None  # read from the prefetched copy from now on
         e.state = S.HOST
         step.ledger.forget(e)
         step.stats.released_bytes += e.nbytes
@@ -652,6 +952,7 @@ class ScheduleRun:
         """
         step.ledger.output.pop(unit, None)
         for e in step.ledger.units.pop(unit, ()):
+            step.ledger.forget(e)  # a later pack of its storage (a recomputation in the forward) is no longer its
             if e.state is S.PREFETCHING:
                 # Its destination must not be reused by compute before the copy into it ends.
                 self.copier.await_prefetch(e.h2d_event, e.dev)
@@ -676,6 +977,21 @@ class ScheduleRun:
         """Entries the step in flight holds (0 between steps)."""
         step = self._step
         return 0 if step is None else sum(len(v) for v in step.ledger.units.values())
+
+
+def _pack_nothing(t: torch.Tensor) -> None:
+    """Pack hook of a recomputed Fck / Fn: it keeps nothing."""
+    return None
+
+
+def _unpack_nothing(_: Any) -> torch.Tensor:
+    raise RuntimeError("chainoffload_torch: a recomputation's own graph is never run backward")
+
+
+def _is_instrument_hook(h: Any) -> bool:
+    from ._instrument import _Hook
+
+    return isinstance(h, _Hook)
 
 
 def _known(e: Entry, t: torch.Tensor) -> list | None:
@@ -737,7 +1053,7 @@ class OffloadActivations:
         if isinstance(chain, co.Chain) and chain.length != len(blocks):
             raise ValueError(f"chain: has {chain.length} stages but the model has {len(blocks)}")
         self.stages = list(blocks.modules)
-        self.run = ScheduleRun(chain, schedule, platform=platform, device=device, roots=blocks.modules)
+        self.run = ScheduleRun(chain, schedule, platform=platform, device=device, roots=blocks.modules, blocks=blocks)
         self.instrument = Instrument(None, blocks, self.run)
 
     def __enter__(self) -> "OffloadActivations":

@@ -9,9 +9,10 @@ says what would (NOTE [ nothing fits ]).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import torch
 from torch import nn
@@ -24,7 +25,15 @@ from ._instrument import Instrument
 from ._tree import describe_key
 from .profiler import WRITTEN, Sizes, chain_of, measure_call_sizes, measure_chain
 
-__all__ = ["Budget", "Plan", "solve_for", "resident_units", "nothing_fits", "exact_bytes", "Coverage", "coverage", "step_peak"]
+__all__ = [
+    "Budget", "Plan", "solve_for", "resident_units", "nothing_fits", "exact_bytes", "Coverage", "coverage", "step_peak",
+    "EXECUTABLE_METHODS", "not_recomputable", "recompute_chain",
+]
+
+#: What :func:`~chainoffload_torch.offload` solves with when no method is named: every method whose
+#: schedules the executor carries out (pure offloading, recomputation, both); the plan with the least
+#: simulated step time that fits is taken (NOTE [ one call chooses ]).
+EXECUTABLE_METHODS = ("best", "rotor", "joint")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,6 +109,9 @@ class Plan:
     reused_from
         The shapes whose schedule this plan runs, checked against this call's own sizes
         (NOTE [ one plan for many shapes ] in api.py); ``None`` for a plan solved for its own.
+    not_recomputable
+        The stages no plan of a method that recomputes may recompute, each with why
+        (NOTE [ one call chooses ]); empty when no such method was solved with.
     """
 
     key: tuple | None
@@ -111,6 +123,7 @@ class Plan:
     keep: frozenset[int] = frozenset()
     host_bytes: int | None = None
     reused_from: tuple | None = None
+    not_recomputable: dict[int, str] = dataclasses.field(default_factory=dict)
 
     @property
     def resident_bytes(self) -> int:
@@ -201,11 +214,14 @@ class _Planner:
         self.may_split_prefix = True
 
     def plan(self, instrument: Instrument, args: tuple, kwargs: dict, key: tuple) -> Plan:
-        # The executor runs pure offloading: no fwd_nosave (NOTE [ how many profiling steps ]).
-        chain, sizes = measure_chain(
-            instrument, self.model, args, kwargs, self.device, repeats=self.repeats, warmup=self.warmup,
-            name=type(self.model).__name__, nosave=False, split_prefix=self.may_split_prefix, reference=self.reference,
-        )
+        # fwd_nosave only when a method that recomputes may be chosen (NOTE [ how many profiling steps ]).
+        remat = self.method is None or co.solvers.spec(self.method).remat
+        with _watch_blocks(instrument.blocks) as unsafe:
+            chain, sizes = measure_chain(
+                instrument, self.model, args, kwargs, self.device, repeats=self.repeats, warmup=self.warmup,
+                name=type(self.model).__name__, nosave=remat, split_prefix=self.may_split_prefix, reference=self.reference,
+            )
+        blocks = _Unsafe(instrument.blocks, unsafe)
         self.may_split_prefix = False
         self.reference = None
         keep = co.solvers.check_keep(chain, self.keep)
@@ -213,7 +229,7 @@ class _Planner:
         # NOTE [ resident outside the chain ]: the solver gets the budget less what stays resident.
         platform = self.link.with_memory(max(0, self.budget.bytes_for(chain, resident, step_peak(chain, sizes)) - resident))
         try:
-            result = solve_for(chain, platform, self.method, keep, sizes, self.options, key)
+            result = solve_for(chain, platform, self.method, keep, sizes, self.options, key, blocks=blocks)
         except ValueError as exc:
             # NOTE [ what would help ]: the coverage and the blocks= to paste.
             raise ValueError(f"{exc}; {what_would_help(chain, sizes, instrument.blocks)}") from None
@@ -224,7 +240,8 @@ class _Planner:
                 f"{format_bytes(result.schedule.offloaded_bytes(chain))} per step and needs {format_bytes(host)} of host "
                 f"buffers, above host_memory={format_bytes(self.host_memory)}; give more GPU memory or more host memory"
             )
-        return Plan(key, chain, platform, result.schedule, result, sizes, keep, host)
+        banned = not_recomputable(chain, sizes, blocks) if remat else {}
+        return Plan(key, chain, platform, result.schedule, result, sizes, keep, host, banned)
 
 
     def measure(self, instrument: Instrument, args: tuple, kwargs: dict, like: Plan | None = None) -> Sizes:
@@ -321,8 +338,14 @@ def solve_for(
     sizes: Sizes,
     options: dict[str, Any],
     key: tuple | None = None,
+    blocks: Any = None,
 ) -> co.Result:
     """Solve keeping resident the user's units, the ones that cannot move, and unit L.
+
+    ``method=None`` with ``blocks`` solves with every method of :data:`EXECUTABLE_METHODS` and
+    returns the result of least makespan (ties: the first); a method that recomputes is solved on
+    :func:`recompute_chain` (never recomputing what the executor cannot run again) and its
+    result holds the simulator's figures on ``chain`` itself.
 
     Raises
     ------
@@ -331,13 +354,191 @@ def solve_for(
         memory known to work (NOTE [ nothing fits ]).
     """
     resident = resident_units(chain, sizes, keep)
+    if method is None and blocks is not None:
+        methods: tuple[str | None, ...] = EXECUTABLE_METHODS
+    else:
+        methods = (method,)
+    best: co.Result | None = None
+    last: co.Result | None = None
+    refused: str | None = None
+    for name in methods:
+        if len(methods) > 1:
+            # Choosing: each method gets the options it takes (time_limit is every method's).
+            takes = _takes(name)
+            opts = {k: v for k, v in options.items() if k == "time_limit" or takes is None or k in takes}
+        else:
+            opts = options
+        result, why = _solve_one(chain, platform, name, resident, sizes, opts, blocks)
+        last = result if result is not None else last
+        refused = why or refused
+        if result is not None and result.feasible and (best is None or result.makespan < best.makespan):
+            best = result
+    if best is not None:
+        return best
+    if len(methods) == 1:
+        raise ValueError(nothing_fits(chain, platform, method, resident, keep, sizes, last, key, tried=refused))
+    tried = f"no plan of {', '.join(methods)} fits, nor recomputes only what the executor can call again"
+    raise ValueError(nothing_fits(chain, platform, None, resident, keep, sizes, None, key, tried=tried))
+
+
+def _solve_one(
+    chain: co.Chain, platform: co.Platform, method: str | None, resident: set[int], sizes: Sizes,
+    options: dict[str, Any], blocks: Any,
+) -> tuple[co.Result | None, str | None]:
+    """``method``'s result (``None`` when it has none the executor can carry out) and, then, why."""
+    remat = method is not None and co.solvers.spec(method).remat
+    solved_on = recompute_chain(chain, sizes, blocks) if remat and blocks is not None else chain
+    takes = _takes(method)
+    kept = {"keep": sorted(resident)} if takes is None or "keep" in takes else {}
     try:
-        result = co.solve(chain, platform, method, keep=sorted(resident), **options)
+        result = co.solve(solved_on, platform, method, **kept, **options)
     except co.PlatformError:
-        result = None
-    if result is not None and result.feasible:
-        return result
-    raise ValueError(nothing_fits(chain, platform, method, resident, keep, sizes, result, key))
+        return None, None
+    if not result.feasible:
+        return result, None
+    moved = sorted(set(result.schedule.offloaded_units) & resident)
+    if not kept and moved:
+        # A method that takes no keep= (joint) moved a unit that cannot move (aliased, held,
+        # saving what a byte copy cannot carry): the executor would free less than planned.
+        return None, f"method {method}: its plan offloads unit(s) {moved}, which must stay resident"
+    if solved_on is chain:
+        return result, None
+    banned = not_recomputable(chain, sizes, blocks)
+    comp = result.schedule.compute
+    seen: set[int] = set()
+    for kind, s in comp:
+        if kind == "B":
+            continue
+        if (kind != "F" or s in seen) and s in banned:
+            return None, f"method {method}: fits only by recomputing stage {s}, which the executor cannot: {banned[s]}"
+        seen.add(s)
+    timeline = co.simulate(chain, platform, result.schedule)
+    if not timeline.feasible:
+        return None, f"method {method}: {timeline.violation}"
+    return dataclasses.replace(result, makespan=timeline.makespan, peak_memory=timeline.peak_memory, timeline=timeline), None
+
+
+def _takes(method: str | None) -> set[str] | None:
+    """The options ``method`` takes (``None``: any)."""
+    import inspect
+
+    func = co.solvers.spec(method or co.solvers.DEFAULT_METHOD).load()
+    params = inspect.signature(func).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return None
+    return set(list(params)[2:])
+
+
+# NOTE [ one call chooses ]
+# offload(model, batch, memory=...) with no method solves with pure offloading (best), with
+# recomputation (rotor) and with both (joint), each on the same profile, and keeps the plan of
+# least simulated step time that fits (ties: pure offloading first, which recomputes nothing).
+# A method that recomputes is solved on the chain with a prohibitive fwd_nosave for the stages
+# the executor cannot call again (not_recomputable): the code before the first block when it is
+# a stage, a block whose a_i the code after it makes, the last block (head and loss), a block
+# that returns its input or a view of it. Its schedule is then simulated on the profiled chain
+# itself, so the step time compared is the real chain's; a schedule that still recomputes one of
+# them (the only way to fit) counts as not fitting. method= forces one method.
+
+
+class _Unsafe:
+    """The chain's blocks, with the blocks a profile saw to be unsafe to recompute."""
+
+    def __init__(self, blocks: Any, unsafe: dict[int, str]) -> None:
+        self.blocks = blocks
+        self.unsafe = unsafe
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.blocks, name)
+
+
+# NOTE [ blocks a recomputation would get wrong ]
+# Some blocks can be called again and still not give what the forward gave, and a schedule must
+# not recompute them (the executor checks again at every step and refuses mid-training rather
+# than train wrong). The profiling passes are watched for them, with module hooks of their own
+# around every block call: a block that modifies its hidden input in place (the checkpoint it
+# would start from is gone), a block whose output the code after it modifies in place before the
+# next block reads it (a recomputed a_i would miss the change), and a block with forward
+# pre-hooks of its own (a recomputation would run them again on arguments they already changed).
+
+
+@contextlib.contextmanager
+def _watch_blocks(blocks: Any) -> Iterator[dict[int, str]]:
+    """Watch the blocks' calls while profiling; yield {block index (1-based): why it must not
+    be recomputed}, filled when the context exits."""
+    from ._instrument import _Hook
+
+    found: dict[int, str] = {}
+    n = len(blocks.modules)
+    calls = [0]
+    state: dict[str, Any] = {"open": [], "last": None}
+
+    def pre(module: nn.Module, a: tuple, kw: dict) -> None:
+        b = calls[0] % n + 1
+        calls[0] += 1
+        hidden = blocks.hidden_of(b, a, kw)
+        last = state["last"]
+        if last is not None and last[0] == b - 1 and last[1] is hidden and hidden._version != last[2]:
+            found.setdefault(b - 1, "its output is modified in place by the code after it, before the next block reads it")
+        state["last"] = None
+        ver = hidden._version if isinstance(hidden, torch.Tensor) else None
+        state["open"].append((b, hidden, ver))
+
+    def post(module: nn.Module, a: tuple, kw: dict, out: Any) -> None:
+        if not state["open"]:
+            return
+        b, hidden, ver = state["open"].pop()
+        if ver is not None and hidden._version != ver:
+            found.setdefault(b, "modifies its hidden input in place")
+        first = next(iter(t for t in _tensors(out)), None)
+        state["last"] = (b, first, first._version) if first is not None else None
+
+    handles = []
+    for b, module in enumerate(blocks.modules, start=1):
+        if any(not isinstance(h, _Hook) for h in module._forward_pre_hooks.values()):
+            found.setdefault(b, "has forward pre-hooks of its own (a recomputation would run them again)")
+    for module in {id(m): m for m in blocks.modules}.values():
+        handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
+        handles.append(module.register_forward_hook(post, with_kwargs=True))
+    try:
+        yield found
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def _tensors(obj: Any) -> Iterator[torch.Tensor]:
+    from ._tree import tensors_in
+
+    return tensors_in(obj)
+
+
+def not_recomputable(chain: co.Chain, sizes: Sizes | None, blocks: Any) -> dict[int, str]:
+    """The stages the executor cannot recompute, each with why (NOTE [ one call chooses ])."""
+    length = chain.length
+    out: dict[int, str] = {length: "the last block, with the head and the loss"}
+    off0 = int(getattr(blocks, "prefix", False))
+    for b, why in getattr(blocks, "unsafe", {}).items():
+        out.setdefault(b + off0, why)
+    off = int(getattr(blocks, "prefix", False))
+    if off:
+        out.setdefault(1, "the code before the first block")
+    if blocks is not None:
+        for b in range(1, len(blocks.modules)):
+            if not blocks.is_linked(b):
+                out.setdefault(b + off, "its a_i is made by the code after the block")
+    for u in getattr(sizes, "aliased", ()) or ():
+        out.setdefault(u, "returns its input or a view of it (units share storage)")
+    return out
+
+
+def recompute_chain(chain: co.Chain, sizes: Sizes | None, blocks: Any) -> co.Chain:
+    """``chain`` with a prohibitive ``fwd_nosave`` (and so Fck / Fn) for the stages of
+    :func:`not_recomputable`, so that a method that recomputes leaves them alone."""
+    banned = not_recomputable(chain, sizes, blocks)
+    big = 1e3 * (float(sum(chain.fwd)) + float(sum(chain.bwd)) + 1.0)
+    nosave = [big if i in banned else float(t) for i, t in enumerate(chain.fwd_nosave, start=1)]
+    return chain.replace(fwd_nosave=nosave)
 
 
 # NOTE [ nothing fits ]
@@ -357,8 +558,9 @@ def nothing_fits(
     sizes: Sizes,
     result: co.Result | None,
     key: tuple | None,
+    tried: str | None = None,
 ) -> str:
-    """The message of NOTE [ nothing fits ]."""
+    """The message of NOTE [ nothing fits ]; ``tried`` says what was solved when several methods were."""
     why = []
     for u in sorted(resident):
         reasons = [r for r, s in (("user", set(keep)), ("aliased", sizes.aliased)) if u in s]
@@ -370,7 +572,7 @@ def nothing_fits(
             reasons = ["last"]
         why.append(f"{u} ({', '.join(reasons)})")
     works = co.minimum_memory(chain, platform, "largest-first", keep=sorted(resident))
-    status = f"method {result.method}: {result.status}" if result is not None else "below any schedule's floor"
+    status = f"method {result.method}: {result.status}" if result is not None else (tried or "below any schedule's floor")
     shapes = f" for {describe_key(key)}" if key is not None else ""
     # Every figure is a whole step's: the chain's plus what stays resident outside it.
     r = sizes.resident_bytes

@@ -101,6 +101,7 @@ BLOCK_OPS: dict[str, str] = {
     "index": "int_args",  # x.index_select(1, perm): an int64 tensor the parent passes
     "mask": "bool_args",  # x.masked_fill(mask, 0): a bool tensor the parent or a block passes
     "skip": "skip",  # x + 0.5 * x * skip: an earlier block's output, passed as an extra arg
+    "batchnorm": "batchnorm",  # the block's BatchNorm1d: running statistics a recomputation must not move twice
 }
 
 #: Ops that save their *output*: an in-place op right after one of them modifies a tensor
@@ -147,6 +148,7 @@ MODEL_FEATURES: tuple[str, ...] = (
     "hooks",
     "late_hooks",
     "dropout",
+    "batchnorm",
 )
 #: The features above are the model's, drawn first; these are the training loop's (NOTE [ the
 #: loops the fuzz draws ]), drawn after the model so that a seed draws the same model as before.
@@ -371,6 +373,8 @@ class FuzzBlock(nn.Module):
         self.gain = nn.Parameter(1.0 + 0.1 * torch.randn(width, generator=gen, dtype=torch.float64).to(dtype))
         self.gain64 = nn.Parameter(1.0 + 0.1 * torch.randn(width, generator=gen, dtype=torch.float64))
         self.gain16 = nn.Parameter((1.0 + 0.1 * torch.randn(width, generator=gen, dtype=torch.float64)).to(torch.bfloat16))
+        if "batchnorm" in spec.ops:
+            self.bn = nn.BatchNorm1d(width, dtype=dtype)
 
     def forward(
         self,
@@ -446,6 +450,8 @@ def _run_op(blk: FuzzBlock, op: str, x: torch.Tensor, dtype: torch.dtype, skip: 
         return x.masked_fill(mask, 0.0)
     if op == "skip":
         return x + 0.5 * (x * skip)
+    if op == "batchnorm":
+        return blk.bn(x)
     raise ValueError(f"unknown op {op!r}")  # pragma: no cover - ModelSpec checks ops
 
 
@@ -901,6 +907,8 @@ class Outcome:
         ``"Type: message"`` of each side's exception, if any.
     same_error
         For ``both_raised``: whether both raised the same type with the same message.
+    recomputations
+        For ``equal``: forward ops the plan ran again per step (0: it recomputed nothing).
     """
 
     kind: str
@@ -910,6 +918,7 @@ class Outcome:
     plain_error: str | None = None
     offloaded_error: str | None = None
     same_error: bool | None = None
+    recomputations: int = 0
 
     @property
     def ok(self) -> bool:
@@ -957,6 +966,7 @@ def differential_check(
     method: str | None = None,
     lr: float = 0.05,
     device: torch.device | str | None = None,
+    schedule: Callable[[Any], Any] | None = None,
     **offload_options: Any,
 ) -> Outcome:
     """Train ``case`` plain and offloaded, side by side, and compare every number bitwise.
@@ -982,6 +992,14 @@ def differential_check(
     device
         Where both models train (default CPU). On CUDA a few backward kernels (``index_select``'s)
         use atomics, so run-to-run differences there are not the adapter's.
+    schedule
+        Instead of :func:`~chainoffload_torch.offload`'s plan: a function of the profiled chain
+        that returns a schedule for it (one the core's strategies draw, say:
+        ``chainoffload.testing.strategies.well_formed_schedules``), carried out by
+        :class:`~chainoffload_torch.Offloader` with the profile's blocks. A schedule that
+        recomputes a block the profiling passes saw a recomputation would get wrong (its input
+        modified in place, pre-hooks of its own: what ``offload()`` never recomputes) is refused
+        as ``offload()`` would refuse it (``memory`` is then unused).
     **offload_options
         Passed to :func:`~chainoffload_torch.offload` (default ``repeats=1, warmup=0``).
 
@@ -1014,17 +1032,57 @@ def differential_check(
         setup_error: BaseException | None = None
         try:
             with sides[1]:  # what offload() draws would show in the offloaded side's steps
-                handle = offload(off, batch, memory=float(memory), method=method, **options)
+                if schedule is None:
+                    handle = offload(off, batch, memory=float(memory), method=method, **options)
+                else:
+                    handle = _hand_plan(off, batch, schedule, options)
         except Exception as exc:  # noqa: BLE001 - every exception is an outcome to classify
             setup_error = exc
         case.register_late_hooks(plain)
         case.register_late_hooks(off)
         units = tuple(handle.schedule.offloaded_units) if handle is not None else ()
         try:
-            return _train_both(case, plain, off, batch, seed, steps, lr, setup_error, units, sides)
+            outcome = _train_both(case, plain, off, batch, seed, steps, lr, setup_error, units, sides)
+            if outcome.kind == "equal" and handle.last_step is not None:
+                outcome = dataclasses.replace(outcome, recomputations=handle.last_step.recomputed_ops)
+            return outcome
         finally:
             if handle is not None:
                 handle.remove()
+
+
+def _hand_plan(model: nn.Module, batch: tuple, schedule: Callable[[Any], Any], options: dict[str, Any]) -> Any:
+    """An :class:`~chainoffload_torch.Offloader` of ``schedule(chain)`` on ``model``'s profile."""
+    import chainoffload as co
+
+    from . import Offloader
+    from .plans import _Unsafe, _watch_blocks, not_recomputable
+    from .profiler import profile_full
+
+    with _watch_blocks(_blocks_of(model)) as unsafe:
+        prof = profile_full(model, batch, repeats=options.get("repeats", 1), warmup=options.get("warmup", 0))
+    sched = schedule(prof.chain)
+    banned = not_recomputable(prof.chain, prof.sizes, _Unsafe(prof.blocks, unsafe))
+    comp = sched.compute
+    firsts: set[int] = set()
+    for k, (kind, i) in enumerate(comp):
+        if kind == "B":
+            continue
+        redo = i in firsts
+        firsts.add(i)
+        if (kind != "F" or redo) and i in banned:
+            raise ValueError(f"schedule: recomputes stage {i}, which offload() never recomputes: {banned[i]}")
+    bad = sorted(set(sched.offloaded_units) & set(prof.sizes.aliased))
+    if bad:
+        raise ValueError(f"schedule: offloads aliased unit(s) {bad}")
+    platform = prof.platform.with_memory(co.keep_all_peak(prof.chain))
+    return Offloader(model, prof.chain, sched, platform=platform, blocks=prof.blocks)
+
+
+def _blocks_of(model: nn.Module) -> Any:
+    from ._instrument import Blocks
+
+    return Blocks.of(model.blocks)
 
 
 def _step(case: ModelCase, model: nn.Module, batch: tuple, seed: int) -> tuple[torch.Tensor | None, BaseException | None]:

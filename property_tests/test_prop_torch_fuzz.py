@@ -73,3 +73,34 @@ def test_a_case_builds_the_same_model_every_time(case, data):
 def test_features_switched_off_are_never_drawn(allowed, data):
     case = data.draw(random_models(features=allowed))
     assert case.features <= allowed
+
+
+# Recomputation: rotor's and joint's plans (and offload()'s own choice) well below the keep-all
+# peak, and rematerializing schedules the core's strategies draw (Fck, Fn, repeated F, lone a_i
+# moved), on models with dropout and batch norm among the rest. Late hooks are left out: a
+# forward pre-hook registered after offload() on a block the plan recomputes is refused at the
+# step (RuntimeError), which is the adapter's refusal, not a difference, but not up front either.
+REMAT_FEATURES = frozenset(FEATURES) - {"late_hooks"}
+
+
+@settings(max_examples=examples(2))
+@given(
+    random_models(min_blocks=8, max_blocks=10, max_ops=3, features=REMAT_FEATURES),
+    st.floats(0.15, 0.95),
+    st.sampled_from(["rotor", "joint", None]),
+)
+def test_recomputing_plans_train_as_plain_training_or_are_refused(case, memory, method):
+    result = differential_check(case, memory=memory, method=method, steps=2)
+    assert result.ok, f"{result.kind} at memory={memory}, method={method!r}: {result.detail}\n{case!r}"
+
+
+@settings(max_examples=examples(2))
+@given(random_models(min_blocks=8, max_blocks=10, max_ops=3, features=REMAT_FEATURES), st.data())
+def test_rematerializing_schedules_the_core_draws_train_as_plain_training_or_are_refused(case, data):
+    from chainoffload.testing.strategies import well_formed_schedules
+
+    def draw(chain):
+        return data.draw(well_formed_schedules(chain, remat=True, max_offloads=3))
+
+    result = differential_check(case, memory=1.0, steps=2, schedule=draw)
+    assert result.ok, f"{result.kind}: {result.detail}\n{case!r}"

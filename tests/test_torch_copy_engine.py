@@ -552,3 +552,70 @@ def test_adapter_tests_pass_on_the_threaded_engine(which, monkeypatch):
     with use_engine(eng):
         ADAPTER_TESTS[which](monkeypatch)
     assert eng.copies > 0 and eng.late > 0 and not eng.violations
+
+
+class DropBlock(nn.Module):
+    """Linear, batch norm, tanh, dropout, linear, residual: RNG and running statistics that a
+    recomputation must reproduce and leave as one forward leaves them."""
+
+    def __init__(self, d):
+        super().__init__()
+        self.l1 = nn.Linear(d, 2 * d)
+        self.bn = nn.BatchNorm1d(2 * d)
+        self.l2 = nn.Linear(2 * d, d)
+
+    def forward(self, x):
+        return x + self.l2(torch.nn.functional.dropout(torch.tanh(self.bn(self.l1(x))), 0.3, self.training))
+
+
+def recomputing_schedules(chain, platform):
+    """A hand-made schedule that checkpoints every block but the last and sends two instances to
+    the host and back: the lone a_3 that Fck_3 made (read by the recomputation that starts from
+    it) and the whole unit 5 its recomputed F_5 made (read by B_5); and joint's plan at the least
+    memory it fits on a fast link."""
+    L = chain.length
+    comp = [("F", 1)] + [("Fck", i) for i in range(2, L)] + [("F", L), ("B", L)]
+    for i in range(L - 1, 1, -1):
+        comp += [("F", i), ("B", i)]
+    comp.append(("B", 1))
+    k_ck3, k_f4 = comp.index(("Fck", 3)), comp.index(("F", 4), L)
+    k_f5 = comp.index(("F", 5), L)
+    hand = co.Schedule(
+        tuple(comp),
+        (
+            co.Transfer("offload", 3, k_ck3, "end"),
+            co.Transfer("offload", 5, k_f5, "end"),
+            co.Transfer("prefetch", 5, k_f5, "end", before=k_f5 + 1),
+            co.Transfer("prefetch", 3, k_f4 - 2, "end", before=k_f4),
+        ),
+    )
+    fast = platform.replace(bandwidth_d2h=1e15, bandwidth_h2d=1e15, latency=0.0)
+    out = [("hand", fast.with_memory(co.keep_all_peak(chain)), hand)]
+    floor = chain.stage_memory_floor()
+    result = co.solve(chain, fast.with_memory(int(floor + 0.1 * (co.keep_all_peak(chain) - floor))), method="joint")
+    assert result.feasible and result.schedule.has_remat and result.schedule.offloaded_units
+    out.append(("joint", fast.with_memory(int(result.peak_memory)), result.schedule))
+    return out
+
+
+@pytest.mark.parametrize("duplex", [True, False], ids=["duplex", "half-duplex"])
+def test_recomputing_training_on_the_threaded_engine_is_bitwise_equal(duplex):
+    """Checkpoints offloaded and prefetched for the recomputations that start from them, on copies
+    that run late: every recomputation reads a prefetch it waited for, with the RNG and batch norm
+    state of the original call."""
+    torch.manual_seed(0)
+    base = nn.Sequential(nn.Linear(16, 32), *[DropBlock(32) for _ in range(8)], nn.Linear(32, 4))
+    x = torch.randn(16, 16)
+    prof = ct.profile_full(base, x, repeats=1, warmup=0)
+    eng = ThreadedEngine(delay=(0.0, 0.002), seed=11 + duplex)
+    for label, platform, schedule in recomputing_schedules(prof.chain, prof.platform.replace(duplex=duplex)):
+        model, ref = copy.deepcopy(base), copy.deepcopy(base)
+        with use_engine(eng):
+            off = ct.Offloader(model, prof.chain, schedule, platform=platform)
+        train_against_copy(model, x, ref)
+        stats = off.last_step
+        assert stats.recomputed_ops > 0, label
+        assert stats.offloaded_bytes == schedule.offloaded_bytes(prof.chain) == stats.prefetched_bytes > 0, label
+        assert off.pool.in_use == 0
+        off.remove()
+    assert not eng.violations

@@ -24,6 +24,7 @@ from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 import chainoffload as co  # noqa: E402
 import chainoffload_torch as ct  # noqa: E402
+from chainoffload.bounds import offload_memory_floor  # noqa: E402
 from chainoffload_torch._stages import EntryState, UnitLedger  # noqa: E402
 from torch.multiprocessing.reductions import StorageWeakRef  # noqa: E402
 
@@ -674,3 +675,54 @@ def test_without_the_list_of_skips_nothing_is_held():
 
     sizes = ct.measure_sizes(Down(), torch.randn(2, 3, 16, 16))
     assert not sizes.held and not sizes.held_bytes and not sizes.late
+
+
+def _live_at_every_op(model, x, handle):
+    """At the start of every op of the schedule, forward, recomputation and backward alike:
+    (op, live bytes, predicted bytes). The model has trained a step before, so that parameters'
+    .grad exist and are accumulated into in place (weights and their gradients are outside the
+    chain, as in docs/model.md)."""
+    plan = handle.plan
+    tl = co.simulate(plan.chain, plan.platform, plan.schedule)
+    run = handle._run
+    track = _Storages()
+    seen = []
+    fire = run._fire
+
+    def spy(step, event):
+        k, end = divmod(event, 2)
+        if not end:
+            seen.append((plan.schedule.op_name(k), track.live(), _memory_at(tl, float(tl.op_start[k])) + plan.resident_bytes))
+        fire(step, event)
+
+    run._fire = spy
+    try:
+        with track:
+            loss = model(x).square().mean()
+            loss.backward()
+            del loss
+    finally:
+        del run._fire
+    return seen
+
+
+@pytest.mark.parametrize("method", ["rotor", "joint", "recompute-all"])
+def test_the_prediction_is_never_below_the_storages_alive_at_any_op_of_a_recomputing_plan(method):
+    """The same check as above, at every op of rotor's and joint's plans (the model's forward,
+    every recomputation, every backward op): the bytes alive are at most the simulated memory at
+    the op's start plus what stays resident outside the chain."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 64), *[torch_models.ResidualBlock(64) for _ in range(8)], nn.Linear(64, 4))
+    x = torch.randn(64, 16)
+    probe = ct.offload(model, x, memory=1.0, method="best", repeats=1, warmup=0)
+    below = offload_memory_floor(probe.chain) + probe.plan.resident_bytes - 1
+    probe.remove()
+    handle = ct.offload(model, x, memory=below, method=method, repeats=1, warmup=0)
+    assert handle.schedule.has_remat
+    model(x).square().mean().backward()  # the .grad of every weight exists from here on
+    seen = _live_at_every_op(model, x, handle)
+    assert len(seen) == len(handle.schedule.compute)
+    over = [(op, live, predicted) for op, live, predicted in seen if live > predicted]
+    assert not over, over
+    assert max(live / predicted for _, live, predicted in seen if predicted) > 0.5
+    handle.remove()

@@ -1,0 +1,327 @@
+"""What the executor needs to carry out a rematerializing schedule (ops ``Fck``, ``Fn``, a repeated ``F``).
+
+:class:`RematPlan` reads the schedule once: which op of each stage the user's forward runs (the
+first forward op of the stage), which later forward ops re-run it, which instance of a_{i-1}
+each of them reads and until when the executor must hold it. :class:`CallRecord` is what the
+original forward of a block that will be recomputed leaves behind: its arguments (the hidden
+state left out: it is read again, wherever it is, at the recomputation), the RNG states,
+autocast state and grad mode it ran under, and the state of its buffers and plain attributes
+before it ran (NOTE [ state changes happen once ]). :class:`Slot` is what autograd keeps, in
+the original graph, for a tensor a block run without saving (``Fck`` / ``Fn``) would have
+saved: the recomputation fills it, autograd's unpack reads it (NOTE [ recomputation ]).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from typing import Any, Iterator
+
+import torch
+from torch import nn
+
+import chainoffload as co
+
+__all__ = ["RematPlan", "CallRecord", "Slot", "Act", "FORWARD_KINDS"]
+
+FORWARD_KINDS = ("F", "Fck", "Fn")
+
+# NOTE [ recomputation ]
+# The user's forward runs once, as the schedule's first forward op of every stage (a schedule the
+# executor accepts begins with one forward op per stage, 1..L, in order: every recomputation comes
+# after the forward). A block whose first op is Fck or Fn runs with autograd as usual -- its graph
+# is built, so the gradient flows through the ORIGINAL graph and parameters' .grad are plain
+# PyTorch's -- but every tensor it saves is replaced by a Slot that holds nothing: the block keeps
+# only its output (a lone a_i). A later forward op of stage i (F, Fck or Fn in the compute sequence
+# after the forward) fires at its start event, in the backward's boundary hooks: the block is
+# called again on its recorded arguments, with the a_{i-1} instance the schedule says (the one the
+# last forward op of stage i-1 before it made: the original, its prefetched copy, or a
+# recomputed one), under the RNG states, autocast state and grad mode of the original call, with
+# its buffers and plain attributes as they were before that call (and put back after). A
+# recomputed F saves through the executor's pack (so its unit is a whole unit again, which the
+# schedule may offload), and its k-th saved tensor fills the k-th Slot of the original call: the
+# original graph's backward nodes read them through autograd's unpack, as torch.utils.checkpoint's
+# non-reentrant mode does. A recomputed Fck / Fn also runs with autograd (a forward without grad
+# may take other kernels, and the numbers must be the original's bit for bit) and keeps nothing:
+# its saved tensors are dropped as they are packed and its output is detached.
+# A block that can be re-run this way is a block the forward calls as a module whose output is the
+# next block's hidden input (a linked block): not the code before the first block when it is a
+# stage, not a block whose a_i is made by the code after it, not stage L (which holds the head and
+# the loss); a schedule that recomputes one of those is refused.
+
+
+class Slot:
+    """What autograd holds, in the original graph, for a tensor a block run without saving saved.
+
+    ``record`` is the executor's pack record of the same tensor from the recomputation (``None``
+    until the recomputation ran). The slot also carries what autograd's in-place check needs of
+    the original tensor (a version probe, its version, what made it: NOTE [ version discipline ]
+    in _saved.py), so that a saved tensor modified in place after the block ran raises as in
+    plain PyTorch, although the recomputation made a fresh one.
+    """
+
+    __slots__ = ("stage", "index", "record", "probe", "version", "made_by", "output_nr", "type_name", "size")
+
+    def __init__(self, stage: int, index: int, t: torch.Tensor) -> None:
+        from ._saved import _describe, version_probe
+
+        self.stage = stage
+        self.index = index
+        self.record: Any = None
+        self.probe = version_probe(t)
+        self.version = t._version
+        self.made_by, self.output_nr = _describe(t)
+        self.type_name = t.type()
+        self.size = t.size()
+
+
+class Act:
+    """One instance of a_i the executor holds for a later recomputation to read.
+
+    ``tensor`` is the tensor on the device while it is there (``None`` once an offload released
+    it: it is then read from ``entry``'s prefetched copy, viewed as ``meta`` says); ``original``:
+    the user's forward made it (not a recomputation); ``probe`` shares its version counter.
+    """
+
+    __slots__ = ("tensor", "entry", "meta", "original", "probe", "requires_grad")
+
+    def __init__(self, tensor: torch.Tensor, entry: Any, original: bool) -> None:
+        from ._saved import version_probe
+
+        self.tensor = tensor.detach()
+        self.entry = entry
+        self.meta = (tensor.dtype, tensor.size(), tensor.stride(), tensor.storage_offset(), tensor.is_conj(), tensor.is_neg())
+        self.original = original
+        self.probe = version_probe(tensor) if original else None
+        self.requires_grad = tensor.requires_grad
+
+
+def rebuild_act(act: Act, storage_of: torch.Tensor) -> torch.Tensor:
+    """The tensor ``act`` describes over the storage of ``storage_of``."""
+    dtype, size, stride, offset, conj, neg = act.meta
+    t = torch.empty(0, dtype=dtype, device=storage_of.device).set_(storage_of.untyped_storage(), offset, size, stride)
+    if neg:
+        t = torch._neg_view(t)
+    if conj:
+        t = t.conj()
+    return t
+
+
+@dataclasses.dataclass(frozen=True)
+class RematPlan:
+    """The rematerializing schedule read once for the executor.
+
+    Attributes
+    ----------
+    first
+        Per stage (index i - 1), the kind of its first forward op, the one the user's forward runs.
+    orig
+        Per stage (index i - 1), the index of that op in the compute sequence.
+    recomputed
+        Stages with a forward op after the forward (their calls are recorded).
+    maker_of_read
+        Per recompute op k of stage i: the index of the forward op that made the instance of
+        a_{i-1} it reads (the last forward op of stage i - 1 before k; ``-1`` for a_0).
+    last_read
+        Per forward op m (``-1``: a_0): the last recompute op that reads the a_i it made; the
+        executor holds that instance until then, and no longer.
+    """
+
+    length: int
+    first: tuple[str, ...]
+    recomputed: frozenset[int]
+    maker_of_read: dict[int, int]
+    last_read: dict[int, int]
+    orig: tuple[int, ...]
+
+    @classmethod
+    def of(cls, schedule: co.Schedule, length: int) -> "RematPlan":
+        """Read ``schedule`` (a validated rematerializing schedule of ``length`` stages).
+
+        Raises
+        ------
+        ValueError
+            The first forward ops of the stages are not in the order 1..L (the model's forward
+            runs its blocks in order), or stage L runs without saving or is recomputed.
+        """
+        comp = schedule.compute
+        orig: dict[int, int] = {}
+        for k, (kind, i) in enumerate(comp):
+            if kind in FORWARD_KINDS and i not in orig:
+                orig[i] = k
+        order = [orig[i] for i in range(1, length + 1)]
+        if order != sorted(order):
+            raise ValueError(
+                "schedule: the first forward ops of the stages must come in the order 1..L, as the model's forward "
+                f"runs its blocks; got {' '.join(f'{comp[k][0]}_{comp[k][1]}' for k in sorted(order)[:8])}"
+                f"{' ...' if length > 8 else ''}"
+            )
+        first = tuple(comp[k][0] for k in order)
+        if first[-1] != "F":
+            raise ValueError(f"schedule: stage {length} (the last block, the head and the loss) must run F, not {first[-1]}")
+        recomputed: set[int] = set()
+        last_fwd: dict[int, int] = {}  # the last forward op of each stage so far
+        maker_of_read: dict[int, int] = {}
+        last_read: dict[int, int] = {}
+        for k, (kind, i) in enumerate(comp):
+            if kind not in FORWARD_KINDS:
+                continue
+            if k != orig[i]:
+                if i == length:
+                    raise ValueError(
+                        f"schedule: recomputes stage {length} (op {k}, {kind}_{i}); the last block holds the head and the loss"
+                    )
+                recomputed.add(i)
+                m = last_fwd[i - 1] if i > 1 else -1
+                maker_of_read[k] = m
+                last_read[m] = k
+            last_fwd[i] = k
+        return cls(length, first, frozenset(recomputed), maker_of_read, last_read, tuple(order))
+
+
+# NOTE [ state changes happen once ]
+# A block's forward may change the model's state: BatchNorm's running statistics and
+# num_batches_tracked, a counter attribute. Recomputing it must neither change that state a
+# second time nor see it as changed: the recomputation must see what the original call saw. The
+# executor snapshots, at the start of the original call of every block it will recompute, its
+# plain attributes (ints, floats, bools, strings: a step counter) and its buffers; at the
+# recomputation it saves the state as it is then, puts the snapshot back, runs the block, and
+# restores the state it saved. Buffers are cloned only when they may change: in the first step
+# every buffer of a recomputed block is cloned, and the ones a call changed (its version moved, or
+# its value: batch norm's kernel updates the running statistics in place without moving the
+# version counter) are remembered and cloned from then on. One whose version moves later for the
+# first time (a code path the first step did not take) cannot be put back, and the recomputation
+# refuses rather than train on state the original call did not see; one changed later for the
+# first time inside a kernel that moves no version counter is not seen. torch.utils.checkpoint updates BatchNorm's running
+# statistics twice; this executor once. State it cannot see (a dict or list attribute a forward
+# appends to, a Python object outside the module) is not restored: such a block must not be
+# recomputed (keep it out of the chain's recomputation with method="best").
+
+_PLAIN = (bool, int, float, str)
+
+
+def _plain_attrs(module: nn.Module) -> list[tuple[nn.Module, str, Any]]:
+    out = []
+    for m in module.modules():
+        for k, v in vars(m).items():
+            if type(v) in _PLAIN and not k.startswith("_"):
+                out.append((m, k, v))
+    return out
+
+
+class CallRecord:
+    """The original call of a block the schedule recomputes: enough to call it again as it ran.
+
+    Parameters
+    ----------
+    module
+        The block.
+    stage
+        Its stage in the chain.
+    args, kwargs
+        Its arguments; the hidden state at ``hidden_at`` is left out (read again at each
+        recomputation from the a_{i-1} instance the schedule names).
+    hidden_at
+        ``("arg", k)`` or ``("kw", name)``.
+    hidden
+        The hidden input as the call got it (for its version and ``requires_grad``; not kept).
+    device
+        The device of the step (for its RNG state and autocast).
+    mutable
+        ids of buffers known to change in a forward (cloned); ``None``: clone every buffer.
+    """
+
+    def __init__(
+        self,
+        module: nn.Module,
+        stage: int,
+        args: tuple,
+        kwargs: dict,
+        hidden_at: tuple[str, Any],
+        hidden: torch.Tensor,
+        device: torch.device,
+        mutable: set[int] | None,
+    ) -> None:
+        where, key = hidden_at
+        if where == "arg":
+            self.args = tuple(None if j == key else a for j, a in enumerate(args))
+            self.kwargs = dict(kwargs)
+        else:
+            self.args = tuple(args)
+            self.kwargs = {k: (None if k == key else v) for k, v in kwargs.items()}
+        self.module = module
+        self.stage = stage
+        self.hidden_at = hidden_at
+        self.hidden_version = hidden._version
+        self.hidden_requires_grad = hidden.requires_grad
+        self.device = device
+        self.cpu_rng = torch.get_rng_state()
+        self.cuda_rng = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+        self.grad = torch.is_grad_enabled()
+        dev_type = device.type
+        self.autocast = {
+            dt: (torch.is_autocast_enabled(dt), torch.get_autocast_dtype(dt))
+            for dt in {dev_type, "cpu"}
+            if torch.amp.is_autocast_available(dt)
+        }
+        self.autocast_cache = torch.is_autocast_cache_enabled()
+        self.attrs = _plain_attrs(module)
+        self.buffers: list[tuple[str, torch.Tensor, int, torch.Tensor | None]] = []
+        for name, b in module.named_buffers():
+            clone = b.detach().clone() if mutable is None or id(b) in mutable else None
+            self.buffers.append((name, b, b._version, clone))
+
+    def changed_buffers(self) -> list[torch.Tensor]:
+        """The buffers the call changed, of those it holds a snapshot of: their version moved,
+        or their value (a kernel such as batch norm's updates its running statistics in place
+        without moving the version counter)."""
+        return [b for _, b, v, c in self.buffers if c is not None and (b._version != v or not torch.equal(b, c))]
+
+    def call(self, hidden: torch.Tensor, hooks: Any) -> Any:
+        """Run the block again on ``hidden`` under the original call's states; return its output."""
+        where, key = self.hidden_at
+        args, kwargs = self.args, self.kwargs
+        if where == "arg":
+            args = tuple(hidden if j == key else a for j, a in enumerate(args))
+        else:
+            kwargs = {**kwargs, key: hidden}
+        with self._state(), hooks:
+            return self.module(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def _state(self) -> Iterator[None]:
+        for name, b, v, snap in self.buffers:
+            if snap is None and b._version != v:
+                raise RuntimeError(
+                    f"chainoffload_torch: block {self.stage}'s forward changed its buffer {name!r} in this step, which no "
+                    "earlier step did, so the executor holds no copy of its value before the change and cannot "
+                    "recompute the block as it ran; train this model with method='best' (no recomputation), or "
+                    "profile again (handle.remove(), then offload())"
+                )
+        now_attrs = [(m, k, getattr(m, k, None)) for m, k, _ in self.attrs]
+        restore = [(b, snap) for _, b, _, snap in self.buffers if snap is not None]
+        now_bufs = [(b, b.detach().clone()) for b, _ in restore]
+        devices = [self.device.index if self.device.index is not None else torch.cuda.current_device()] if self.cuda_rng is not None else []
+        with torch.random.fork_rng(devices=devices, device_type=self.device.type if devices else "cuda"):
+            torch.set_rng_state(self.cpu_rng)
+            if self.cuda_rng is not None:
+                torch.cuda.set_rng_state(self.cuda_rng, self.device)
+            with contextlib.ExitStack() as stack:
+                for dt, (enabled, dtype) in self.autocast.items():
+                    stack.enter_context(torch.amp.autocast(dt, enabled=enabled, dtype=dtype, cache_enabled=self.autocast_cache))
+                stack.enter_context(torch.set_grad_enabled(self.grad))
+                # Through .data: the version counter stays (autograd holds these buffers as saved
+                # tensors, batch norm's running statistics, and checks their version at unpack).
+                with torch.no_grad():
+                    for b, snap in restore:
+                        b.data.copy_(snap)
+                for m, k, v in self.attrs:
+                    object.__setattr__(m, k, v)
+                try:
+                    yield
+                finally:
+                    for m, k, v in now_attrs:
+                        object.__setattr__(m, k, v)
+                    with torch.no_grad():
+                        for b, v in now_bufs:
+                            b.data.copy_(v)

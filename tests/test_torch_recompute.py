@@ -1,0 +1,382 @@
+"""The executor carries out recomputation: rotor's and joint's schedules (Fck, Fn, a repeated F, lone
+a_i offloaded), bitwise equal to plain training, state changed once, refusals where it cannot."""
+
+import copy
+import os
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+torch = pytest.importorskip("torch")
+from torch import nn  # noqa: E402
+
+import chainoffload as co  # noqa: E402
+import chainoffload_torch as ct  # noqa: E402
+from chainoffload.bounds import offload_memory_floor  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
+
+
+class Blk(nn.Module):
+    """A block with every kind of state a recomputation must get right: dropout (RNG), batch norm
+    (running statistics, num_batches_tracked), a saved output (tanh)."""
+
+    def __init__(self, d):
+        super().__init__()
+        self.l1 = nn.Linear(d, 2 * d)
+        self.bn = nn.BatchNorm1d(2 * d)
+        self.dp = nn.Dropout(0.3)
+        self.l2 = nn.Linear(2 * d, d)
+
+    def forward(self, x):
+        return x + self.l2(self.dp(torch.tanh(self.bn(self.l1(x)))))
+
+
+def blocks_model(n=8, d=32, seed=0):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(16, d), *[Blk(d) for _ in range(n)], nn.Linear(d, 4)), torch.randn(64, 16)
+
+
+def train_equal(model, ref, x, handle, steps=3):
+    """Train ``model`` (offloaded) and ``ref`` (untouched) side by side with AdamW; every step's loss,
+    gradients, buffers and parameters are bitwise equal."""
+    oa = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    ob = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    for step in range(steps):
+        torch.manual_seed(step)
+        la = model(x).square().mean()
+        la.backward()
+        rng_a = torch.get_rng_state()
+        torch.manual_seed(step)
+        lb = ref(x).square().mean()
+        lb.backward()
+        # The RNG after the step is plain training's: the recomputations drew nothing of their own.
+        assert torch.equal(rng_a, torch.get_rng_state()), step
+        assert torch.equal(la, lb), step
+        assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(), ref.parameters())), step
+        assert all(torch.equal(p, q) for p, q in zip(model.buffers(), ref.buffers())), step
+        oa.step()
+        ob.step()
+        oa.zero_grad()
+        ob.zero_grad()
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), ref.parameters()))
+
+
+def schedule_for(chain, platform, method, memory):
+    result = co.solve(chain, platform.with_memory(memory), method=method)
+    assert result.feasible, (method, memory, result.message)
+    return result.schedule
+
+
+@pytest.mark.parametrize("method", ["rotor", "joint", "recompute-all", "sqrt-checkpoint"])
+def test_recomputing_schedules_below_the_pure_offloading_floor_train_bitwise_equal(method):
+    model, x = blocks_model()
+    ref = copy.deepcopy(model)
+    prof = ct.profile_full(model, x, repeats=1, warmup=0)
+    chain = prof.chain
+    floor = offload_memory_floor(chain)
+    memory = floor - 1 if method != "sqrt-checkpoint" else co.keep_all_peak(chain) - 1
+    schedule = schedule_for(chain, prof.platform, method, memory)
+    assert schedule.has_remat
+    handle = ct.Offloader(model, chain, schedule, platform=prof.platform.with_memory(memory))
+    train_equal(model, ref, x, handle)
+    stats = handle.last_step
+    recomputes = sum(1 for k, (kind, _) in enumerate(schedule.compute) if kind != "B" and k >= chain.length)
+    assert stats.recomputed_ops == recomputes > 0
+    assert stats.offloaded_bytes == schedule.offloaded_bytes(chain)
+    assert stats.prefetched_bytes == stats.offloaded_bytes
+    assert handle.live_entries() == 0
+    handle.remove()
+
+
+def test_a_joint_schedule_that_offloads_lone_checkpoints_moves_act_bytes_alone():
+    model, x = blocks_model()
+    ref = copy.deepcopy(model)
+    prof = ct.profile_full(model, x, repeats=1, warmup=0)
+    chain = prof.chain
+    L = chain.length
+    # Fck every block but the last; a_3 (a lone checkpoint Fck_3 made) goes to the host and back
+    # before the recomputation that starts from it.
+    comp = [("F", 1)] + [("Fck", i) for i in range(2, L)] + [("F", L), ("B", L)]
+    for i in range(L - 1, 1, -1):
+        comp += [("F", i), ("B", i)]
+    comp.append(("B", 1))
+    k_fck3 = comp.index(("Fck", 3))
+    k_f4 = comp.index(("F", 4), L)
+    schedule = co.Schedule(
+        tuple(comp),
+        (co.Transfer("offload", 3, k_fck3, "end"), co.Transfer("prefetch", 3, k_f4 - 2, "end", before=k_f4)),
+    )
+    platform = prof.platform.with_memory(co.keep_all_peak(chain))
+    assert co.simulate(chain, platform, schedule).feasible
+    handle = ct.Offloader(model, chain, schedule, platform=platform)
+    train_equal(model, ref, x, handle)
+    assert handle.last_step.unit_offloaded == {3: int(chain.act[3])}
+    assert handle.last_step.offloaded_bytes == schedule.offloaded_bytes(chain) == int(chain.act[3])
+    assert handle.last_step.restored_reads == 0  # the recomputation read the copy, not autograd
+
+
+def test_batch_norm_statistics_move_once_where_torch_checkpoint_moves_them_twice():
+    model, x = blocks_model()
+    ref = copy.deepcopy(model)
+    cp = copy.deepcopy(model)
+    prof = ct.profile_full(model, x, repeats=1, warmup=0)
+    schedule = schedule_for(prof.chain, prof.platform, "recompute-all", co.keep_all_peak(prof.chain))
+    ct.Offloader(model, prof.chain, schedule, platform=prof.platform)
+    torch.manual_seed(0)
+    model(x).square().mean().backward()
+    torch.manual_seed(0)
+    ref(x).square().mean().backward()
+    torch.manual_seed(0)
+    h = cp[0](x)
+    for blk in cp[1:-1]:
+        h = torch.utils.checkpoint.checkpoint(blk, h, use_reentrant=False)
+    cp[-1](h).square().mean().backward()
+    for a, b, c in zip(model[1:-1], ref[1:-1], cp[1:-1]):
+        assert torch.equal(a.bn.running_mean, b.bn.running_mean) and torch.equal(a.bn.running_var, b.bn.running_var)
+        assert int(a.bn.num_batches_tracked) == int(b.bn.num_batches_tracked) == 1
+        assert int(c.bn.num_batches_tracked) == 2 and not torch.equal(c.bn.running_mean, b.bn.running_mean)
+
+
+class Counting(nn.Module):
+    """A block that changes plain state in its forward and reads it: a recomputation must see the
+    value the original call saw, and leave the count as one call left it."""
+
+    def __init__(self, d):
+        super().__init__()
+        self.lin = nn.Linear(d, d)
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        return torch.tanh(self.lin(x)) * (1.0 + 0.1 * self.calls)
+
+
+def test_a_counter_attribute_moves_once_and_the_recomputation_sees_the_original_value():
+    torch.manual_seed(0)
+    model = nn.Sequential(*[Counting(16) for _ in range(8)])
+    x = torch.randn(4, 16)
+    prof = ct.profile_full(model, x, repeats=1, warmup=0)
+    ref = copy.deepcopy(model)  # after profiling, whose forwards count too (a profile's own side effect)
+    schedule = schedule_for(prof.chain, prof.platform, "recompute-all", co.keep_all_peak(prof.chain))
+    handle = ct.Offloader(model, prof.chain, schedule, platform=prof.platform)
+    train_equal(model, ref, x, handle)
+    assert [m.calls for m in model] == [m.calls for m in ref]
+
+
+def test_what_cannot_be_recomputed_is_refused():
+    model, x = blocks_model()
+    prof = ct.profile_full(model, x, repeats=1, warmup=0)
+    chain = prof.chain
+    L = chain.length
+    fixed = [("F", i) for i in range(1, L + 1)] + [("B", i) for i in range(L, 0, -1)]
+    # The last block (with the head and the loss) run without saving, or recomputed.
+    last_ck = co.Schedule(tuple([("F", i) for i in range(1, L)] + [("Fck", L), ("F", L)] + fixed[L:]))
+    with pytest.raises((ValueError, co.ScheduleError), match=f"stage {L}|F_{L}"):
+        ct.Offloader(model, chain, last_ck)
+    # Without the blocks to call again.
+    remat = co.Schedule(tuple([("Fck", 1)] + fixed[1:L] + fixed[L:-1] + [("F", 1), ("B", 1)]))
+    with pytest.raises(ValueError, match="blocks"):
+        ct.executor.ScheduleRun(chain, remat)
+
+
+class InPlace(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.lin = nn.Linear(d, d)
+
+    def forward(self, x):
+        x.mul_(0.5)  # its hidden input, changed in place: the checkpoint it would restart from is gone
+        return self.lin(x) + 1.0
+
+
+def test_a_block_that_modifies_its_input_in_place_is_refused_not_recomputed_wrong():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 16), *[InPlace(16) for _ in range(7)])
+    x = torch.randn(4, 16)
+    ref = copy.deepcopy(model)
+    prof = ct.profile_full(model, x, repeats=1, warmup=0)
+    L = prof.chain.length
+    fixed = [("F", i) for i in range(1, L + 1)] + [("B", i) for i in range(L, 0, -1)]
+    sched = co.Schedule(tuple([("F", 1), ("Fck", 2)] + fixed[2:L] + fixed[L:-2] + [("F", 2), ("B", 2), ("B", 1)]))
+    ct.Offloader(model, prof.chain, sched)
+    with pytest.raises(RuntimeError, match="modifies its hidden input in place"):
+        model(x).square().mean().backward()
+    # Plain PyTorch trains it; the refusal is the adapter's, and a plan that keeps it trains equal.
+    ref(x).square().mean().backward()
+
+
+def test_a_block_with_a_forward_pre_hook_of_its_own_is_refused():
+    model, x = blocks_model()
+    prof = ct.profile_full(model, x, repeats=1, warmup=0)
+    schedule = schedule_for(prof.chain, prof.platform, "recompute-all", co.keep_all_peak(prof.chain))
+    ct.Offloader(model, prof.chain, schedule, platform=prof.platform)
+    model[3].register_forward_pre_hook(lambda m, a: (a[0] * 2,))
+    with pytest.raises(RuntimeError, match="forward pre-hooks of its own"):
+        model(x).square().mean().backward()
+
+
+def test_a_schedule_that_recomputes_from_the_wrong_instance_is_caught():
+    """The executor checks which a_{i-1} instance each recomputation reads (the mutation 'recompute
+    from the wrong checkpoint' is killed here)."""
+    model, x = blocks_model()
+    prof = ct.profile_full(model, x, repeats=1, warmup=0)
+    schedule = schedule_for(prof.chain, prof.platform, "recompute-all", co.keep_all_peak(prof.chain))
+    handle = ct.Offloader(model, prof.chain, schedule, platform=prof.platform)
+    run = handle._run
+    k = next(k for k, (kind, i) in enumerate(schedule.compute) if k >= prof.chain.length and kind != "B" and i > 1)
+    run.remat.maker_of_read[k] = -5
+    with pytest.raises(RuntimeError, match="does not hold"):
+        model(x).square().mean().backward()
+
+
+# -- Hugging Face models, below the pure-offloading floor ----------------------------------------
+
+
+def hf_model(name, layers=8):
+    """A Hugging Face model from a tiny config (``layers`` blocks per stack, dropout on) and a batch."""
+    tf = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    ids = torch.randint(0, 64, (2, 32))
+    if name == "gpt2":
+        config = tf.GPT2Config(n_layer=layers, n_embd=32, n_head=4, vocab_size=64, n_positions=64, use_cache=False)
+        return tf.GPT2LMHeadModel(config), {"input_ids": ids, "labels": ids}
+    if name == "llama":
+        config = tf.LlamaConfig(
+            num_hidden_layers=layers, hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
+            vocab_size=64, max_position_embeddings=64, use_cache=False, attention_dropout=0.1,
+        )
+        return tf.LlamaForCausalLM(config), {"input_ids": ids, "labels": ids}
+    if name == "bert":
+        config = tf.BertConfig(
+            num_hidden_layers=layers, hidden_size=32, intermediate_size=64, num_attention_heads=4, vocab_size=64,
+            max_position_embeddings=64, num_labels=3,
+        )
+        mask = torch.ones_like(ids)
+        mask[1, 24:] = 0  # an attention mask the layers take as a keyword argument
+        return tf.BertForSequenceClassification(config), {"input_ids": ids, "attention_mask": mask, "labels": torch.tensor([0, 2])}
+    config = tf.T5Config(
+        vocab_size=64, d_model=32, d_kv=8, d_ff=64, num_layers=layers, num_decoder_layers=layers, num_heads=4,
+        dropout_rate=0.1, use_cache=False, decoder_start_token_id=0, pad_token_id=0,
+    )
+    return tf.T5ForConditionalGeneration(config), {"input_ids": ids, "labels": ids}
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama", "bert", "t5"])
+def test_hugging_face_models_train_bitwise_equal_with_rotor_and_joint_below_the_pure_offloading_floor(name):
+    model, batch = hf_model(name)
+    model.train()
+    probe = ct.offload(model, batch, memory=1.0, method="best", repeats=1, warmup=0)
+    chain, resident = probe.chain, probe.plan.resident_bytes
+    below = offload_memory_floor(chain) + resident - 1  # no pure-offloading schedule fits here
+    probe.remove()
+    ref = copy.deepcopy(model)
+    opt_a = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    opt_b = torch.optim.AdamW(ref.parameters(), lr=1e-3)
+    step = 0
+    for method in ("rotor", "joint"):
+        handle = ct.offload(model, batch, memory=below, method=method, repeats=1, warmup=0)
+        assert handle.schedule.has_remat and handle.predicted_peak <= below
+        for _ in range(3):
+            torch.manual_seed(step)
+            la = model(**batch).loss
+            la.backward()
+            torch.manual_seed(step)
+            lb = ref(**batch).loss
+            lb.backward()
+            assert torch.equal(la, lb), (method, step)
+            assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(), ref.parameters())), (method, step)
+            opt_a.step()
+            opt_b.step()
+            opt_a.zero_grad()
+            opt_b.zero_grad()
+            step += 1
+        assert handle.last_step.recomputed_ops > 0
+        assert handle.last_step.offloaded_bytes == handle.plan.offloaded_bytes
+        assert "recompute (" in handle.table()
+        handle.remove()
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), ref.parameters()))
+
+
+def test_offload_chooses_recomputation_below_the_floor_and_pure_offloading_where_it_is_free():
+    model, x = blocks_model()
+    ref = copy.deepcopy(model)
+    probe = ct.offload(model, x, memory=1.0, repeats=1, warmup=0)
+    chain = probe.chain
+    assert probe.result.method == "best" and not probe.schedule.offloaded_units  # keep-all: nothing to choose
+    probe.remove()
+    below = offload_memory_floor(chain) - 1
+    handle = ct.offload(model, x, memory=below, repeats=1, warmup=0)
+    assert handle.result.method in ("rotor", "joint") and handle.schedule.has_remat
+    train_equal(model, ref, x, handle)
+    handle.remove()
+    # Forced: a method that cannot fit says so with the floors.
+    with pytest.raises(ValueError, match="no schedule fits"):
+        ct.offload(model, x, memory=below, method="best", repeats=1, warmup=0)
+
+
+def test_a_recomputation_during_the_forward_runs_between_the_blocks():
+    """Fck_i then F_i over the lone a_i it made, before F_{i+1} (a shape the core's strategies draw):
+    the recomputation runs between block i's end and block i+1's start, and trains equal."""
+    model, x = blocks_model()
+    ref = copy.deepcopy(model)
+    prof = ct.profile_full(model, x, repeats=1, warmup=0)
+    L = prof.chain.length
+    comp = [("F", 1), ("F", 2), ("Fck", 3), ("F", 3)] + [("F", i) for i in range(4, L + 1)] + [("B", i) for i in range(L, 0, -1)]
+    schedule = co.Schedule(tuple(comp))
+    handle = ct.Offloader(model, prof.chain, schedule, platform=prof.platform)
+    train_equal(model, ref, x, handle)
+    assert handle.last_step.recomputed_ops == 1
+
+
+def test_a_resnet_with_batch_norm_trains_bitwise_equal_with_rotor_and_joint():
+    """A ResNet-18-shaped chain (stem, basic blocks with batch norm, head): rotor's and joint's
+    plans, 3 AdamW steps, running statistics included. (On this chain the pure-offloading floor
+    is the floor of any schedule, the stem's stage: rotor and joint are run halfway from it to
+    the keep-all peak.)"""
+    from bench_models import torch_models
+
+    torch.manual_seed(0)
+    model, x = torch_models.resnet_like(8, 2, 10), torch.randn(4, 3, 32, 32)
+    probe = ct.offload(model, x, memory=1.0, method="best", repeats=1, warmup=0)
+    floor = offload_memory_floor(probe.chain) + probe.plan.resident_bytes
+    below = (floor + probe.plan.keep_all_peak) // 2
+    probe.remove()
+    for method in ("rotor", "joint"):
+        ref = copy.deepcopy(model)
+        handle = ct.offload(model, x, memory=below, method=method, repeats=1, warmup=0)
+        # joint takes the best of its own, rotor's and pure offloading's plans: here it may move
+        # units without recomputing; rotor recomputes.
+        assert handle.predicted_peak <= below and (handle.schedule.has_remat or method == "joint")
+        train_equal(model, ref, x, handle)
+        assert handle.last_step.recomputed_ops > 0 or method == "joint"
+        handle.remove()
+
+
+def test_the_table_says_per_block_recompute_how_many_times_checkpoint_and_offload_a_i_alone():
+    model, x = blocks_model()
+    prof = ct.profile_full(model, x, repeats=1, warmup=0)
+    L = prof.chain.length
+    # recompute-all: stage i < L runs again L - i times; every a_i but a_{L-1} is a checkpoint.
+    schedule = schedule_for(prof.chain, prof.platform, "recompute-all", co.keep_all_peak(prof.chain))
+    handle = ct.Offloader(model, prof.chain, schedule, platform=prof.platform)
+    model(x).square().mean().backward()
+    rows = {r["stage"]: r["decision"] for r in handle.decisions()}
+    for i in range(1, L):
+        n = L - i
+        assert rows[i].startswith(f"recompute ({n} time{'s' if n > 1 else ''})"), rows[i]
+        assert ("checkpoint" in rows[i]) == (i < L - 1), rows[i]
+    assert rows[L] == "keep"
+    assert "recompute (" in handle.table()
+    handle.remove()
+    # A lone a_i offloaded: "offload a_i alone".
+    comp = [("F", 1)] + [("Fck", i) for i in range(2, L)] + [("F", L), ("B", L)]
+    for i in range(L - 1, 1, -1):
+        comp += [("F", i), ("B", i)]
+    comp.append(("B", 1))
+    k3 = comp.index(("Fck", 3))
+    sched = co.Schedule(tuple(comp), (co.Transfer("offload", 3, k3, "end"), co.Transfer("prefetch", 3, k3 + 2, "end")))
+    handle = ct.Offloader(model, prof.chain, sched, platform=prof.platform.with_memory(co.keep_all_peak(prof.chain)))
+    rows = {r["stage"]: r["decision"] for r in handle.decisions()}
+    assert rows[3] == "recompute (1 time); offload a_i alone; a_i kept as a checkpoint (recomputations start from it)"
+    handle.remove()
