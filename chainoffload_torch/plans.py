@@ -241,7 +241,7 @@ class _Planner:
                 f"buffers, above host_memory={format_bytes(self.host_memory)}; give more GPU memory or more host memory"
             )
         banned = not_recomputable(chain, sizes, blocks) if remat else {}
-        return Plan(key, chain, platform, result.schedule, result, sizes, keep, host, banned)
+        return Plan(key, chain, platform, result.schedule, result, sizes, keep, host, not_recomputable=banned)
 
 
     def measure(self, instrument: Instrument, args: tuple, kwargs: dict, like: Plan | None = None) -> Sizes:
@@ -285,7 +285,10 @@ class _Planner:
         host = sizes.host_bytes(ref.schedule.offloaded_units)
         if self.host_memory is not None and host > self.host_memory:
             return None
-        return Plan(key, chain, platform, ref.schedule, None, sizes, frozenset(keep), host, reused_from=ref.key)
+        return Plan(
+            key, chain, platform, ref.schedule, None, sizes, frozenset(keep), host, reused_from=ref.key,
+            not_recomputable=ref.not_recomputable,
+        )
 
 
 # NOTE [ resident outside the chain ]
@@ -529,6 +532,10 @@ def not_recomputable(chain: co.Chain, sizes: Sizes | None, blocks: Any) -> dict[
                 out.setdefault(b + off, "its a_i is made by the code after the block")
     for u in getattr(sizes, "aliased", ()) or ():
         out.setdefault(u, "returns its input or a view of it (units share storage)")
+    for u, why in (getattr(sizes, "unmovable", None) or {}).items():
+        if WRITTEN in why:
+            # Running the block again cannot replay a write its caller made through .data.
+            out.setdefault(u, "its tensors are written after its forward where no version counter sees it (.data)")
     return out
 
 

@@ -265,6 +265,34 @@ def test_a_unit_written_through_data_after_it_was_saved_stays_resident_and_train
     assert handle.last_step.offloaded_bytes > 0
 
 
+@pytest.mark.parametrize("method", ["rotor", None])
+def test_a_unit_written_through_data_is_never_recomputed_and_training_is_equal(method):
+    # A recomputation runs the block again and cannot replay a write its caller made through
+    # .data after it: the recomputed tensors would hold the unwritten bytes, silently.
+    seed_all(0)
+    model = DataWrites()
+    ref = copy.deepcopy(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        handle = ct.offload(model, batch(6, 0), memory=0.6, method=method)
+    assert {2, 5} <= set(handle.plan.not_recomputable)
+    again = [s for k, (kind, s) in enumerate(handle.schedule.compute) if kind != "B" and (kind != "F" or s in
+             {t for kd, t in handle.schedule.compute[:k] if kd != "B"})]
+    assert not {2, 5} & set(again)
+    opt_a, opt_b = torch.optim.SGD(model.parameters(), lr=0.1), torch.optim.SGD(ref.parameters(), lr=0.1)
+    for k in range(3):
+        for m in (model, ref):
+            torch.manual_seed(k)
+            m(batch(6, k)).square().mean().backward()
+        for p, q in zip(model.parameters(), ref.parameters()):
+            assert torch.equal(p.grad, q.grad)
+        for opt in (opt_a, opt_b):
+            opt.step()
+            opt.zero_grad()
+    if method == "rotor":
+        assert handle.last_step.recomputed_ops > 0  # it recomputes, just not the written stages
+
+
 # -- 3. one step at a time: threads and remove() ---------------------------------------------
 
 
