@@ -15,14 +15,15 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 from torch import nn
 
 import chainoffload as co
 
-__all__ = ["RematPlan", "CallRecord", "Slot", "Act", "FORWARD_KINDS"]
+__all__ = ["FORWARD_KINDS", "Act", "CallRecord", "RematPlan", "Slot"]
 
 FORWARD_KINDS = ("F", "Fck", "Fn")
 
@@ -60,7 +61,7 @@ class Slot:
     plain PyTorch, although the recomputation made a fresh one.
     """
 
-    __slots__ = ("stage", "index", "record", "probe", "version", "made_by", "output_nr", "type_name", "size")
+    __slots__ = ("index", "made_by", "output_nr", "probe", "record", "size", "stage", "type_name", "version")
 
     def __init__(self, stage: int, index: int, t: torch.Tensor) -> None:
         from ._saved import _describe, version_probe
@@ -83,7 +84,7 @@ class Act:
     the user's forward made it (not a recomputation); ``probe`` shares its version counter.
     """
 
-    __slots__ = ("tensor", "entry", "meta", "original", "probe", "requires_grad")
+    __slots__ = ("entry", "meta", "original", "probe", "requires_grad", "tensor")
 
     def __init__(self, tensor: torch.Tensor, entry: Any, original: bool) -> None:
         from ._saved import version_probe
@@ -135,7 +136,7 @@ class RematPlan:
     orig: tuple[int, ...]
 
     @classmethod
-    def of(cls, schedule: co.Schedule, length: int) -> "RematPlan":
+    def of(cls, schedule: co.Schedule, length: int) -> RematPlan:
         """Read ``schedule`` (a validated rematerializing schedule of ``length`` stages).
 
         Raises

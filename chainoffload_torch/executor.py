@@ -810,7 +810,6 @@ class ScheduleRun:
         if isinstance(record, Kept):
             record.tensor = t.detach()  # not the recomputation's graph, which is dropped
         records.append(record)
-        return None
 
     def _read_act(self, step: _Step, act: Act, rec: CallRecord) -> torch.Tensor:
         """The a_{i-1} a recomputation starts from: on the device, or its prefetched copy."""
@@ -981,7 +980,6 @@ class ScheduleRun:
 
 def _pack_nothing(t: torch.Tensor) -> None:
     """Pack hook of a recomputed Fck / Fn: it keeps nothing."""
-    return None
 
 
 def _unpack_nothing(_: Any) -> torch.Tensor:

@@ -8,11 +8,11 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch = pytest.importorskip("torch")
-from torch import nn  # noqa: E402
+from torch import nn
 
-import chainoffload as co  # noqa: E402
-import chainoffload_torch as ct  # noqa: E402
-from chainoffload.bounds import offload_memory_floor  # noqa: E402
+import chainoffload as co
+import chainoffload_torch as ct
+from chainoffload.bounds import offload_memory_floor
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
