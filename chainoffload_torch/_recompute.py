@@ -44,7 +44,8 @@ FORWARD_KINDS = ("F", "Fck", "Fn")
 # original graph's backward nodes read them through autograd's unpack, as torch.utils.checkpoint's
 # non-reentrant mode does. A recomputed Fck / Fn also runs with autograd (a forward without grad
 # may take other kernels, and the numbers must be the original's bit for bit) and keeps nothing:
-# its saved tensors are dropped as they are packed and its output is detached.
+# its saved tensors are dropped as they are packed and its output is detached. It therefore costs
+# what F costs (the graph is built), which is why offload()'s chain takes fwd_nosave = fwd.
 # A block that can be re-run this way is a block the forward calls as a module whose output is the
 # next block's hidden input (a linked block): not the code before the first block when it is a
 # stage, not a block whose a_i is made by the code after it, not stage L (which holds the head and
