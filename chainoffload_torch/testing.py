@@ -10,7 +10,7 @@ promise and checks it, bitwise, against an untouched twin:
   more blocks and a suffix, with a batch and a loss. Blocks mix in-place ops (on fresh tensors
   and on tensors autograd saved), views and reshapes, conj / neg lazy views, float64, bfloat16
   and complex64 compute, int and bool tensors passed between blocks, shared weights, skips to
-  later blocks, ``no_grad`` sections, ``detach``, dropout; the parent's forward may modify the
+  later blocks, ``no_grad`` sections, ``detach``, dropout, batch norm; the parent's forward may modify the
   hidden state in place between blocks; hooks (some modifying the hidden state in place) are
   registered before and after :func:`~chainoffload_torch.offload`.
 * :func:`draw_model` — the same description drawn from a seeded :class:`random.Random`, through
