@@ -417,3 +417,26 @@ def test_a_saved_tensor_modified_in_place_after_a_block_run_without_saving_raise
     with pytest.raises(RuntimeError, match="modified by an inplace operation") as ours:
         model(x).square().mean().backward()
     assert str(plain.value).split(" is at version")[0] in str(ours.value)
+
+
+def test_a_recomputation_runs_under_the_autocast_state_of_the_original_call():
+    """Trained under torch.autocast (bfloat16 on CPU): the recomputations in the backward, where
+    autocast is off, must compute what the forward computed, in its dtypes."""
+    model, x = blocks_model()
+    ref = copy.deepcopy(model)
+    prof = ct.profile_full(model, x, repeats=1, warmup=0)
+    schedule = schedule_for(prof.chain, prof.platform, "recompute-all", co.keep_all_peak(prof.chain))
+    handle = ct.Offloader(model, prof.chain, schedule, platform=prof.platform)
+    for step in range(2):
+        torch.manual_seed(step)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            la = model(x).float().square().mean()
+        la.backward()
+        torch.manual_seed(step)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            lb = ref(x).float().square().mean()
+        lb.backward()
+        assert torch.equal(la, lb)
+        assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(), ref.parameters()))
+        assert handle.last_step.recomputed_ops > 0
+    handle.remove()
