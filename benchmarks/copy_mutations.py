@@ -204,18 +204,32 @@ def run_subset(mutation: Mutation | None, timeout: float) -> tuple[int, list[tup
     """Exit status and failing tests (name, exception type) of the subset against a (mutated) copy."""
     with tempfile.TemporaryDirectory() as tmp:
         mutated_copy(Path(tmp), mutation)
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([tmp, str(ROOT)]))
+        # The tests import `bench_models` from tests/; pytest runs with --import-mode=importlib so
+        # that it puts neither the rootdir (its conftest.py) nor tests/ ahead of PYTHONPATH: in the
+        # default mode the checkout's own chainoffload_torch was imported, and every mutant survived.
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([tmp, str(ROOT), str(ROOT / "tests")]))
         env.pop("CHAINOFFLOAD_COPY_ENGINE", None)  # the tests choose their engines themselves
         # `python -m` puts the working directory first on sys.path: run from the copy's directory.
         where = subprocess.run([sys.executable, "-c", "import chainoffload_torch, chainoffload; print(chainoffload_torch.__file__); print(chainoffload.__file__)"],
                                cwd=tmp, env=env, capture_output=True, text=True, check=True).stdout.split()
         if not where[0].startswith(tmp) or not where[1].startswith(str(ROOT)):
             raise SystemExit(f"the copy is not what gets imported: {where}")
+        probe = Path(tmp) / "test_which_copy.py"
+        probe.write_text(
+            "import chainoffload_torch\n\n\ndef test_the_copy_is_imported():\n"
+            f"    assert chainoffload_torch.__file__.startswith({tmp!r}), chainoffload_torch.__file__\n"
+        )
+        seen = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--import-mode=importlib", "--rootdir", str(ROOT), str(probe)],
+            cwd=tmp, env=env, capture_output=True, text=True,
+        )
+        if seen.returncode != 0:
+            raise SystemExit(f"under pytest the copy is not what gets imported:\n{seen.stdout[-2000:]}")
         report = Path(tmp) / "report.xml"
         t0 = time.perf_counter()
         try:
             out = subprocess.run(
-                [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--tb=no", "--junitxml", str(report),
+                [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--import-mode=importlib", "--tb=no", "--junitxml", str(report),
                  "--rootdir", str(ROOT), *(str(ROOT / s) for s in SUBSET)],
                 cwd=tmp, env=env, capture_output=True, text=True, timeout=timeout,
             )

@@ -15,14 +15,15 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 from torch import nn
 
 import chainoffload as co
 
-__all__ = ["RematPlan", "CallRecord", "Slot", "Act", "FORWARD_KINDS"]
+__all__ = ["FORWARD_KINDS", "Act", "CallRecord", "RematPlan", "Slot"]
 
 FORWARD_KINDS = ("F", "Fck", "Fn")
 
@@ -43,7 +44,8 @@ FORWARD_KINDS = ("F", "Fck", "Fn")
 # original graph's backward nodes read them through autograd's unpack, as torch.utils.checkpoint's
 # non-reentrant mode does. A recomputed Fck / Fn also runs with autograd (a forward without grad
 # may take other kernels, and the numbers must be the original's bit for bit) and keeps nothing:
-# its saved tensors are dropped as they are packed and its output is detached.
+# its saved tensors are dropped as they are packed and its output is detached. It therefore costs
+# what F costs (the graph is built), which is why offload()'s chain takes fwd_nosave = fwd.
 # A block that can be re-run this way is a block the forward calls as a module whose output is the
 # next block's hidden input (a linked block): not the code before the first block when it is a
 # stage, not a block whose a_i is made by the code after it, not stage L (which holds the head and
@@ -60,7 +62,7 @@ class Slot:
     plain PyTorch, although the recomputation made a fresh one.
     """
 
-    __slots__ = ("stage", "index", "record", "probe", "version", "made_by", "output_nr", "type_name", "size")
+    __slots__ = ("index", "made_by", "output_nr", "probe", "record", "size", "stage", "type_name", "version")
 
     def __init__(self, stage: int, index: int, t: torch.Tensor) -> None:
         from ._saved import _describe, version_probe
@@ -83,7 +85,7 @@ class Act:
     the user's forward made it (not a recomputation); ``probe`` shares its version counter.
     """
 
-    __slots__ = ("tensor", "entry", "meta", "original", "probe", "requires_grad")
+    __slots__ = ("entry", "meta", "original", "probe", "requires_grad", "tensor")
 
     def __init__(self, tensor: torch.Tensor, entry: Any, original: bool) -> None:
         from ._saved import version_probe
@@ -135,7 +137,7 @@ class RematPlan:
     orig: tuple[int, ...]
 
     @classmethod
-    def of(cls, schedule: co.Schedule, length: int) -> "RematPlan":
+    def of(cls, schedule: co.Schedule, length: int) -> RematPlan:
         """Read ``schedule`` (a validated rematerializing schedule of ``length`` stages).
 
         Raises

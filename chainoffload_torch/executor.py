@@ -1,4 +1,4 @@
-"""Carry out a pure-offloading schedule in real training.
+"""Carry out a schedule in real training: offloading, recomputation, or both.
 
 :class:`ScheduleRun` is the executor of one plan: an :class:`~chainoffload_torch._instrument.Instrument`
 listener that turns boundary events into the schedule's actions. :class:`OffloadActivations` is
@@ -22,6 +22,11 @@ How a schedule becomes actions (see docs/model.md, "The schedule"):
   timeline has both ended O_i and F_{i+1} (see NOTE [ release point ]); the compute stream
   waits on the copy's event first. A prefetched copy is dropped with the unit at the end of
   B_i (autograd frees it as soon as the last node that saved it has run).
+* A rematerializing schedule (``Fck``, ``Fn``, a repeated ``F``): the model's forward runs each
+  stage's first forward op; a block run as ``Fck`` / ``Fn`` saves empty slots, and a later
+  forward op calls the block again at its start event, under the original call's RNG, autocast,
+  grad mode and module state, filling the slots the original graph's backward reads
+  (NOTE [ recomputation ] in _recompute.py).
 """
 
 from __future__ import annotations
@@ -810,7 +815,6 @@ class ScheduleRun:
         if isinstance(record, Kept):
             record.tensor = t.detach()  # not the recomputation's graph, which is dropped
         records.append(record)
-        return None
 
     def _read_act(self, step: _Step, act: Act, rec: CallRecord) -> torch.Tensor:
         """The a_{i-1} a recomputation starts from: on the device, or its prefetched copy."""
@@ -981,7 +985,6 @@ class ScheduleRun:
 
 def _pack_nothing(t: torch.Tensor) -> None:
     """Pack hook of a recomputed Fck / Fn: it keeps nothing."""
-    return None
 
 
 def _unpack_nothing(_: Any) -> torch.Tensor:

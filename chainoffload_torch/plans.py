@@ -214,12 +214,13 @@ class _Planner:
         self.may_split_prefix = True
 
     def plan(self, instrument: Instrument, args: tuple, kwargs: dict, key: tuple) -> Plan:
-        # fwd_nosave only when a method that recomputes may be chosen (NOTE [ how many profiling steps ]).
+        # No fwd_nosave (NOTE [ how many profiling steps ]): the chain's default, fwd, is what the
+        # executor's Fck / Fn cost (NOTE [ recomputation ] in _recompute.py: they run with autograd).
         remat = self.method is None or co.solvers.spec(self.method).remat
         with _watch_blocks(instrument.blocks) as unsafe:
             chain, sizes = measure_chain(
                 instrument, self.model, args, kwargs, self.device, repeats=self.repeats, warmup=self.warmup,
-                name=type(self.model).__name__, nosave=remat, split_prefix=self.may_split_prefix, reference=self.reference,
+                name=type(self.model).__name__, nosave=False, split_prefix=self.may_split_prefix, reference=self.reference,
             )
         blocks = _Unsafe(instrument.blocks, unsafe)
         self.may_split_prefix = False

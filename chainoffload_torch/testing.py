@@ -10,7 +10,7 @@ promise and checks it, bitwise, against an untouched twin:
   more blocks and a suffix, with a batch and a loss. Blocks mix in-place ops (on fresh tensors
   and on tensors autograd saved), views and reshapes, conj / neg lazy views, float64, bfloat16
   and complex64 compute, int and bool tensors passed between blocks, shared weights, skips to
-  later blocks, ``no_grad`` sections, ``detach``, dropout; the parent's forward may modify the
+  later blocks, ``no_grad`` sections, ``detach``, dropout, batch norm; the parent's forward may modify the
   hidden state in place between blocks; hooks (some modifying the hidden state in place) are
   registered before and after :func:`~chainoffload_torch.offload`.
 * :func:`draw_model` — the same description drawn from a seeded :class:`random.Random`, through
@@ -1057,10 +1057,27 @@ def _hand_plan(model: nn.Module, batch: tuple, schedule: Callable[[Any], Any], o
 
     from . import Offloader
     from .plans import _Unsafe, _watch_blocks, not_recomputable
-    from .profiler import profile_full
+    from .profiler import Profile, measure_chain
 
-    with _watch_blocks(_blocks_of(model)) as unsafe:
-        prof = profile_full(model, batch, repeats=options.get("repeats", 1), warmup=options.get("warmup", 0))
+    from ._instrument import Instrument
+    from .profiler import _device_of, _Recorder, _root_and_blocks, as_call
+
+    # profile() without making the code before the first block a stage: no schedule may recompute
+    # that stage, and the core's strategies draw schedules that start with Fck_1 as often as not.
+    args, kwargs = as_call(batch)
+    dev = _device_of(model, args, kwargs, None)
+    root, blocks, reference = _root_and_blocks(model, args, kwargs, None, dev)
+    instrument = Instrument(root, blocks, _Recorder(blocks.stages, dev, (root,)))
+    instrument.install()
+    try:
+        with _watch_blocks(blocks) as unsafe:
+            chain, sizes = measure_chain(
+                instrument, root, args, kwargs, dev, repeats=options.get("repeats", 1), warmup=options.get("warmup", 0),
+                name="fuzz", nosave=False, split_prefix=False, reference=reference,
+            )
+    finally:
+        instrument.remove()
+    prof = Profile(chain, co.Platform(memory=co.keep_all_peak(chain), bandwidth_d2h=1e12, bandwidth_h2d=1e12, latency=0.0, duplex=True), sizes, dev, blocks)
     sched = schedule(prof.chain)
     banned = not_recomputable(prof.chain, prof.sizes, _Unsafe(prof.blocks, unsafe))
     comp = sched.compute
@@ -1072,17 +1089,11 @@ def _hand_plan(model: nn.Module, batch: tuple, schedule: Callable[[Any], Any], o
         firsts.add(i)
         if (kind != "F" or redo) and i in banned:
             raise ValueError(f"schedule: recomputes stage {i}, which offload() never recomputes: {banned[i]}")
-    bad = sorted(set(sched.offloaded_units) & set(prof.sizes.aliased))
+    bad = sorted(set(sched.offloaded_units) & set(prof.sizes.resident))
     if bad:
-        raise ValueError(f"schedule: offloads aliased unit(s) {bad}")
+        raise ValueError(f"schedule: offloads unit(s) {bad}, which offload() keeps resident (aliased, held or unmovable)")
     platform = prof.platform.with_memory(co.keep_all_peak(prof.chain))
     return Offloader(model, prof.chain, sched, platform=platform, blocks=prof.blocks)
-
-
-def _blocks_of(model: nn.Module) -> Any:
-    from ._instrument import Blocks
-
-    return Blocks.of(model.blocks)
 
 
 def _step(case: ModelCase, model: nn.Module, batch: tuple, seed: int) -> tuple[torch.Tensor | None, BaseException | None]:

@@ -8,11 +8,11 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch = pytest.importorskip("torch")
-from torch import nn  # noqa: E402
+from torch import nn
 
-import chainoffload as co  # noqa: E402
-import chainoffload_torch as ct  # noqa: E402
-from chainoffload.bounds import offload_memory_floor  # noqa: E402
+import chainoffload as co
+import chainoffload_torch as ct
+from chainoffload.bounds import offload_memory_floor
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
@@ -379,4 +379,64 @@ def test_the_table_says_per_block_recompute_how_many_times_checkpoint_and_offloa
     handle = ct.Offloader(model, prof.chain, sched, platform=prof.platform.with_memory(co.keep_all_peak(prof.chain)))
     rows = {r["stage"]: r["decision"] for r in handle.decisions()}
     assert rows[3] == "recompute (1 time); offload a_i alone; a_i kept as a checkpoint (recomputations start from it)"
+    handle.remove()
+
+
+class TanhOut(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.lin = nn.Linear(d, d)
+
+    def forward(self, x):
+        return torch.tanh(self.lin(x))  # tanh saves its output
+
+
+class ScalesInput(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.lin = nn.Linear(d, d)
+
+    def forward(self, x):
+        x.mul_(0.5)  # the tensor the block before saved
+        return self.lin(x)
+
+
+def test_a_saved_tensor_modified_in_place_after_a_block_run_without_saving_raises_as_plain_pytorch():
+    torch.manual_seed(0)
+    model = nn.Sequential(*[TanhOut(8) if i != 4 else ScalesInput(8) for i in range(8)])
+    x = torch.randn(4, 8)
+    ref = copy.deepcopy(model)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation") as plain:
+        ref(x).square().mean().backward()
+    chain = co.Chain(fwd=[1.0] * 8, bwd=[1.0] * 8, act=[128] * 9, saved=[256] * 8, name="hand")
+    L = 8
+    # Block 4 (whose tanh output block 5 scales in place) runs as Fck and is recomputed before B_4.
+    comp = [("F", 1), ("F", 2), ("F", 3), ("Fck", 4)] + [("F", i) for i in range(5, L + 1)]
+    comp += [("B", i) for i in range(L, 4, -1)] + [("F", 4), ("B", 4), ("B", 3), ("B", 2), ("B", 1)]
+    ct.Offloader(model, chain, co.Schedule(tuple(comp)))
+    with pytest.raises(RuntimeError, match="modified by an inplace operation") as ours:
+        model(x).square().mean().backward()
+    assert str(plain.value).split(" is at version")[0] in str(ours.value)
+
+
+def test_a_recomputation_runs_under_the_autocast_state_of_the_original_call():
+    """Trained under torch.autocast (bfloat16 on CPU): the recomputations in the backward, where
+    autocast is off, must compute what the forward computed, in its dtypes."""
+    model, x = blocks_model()
+    ref = copy.deepcopy(model)
+    prof = ct.profile_full(model, x, repeats=1, warmup=0)
+    schedule = schedule_for(prof.chain, prof.platform, "recompute-all", co.keep_all_peak(prof.chain))
+    handle = ct.Offloader(model, prof.chain, schedule, platform=prof.platform)
+    for step in range(2):
+        torch.manual_seed(step)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            la = model(x).float().square().mean()
+        la.backward()
+        torch.manual_seed(step)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            lb = ref(x).float().square().mean()
+        lb.backward()
+        assert torch.equal(la, lb)
+        assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(), ref.parameters()))
+        assert handle.last_step.recomputed_ops > 0
     handle.remove()
