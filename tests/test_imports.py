@@ -35,7 +35,7 @@ LAYERS = {
         "chainoffload._kernels",
         "chainoffload._kernels.config",
         "chainoffload._progress",
-        "chainoffload._clock",
+        "chainoffload._cost",
         "chainoffload.chain",
         "chainoffload.platform",
         "chainoffload.units",
