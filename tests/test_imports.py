@@ -12,12 +12,13 @@ dependency the module chose). Imports by name at run time (the solver registry's
 graph: they go from the registry down to the solvers.
 
 The layers, lowest first: the model (chains, platforms, units, the fixed order's arithmetic,
-the shipped examples), the schedule, the simulator (with the analysis of its timelines, the
-stalls), the solvers (with the result type and schedule files, the bounds, the planner and
-their kernels), then the front ends (CLI, plots, the trade-off sweep, verify, the testing
-helpers, the package's own ``__init__``). An import goes to the same layer or below, with one
-exception: ``Timeline.plot`` imports ``chainoffload.plot`` lazily, a convenience for users,
-which is fine as long as ``plot`` imports nothing that leads back (no cycle).
+the shipped examples), the schedule, the simulator (with the analysis and the drawing of its
+timelines: the stalls, the plots), the solvers (with the result type and schedule files, the
+bounds, the planner and their kernels), then the front ends (CLI, the trade-off sweep, verify,
+the testing helpers, the package's own ``__init__``). An import goes to the same layer or
+below, with no exception (``UPWARD_ALLOWED`` is empty): ``Timeline.plot`` and ``Tradeoff.plot``
+import ``chainoffload.plot``, which draws from the fields of what it is given and imports only
+the stalls and the units, so ``plot`` sits in the simulator's layer and both arrows point down.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ LAYERS = {
         "chainoffload.networks",
     ],
     "schedule": ["chainoffload.schedule", "chainoffload._kernels.structure"],
-    "simulate": ["chainoffload.simulate", "chainoffload._kernels.simulate", "chainoffload.stalls"],
+    "simulate": ["chainoffload.simulate", "chainoffload._kernels.simulate", "chainoffload.stalls", "chainoffload.plot"],
     "solvers": [
         "chainoffload.result",
         "chainoffload.schedule_file",
@@ -66,7 +67,6 @@ LAYERS = {
         "chainoffload",
         "chainoffload.__main__",
         "chainoffload.cli",
-        "chainoffload.plot",
         "chainoffload.tradeoff",
         "chainoffload.verify",
         "chainoffload.testing",
@@ -74,7 +74,7 @@ LAYERS = {
     ],
 }
 ORDER = list(LAYERS)
-UPWARD_ALLOWED = {("chainoffload.simulate", "chainoffload.plot")}
+UPWARD_ALLOWED = set()  # (from, to) imports allowed to go up a layer: none
 
 # Inside ``chainoffload.solvers``: the option validators are a leaf, the registry sits on them,
 # the front door (solve, judge, minimum_memory) on both, and the package's ``__init__`` only
