@@ -2,10 +2,11 @@
 ``chainoffload_torch`` and show that the copy-engine tests fail on the threaded engine.
 
 Each mutation below removes one ordering rule of NOTE [ stream discipline ]
-(``chainoffload_torch/_copy.py``) or of the executor's calls into the copier and pool, in a copy
-of the ``chainoffload_torch`` package (the real files are never edited): the copy is written to a
-temporary directory, put first on ``PYTHONPATH`` (the core ``chainoffload`` still comes from this
-checkout), and ``tests/test_torch_copy_engine.py`` runs against it. The unmutated copy must pass;
+(``chainoffload_torch/_copy.py``), of the host pool (``_pool.py``) or of the executor's calls
+into the copier and pool, in a copy of the ``chainoffload_torch`` package (the real files are
+never edited): the copy is written to a temporary directory, put first on ``PYTHONPATH`` (the
+core ``chainoffload`` still comes from this checkout), and ``tests/test_torch_copy_engine.py``
+runs against it. The unmutated copy must pass;
 every mutant must fail. Each mutation's text must occur exactly once in its file, so a rewrite
 that silently disarms a mutation stops this script instead.
 
@@ -33,6 +34,7 @@ ROOT = HERE.parent
 RESULTS = HERE / "results"
 SUBSET = ("tests/test_torch_copy_engine.py",)
 COPY = "_copy.py"
+POOL = "_pool.py"
 EXEC = "executor.py"
 #: Tests of the subset that train through the executor (the others drive the engine, copier and pool).
 #: How a test failed, by the exception it ended with.
@@ -107,7 +109,7 @@ MUTATIONS = (
     Mutation(
         "idle pool buffer freed before its guard",
         "the pool frees a buffer only after the copy that reads it",
-        COPY,
+        POOL,
         (("                if guard is not None:\n                    guard.synchronize()  # the copy that reads it must end before it is freed\n", ""),),
     ),
     Mutation(
@@ -243,7 +245,7 @@ def main(argv=None) -> int:
     (RESULTS / "copy_mutations.md").write_text(
         "# Mutation check of the copier's synchronization\n\n"
         f"`python benchmarks/copy_mutations.py`, {time.strftime('%Y-%m-%d')}: each mutant removes one ordering rule "
-        "from a copy of `chainoffload_torch` (`_copy.py`: the copier, the host pool; `executor.py`: its calls into "
+        "from a copy of `chainoffload_torch` (`_copy.py`: the copier; `_pool.py`: the host pool; `executor.py`: its calls into "
         f"them); {', '.join(f'`{s}`' for s in SUBSET)} must fail against it. *Killed by* names the first failing "
         f"tests. The unmutated copy passed in {secs:.0f} s; the {len(MUTATIONS)} mutants took {wall:.0f} s "
         f"({args.jobs} at a time).\n\n"
