@@ -162,10 +162,29 @@ def mutated_copy(dest: Path, mutation: Mutation | None) -> None:
         path.write_text(mutate(path.read_text(), mutation))
 
 
+# pytest puts the directory of every conftest.py it loads first on sys.path (the checkout's own
+# conftest.py at its root included), which would hide the copy behind the checkout's package.
+# This plugin, loaded before any test module, puts the copy first again once every conftest has
+# been collected, and records which package the tests imported, so that a run against the
+# checkout instead of the copy stops the script rather than calling every mutant a survivor.
+_COPY_FIRST = """
+import sys
+COPY = {copy!r}
+def pytest_collection(session):
+    sys.path.insert(0, COPY)
+def pytest_sessionfinish(session):
+    module = sys.modules.get("chainoffload_torch._copy")
+    with open({where!r}, "w") as out:
+        out.write(module.__file__ if module else "")
+"""
+
+
 def run_subset(mutation: Mutation | None, timeout: float) -> tuple[int, list[tuple[str, str]], float]:
     """Exit status and failing tests (name, exception type) of the subset against a (mutated) copy."""
     with tempfile.TemporaryDirectory() as tmp:
         mutated_copy(Path(tmp), mutation)
+        where_file = Path(tmp) / "imported_from.txt"
+        (Path(tmp) / "_copy_first.py").write_text(_COPY_FIRST.format(copy=tmp, where=str(where_file)))
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([tmp, str(ROOT)]))
         env.pop("CHAINOFFLOAD_COPY_ENGINE", None)  # the tests choose their engines themselves
         # `python -m` puts the working directory first on sys.path: run from the copy's directory.
@@ -177,12 +196,15 @@ def run_subset(mutation: Mutation | None, timeout: float) -> tuple[int, list[tup
         t0 = time.perf_counter()
         try:
             out = subprocess.run(
-                [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--tb=no", "--junitxml", str(report),
+                [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "_copy_first", "--tb=no", "--junitxml", str(report),
                  "--rootdir", str(ROOT), *(str(ROOT / s) for s in SUBSET)],
                 cwd=tmp, env=env, capture_output=True, text=True, timeout=timeout,
             )
         except subprocess.TimeoutExpired:
             return -1, [("(timed out)", "deadlock")], time.perf_counter() - t0
+        imported = where_file.read_text() if where_file.exists() else ""
+        if imported and not imported.startswith(tmp):
+            raise SystemExit(f"the tests imported {imported}, not the copy in {tmp}")
         failed = []
         if report.exists():
             for case in ET.parse(report).getroot().iter("testcase"):
@@ -208,6 +230,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     for m in MUTATIONS:  # every mutation still applies, before anything runs
         mutate((ROOT / "chainoffload_torch" / m.file).read_text(), m)
+    load = os.getloadavg()
     code, failed, secs = run_subset(None, args.timeout)
     if code != 0:
         raise SystemExit(f"the unmutated copy fails the subset: {failed}")
@@ -248,7 +271,7 @@ def main(argv=None) -> int:
         "from a copy of `chainoffload_torch` (`_copy.py`: the copier; `_pool.py`: the host pool; `executor.py`: its calls into "
         f"them); {', '.join(f'`{s}`' for s in SUBSET)} must fail against it. *Killed by* names the first failing "
         f"tests. The unmutated copy passed in {secs:.0f} s; the {len(MUTATIONS)} mutants took {wall:.0f} s "
-        f"({args.jobs} at a time).\n\n"
+        f"({args.jobs} at a time; load average {load[0]:.2f} before, {os.getloadavg()[0]:.2f} after, on {os.cpu_count()} cores).\n\n"
         f"{text}\n\n{verdict}.\n"
     )
     return 1 if survivors else 0
