@@ -36,6 +36,7 @@ from torch import nn  # noqa: E402
 
 import chainoffload as co  # noqa: E402
 import chainoffload_torch as ct  # noqa: E402
+from chainoffload_torch._engine_choice import engine_for  # noqa: E402
 from chainoffload.planner import plan_transfers  # noqa: E402
 from chainoffload.units import format_bytes  # noqa: E402
 from torch_models import gpt_like, resnet_like  # noqa: E402
@@ -142,7 +143,7 @@ def main(argv=None) -> int:
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
     table = "\n".join(rows)
-    engine = ct._copy.engine_for(device).name
+    engine = engine_for(device).name
     head = f"copy engine: {engine}; device: {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}; torch {torch.__version__}"
     print(head)
     print(table)

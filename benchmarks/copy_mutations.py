@@ -2,10 +2,11 @@
 ``chainoffload_torch`` and show that the copy-engine tests fail on the threaded engine.
 
 Each mutation below removes one ordering rule of NOTE [ stream discipline ]
-(``chainoffload_torch/_copy.py``) or of the executor's calls into the copier and pool, in a copy
-of the ``chainoffload_torch`` package (the real files are never edited): the copy is written to a
-temporary directory, put first on ``PYTHONPATH`` (the core ``chainoffload`` still comes from this
-checkout), and ``tests/test_torch_copy_engine.py`` runs against it. The unmutated copy must pass;
+(``chainoffload_torch/_copy.py``), of the host pool (``_pool.py``) or of the executor's calls
+into the copier and pool, in a copy of the ``chainoffload_torch`` package (the real files are
+never edited): the copy is written to a temporary directory, put first on ``PYTHONPATH`` (the
+core ``chainoffload`` still comes from this checkout), and ``tests/test_torch_copy_engine.py``
+runs against it. The unmutated copy must pass;
 every mutant must fail. Each mutation's text must occur exactly once in its file, so a rewrite
 that silently disarms a mutation stops this script instead.
 
@@ -33,6 +34,7 @@ ROOT = HERE.parent
 RESULTS = HERE / "results"
 SUBSET = ("tests/test_torch_copy_engine.py",)
 COPY = "_copy.py"
+POOL = "_pool.py"
 EXEC = "executor.py"
 REMAT = "_recompute.py"
 #: Tests of the subset that train through the executor (the others drive the engine, copier and pool).
@@ -109,7 +111,7 @@ MUTATIONS = (
     Mutation(
         "idle pool buffer freed before its guard",
         "the pool frees a buffer only after the copy that reads it",
-        COPY,
+        POOL,
         (("                if guard is not None:\n                    guard.synchronize()  # the copy that reads it must end before it is freed\n", ""),),
     ),
     Mutation(
@@ -200,14 +202,30 @@ def mutated_copy(dest: Path, mutation: Mutation | None) -> None:
         path.write_text(mutate(path.read_text(), mutation))
 
 
+# pytest puts the directory of every conftest.py it loads first on sys.path (the checkout's own
+# conftest.py at its root included), which would hide the copy behind the checkout's package.
+# This plugin, loaded before any test module, puts the copy first again once every conftest has
+# been collected, and records which package the tests imported, so that a run against the
+# checkout instead of the copy stops the script rather than calling every mutant a survivor.
+_COPY_FIRST = """
+import sys
+COPY = {copy!r}
+def pytest_collection(session):
+    sys.path.insert(0, COPY)
+def pytest_sessionfinish(session):
+    module = sys.modules.get("chainoffload_torch._copy")
+    with open({where!r}, "w") as out:
+        out.write(module.__file__ if module else "")
+"""
+
+
 def run_subset(mutation: Mutation | None, timeout: float) -> tuple[int, list[tuple[str, str]], float]:
     """Exit status and failing tests (name, exception type) of the subset against a (mutated) copy."""
     with tempfile.TemporaryDirectory() as tmp:
         mutated_copy(Path(tmp), mutation)
-        # The tests import `bench_models` from tests/; pytest runs with --import-mode=importlib so
-        # that it puts neither the rootdir (its conftest.py) nor tests/ ahead of PYTHONPATH: in the
-        # default mode the checkout's own chainoffload_torch was imported, and every mutant survived.
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([tmp, str(ROOT), str(ROOT / "tests")]))
+        where_file = Path(tmp) / "imported_from.txt"
+        (Path(tmp) / "_copy_first.py").write_text(_COPY_FIRST.format(copy=tmp, where=str(where_file)))
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([tmp, str(ROOT)]))
         env.pop("CHAINOFFLOAD_COPY_ENGINE", None)  # the tests choose their engines themselves
         # `python -m` puts the working directory first on sys.path: run from the copy's directory.
         where = subprocess.run([sys.executable, "-c", "import chainoffload_torch, chainoffload; print(chainoffload_torch.__file__); print(chainoffload.__file__)"],
@@ -229,12 +247,15 @@ def run_subset(mutation: Mutation | None, timeout: float) -> tuple[int, list[tup
         t0 = time.perf_counter()
         try:
             out = subprocess.run(
-                [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--import-mode=importlib", "--tb=no", "--junitxml", str(report),
+                [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "_copy_first", "--tb=no", "--junitxml", str(report),
                  "--rootdir", str(ROOT), *(str(ROOT / s) for s in SUBSET)],
                 cwd=tmp, env=env, capture_output=True, text=True, timeout=timeout,
             )
         except subprocess.TimeoutExpired:
             return -1, [("(timed out)", "deadlock")], time.perf_counter() - t0
+        imported = where_file.read_text() if where_file.exists() else ""
+        if imported and not imported.startswith(tmp):
+            raise SystemExit(f"the tests imported {imported}, not the copy in {tmp}")
         failed = []
         if report.exists():
             for case in ET.parse(report).getroot().iter("testcase"):
@@ -260,6 +281,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     for m in MUTATIONS:  # every mutation still applies, before anything runs
         mutate((ROOT / "chainoffload_torch" / m.file).read_text(), m)
+    load = os.getloadavg()
     code, failed, secs = run_subset(None, args.timeout)
     if code != 0:
         raise SystemExit(f"the unmutated copy fails the subset: {failed}")
@@ -297,10 +319,10 @@ def main(argv=None) -> int:
     (RESULTS / "copy_mutations.md").write_text(
         "# Mutation check of the copier's synchronization\n\n"
         f"`python benchmarks/copy_mutations.py`, {time.strftime('%Y-%m-%d')}: each mutant removes one ordering rule "
-        "from a copy of `chainoffload_torch` (`_copy.py`: the copier, the host pool; `executor.py`: its calls into "
+        "from a copy of `chainoffload_torch` (`_copy.py`: the copier; `_pool.py`: the host pool; `executor.py`: its calls into "
         f"them and its recomputations; `_recompute.py`: the state a recomputation runs under); {', '.join(f'`{s}`' for s in SUBSET)} must fail against it. *Killed by* names the first failing "
         f"tests. The unmutated copy passed in {secs:.0f} s; the {len(MUTATIONS)} mutants took {wall:.0f} s "
-        f"({args.jobs} at a time).\n\n"
+        f"({args.jobs} at a time; load average {load[0]:.2f} before, {os.getloadavg()[0]:.2f} after, on {os.cpu_count()} cores).\n\n"
         f"{text}\n\n{verdict}.\n"
     )
     return 1 if survivors else 0

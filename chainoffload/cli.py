@@ -498,10 +498,10 @@ def _load_schedule(args: argparse.Namespace, chain: Chain) -> tuple[ScheduleFile
 def _cmd_solve(args: argparse.Namespace, out: Output) -> int:
     import time
 
-    from ._clock import file_read_seconds, report_seconds
+    from ._cost import file_read_seconds, report_seconds
     from .solvers import DEFAULT_METHOD, check_time_limit, solve
 
-    # NOTE [ clock ] (chainoffload/_clock.py): the limit counts reading the input too, so a
+    # NOTE [ clock ] (chainoffload/_cost.py): the limit counts reading the input too, so a
     # limit that reading alone would overrun is refused before anything is read.
     started = time.perf_counter()
     if args.time_limit is not None:

@@ -17,9 +17,13 @@ from __future__ import annotations
 
 import math
 import textwrap
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from .stalls import stalls as find_stalls
+from .units import format_bytes, format_percent, format_seconds
 
 if TYPE_CHECKING:
     from .simulate import Timeline
@@ -36,7 +40,7 @@ _STALL_LABELS = {
 }
 
 
-def gantt_data(timeline: "Timeline") -> dict[str, list[tuple[str, float, float]]]:
+def gantt_data(timeline: Timeline) -> dict[str, list[tuple[str, float, float]]]:
     """Bars of each lane: ``{"compute": [...], "D2H": [...], "H2D": [...]}`` (``"D2H+H2D"`` when half duplex).
 
     Each bar is ``(name, start, end)`` in seconds, e.g. ``("F_3", 0.01, 0.012)`` or ``("O_2", ...)``.
@@ -98,10 +102,8 @@ def _stall_totals(found: Sequence[Any]) -> dict[str, float]:
     return totals
 
 
-def _title_lines(timeline: "Timeline", lower_bound: float | None, found: Sequence[Any], method: str | None = None) -> list[str]:
+def _title_lines(timeline: Timeline, lower_bound: float | None, found: Sequence[Any], method: str | None = None) -> list[str]:
     """Headline (makespan, overhead, bound, verdict) and the platform and idle-time line."""
-    from .units import format_percent, format_seconds
-
     makespan = timeline.makespan
     who = f"{timeline.chain.name}" + (f" ({method})" if method else "")
     head = f"{who}: makespan {format_seconds(makespan)} (+{100 * timeline.overhead:.1f}% over compute)"
@@ -120,10 +122,8 @@ def _title_lines(timeline: "Timeline", lower_bound: float | None, found: Sequenc
     return [head, line]
 
 
-def _op_bytes(timeline: "Timeline", kind: str, stage: int) -> str:
+def _op_bytes(timeline: Timeline, kind: str, stage: int) -> str:
     """What a compute op allocates and frees, in docs/model.md's terms, for hover texts."""
-    from .units import format_bytes
-
     c = timeline.chain
     i = stage - 1
     if kind == "F":
@@ -136,7 +136,7 @@ def _op_bytes(timeline: "Timeline", kind: str, stage: int) -> str:
     )
 
 
-def _memory_curve(timeline: "Timeline") -> tuple[np.ndarray, np.ndarray]:
+def _memory_curve(timeline: Timeline) -> tuple[np.ndarray, np.ndarray]:
     """The memory step function with one value per instant (what holds after it).
 
     The frees-then-allocations order inside an instant would otherwise draw dips that last
@@ -207,7 +207,7 @@ def _labels(
 
 
 def plot_timeline(
-    timeline: "Timeline",
+    timeline: Timeline,
     path: str | None = None,
     *,
     title: str | None = None,
@@ -256,8 +256,6 @@ def plot_timeline(
         return plot_timeline_html(timeline, path, title=title, lower_bound=lower_bound, method=method, stalls=stalls)
     plt = _matplotlib()
     from matplotlib.patches import Patch
-
-    from .stalls import stalls as find_stalls
 
     found = find_stalls(timeline) if stalls else []
     lanes = gantt_data(timeline)
@@ -355,7 +353,7 @@ def plot_timeline(
 
 
 def plot_timeline_html(
-    timeline: "Timeline",
+    timeline: Timeline,
     path: str | None = None,
     *,
     title: str | None = None,
@@ -394,8 +392,6 @@ def plot_timeline_html(
         from plotly.subplots import make_subplots
     except ImportError:
         raise ImportError("the interactive chart needs plotly: pip install chainoffload[plot]") from None
-    from .stalls import stalls as find_stalls
-    from .units import format_bytes
 
     found = find_stalls(timeline) if stalls else []
     schedule, chain = timeline.schedule, timeline.chain
@@ -554,7 +550,7 @@ def _method_style(name: str, index: int, remat: bool) -> dict[str, Any]:
 
 
 def plot_tradeoff(
-    tradeoff: "Tradeoff",
+    tradeoff: Tradeoff,
     path: str | None = None,
     *,
     title: str | None = None,

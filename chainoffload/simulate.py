@@ -142,6 +142,8 @@ class Timeline:
         Needs matplotlib, or plotly for a ``.html`` path (``pip install chainoffload[plot]``);
         the keyword arguments are :func:`chainoffload.plot.plot_timeline`'s.
         """
+        # Imported here so that simulating never loads the drawing code; chainoffload.plot
+        # imports nothing of this module (it reads a Timeline's fields), so no circle closes.
         from .plot import plot_timeline
 
         return plot_timeline(self, path, **kwargs)

@@ -12,9 +12,14 @@ leaving a gap unexplained. Needs nothing beyond the core.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from typing import TYPE_CHECKING
 
 import numpy as np
+
+from .chain import Chain
+from .platform import Platform
+from .schedule import Schedule
 
 if TYPE_CHECKING:
     from .simulate import Timeline
@@ -83,7 +88,28 @@ class Stall:
         return self.end - self.start
 
 
-def _waited(timeline: "Timeline") -> list[tuple[list[int], list[int]]]:
+# The stalls are read off a timeline's fields, so those are what is checked: the model objects
+# it was simulated from and the op and transfer times. The class is not (isinstance would need
+# chainoffload.simulate, which sits above this module: Timeline.plot draws the stalls through
+# chainoffload.plot, so simulate -> plot -> stalls, and an import back would close a circle).
+_TIMES = ("op_start", "op_end", "transfer_start", "transfer_end")
+
+
+def _check_timeline(who: str, timeline: object) -> None:
+    """Raise TypeError unless ``timeline`` has a Timeline's model objects and times."""
+    if not (
+        isinstance(getattr(timeline, "chain", None), Chain)
+        and isinstance(getattr(timeline, "platform", None), Platform)
+        and isinstance(getattr(timeline, "schedule", None), Schedule)
+        and all(hasattr(timeline, name) for name in _TIMES)
+    ):
+        hint = "; pass its .timeline" if getattr(timeline, "timeline", None) is not None else ""
+        raise TypeError(
+            f"{who}: timeline must be a Timeline (what chainoffload.simulate returns), got {type(timeline).__name__}{hint}"
+        )
+
+
+def _waited(timeline: Timeline) -> list[tuple[list[int], list[int]]]:
     """Per compute op: (explicit waits, implicit waits) as transfer indices, as the simulator has them."""
     schedule = timeline.schedule
     n = len(schedule.compute)
@@ -115,7 +141,7 @@ class _Queues:
     over every transfer per stall was O(stalls x transfers), hours at 10^5 stages.
     """
 
-    def __init__(self, timeline: "Timeline") -> None:
+    def __init__(self, timeline: Timeline) -> None:
         transfers = timeline.schedule.transfers
         duplex = timeline.platform.duplex
         self.offload_of: dict[int, int] = {}
@@ -128,11 +154,11 @@ class _Queues:
         self.ahead: dict[int, int] = {}
         for queue in queues.values():
             queue.sort()
-            for (_, prev), (_, o) in zip(queue, queue[1:]):
+            for (_, prev), (_, o) in itertools.pairwise(queue):
                 self.ahead[o] = prev
 
 
-def _late_because(timeline: "Timeline", t: int, queues: _Queues | None = None) -> tuple[str, int | None]:
+def _late_because(timeline: Timeline, t: int, queues: _Queues | None = None) -> tuple[str, int | None]:
     """Why transfer ``t`` started when it did (see :attr:`Stall.late_because`)."""
     schedule = timeline.schedule
     queues = queues if queues is not None else _Queues(timeline)
@@ -152,7 +178,7 @@ def _late_because(timeline: "Timeline", t: int, queues: _Queues | None = None) -
     return "trigger", None  # pragma: no cover  (a transfer starts at its trigger, its channel or its offload)
 
 
-def stalls(timeline: "Timeline") -> list[Stall]:
+def stalls(timeline: Timeline) -> list[Stall]:
     """Every interval in which compute idles, in time order, with the transfer that causes it.
 
     Compute op k starts at the latest of the end of op k - 1, the end of every transfer with
@@ -183,11 +209,7 @@ def stalls(timeline: "Timeline") -> list[Stall]:
     >>> [(x.op_name, x.start, x.end, x.transfer_name) for x in co.stalls(tl)]
     [('B_2', 6.0, 7.0, 'P_1')]
     """
-    # Checked by the class's name and module: importing chainoffload.simulate here would close
-    # an import cycle (Timeline.plot -> plot -> stalls -> simulate).
-    kind = type(timeline)
-    if (kind.__module__, kind.__qualname__) != ("chainoffload.simulate", "Timeline"):
-        raise TypeError(f"stalls: timeline must be a Timeline, got {kind.__name__}")
+    _check_timeline("stalls", timeline)
     schedule = timeline.schedule
     op_start = np.asarray(timeline.op_start, dtype=float)
     op_end = np.asarray(timeline.op_end, dtype=float)
@@ -240,7 +262,7 @@ def stalls(timeline: "Timeline") -> list[Stall]:
     return out
 
 
-def stall_summary(timeline: "Timeline") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def stall_summary(timeline: Timeline) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The stalls of :func:`stalls` as arrays, without the objects: ``(op, duration, transfer)``,
     in time order, ``transfer`` being :attr:`Stall.transfer` (the first waited-for transfer that
     ends at the op's start, explicit waits first in list order, then implicit ones by index).
@@ -248,6 +270,7 @@ def stall_summary(timeline: "Timeline") -> tuple[np.ndarray, np.ndarray, np.ndar
     For tables at 10^5-10^6 stages, where :func:`stalls` builds a message per stall in Python
     (seconds per 10^5 stages) and the CLI's one line needs only causes, durations and names.
     """
+    _check_timeline("stall_summary", timeline)
     schedule = timeline.schedule
     n = len(schedule.compute)
     op_start = np.asarray(timeline.op_start, dtype=float)

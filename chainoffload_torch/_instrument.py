@@ -750,7 +750,7 @@ class Listener(Protocol):
     def unpack(self, packed: Any) -> torch.Tensor: ...
 
 
-class _Pass:
+class _HookedPass:
     """One instrumented forward (and its backward)."""
 
     __slots__ = ("listener", "step", "expect", "inputs", "saved_hooks", "callback_queued", "done", "running", "pending")
@@ -852,8 +852,8 @@ class Instrument:
         self.blocks = blocks
         self.listener = listener
         self._handles: list[Any] = []
-        self._stack: list[_Pass | None] = []
-        self._ctx: _Pass | None = None
+        self._stack: list[_HookedPass | None] = []
+        self._ctx: _HookedPass | None = None
         # The thread whose forward runs now and how deep (a replan's passes nest), and the
         # forwards refused on this thread (NOTE [ one step at a time ] in api.py).
         self._lock = threading.Lock()
@@ -961,8 +961,8 @@ class Instrument:
         if p is not None:
             self._close(p, None, failed)
 
-    def _open(self, listener: Listener, step: Any) -> _Pass:
-        p = _Pass(listener, step)
+    def _open(self, listener: Listener, step: Any) -> _HookedPass:
+        p = _HookedPass(listener, step)
         if not getattr(step, "passive", False):  # NOTE [ passive steps ] in executor.py
             p.saved_hooks = torch.autograd.graph.saved_tensors_hooks(functools.partial(listener.pack, step), listener.unpack)
             p.saved_hooks.__enter__()
@@ -972,7 +972,7 @@ class Instrument:
             listener.stage_start(step, 1, None, (), {})
         return p
 
-    def _close(self, p: _Pass, out: Any, failed: bool) -> None:
+    def _close(self, p: _HookedPass, out: Any, failed: bool) -> None:
         if p.saved_hooks is not None:
             p.saved_hooks.__exit__(None, None, None)
             p.saved_hooks = None
@@ -988,7 +988,7 @@ class Instrument:
             )
         p.listener.forward_end(p.step, out)
 
-    def _current(self) -> _Pass | None:
+    def _current(self) -> _HookedPass | None:
         if self._ctx is not None:
             return self._ctx
         return self._stack[-1] if self._stack else None
@@ -1043,7 +1043,7 @@ class Instrument:
         self._end(p, idx, p.inputs.pop(idx, None), first_tensor(out))
         return None
 
-    def _end(self, p: _Pass, idx: int, hidden_in: Any, hidden_out: Any) -> None:
+    def _end(self, p: _HookedPass, idx: int, hidden_in: Any, hidden_out: Any) -> None:
         """Block ``idx`` (0: the prefix, when it is a stage) ended with ``hidden_out``."""
         stage = idx + int(self.blocks.prefix)
         p.listener.stage_end(p.step, stage, hidden_in, hidden_out)
@@ -1071,7 +1071,7 @@ class Instrument:
 
     # -- the backward ------------------------------------------------------------------------
 
-    def _grad_hook(self, p: _Pass, idx: int, grad: torch.Tensor) -> None:
+    def _grad_hook(self, p: _HookedPass, idx: int, grad: torch.Tensor) -> None:
         if p.done:
             return None
         if not p.callback_queued:
@@ -1080,7 +1080,7 @@ class Instrument:
         p.listener.backward_mark(p.step, idx)
         return None
 
-    def _backward_end(self, p: _Pass) -> None:
+    def _backward_end(self, p: _HookedPass) -> None:
         if not p.done:
             p.done = True
             p.listener.backward_end(p.step)

@@ -27,7 +27,8 @@ from chainoffload.bounds import offload_memory_floor
 from chainoffload.solvers import spec
 from chainoffload.units import format_bytes, parse_bytes
 
-from ._copy import Copier, HostPool
+from ._copy import Copier
+from ._pool import HostPool
 from ._instrument import COMPILE_REFUSAL, CONCURRENT_REFUSAL, Blocks, Instrument, check_not_instrumented, find_blocks_warm, resolve_blocks
 from ._stages import EntryState, canonical_device
 from ._recompute import RematPlan

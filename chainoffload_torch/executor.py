@@ -42,7 +42,8 @@ from torch import nn
 
 import chainoffload as co
 
-from ._copy import Copier, HostPool
+from ._copy import Copier
+from ._pool import HostPool
 from ._instrument import Blocks, Instrument, recomputing
 from ._recompute import FORWARD_KINDS, Act, CallRecord, RematPlan, Slot, rebuild_act
 from ._saved import Kept, Packed, check_version, rebuild, root_of, version_probe

@@ -42,7 +42,7 @@ from torch import nn
 
 import chainoffload as co
 
-from ._copy import size_class
+from ._pool import size_class
 from ._instrument import Blocks, Instrument, Timer, find_blocks, find_blocks_warm
 from ._saved import Kept, check_version, version_probe
 from ._stages import UnitLedger, canonical_device, resident_storages
@@ -218,7 +218,10 @@ def _device_of(model: nn.Module, args: tuple, kwargs: dict, device: Any) -> torc
 # -- the recorder -----------------------------------------------------------------------------
 
 
-class _Pass:
+class _RecordedPass:
+    """What the recorder collects of one profiled pass: the ledger of units, the boundary marks
+    and the storages each unit saved."""
+
     def __init__(self, ledger: UnitLedger) -> None:
         self.ledger = ledger
         self.current: int | None = 0
@@ -251,7 +254,7 @@ class _Recorder:
         self.device = device
         self.roots = roots
         self.timer = Timer(device)
-        self.current: _Pass | None = None
+        self.current: _RecordedPass | None = None
         #: The next pass is a probe (NOTE [ storages the forward keeps ]).
         self.probe = False
         #: Fingerprint what the passes save, and compare at unpack, until one backward has run
@@ -270,14 +273,14 @@ class _Recorder:
     def wants(self) -> bool:
         return True
 
-    def forward_start(self, args: tuple, kwargs: dict) -> _Pass:
+    def forward_start(self, args: tuple, kwargs: dict) -> _RecordedPass:
         ledger = UnitLedger(self.device, resident_storages(self.roots))
         ledger.add_resident((args, kwargs))
-        p = self.current = _Pass(ledger)
+        p = self.current = _RecordedPass(ledger)
         p.marks["start"] = self.timer.mark()
         return p
 
-    def stage_start(self, p: _Pass, idx: int, hidden: Any, args: tuple, kwargs: dict) -> None:
+    def stage_start(self, p: _RecordedPass, idx: int, hidden: Any, args: tuple, kwargs: dict) -> None:
         start = time.perf_counter()
         p.versions[idx] = p.ledger.stage_start(idx, hidden, (args, kwargs))
         p.bookkeeping += time.perf_counter() - start
@@ -290,7 +293,7 @@ class _Recorder:
             p.a0_entry = p.ledger.owner(hidden) if isinstance(hidden, torch.Tensor) else None
         p.current = idx
 
-    def stage_end(self, p: _Pass, idx: int, hidden_in: Any, hidden_out: Any) -> None:
+    def stage_end(self, p: _RecordedPass, idx: int, hidden_in: Any, hidden_out: Any) -> None:
         start = time.perf_counter()
         p.ledger.stage_end(idx, hidden_in, p.versions.pop(idx, None), hidden_out)
         p.bookkeeping += time.perf_counter() - start
@@ -307,14 +310,14 @@ class _Recorder:
         if idx < self.n:
             p.marks[("f", idx)] = self.timer.mark()
 
-    def forward_end(self, p: _Pass, outputs: Any) -> None:
+    def forward_end(self, p: _RecordedPass, outputs: Any) -> None:
         p.marks[("f", self.n)] = self.timer.mark()
         p.ledger.forward_end(outputs, self.n)
         if self.probe:
             self._still_alive(p, self.n - 1, None)
         p.current = None
 
-    def _still_alive(self, p: _Pass, upto: int, stage: int | None) -> None:
+    def _still_alive(self, p: _RecordedPass, upto: int, stage: int | None) -> None:
         """Note the storages of units 1..``upto`` that are still alive at the start of ``stage``
         (``None``: when the forward returns, where they are held by the forward beyond it):
         NOTE [ storages the forward keeps ]."""
@@ -328,17 +331,17 @@ class _Recorder:
                 else:
                     p.alive_at[e] = stage
 
-    def forward_failed(self, p: _Pass) -> None:
+    def forward_failed(self, p: _RecordedPass) -> None:
         p.current = None
 
-    def backward_mark(self, p: _Pass, idx: int) -> None:
+    def backward_mark(self, p: _RecordedPass, idx: int) -> None:
         if idx < self.n:
             p.marks.setdefault(("g", idx), self.timer.mark())
 
-    def backward_end(self, p: _Pass) -> None:
+    def backward_end(self, p: _RecordedPass) -> None:
         return None
 
-    def pack(self, p: _Pass, t: torch.Tensor) -> Any:
+    def pack(self, p: _RecordedPass, t: torch.Tensor) -> Any:
         start = time.perf_counter()
         entry = p.ledger.pack(t, p.current)
         kept = Kept(t, p.current)
@@ -464,7 +467,7 @@ def _holder(by: str) -> str:
     return by if by in ("output", "forward") else "blocks"
 
 
-def _sizes(p: _Pass, n: int) -> Sizes:
+def _sizes(p: _RecordedPass, n: int) -> Sizes:
     ledger = p.ledger
     held, pinned, held_bytes, held_why = set(), {}, {"output": 0, "blocks": 0, "forward": 0}, {}
     for i in range(1, n):
@@ -521,7 +524,7 @@ def _sizes(p: _Pass, n: int) -> Sizes:
     )
 
 
-def _late(p: _Pass, n: int, resident: set[int]) -> tuple[dict[int, tuple[tuple[int, int], ...]], tuple[int, ...]]:
+def _late(p: _RecordedPass, n: int, resident: set[int]) -> tuple[dict[int, tuple[tuple[int, int], ...]], tuple[int, ...]]:
     """The storages released late by the forward's own code, per unit, and the bytes each
     stage's ``fwd_tmp`` gets for them (NOTE [ late release ])."""
     ledger = p.ledger
@@ -677,7 +680,7 @@ WRITTEN = "tensor written after it was saved, where no version counter sees it (
 # the step saves, twice, in one profiling step.
 
 
-def _forward_times(timer: Timer, p: _Pass, n: int) -> list[float]:
+def _forward_times(timer: Timer, p: _RecordedPass, n: int) -> list[float]:
     """Per-stage forward seconds of a pass, less a probe's own checks where the clock is the
     host's (on a GPU the device's clock runs on while the host checks)."""
     fwd = _times(timer, p.marks, n)[0]
@@ -781,7 +784,7 @@ def _kept_steps(steps: list[dict[str, list]], reference: float | None, warmup: i
 # without autograd.
 
 
-def _held_beyond_probe(p: _Pass, e: Any) -> bool:
+def _held_beyond_probe(p: _RecordedPass, e: Any) -> bool:
     """Whether something other than the probe's own aliases (and autograd's records of them)
     holds ``e``'s storage."""
     aliases = p.aliases.get(e)
@@ -792,7 +795,7 @@ def _held_beyond_probe(p: _Pass, e: Any) -> bool:
     return torch._C._storage_Use_Count(st._cdata) > len(aliases) + 1
 
 
-def _probed(p: _Pass) -> tuple[set[tuple[int, int]], dict[tuple[int, int], int]]:
+def _probed(p: _RecordedPass) -> tuple[set[tuple[int, int]], dict[tuple[int, int], int]]:
     """What a probe pass found the forward keeps alive by itself (NOTE [ storages the forward
     keeps ]), by (unit, ordinal): those it still holds when it returns, and those it lets go of
     earlier, each with the stage r during whose forward it does (NOTE [ late release ]); set as
@@ -810,7 +813,7 @@ def _probed(p: _Pass) -> tuple[set[tuple[int, int]], dict[tuple[int, int], int]]
     return held, late
 
 
-def _apply_probe(p: _Pass, probed: tuple[set[tuple[int, int]], dict[tuple[int, int], int]]) -> None:
+def _apply_probe(p: _RecordedPass, probed: tuple[set[tuple[int, int]], dict[tuple[int, int], int]]) -> None:
     """Mark in a measured pass's ledger what the probe found, by (unit, ordinal)."""
     held, late = probed
     for u, k in held:

@@ -217,9 +217,24 @@ def _module_name(path: Path, root: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+def _run_nodes(tree: ast.AST) -> list[ast.AST]:
+    """Every node of ``tree`` that can run: ``ast.walk`` less the bodies of ``if TYPE_CHECKING:``
+    (imports for annotations only, as ``tests/test_imports.py`` leaves them out too)."""
+    out, todo = [], [tree]
+    while todo:
+        node = todo.pop()
+        out.append(node)
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in (getattr(node.test, "id", None), getattr(node.test, "attr", None)):
+            todo.extend(node.orelse)
+            continue
+        todo.extend(ast.iter_child_nodes(node))
+    return out
+
+
 def rooms(root: Path = ROOT) -> list[Room]:
     """Every module of the two packages, with every import of a sibling module it makes (at module
-    level or inside a function; ``_kernels.lazy("name")`` counts as importing that kernel)."""
+    level or inside a function, not under ``if TYPE_CHECKING:``; ``_kernels.lazy("name")`` counts
+    as importing that kernel)."""
     paths = {_module_name(p, root): p for package in PACKAGES for p in sorted((root / package).rglob("*.py"))}
     table = layers()
     out = []
@@ -227,7 +242,7 @@ def rooms(root: Path = ROOT) -> list[Room]:
         tree = ast.parse(path.read_text())
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
         found = set()
-        for node in ast.walk(tree):
+        for node in _run_nodes(tree):
             targets = []
             if isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]

@@ -154,6 +154,13 @@ def test_summary_of_an_explicit_wait(chain3):
     assert [len(a) for a in stall_summary(simulate(chain3, plat(), Schedule.keep_all(3)))] == [0, 0, 0]
 
 
-def test_rejects_what_is_not_a_timeline():
+def test_rejects_what_is_not_a_timeline(chain3):
     with pytest.raises(TypeError, match="stalls: timeline must be a Timeline"):
         stalls("nope")
+    with pytest.raises(TypeError, match="stall_summary: timeline must be a Timeline .* got str"):
+        stall_summary("nope")
+    # A Result is the usual mistake: the message points at its timeline.
+    result = solve(chain3, plat())
+    with pytest.raises(TypeError, match=r"got Result; pass its \.timeline"):
+        stalls(result)
+    assert stalls(result.timeline) == stalls(simulate(chain3, result.timeline.platform, result.schedule))

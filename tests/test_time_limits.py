@@ -1,4 +1,4 @@
-"""Time limits kept (NOTE [ clock ] in chainoffload/_clock.py): the whole solve within
+"""Time limits kept (NOTE [ clock ] in chainoffload/_cost.py): the whole solve within
 1.1 T + 0.5 s, a limit below what reading needs refused up front, no schedule built past the
 deadline. Moderate L in the default profile; the long chains are in
 benchmarks/time_limits.py (results/time_limits.md)."""
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import chainoffload as co
-from chainoffload import _clock
+from chainoffload import _cost
 from chainoffload.generators import random_chain
 from chainoffload.solvers._search import Evaluator
 
@@ -61,8 +61,8 @@ def test_a_limit_shorter_than_one_evaluation_says_so_not_that_time_ran_out(metho
     # found" after 0.3 s. The estimate is scaled up here so that a small chain shows it.
     chain, platform = _instance(2000)
     co.solve(chain, platform, "keep-all", time_limit=5)  # kernels ready
-    monkeypatch.setattr(_clock, "EVAL_PER_STAGE", 1e-2)  # 20 s an evaluation at 2000 stages
-    _clock.forget()
+    monkeypatch.setattr(_cost, "EVAL_PER_STAGE", 1e-2)  # 20 s an evaluation at 2000 stages
+    _cost.forget()
     w = time.perf_counter()
     result = co.solve(chain, platform, method, time_limit=3)
     assert time.perf_counter() - w < 3 and result.status == co.Status.TIMEOUT and result.info.get("tried", 0) == 0
@@ -73,11 +73,11 @@ def test_a_limit_shorter_than_one_evaluation_says_so_not_that_time_ran_out(metho
 
 def test_an_observed_evaluation_replaces_the_model():
     length = 123_457  # a length no other test evaluates
-    modelled = _clock.eval_seconds(length)
-    assert 1e-3 + _clock.EVAL_PER_STAGE * length <= modelled  # the pace is at least 1
-    _clock.observe(length, 0.25)
-    _clock.observe(length, 0.125)  # the longest seen is kept
-    assert _clock.eval_seconds(length) == 0.25
+    modelled = _cost.eval_seconds(length)
+    assert 1e-3 + _cost.EVAL_PER_STAGE * length <= modelled  # the pace is at least 1
+    _cost.observe(length, 0.25)
+    _cost.observe(length, 0.125)  # the longest seen is kept
+    assert _cost.eval_seconds(length) == 0.25
 
 
 def test_cli_refuses_a_limit_below_reading_the_input(tmp_path):
@@ -112,7 +112,7 @@ def test_a_slow_evaluation_of_an_earlier_solve_does_not_stop_a_later_one():
     """The clock learns evaluation times within one solve only: a slow one seen earlier in the
     process (interpreted kernels on a cold cache, a load spike) made a later best(time_limit=60)
     at 6 stages time out without trying anything (found by the property suite, under load)."""
-    from chainoffload import _clock
+    from chainoffload import _cost
     from chainoffload.generators import random_chain
 
     chain = random_chain(1, 6)
@@ -120,7 +120,7 @@ def test_a_slow_evaluation_of_an_earlier_solve_does_not_stop_a_later_one():
         memory=(co.keep_all_peak(chain) + chain.stage_memory_floor()) // 2,
         bandwidth_d2h=float("inf"), bandwidth_h2d=float("inf"), latency=0.0, duplex=False,
     )
-    _clock.observe(6, 500.0)
+    _cost.observe(6, 500.0)
     result = co.solve(chain, platform, "best", time_limit=60)
     assert result.feasible, result.message
 

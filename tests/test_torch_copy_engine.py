@@ -11,6 +11,8 @@ these tests fail.
 
 import copy
 import dataclasses
+import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -23,8 +25,11 @@ from torch import nn  # noqa: E402
 import chainoffload as co  # noqa: E402
 import chainoffload_torch as ct  # noqa: E402
 from chainoffload.planner import plan_transfers  # noqa: E402
-from chainoffload_torch import _copy  # noqa: E402
-from chainoffload_torch._copy import Copier, CopyEngineError, HostPool, ThreadedEngine, use_engine  # noqa: E402
+from chainoffload_torch import _engine_choice, testing_engine  # noqa: E402
+from chainoffload_torch._copy import Copier  # noqa: E402
+from chainoffload_torch._engine_choice import use_engine  # noqa: E402
+from chainoffload_torch._pool import HostPool  # noqa: E402
+from chainoffload_torch.testing_engine import CopyEngineError, ThreadedEngine  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import test_torch_executor as tte  # noqa: E402
@@ -340,22 +345,55 @@ def test_abort_waits_for_every_copy_in_flight():
 
 
 def test_the_environment_variable_chooses_the_cpu_engine(monkeypatch):
-    monkeypatch.setattr(_copy, "_from_env", None)
+    monkeypatch.setattr(_engine_choice, "_from_env", None)
     monkeypatch.setenv("CHAINOFFLOAD_COPY_ENGINE", "threaded")
     monkeypatch.setenv("CHAINOFFLOAD_COPY_DELAY", "0.001,0.003")
-    eng = _copy.engine_for("cpu")
+    eng = _engine_choice.engine_for("cpu")
     assert isinstance(eng, ThreadedEngine) and eng.delay == (0.001, 0.003)
     assert Copier(CPU).engine is eng and HostPool(pin=False).engine is eng
-    assert _copy.engine_for("cuda").name == "cuda"
+    assert _engine_choice.engine_for("cuda").name == "cuda"
     monkeypatch.setenv("CHAINOFFLOAD_COPY_ENGINE", "immediate")
-    assert _copy.engine_for("cpu").name == "immediate"
+    assert _engine_choice.engine_for("cpu").name == "immediate"
     with use_engine(eng):
-        assert _copy.engine_for("cpu") is eng
+        assert _engine_choice.engine_for("cpu") is eng
     monkeypatch.setenv("CHAINOFFLOAD_COPY_ENGINE", "gpu")
     with pytest.raises(ValueError, match="CHAINOFFLOAD_COPY_ENGINE"):
-        _copy.engine_for("cpu")
+        _engine_choice.engine_for("cpu")
     monkeypatch.delenv("CHAINOFFLOAD_COPY_ENGINE")
-    assert _copy.engine_for("cpu").name == "immediate"
+    assert _engine_choice.engine_for("cpu").name == "immediate"
+
+
+def test_the_threaded_engine_from_the_environment_names_a_bad_setting(monkeypatch):
+    monkeypatch.delenv("CHAINOFFLOAD_COPY_DELAY", raising=False)
+    monkeypatch.delenv("CHAINOFFLOAD_COPY_SEED", raising=False)
+    assert testing_engine.from_env().delay == (0.0, 0.002)
+    monkeypatch.setenv("CHAINOFFLOAD_COPY_SEED", "5")
+    a, b = testing_engine.from_env(), testing_engine.from_env()
+    assert [a._rng.random() for _ in range(3)] == [b._rng.random() for _ in range(3)]  # seeded alike
+    for raw in ("0.001", "a,b"):
+        monkeypatch.setenv("CHAINOFFLOAD_COPY_DELAY", raw)
+        with pytest.raises(ValueError, match=f"CHAINOFFLOAD_COPY_DELAY='{raw}': expected LOW,HIGH"):
+            testing_engine.from_env()
+    monkeypatch.setenv("CHAINOFFLOAD_COPY_DELAY", "0.003,0.001")
+    with pytest.raises(ValueError, match="CHAINOFFLOAD_COPY_DELAY='0.003,0.001': expected 0 <= LOW <= HIGH"):
+        testing_engine.from_env()
+    monkeypatch.setenv("CHAINOFFLOAD_COPY_DELAY", "0,0.001")
+    monkeypatch.setenv("CHAINOFFLOAD_COPY_SEED", "x")
+    with pytest.raises(ValueError, match="CHAINOFFLOAD_COPY_SEED='x': expected an integer"):
+        testing_engine.from_env()
+
+
+def test_the_adapter_loads_the_threaded_engine_only_when_asked():
+    # The test engine is test machinery: importing the adapter and making a CPU copier and pool
+    # by default never imports it.
+    code = (
+        "import sys, torch, chainoffload_torch;"
+        "from chainoffload_torch._copy import Copier; from chainoffload_torch._pool import HostPool;"
+        "Copier(torch.device('cpu')); HostPool(pin=False);"
+        "sys.exit(1 if 'chainoffload_torch.testing_engine' in sys.modules else 0)"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "CHAINOFFLOAD_COPY_ENGINE"}
+    assert subprocess.run([sys.executable, "-c", code], env=env, timeout=120).returncode == 0
 
 
 # -- the executor on the threaded engine ------------------------------------------------------------

@@ -129,7 +129,7 @@ def test_the_probe_counts_references_beyond_its_own_aliases():
 
     ledger = UnitLedger(torch.device("cpu"), set())
     activation = torch.randn(64)
-    p = profiler._Pass(ledger)
+    p = profiler._RecordedPass(ledger)
     entry = ledger.pack(activation, 1)
     p.aliases[entry] = [activation.detach(), activation[:8].detach()]  # saved twice, as a view too
     assert profiler._held_beyond_probe(p, entry)  # the forward's own variable

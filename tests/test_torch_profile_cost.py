@@ -218,7 +218,7 @@ def test_which_steps_count():
 
 
 def test_the_probes_checks_are_not_timed_into_its_stages_on_cpu():
-    p = profiler._Pass(None)
+    p = profiler._RecordedPass(None)
     p.marks = {"start": (0.0, 0, 0), ("f", 1): (1.0, 0, 0), ("f", 2): (3.0, 0, 0)}
     timer = profiler.Timer(torch.device("cpu"))
     assert profiler._forward_times(timer, p, 2) == [1.0, 2.0]

@@ -22,8 +22,8 @@ __all__ = ["solve", "judge", "minimum_memory", "memory_search", "MemorySearch"]
 
 def _judge_cost(chain: Chain) -> float:
     """Estimated seconds to validate and replay one schedule of ``chain`` (the judging); building
-    it is the method's to reserve (NOTE [ clock ] in ``chainoffload/_clock.py``)."""
-    from .._clock import judge_seconds
+    it is the method's to reserve (NOTE [ clock ] in ``chainoffload/_cost.py``)."""
+    from .._cost import judge_seconds
 
     return judge_seconds(chain.length)
 
@@ -103,7 +103,7 @@ def _solve(chain: Chain, platform: Platform, method: str | None, bound: bool, op
     # Kernels are made ready before the clock starts: a one-off compile counts in neither
     # the time limit nor the runtime (NOTE [ lazy kernels ]).
     with prepare(entry.name, chain.length) as ready:
-        from .._clock import forget
+        from .._cost import forget
 
         forget()  # what an earlier solve measured says nothing reliable about this one
         t0 = time.perf_counter()

@@ -120,7 +120,7 @@ def refusal(method: str, what: str, seconds: float, nbytes: float, time_limit: f
             length: int = 0, hint: str = "", info: dict | None = None) -> Result | None:
     """A result refusing up front work that cannot be cut and would not fit, or ``None`` when it fits.
 
-    ``NOTE [ clock ]`` in ``chainoffload/_clock.py``: a step no deadline check can stop (a
+    ``NOTE [ clock ]`` in ``chainoffload/_cost.py``: a step no deadline check can stop (a
     Numba table, a sequence built and simulated whole) is estimated before it starts; one whose
     estimate is above ``time_limit`` (seconds left; ``None``: no limit) or above 80 % of the
     memory free is not started. The result has status ``timeout``, ``info["refused"]`` and
@@ -148,7 +148,7 @@ def refusal(method: str, what: str, seconds: float, nbytes: float, time_limit: f
     """
     import time
 
-    from .._clock import free_bytes, judge_seconds
+    from .._cost import free_bytes, judge_seconds
 
     free = free_bytes()
     least = seconds + (judge_seconds(length) if length else 0.0)

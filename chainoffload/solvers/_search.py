@@ -72,7 +72,7 @@ def well_formed(n_ops: int, transfers: tuple[np.ndarray, ...]) -> bool:
 
 
 def _observe(length: int, seconds: float) -> None:
-    from .._clock import observe
+    from .._cost import observe
 
     observe(length, seconds)
 
@@ -141,7 +141,7 @@ class Evaluator:
         not started."""
         if self.deadline == math.inf:
             return 0.0
-        from .._clock import build_seconds, eval_seconds
+        from .._cost import build_seconds, eval_seconds
 
         held = self.best.transfers[0].shape[0] if self.best is not None else 0
         return eval_seconds(self.chain.length) + build_seconds(max(held, 2 * (units or 0)))

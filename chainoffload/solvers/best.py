@@ -58,7 +58,7 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from .._clock import build_seconds, eval_seconds
+from .._cost import build_seconds, eval_seconds
 from .._progress import progress
 from ..chain import Chain
 from ..platform import Platform

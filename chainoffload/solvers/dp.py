@@ -80,7 +80,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from .._clock import judge_seconds
+from .._cost import judge_seconds
 from .._kernels import lazy
 from ..bounds import offload_memory_floor
 from ..chain import Chain

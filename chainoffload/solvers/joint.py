@@ -627,7 +627,7 @@ def joint_dp(
     Result
         ``feasible`` with the schedule, or ``infeasible`` when no plan fits.
     """
-    from .._clock import joint_dp_bytes, joint_dp_seconds
+    from .._cost import joint_dp_bytes, joint_dp_seconds
     from ._options import check_time_limit, refusal
 
     t0 = time.perf_counter()
@@ -669,7 +669,7 @@ def _best_walks(table, chain, platform, sl, tried, found, last_message, deadline
     fastest feasible one in ``found`` (skipping plans ``tried`` already). A walk that would not
     end by ``deadline`` (timed as the longest one so far; the first from the sequence model of
     ``NOTE [ clock ]``) is not started, and ``info["stopped"]`` says so."""
-    from .._clock import sequence_seconds
+    from .._cost import sequence_seconds
 
     longest = 4 * sequence_seconds(3 * chain.length)
     if math.isfinite(table.value):
@@ -740,7 +740,7 @@ def joint(
         ``info["cut_short"]``, and ``info["stopped"]`` is then ``"time"``. Status ``timeout``
         when no candidate has a schedule and the limit left one out.
     """
-    from .._clock import joint_exact_seconds
+    from .._cost import joint_exact_seconds
     from ._options import check_time_limit, refusal
     from ._registry import spec
     from .rotor import rotor

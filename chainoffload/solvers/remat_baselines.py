@@ -152,7 +152,7 @@ def sequence_length(method: str, length: int, segment: int | None = None) -> int
 
 
 def _refused(method: str, chain: Chain, ops: int, time_limit: float | None, t0: float, info: dict) -> Result | None:
-    from .._clock import sequence_bytes, sequence_seconds
+    from .._cost import sequence_bytes, sequence_seconds
     from ._options import check_time_limit, refusal
 
     time_limit = check_time_limit(time_limit)

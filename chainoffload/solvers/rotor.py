@@ -462,7 +462,7 @@ def rotor(chain: Chain, platform: Platform, *, slots: int | None = None, time_li
         slower than keep-all, checkpoint-all, sqrt-checkpoint or recompute-all where they fit:
         ``NOTE [ never lose to the family ]``), or ``infeasible`` when no sequence fits.
     """
-    from .._clock import rotor_bytes, rotor_seconds, sequence_seconds
+    from .._cost import rotor_bytes, rotor_seconds, sequence_seconds
     from ._options import check_time_limit, refusal
 
     t0 = time.perf_counter()

@@ -66,7 +66,7 @@ def model_estimate(length: int) -> dict[str, float]:
 def _refusal(length: int, time_limit: float) -> str | None:
     """Why a model of ``length`` stages cannot be built within ``time_limit`` or in memory, or ``None``."""
     est = model_estimate(length)
-    from ..._clock import free_bytes
+    from ..._cost import free_bytes
 
     free = free_bytes()
     size = (f"a CP-SAT model of {length} stages would have ~{est['variables']:.3g} variables and "
