@@ -29,7 +29,8 @@ from chainoffload.units import format_bytes, parse_bytes
 
 from ._copy import Copier
 from ._pool import HostPool
-from ._instrument import COMPILE_REFUSAL, CONCURRENT_REFUSAL, Blocks, Instrument, check_not_instrumented, find_blocks_warm, resolve_blocks
+from ._discovery import Blocks, find_blocks_warm, resolve_blocks
+from ._instrument import COMPILE_REFUSAL, CONCURRENT_REFUSAL, Instrument, check_not_instrumented
 from ._stages import EntryState, canonical_device
 from ._recompute import RematPlan
 from ._shapes import dominates, numbers_apart, strip_numbers, volume

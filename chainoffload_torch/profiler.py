@@ -1,6 +1,6 @@
 """Profile a model into a :class:`chainoffload.Chain` and its link into a Platform.
 
-The chain's stages are the model's blocks (:func:`~chainoffload_torch._instrument.find_blocks`);
+The chain's stages are the model's blocks (:func:`~chainoffload_torch.find_blocks`);
 everything is measured in whole training steps of the real model, through the same hooks the
 executor uses (see NOTE [ what the profiler measures ]):
 
@@ -43,7 +43,9 @@ from torch import nn
 import chainoffload as co
 
 from ._pool import size_class
-from ._instrument import Blocks, Instrument, Timer, find_blocks, find_blocks_warm
+from ._discovery import Blocks, find_blocks, find_blocks_warm
+from ._instrument import Instrument
+from ._timer import Timer
 from ._saved import Kept, check_version, version_probe
 from ._stages import UnitLedger, canonical_device, resident_storages
 from ._state import training_state
