@@ -37,7 +37,8 @@ from ._shapes import dominates, numbers_apart, strip_numbers, volume
 from ._tree import call_key, describe_key, held_tensors
 from .executor import ScheduleRun, StepStats
 from .plans import Budget, Plan, _Planner, coverage, exact_bytes, resident_units, step_peak
-from .profiler import _device_of, _to_device, as_call, link_of, profiling_steps
+from ._link import link_of
+from .profiler import _device_of, _to_device, as_call, profiling_steps
 
 __all__ = ["Offloader", "offload", "budget_curve"]
 

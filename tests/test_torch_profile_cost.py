@@ -17,6 +17,7 @@ from torch import nn  # noqa: E402
 
 import chainoffload as co  # noqa: E402
 import chainoffload_torch as ct  # noqa: E402
+import chainoffload_torch._link as ct_link  # noqa: E402
 import chainoffload_torch.profiler as profiler  # noqa: E402
 from chainoffload_torch._instrument import Instrument  # noqa: E402
 
@@ -235,7 +236,7 @@ def test_nothing_runs_between_discovery_and_the_first_step(monkeypatch, settles_
     for module, name in ((api, "link_of"), (api, "find_blocks_warm"), (profiler, "_measure")):
         real = getattr(module, name)
         monkeypatch.setattr(module, name, lambda *a, _real=real, _name=name, **k: order.append(_name) or _real(*a, **k))
-    monkeypatch.setattr(profiler, "_LINKS", {})
+    monkeypatch.setattr(ct_link, "_LINKS", {})
     model, x = mlp()
     ct.offload(model, x, memory=0.6).remove()
     assert order == ["link_of", "find_blocks_warm", "_measure"]
@@ -267,14 +268,14 @@ def test_profile_still_measures_fwd_nosave_for_rematerializing_methods():
 
 def test_the_link_is_measured_once_per_device_in_a_process(monkeypatch):
     measured = []
-    real = profiler.measure_link
+    real = ct_link.measure_link
 
     def counting(device, **kwargs):
         measured.append(str(device))
         return real(device, nbytes=1 << 16, small=1024, repeats=1)
 
-    monkeypatch.setattr(profiler, "measure_link", counting)
-    monkeypatch.setattr(profiler, "_LINKS", {})
+    monkeypatch.setattr(ct_link, "measure_link", counting)
+    monkeypatch.setattr(ct_link, "_LINKS", {})
     model, x = mlp()
     first = ct.offload(model, x, memory=0.6, repeats=1, warmup=0)
     link = first.platform
