@@ -1,4 +1,4 @@
-"""Boundary marks of a profiling step: CUDA events and allocator figures on a GPU, ``perf_counter`` on CPU.
+"""Boundary marks: CUDA events and allocator figures on a GPU, ``perf_counter`` on CPU.
 
 The profiler's recorder marks each stage's start and end with a :class:`Timer`; block discovery
 uses one to time its forward with autograd, the profile's warm-up (NOTE [ discovery as the

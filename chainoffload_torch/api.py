@@ -38,7 +38,8 @@ from ._tree import call_key, describe_key, held_tensors
 from .executor import ScheduleRun, StepStats
 from .plans import Budget, Plan, _Planner, coverage, exact_bytes, resident_units, step_peak
 from ._link import link_of
-from .profiler import _device_of, _to_device, as_call, profiling_steps
+from ._recorder import profiling_steps
+from .profiler import _device_of, _to_device, as_call
 
 __all__ = ["Offloader", "offload", "budget_curve"]
 
