@@ -19,7 +19,7 @@ from .api import Offloader, budget_curve, offload
 from .plans import Budget, Plan
 from .executor import OffloadActivations, StepStats
 from .profiler import Profile, Sizes, measure_link, measure_sizes, profile, profile_full
-from ._instrument import Blocks, find_blocks
+from ._discovery import Blocks, find_blocks
 from ._stages import EntryState, as_stages
 from ._state import ProfilingSideEffect
 

@@ -210,7 +210,7 @@ class UnitLedger:
     Rules (docs/model.md, the chain's "saved"): a storage belongs to the unit of the stage during whose forward
     it is first seen, by the pack hook of ``saved_tensors_hooks`` or as the stage's output.
     The caller says which stage is running: 0 before the first block (the prefix: embeddings;
-    never offloaded, resident outside the chain, NOTE [ prefix and suffix ] in profiler.py;
+    never offloaded, resident outside the chain, NOTE [ prefix and suffix ] in _recorder.py;
     when the prefix is a stage of its own, it is stage 1 and nothing runs in 0), i from the
     start of block i to the start of block i+1, and L after the last block (the suffix: head and
     loss, counted in unit L). A stage that
@@ -260,7 +260,7 @@ class UnitLedger:
         #: their bytes where known (NOTE [ tensors that cannot move ]).
         self.unmovable: dict[int, dict[str, int]] = {}
         #: Bytes of the storages the model's output holds that no unit owns (the logits of a
-        #: language model's head): NOTE [ the output's own storages ] in profiler.py.
+        #: language model's head): NOTE [ the output's own storages ] in _recorder.py.
         self.output_only = 0
 
     def add_resident(self, obj: Any) -> None:
@@ -361,7 +361,7 @@ class UnitLedger:
             # Saved again by a later stage (the parent's code multiplies a skip it kept into a
             # later block's input): B_stage reads it, beyond its unit's backward, so moving it
             # would free nothing; held, as an extra input of a later block is (NOTE [ late release ]
-            # in profiler.py: only storages no later stage saves may move late).
+            # in _recorder.py: only storages no later stage saves may move late).
             self.held.add(entry.unit)
             self.held_by.setdefault(entry, f"block {stage}")
         return entry
@@ -504,7 +504,7 @@ def _is_view_of(t: torch.Tensor, inp: Any) -> bool:
 #   A third holder the ledger cannot see, the forward's own code, is found by the profile's
 #   probe pass: what it still holds when the forward returns is treated the same way; what it
 #   lets go of earlier (a list of skips) moves with its unit (NOTE [ storages the forward keeps ]
-#   and NOTE [ late release ] in profiler.py). A later stage that saves an earlier unit's storage
+#   and NOTE [ late release ] in _recorder.py). A later stage that saves an earlier unit's storage
 #   again (pack) holds it as an extra input would: B_j reads it after B_i.
 # * A unit whose output a_i is held (output_hidden_states, the last encoder block's output read
 #   by the decoder) is kept resident whole and marked "held": moving the rest of it would need

@@ -29,14 +29,17 @@ from chainoffload.units import format_bytes, parse_bytes
 
 from ._copy import Copier
 from ._pool import HostPool
-from ._instrument import COMPILE_REFUSAL, CONCURRENT_REFUSAL, Blocks, Instrument, check_not_instrumented, find_blocks_warm, resolve_blocks
+from ._discovery import Blocks, find_blocks_warm, resolve_blocks
+from ._instrument import COMPILE_REFUSAL, CONCURRENT_REFUSAL, Instrument, check_not_instrumented
 from ._stages import EntryState, canonical_device
 from ._recompute import RematPlan
 from ._shapes import dominates, numbers_apart, strip_numbers, volume
 from ._tree import call_key, describe_key, held_tensors
 from .executor import ScheduleRun, StepStats
 from .plans import Budget, Plan, _Planner, coverage, exact_bytes, resident_units, step_peak
-from .profiler import _device_of, _to_device, as_call, link_of, profiling_steps
+from ._link import link_of
+from ._recorder import profiling_steps
+from .profiler import _device_of, _to_device, as_call
 
 __all__ = ["Offloader", "offload", "budget_curve"]
 

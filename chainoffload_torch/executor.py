@@ -44,7 +44,8 @@ import chainoffload as co
 
 from ._copy import Copier
 from ._pool import HostPool
-from ._instrument import Blocks, Instrument, recomputing
+from ._discovery import Blocks
+from ._instrument import Instrument, recomputing
 from ._recompute import FORWARD_KINDS, Act, CallRecord, RematPlan, Slot, rebuild_act
 from ._saved import Kept, Packed, check_version, rebuild, root_of, version_probe
 from ._stages import Entry, EntryState, UnitLedger, canonical_device, resident_storages

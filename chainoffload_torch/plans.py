@@ -23,7 +23,8 @@ from chainoffload.units import format_bytes, parse_bytes
 
 from ._instrument import Instrument
 from ._tree import describe_key
-from .profiler import WRITTEN, Sizes, chain_of, measure_call_sizes, measure_chain
+from ._coverage import Coverage, coverage, step_peak
+from ._recorder import WRITTEN, Sizes, chain_of, measure_call_sizes, measure_chain
 
 __all__ = [
     "Budget", "Plan", "solve_for", "resident_units", "nothing_fits", "exact_bytes", "Coverage", "coverage", "step_peak",
@@ -71,7 +72,7 @@ class Budget:
         A fraction is of the whole step's keep-all peak ``keep_all`` (:func:`step_peak`; by
         default the chain's plus ``resident``); ``None`` is the chain's own keep-all figure plus
         ``resident``, at which the keep-all schedule fits: it counts the storages the forward
-        releases late twice (NOTE [ late release ] in profiler.py), so it may be above ``keep_all``.
+        releases late twice (NOTE [ late release ] in _recorder.py), so it may be above ``keep_all``.
         """
         peak = co.keep_all_peak(chain) + int(resident)
         if self.value is None:
@@ -248,7 +249,7 @@ class _Planner:
     def measure(self, instrument: Instrument, args: tuple, kwargs: dict, like: Plan | None = None) -> Sizes:
         """The sizes of one call from one forward (no backward, no timing), with the units
         ``like``'s profile found written where no version counter sees (NOTE [ writes no version
-        counter sees ] in profiler.py: found in a backward, which this measure has not)."""
+        counter sees ] in _recorder.py: found in a backward, which this measure has not)."""
         sizes = measure_call_sizes(instrument, self.model, args, kwargs, self.device)
         if like is not None and like.sizes is not None:
             written = {u: w for u, w in like.sizes.unmovable.items() if WRITTEN in w and u <= len(sizes.saved)}
@@ -295,7 +296,7 @@ class _Planner:
 # NOTE [ resident outside the chain ]
 # Some activations stay on the device for the whole step whatever the schedule does, and are no
 # unit's: what the code before the first block saves besides a_0 (when it is not a stage of its
-# own: NOTE [ prefix and suffix ] in profiler.py), and the storages pinned because something
+# own: NOTE [ prefix and suffix ] in _recorder.py), and the storages pinned because something
 # holds them beyond their unit's backward (a key/value cache in the output, a tensor later blocks
 # read, a list of skips in the forward: NOTE [ units held elsewhere ] in _stages.py). Their bytes
 # R (Sizes.resident_bytes) are counted outside the chain, as weights are: the chain's act[0] is
@@ -305,26 +306,6 @@ class _Planner:
 # (made in the forward, gone by the end of the backward), so the prediction errs only on the
 # safe side there; a fraction such as memory=0.6 is of the step's keep-all peak, the chain's
 # plus R (step_peak). docs/model.md states the rule ("The PyTorch adapter's chain").
-
-
-def step_peak(chain: co.Chain, sizes: Sizes | None) -> int:
-    """The keep-all peak of a whole step: the chain's plus the bytes resident outside it.
-
-    With nothing offloaded, a storage the forward releases late is in its unit until B_i, so
-    the chain's keep-all figure, which also counts it in the fwd_tmp of the stages it outlives
-    (NOTE [ late release ] in profiler.py), is above the step's by as much: the keep-all peak
-    is the chain's without those bytes, what plain training holds."""
-    if sizes is None:
-        return co.keep_all_peak(chain)
-    return co.keep_all_peak(keep_all_chain(chain, sizes)) + sizes.resident_bytes
-
-
-def keep_all_chain(chain: co.Chain, sizes: Sizes | None) -> co.Chain:
-    """``chain`` less the late-release bytes in its ``fwd_tmp`` (exact when nothing moves)."""
-    late = getattr(sizes, "late_tmp", ()) if sizes is not None else ()
-    if not any(late):
-        return chain
-    return chain.replace(fwd_tmp=[max(0, int(f) - int(x)) for f, x in zip(chain.fwd_tmp, late)])
 
 
 def resident_units(chain: co.Chain, sizes: Sizes, keep: Iterable[int] = ()) -> set[int]:
@@ -637,89 +618,3 @@ def exact_bytes(n: int) -> str:
     given back as ``memory=`` it can fall under the floor it names (NOTE [ nothing fits ]).
     """
     return f"{int(n)} B ({format_bytes(n)})" if n >= 1024 else f"{int(n)} B"
-
-
-@dataclasses.dataclass(frozen=True)
-class Coverage:
-    """How much of a step's activation memory the chain can move (NOTE [ coverage ]).
-
-    Attributes
-    ----------
-    movable
-        Bytes of the units that may be offloaded (not the last, held, aliased or unmovable).
-    keep_all
-        The keep-all peak of the chain.
-    prefix
-        a_0 (the hidden input of the first stage) and the bytes resident outside the chain: what
-        the code before the first block saves when it is no stage, and the storages pinned
-        resident (a key/value cache, a tensor later blocks read, a list of skips).
-    last
-        Unit L: the last block and the code after it (head, loss).
-    resident
-        Bytes of the other units that stay resident, with why, by unit.
-    left_out
-        Module lists found outside the chain (:attr:`Blocks.left_out`).
-    lists
-        The module lists the chain's blocks come from.
-    """
-
-    movable: int
-    keep_all: int
-    prefix: int
-    last: int
-    resident: dict[int, tuple[int, str]]
-    left_out: tuple[tuple[str, int, bool], ...] = ()
-    lists: tuple[str, ...] = ()
-
-    @property
-    def share(self) -> float:
-        """``movable`` over the keep-all peak."""
-        return self.movable / self.keep_all if self.keep_all else 0.0
-
-    def describe(self) -> str:
-        """One line: the share, and what is left out of it."""
-        parts = [f"before the first block (a_0) {format_bytes(self.prefix)}", f"the last block and after it {format_bytes(self.last)}"]
-        if self.resident:
-            kept = sum(b for b, _ in self.resident.values())
-            why = sorted({w for _, w in self.resident.values()})
-            parts.append(f"{len(self.resident)} unit(s) kept resident ({', '.join(why)}) {format_bytes(kept)}")
-        text = (
-            f"the chain can move {format_bytes(self.movable)}, {100 * self.share:.0f} % of the keep-all peak "
-            f"{format_bytes(self.keep_all)}; left out: {'; '.join(parts)}"
-        )
-        if self.left_out:
-            lists = [n for n, _, before in self.left_out if before] + list(self.lists)
-            lists += [n for n, _, before in self.left_out if not before]
-            others = ", ".join(f"{n} ({k} blocks)" for n, k, _ in self.left_out)
-            text += f"; module lists outside the chain: {others}: blocks={lists!r} would add them"
-        return text
-
-
-# NOTE [ coverage ]
-# A chain moves only its units, less those that must stay (the last, held, aliased, unmovable
-# ones): what runs before the first block sits in a_0 and what runs after the last in unit L,
-# both resident. The share of the keep-all peak the movable units make is the most offloading
-# can ever take off the peak; offload() warns below half, naming the parts left out and the
-# module lists the search saw outside the chain, as a blocks= to try.
-
-
-def coverage(chain: co.Chain, sizes: Sizes, blocks: Any = None) -> Coverage:
-    """What the chain of ``sizes`` can move (NOTE [ coverage ]); ``blocks`` for the lists left out."""
-    resident: dict[int, tuple[int, str]] = {}
-    movable = 0
-    for i in range(1, chain.length):
-        size = int(chain.saved[i - 1])
-        why = next((w for w, s in (("held", sizes.held), ("aliased", sizes.aliased), ("unmovable", sizes.unmovable)) if i in s), None)
-        if why is None:
-            movable += size
-        else:
-            resident[i] = (size, why)
-    return Coverage(
-        movable,
-        step_peak(chain, sizes),
-        int(chain.act[0]) + sizes.resident_bytes,
-        int(chain.saved[-1]),
-        resident,
-        tuple(getattr(blocks, "left_out", ())),
-        tuple(getattr(blocks, "lists", ())),
-    )

@@ -1057,10 +1057,11 @@ def _hand_plan(model: nn.Module, batch: tuple, schedule: Callable[[Any], Any], o
 
     from . import Offloader
     from .plans import _Unsafe, _watch_blocks, not_recomputable
-    from .profiler import Profile, measure_chain
+    from .profiler import Profile
 
     from ._instrument import Instrument
-    from .profiler import _device_of, _Recorder, _root_and_blocks, as_call
+    from ._recorder import _Recorder, measure_chain
+    from .profiler import _device_of, _root_and_blocks, as_call
 
     # profile() without making the code before the first block a stage: no schedule may recompute
     # that stage, and the core's strategies draw schedules that start with Fck_1 as often as not.

@@ -125,25 +125,25 @@ def test_a_storage_whose_tensor_object_died_keeps_its_unit():
 def test_the_probe_counts_references_beyond_its_own_aliases():
     # NOTE [ storages the forward keeps ]: the probe holds an alias of every saved tensor, so a
     # storage is held by the forward only when something else refers to it too.
-    from chainoffload_torch import profiler
+    from chainoffload_torch import _recorder
 
     ledger = UnitLedger(torch.device("cpu"), set())
     activation = torch.randn(64)
-    p = profiler._RecordedPass(ledger)
+    p = _recorder._RecordedPass(ledger)
     entry = ledger.pack(activation, 1)
     p.aliases[entry] = [activation.detach(), activation[:8].detach()]  # saved twice, as a view too
-    assert profiler._held_beyond_probe(p, entry)  # the forward's own variable
+    assert _recorder._held_beyond_probe(p, entry)  # the forward's own variable
     del activation
     gc.collect()
-    assert not profiler._held_beyond_probe(p, entry)  # the aliases alone: autograd's, in a step
+    assert not _recorder._held_beyond_probe(p, entry)  # the aliases alone: autograd's, in a step
     kept = p.aliases[entry][0][16:]  # a view kept by the forward (a list of skips)
-    assert profiler._held_beyond_probe(p, entry)
+    assert _recorder._held_beyond_probe(p, entry)
     del kept
-    assert not profiler._held_beyond_probe(p, entry)
+    assert not _recorder._held_beyond_probe(p, entry)
     weak = StorageWeakRef(p.aliases[entry][0].untyped_storage())
     p.aliases.clear()
     gc.collect()
-    assert weak.expired() and not profiler._held_beyond_probe(p, entry)  # no alias: the weak reference
+    assert weak.expired() and not _recorder._held_beyond_probe(p, entry)  # no alias: the weak reference
 
 
 # -- 2. a key/value cache in training ------------------------------------------------------------

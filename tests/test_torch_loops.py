@@ -520,10 +520,10 @@ def test_each_loop_the_fuzz_draws_trains_equal(name):
 def test_the_fuzz_sees_what_profiling_did_before_it_left_no_trace(monkeypatch, name):
     """With the passes of offload() restoring only what they restored before issue 32 (buffers,
     grads, torch's generators), the loop differs: the differential check catches it."""
-    from chainoffload_torch import _instrument, _stages, profiler
+    from chainoffload_torch import _discovery, _recorder, _stages
 
-    monkeypatch.setattr(profiler, "training_state", _stages.model_state)
-    monkeypatch.setattr(_instrument, "training_state", _stages.model_state)
+    monkeypatch.setattr(_recorder, "training_state", _stages.model_state)
+    monkeypatch.setattr(_discovery, "training_state", _stages.model_state)
     result = differential_check(loop_case(**LOOP_SPECS[name][0]), memory=0.6, method="largest-first", steps=3)
     assert result.kind == "silent_difference", result
 

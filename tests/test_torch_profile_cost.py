@@ -1,5 +1,5 @@
 """What offload() costs in the model's own work, and that the cheaper profile measures the same
-sizes: NOTE [ how many profiling steps ] in chainoffload_torch/profiler.py.
+sizes: NOTE [ how many profiling steps ] in chainoffload_torch/_recorder.py.
 
 Each test counts the model's forwards (with and without autograd) and backwards with hooks on
 its root, so a profiling pass added back fails here, not only in a benchmark's timings.
@@ -17,8 +17,11 @@ from torch import nn  # noqa: E402
 
 import chainoffload as co  # noqa: E402
 import chainoffload_torch as ct  # noqa: E402
+import chainoffload_torch._link as ct_link  # noqa: E402
+import chainoffload_torch._recorder as recorder  # noqa: E402
 import chainoffload_torch.profiler as profiler  # noqa: E402
 from chainoffload_torch._instrument import Instrument  # noqa: E402
+from chainoffload_torch._timer import Timer  # noqa: E402
 
 from bench_models import torch_models  # noqa: E402
 
@@ -70,7 +73,7 @@ def counted(fn, model, *args, **kwargs):
 @pytest.fixture
 def settles_at_once(monkeypatch):
     """Every first step counts as settled: the counts below do not depend on the timings."""
-    monkeypatch.setattr(profiler, "AUTO_TOLERANCE", 1e9)
+    monkeypatch.setattr(recorder, "AUTO_TOLERANCE", 1e9)
 
 
 def mlp():
@@ -104,10 +107,10 @@ def test_a_stem_that_becomes_a_stage_costs_one_more_forward_not_a_second_profile
 
 
 def test_a_first_step_slower_than_the_probe_takes_steps_until_two_agree_at_most_four(monkeypatch):
-    monkeypatch.setattr(profiler, "AUTO_TOLERANCE", -1.0)  # nothing ever agrees: the cap
+    monkeypatch.setattr(recorder, "AUTO_TOLERANCE", -1.0)  # nothing ever agrees: the cap
     model, x = mlp()
     handle, counts = counted(ct.offload, model, x, memory=0.6)
-    assert counts == (1 + profiler.AUTO_MAX_STEPS, 0, profiler.AUTO_MAX_STEPS)
+    assert counts == (1 + recorder.AUTO_MAX_STEPS, 0, recorder.AUTO_MAX_STEPS)
     handle.remove()
 
 
@@ -115,14 +118,14 @@ def test_a_new_shape_without_a_discovery_before_it_takes_the_probe_forward_as_it
     model, x = mlp()
     handle = ct.offload(model, x, memory=0.6)
     seen = []
-    measure = profiler._measure
+    measure = recorder._measure
 
     def spy(*args, **kwargs):
         seen.append(kwargs.get("reference"))
         return measure(*args, **kwargs)
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(profiler, "_measure", spy)
+        mp.setattr(recorder, "_measure", spy)
         # A new, larger batch size (no plan of a larger shape to lend its schedule: NOTE [ one
         # plan for many shapes ]): a new plan, profiled at the first forward that sees it.
         _, counts = counted(lambda m, b: m(b).sum().backward(), model, torch.randn(16, 8))
@@ -148,7 +151,7 @@ def test_the_probe_gives_autograd_its_aliases_and_keeps_none_through_the_backwar
     # NOTE [ storages the forward keeps ]: autograd holds the probe's aliases as it would the
     # saved tensors (the probe peaks where a step does), and the backward frees each as it goes.
     seen = []
-    forward_end = profiler._Recorder.forward_end
+    forward_end = recorder._Recorder.forward_end
     backward = torch.autograd.backward
 
     def spy(self, p, outputs):
@@ -162,7 +165,7 @@ def test_the_probe_gives_autograd_its_aliases_and_keeps_none_through_the_backwar
         seen.append(len(p.aliases))
         return backward(*args, **kwargs)
 
-    monkeypatch.setattr(profiler._Recorder, "forward_end", spy)
+    monkeypatch.setattr(recorder._Recorder, "forward_end", spy)
     monkeypatch.setattr(torch.autograd, "backward", spy_backward)
     model, x = mlp()
     handle = ct.offload(model, x, memory=0.6)
@@ -189,7 +192,7 @@ def test_which_steps_count():
     def step(f, b):
         return {"fwd": [f / 2, f / 2], "bwd": [b]}
 
-    kept = profiler._kept_steps
+    kept = recorder._kept_steps
     # Adaptive: a first step no slower than the reference forward (+25 %) is the profile.
     assert kept([step(1.2, 2.0)], 1.0, None, None) == [step(1.2, 2.0)]
     assert kept([step(0.5, 2.0)], 1.0, None, None) == [step(0.5, 2.0)]  # faster than the probe: fine
@@ -218,12 +221,12 @@ def test_which_steps_count():
 
 
 def test_the_probes_checks_are_not_timed_into_its_stages_on_cpu():
-    p = profiler._RecordedPass(None)
+    p = recorder._RecordedPass(None)
     p.marks = {"start": (0.0, 0, 0), ("f", 1): (1.0, 0, 0), ("f", 2): (3.0, 0, 0)}
-    timer = profiler.Timer(torch.device("cpu"))
-    assert profiler._forward_times(timer, p, 2) == [1.0, 2.0]
+    timer = Timer(torch.device("cpu"))
+    assert recorder._forward_times(timer, p, 2) == [1.0, 2.0]
     p.checks = {2: 0.5}  # stage 2's start: the checks ran inside its forward
-    assert profiler._forward_times(timer, p, 2) == [1.0, 1.5]
+    assert recorder._forward_times(timer, p, 2) == [1.0, 1.5]
 
 
 def test_nothing_runs_between_discovery_and_the_first_step(monkeypatch, settles_at_once):
@@ -232,10 +235,10 @@ def test_nothing_runs_between_discovery_and_the_first_step(monkeypatch, settles_
     import chainoffload_torch.api as api
 
     order = []
-    for module, name in ((api, "link_of"), (api, "find_blocks_warm"), (profiler, "_measure")):
+    for module, name in ((api, "link_of"), (api, "find_blocks_warm"), (recorder, "_measure")):
         real = getattr(module, name)
         monkeypatch.setattr(module, name, lambda *a, _real=real, _name=name, **k: order.append(_name) or _real(*a, **k))
-    monkeypatch.setattr(profiler, "_LINKS", {})
+    monkeypatch.setattr(ct_link, "_LINKS", {})
     model, x = mlp()
     ct.offload(model, x, memory=0.6).remove()
     assert order == ["link_of", "find_blocks_warm", "_measure"]
@@ -267,14 +270,14 @@ def test_profile_still_measures_fwd_nosave_for_rematerializing_methods():
 
 def test_the_link_is_measured_once_per_device_in_a_process(monkeypatch):
     measured = []
-    real = profiler.measure_link
+    real = ct_link.measure_link
 
     def counting(device, **kwargs):
         measured.append(str(device))
         return real(device, nbytes=1 << 16, small=1024, repeats=1)
 
-    monkeypatch.setattr(profiler, "measure_link", counting)
-    monkeypatch.setattr(profiler, "_LINKS", {})
+    monkeypatch.setattr(ct_link, "measure_link", counting)
+    monkeypatch.setattr(ct_link, "_LINKS", {})
     model, x = mlp()
     first = ct.offload(model, x, memory=0.6, repeats=1, warmup=0)
     link = first.platform
@@ -295,13 +298,13 @@ def sizes_decided_after_a_step(model, sample):
     args, kwargs = profiler.as_call(sample)
     root, blocks, _ = profiler._root_and_blocks(model, args, kwargs, None)
     device = torch.device("cpu")
-    instrument = Instrument(root, blocks, profiler._Recorder(blocks.stages, device, (root,)))
+    instrument = Instrument(root, blocks, recorder._Recorder(blocks.stages, device, (root,)))
     instrument.install()
     try:
-        sizes, _ = profiler._measure(instrument, root, args, kwargs, device, 1, 0)
-        if profiler.prefix_pays(sizes):
+        sizes, _ = recorder._measure(instrument, root, args, kwargs, device, 1, 0)
+        if recorder.prefix_pays(sizes):
             instrument.blocks = dataclasses.replace(blocks, prefix=True)
-            sizes, _ = profiler._measure(instrument, root, args, kwargs, device, 1, 0)
+            sizes, _ = recorder._measure(instrument, root, args, kwargs, device, 1, 0)
     finally:
         instrument.remove()
     return instrument.blocks.prefix, sizes

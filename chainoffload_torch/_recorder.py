@@ -1,0 +1,926 @@
+"""The recorder: profiling steps of a model, through its instrument, into a chain and its sizes.
+
+:func:`measure_chain` runs whole training steps of the model through an installed
+:class:`~chainoffload_torch._instrument.Instrument`, a recorder as its listener (NOTE [ what the
+profiler measures ]): the first step is the probe (NOTE [ storages the forward keeps ]), then as
+many more as the timings need (NOTE [ how many profiling steps ]); per stage the boundary times
+and transients, per unit the storages it owns (:class:`Sizes`); :func:`chain_of` makes the
+:class:`chainoffload.Chain` of them. The public profile API (``profiler.py``) and the plans
+(``plans.py``) call it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+import chainoffload as co
+
+from ._instrument import Instrument
+from ._pool import size_class
+from ._saved import Kept, check_version, version_probe
+from ._stages import UnitLedger, resident_storages
+from ._state import training_state
+from ._timer import Timer
+from ._tree import tensors_in
+
+__all__ = [
+    "Sizes", "measure_chain", "chain_of", "measure_call_sizes", "profiling_steps", "prefix_pays", "WRITTEN",
+    "AUTO_MAX_STEPS", "AUTO_TOLERANCE",
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class Sizes:
+    """Sizes of a chain, in bytes.
+
+    Attributes
+    ----------
+    act
+        Output sizes a_0..a_L (length L + 1).
+    saved
+        Unit sizes, stages 1..L: ``max(owned[i], act[i])`` (the chain needs saved >= act).
+    owned
+        Bytes of the storages each unit really owns (what the executor moves for it).
+    aliased
+        Stages whose units share storage with a neighbour (a block that writes its input in
+        place or returns a view of it): they must stay resident.
+    held
+        Stages whose output a_i a later block or the model's output still holds (a skip
+        connection across blocks, ``output_hidden_states``, an encoder's output read by a
+        decoder): they stay resident whole.
+    storages
+        Per unit 1..L, the bytes of each storage it owns (what the host pool must hold for it).
+    unmovable
+        Stages that save a tensor a byte copy cannot rebuild (a tensor subclass, sparse,
+        quantized, nested or named), and which kinds: they stay resident
+        (NOTE [ tensors that cannot move ]).
+    pinned
+        Per unit, the ordinals of its storages held beyond its backward other than its output
+        (a key/value cache in the model's output, a tensor later blocks read): they stay
+        resident, counted in ``act[0]``, and the rest of the unit can move (NOTE [ units held
+        elsewhere ]).
+    held_bytes
+        The bytes so pinned, by holder: ``"output"`` (the model's output), ``"blocks"`` (later
+        blocks' extra inputs) and ``"forward"`` (a reference the forward's own code keeps, such
+        as a list of skips: NOTE [ storages the forward keeps ]).
+    prefix_unit
+        Bytes of the storages the code before the first block keeps for the backward, its
+        output a_0 included, when that code is not a stage of its own (0 when it is):
+        NOTE [ prefix and suffix ].
+    prefix_bytes
+        Of these, the bytes beyond a_0's: resident outside the chain (:attr:`resident_bytes`).
+    held_why
+        Per unit kept resident whole because its output is held: by what (``"output"``,
+        ``"block N"``, ``"forward"``).
+    output_bytes
+        Bytes of the storages the model's output holds that no unit owns (a language model's
+        logits): counted in unit L and in every earlier backward (NOTE [ the output's own
+        storages ]).
+    late
+        Per unit, the storages the forward's own code keeps alive after the next block and lets
+        go of before it returns (a stage's input its frame holds, a skip the up path reads), as
+        (ordinal, r): alive until the end of F_r whether or not the unit is offloaded. They
+        move with their unit (NOTE [ late release ]).
+    late_tmp
+        Per stage 1..L, the bytes of those storages added to its ``fwd_tmp``: a storage of unit
+        i released during F_r counts in every stage i+2..r.
+    """
+
+    act: tuple[int, ...]
+    saved: tuple[int, ...]
+    owned: tuple[int, ...]
+    aliased: frozenset[int]
+    held: frozenset[int] = frozenset()
+    storages: tuple[tuple[int, ...], ...] = ()
+    unmovable: Mapping[int, str] = dataclasses.field(default_factory=dict, hash=False)
+    pinned: Mapping[int, tuple[int, ...]] = dataclasses.field(default_factory=dict, hash=False)
+    held_bytes: Mapping[str, int] = dataclasses.field(default_factory=dict, hash=False)
+    prefix_unit: int = 0
+    prefix_bytes: int = 0
+    held_why: Mapping[int, str] = dataclasses.field(default_factory=dict, hash=False)
+    output_bytes: int = 0
+    late: Mapping[int, tuple[tuple[int, int], ...]] = dataclasses.field(default_factory=dict, hash=False)
+    late_tmp: tuple[int, ...] = ()
+
+    @property
+    def resident(self) -> frozenset[int]:
+        """Units that cannot be offloaded: aliased, held or unmovable."""
+        return self.aliased | self.held | frozenset(self.unmovable)
+
+    @property
+    def resident_bytes(self) -> int:
+        """Bytes resident for the whole step outside the chain: what the code before the first
+        block saves besides a_0, and the storages pinned because something holds them beyond
+        their unit's backward. The solver gets the budget less these (NOTE [ resident outside
+        the chain ] in plans.py)."""
+        return int(self.prefix_bytes) + sum(self.held_bytes.values())
+
+    def host_bytes(self, units: Any) -> int:
+        """Bytes of host buffers (in the pool's size classes) that offloading ``units`` takes."""
+        return sum(size_class(n) for u in units for n in self.storages[u - 1])
+
+
+def _nbytes(t: Any) -> int:
+    return t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0
+
+
+class _RecordedPass:
+    """What the recorder collects of one profiled pass: the ledger of units, the boundary marks
+    and the storages each unit saved."""
+
+    def __init__(self, ledger: UnitLedger) -> None:
+        self.ledger = ledger
+        self.current: int | None = 0
+        self.versions: dict[int, int | None] = {}
+        self.marks: dict[Any, tuple[Any, int, int]] = {}
+        self.act: dict[int, int] = {}
+        self.a0_entry: Any = None  # the ledger's entry of a_0, when a unit owns it
+        #: A probe pass: per entry the forward keeps alive after the next block, the last stage
+        #: at whose start it was still alive (NOTE [ storages the forward keeps ]).
+        self.alive_at: dict[Any, int] = {}
+        #: A measured pass: (unit, ordinal) -> the stage r during whose forward the forward's own
+        #: code lets go of that storage (NOTE [ late release ]).
+        self.late: dict[tuple[int, int], int] = {}
+        #: A probe pass: per entry, the aliases of what autograd saved from its storage that the
+        #: pass gave autograd instead (NOTE [ storages the forward keeps ]).
+        self.aliases: dict[Any, list[torch.Tensor]] = {}
+        #: A probe pass: per stage, the seconds its checks took inside that stage's forward.
+        self.checks: dict[int, float] = {}
+        #: Seconds the forward spent in the recorder's bookkeeping (the ledger, per saved tensor
+        #: and per boundary), which a reference forward does not run (NOTE [ how many
+        #: profiling steps ]).
+        self.bookkeeping = 0.0
+
+
+class _Recorder:
+    """An instrument listener that measures: marks at every boundary, sizes through the ledger."""
+
+    def __init__(self, n: int, device: torch.device, roots: tuple[nn.Module, ...]) -> None:
+        self.n = n
+        self.device = device
+        self.roots = roots
+        self.timer = Timer(device)
+        self.current: _RecordedPass | None = None
+        #: The next pass is a probe (NOTE [ storages the forward keeps ]).
+        self.probe = False
+        #: Fingerprint what the passes save, and compare at unpack, until one backward has run
+        #: (NOTE [ writes no version counter sees ]).
+        self.check_writes = True
+        self._prints: dict[int, tuple[int, torch.Tensor]] = {}
+        self._compares: list[tuple[int, torch.Tensor, torch.Tensor]] = []
+        #: Per entry of an output a_i: (i, fingerprint of its storage at the end of F_i, a
+        #: version probe of a_i, its version then).
+        self._at_end: dict[int, tuple[int, torch.Tensor, torch.Tensor, int]] = {}
+        #: Units a tensor of which the backward read with other bytes than were saved.
+        self.written: set[int] = set()
+        #: Per stage, the seconds the backward spent on those checks (off B_i's time on CPU).
+        self.bwd_checks: dict[int, float] = {}
+
+    def wants(self) -> bool:
+        return True
+
+    def forward_start(self, args: tuple, kwargs: dict) -> _RecordedPass:
+        ledger = UnitLedger(self.device, resident_storages(self.roots))
+        ledger.add_resident((args, kwargs))
+        p = self.current = _RecordedPass(ledger)
+        p.marks["start"] = self.timer.mark()
+        return p
+
+    def stage_start(self, p: _RecordedPass, idx: int, hidden: Any, args: tuple, kwargs: dict) -> None:
+        start = time.perf_counter()
+        p.versions[idx] = p.ledger.stage_start(idx, hidden, (args, kwargs))
+        p.bookkeeping += time.perf_counter() - start
+        if self.probe:
+            start = time.perf_counter()
+            self._still_alive(p, idx - 2, idx)
+            p.checks[idx] = time.perf_counter() - start
+        if idx == 1:
+            p.act[0] = _nbytes(hidden)
+            p.a0_entry = p.ledger.owner(hidden) if isinstance(hidden, torch.Tensor) else None
+        p.current = idx
+
+    def stage_end(self, p: _RecordedPass, idx: int, hidden_in: Any, hidden_out: Any) -> None:
+        start = time.perf_counter()
+        p.ledger.stage_end(idx, hidden_in, p.versions.pop(idx, None), hidden_out)
+        p.bookkeeping += time.perf_counter() - start
+        start = time.perf_counter()
+        if self.check_writes and idx < self.n and isinstance(hidden_out, torch.Tensor):
+            entry = p.ledger.owner(hidden_out)
+            fp = _fingerprint(_storage_bytes(hidden_out)) if entry is not None and entry.unit == idx else None
+            if fp is not None:
+                # The earliest an offload may copy a_i: what the backward reads must be these
+                # bytes, or a write its version counter saw (NOTE [ writes no version counter sees ]).
+                self._at_end[id(entry)] = (idx, fp, version_probe(hidden_out), hidden_out._version)
+            p.checks[idx] = p.checks.get(idx, 0.0) + time.perf_counter() - start
+        p.act[idx] = _nbytes(hidden_out)
+        if idx < self.n:
+            p.marks[("f", idx)] = self.timer.mark()
+
+    def forward_end(self, p: _RecordedPass, outputs: Any) -> None:
+        p.marks[("f", self.n)] = self.timer.mark()
+        p.ledger.forward_end(outputs, self.n)
+        if self.probe:
+            self._still_alive(p, self.n - 1, None)
+        p.current = None
+
+    def _still_alive(self, p: _RecordedPass, upto: int, stage: int | None) -> None:
+        """Note the storages of units 1..``upto`` that are still alive at the start of ``stage``
+        (``None``: when the forward returns, where they are held by the forward beyond it):
+        NOTE [ storages the forward keeps ]."""
+        ledger = p.ledger
+        for u in range(1, upto + 1):
+            for e in ledger.units.get(u, ()):
+                if e in ledger.held_by or not _held_beyond_probe(p, e):
+                    continue
+                if stage is None:
+                    ledger.held_by[e] = "forward"
+                else:
+                    p.alive_at[e] = stage
+
+    def forward_failed(self, p: _RecordedPass) -> None:
+        p.current = None
+
+    def backward_mark(self, p: _RecordedPass, idx: int) -> None:
+        if idx < self.n:
+            p.marks.setdefault(("g", idx), self.timer.mark())
+
+    def backward_end(self, p: _RecordedPass) -> None:
+        return None
+
+    def pack(self, p: _RecordedPass, t: torch.Tensor) -> Any:
+        start = time.perf_counter()
+        entry = p.ledger.pack(t, p.current)
+        kept = Kept(t, p.current)
+        checked = 0.0
+        if self.check_writes and entry is not None and 1 <= entry.unit <= self.n:
+            fp_start = time.perf_counter()
+            fp = _fingerprint(t)
+            if fp is not None:
+                self._prints[id(kept)] = (entry.unit, fp, id(entry))
+            checked = time.perf_counter() - fp_start
+            if p.current is not None:  # not the stage's own work: off its time on CPU
+                p.checks[p.current] = p.checks.get(p.current, 0.0) + checked
+        if self.probe and entry is not None:
+            # NOTE [ storages the forward keeps ]: autograd gets an alias, a tensor object of the
+            # probe's own over the same storage, so any other reference is the forward's.
+            kept.tensor = t.detach()
+            p.aliases.setdefault(entry, []).append(kept.tensor)
+        p.bookkeeping += time.perf_counter() - start - checked
+        return kept
+
+    def unpack(self, k: Any) -> Any:
+        # The check autograd skips under saved-tensor hooks (NOTE [ version discipline ]): a
+        # model that modifies a saved tensor in place is refused while profiling, as plain
+        # PyTorch would refuse its first backward.
+        if isinstance(k, Kept):
+            check_version(k, k.tensor._version, "while profiling (chainoffload_torch.profile)")
+            seen = self._prints.pop(id(k), None)
+            if seen is not None:
+                start = time.perf_counter()
+                self._compares.append((seen[0], seen[1], _fingerprint(k.tensor)))
+                end = self._at_end.pop(seen[2], None)
+                if end is not None and end[2]._version == end[3]:
+                    # No version counter of a_i moved since F_i ended: its bytes must not have.
+                    self._compares.append((end[0], end[1], _fingerprint(_storage_bytes(k.tensor))))
+                if k.stage is not None:
+                    self.bwd_checks[k.stage] = self.bwd_checks.get(k.stage, 0.0) + time.perf_counter() - start
+            return k.tensor
+        return k
+
+    def checked_writes(self) -> None:
+        """After a backward: note the units read back with other bytes than saved, and stop
+        checking (NOTE [ writes no version counter sees ])."""
+        for unit, then, now in self._compares:
+            if not torch.equal(then, now):
+                self.written.add(unit)
+        self._compares.clear()
+        self._prints.clear()
+        self._at_end.clear()
+        self.check_writes = False
+
+
+def _storage_bytes(t: torch.Tensor) -> torch.Tensor:
+    """A flat uint8 tensor over the whole storage of ``t``."""
+    return torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage())
+
+
+def _fingerprint(t: torch.Tensor) -> torch.Tensor | None:
+    """Two integer sums over the bit patterns of ``t`` (all of them, and by rows of 64 weighted
+    by position), on its device: what a write of its bytes changes but for a vanishing chance.
+    ``None`` for a tensor whose bytes cannot be read so (not strided, an odd element size)."""
+    if t.numel() == 0 or t.layout != torch.strided:
+        return None
+    try:
+        # The stored bytes as they are: a plain tensor over them (no lazy conj / neg bit).
+        x = torch.empty(0, dtype=t.dtype, device=t.device).set_(t.untyped_storage(), t.storage_offset(), t.size(), t.stride())
+        if x.is_complex():
+            x = torch.view_as_real(x)
+        dt = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[x.element_size()]
+        try:
+            v = x.view(dt)
+        except RuntimeError:
+            v = x.contiguous().view(dt)
+        v = v.reshape(-1)
+    except (RuntimeError, KeyError):
+        return None
+    rows = v.numel() // 64
+    whole = v.sum(dtype=torch.int64)
+    if not rows:
+        return whole.reshape(1)
+    weights = torch.arange(1, rows + 1, device=v.device, dtype=torch.int64)
+    by_row = (v[: rows * 64].view(rows, 64).sum(1, dtype=torch.int64) * weights).sum()
+    return torch.stack([whole, by_row])
+
+
+def _backward_roots(out: Any) -> tuple[list[torch.Tensor], list[torch.Tensor | None]]:
+    """What a profiling step backpropagates: the output's ``loss`` if it has one, else every
+    output tensor that requires grad (with a gradient of ones; the values do not change the work)."""
+    loss = out.get("loss") if isinstance(out, Mapping) else getattr(out, "loss", None)
+    if isinstance(loss, torch.Tensor) and loss.requires_grad:
+        return [loss], [None if loss.numel() == 1 else torch.ones_like(loss)]
+    roots = [t for t in tensors_in(out) if t.requires_grad]
+    if not roots:
+        raise ValueError("sample: the model's output has no tensor that requires grad, so a training step has no backward")
+    return roots, [torch.ones_like(t) for t in roots]
+
+
+def _times(timer: Timer, marks: dict, n: int) -> tuple[list[float], list[float]]:
+    """Per-stage forward and backward seconds of one pass (NOTE [ what the profiler measures ])."""
+    ends = [marks["start"]] + [marks[("f", i)] for i in range(1, n + 1)]
+    fwd = [timer.seconds(ends[i - 1][0], ends[i][0]) for i in range(1, n + 1)]
+    if "bwd_start" not in marks:
+        return fwd, []
+    end = marks["bwd_end"]
+    # b[i]: when g_i is complete (B_i starts); b[n] the backward's start, b[0] its end. No mark
+    # for g_i (a_i needs no gradient): B_1..B_i have nothing to do, their time is 0.
+    b = [end] + [marks.get(("g", i), end) for i in range(1, n)] + [marks["bwd_start"]]
+    bwd = [timer.seconds(b[i][0], b[i - 1][0]) for i in range(1, n + 1)]
+    return fwd, bwd
+
+
+def _tmp(marks: dict, n: int, act: list[int]) -> tuple[list[int], list[int]]:
+    """CUDA: transient bytes of each F_i and B_i from the allocator marks."""
+    f_marks = [marks["start"]] + [marks[("f", i)] for i in range(1, n + 1)]
+    fwd_tmp = [max(0, f_marks[i][2] - f_marks[i][1]) for i in range(1, n + 1)]
+    end = marks["bwd_end"]
+    b = [end] + [marks.get(("g", i), end) for i in range(1, n)] + [marks["bwd_start"]]
+    bwd_tmp = [max(0, b[i - 1][2] - b[i][1] - act[i - 1]) for i in range(1, n + 1)]
+    return fwd_tmp, bwd_tmp
+
+
+def _holder(by: str) -> str:
+    """The ``held_bytes`` key of a ledger's ``held_by`` value."""
+    return by if by in ("output", "forward") else "blocks"
+
+
+def _sizes(p: _RecordedPass, n: int) -> Sizes:
+    ledger = p.ledger
+    held, pinned, held_bytes, held_why = set(), {}, {"output": 0, "blocks": 0, "forward": 0}, {}
+    for i in range(1, n):
+        entries = ledger.units.get(i, [])
+        mine = [e for e in entries if e in ledger.held_by]
+        if not mine:
+            continue
+        out = ledger.output.get(i)
+        if out in ledger.held_by:
+            held.add(i)
+            held_why[i] = ledger.held_by[out]
+            continue
+        pinned[i] = tuple(k for k, e in enumerate(entries) if e in ledger.held_by)
+        for e in mine:
+            held_bytes[_holder(ledger.held_by[e])] += e.nbytes
+    # a_0 is the hidden input of the first stage alone: its size is also g_0's, which B_1 makes
+    # (docs/model.md). What the code before it saves besides it (a stem's activations) is
+    # resident outside the chain, never in act[0], where it would be counted again as g_0.
+    prefix_unit = ledger.unit_bytes(0)
+    a0 = p.a0_entry
+    prefix_bytes = prefix_unit - (a0.nbytes if a0 is not None and a0.unit == 0 else 0)
+    act = [p.act.get(0, 0)] + [p.act.get(i, 0) for i in range(1, n + 1)]
+    unmovable = {i: ", ".join(sorted(kinds)) for i, kinds in ledger.unmovable.items() if 1 <= i <= n}
+
+    def kept(i: int) -> list:
+        return [e for k, e in enumerate(ledger.units.get(i, ())) if k not in pinned.get(i, ())]
+
+    # What cannot move still takes memory in its unit (counted where PyTorch tells its bytes).
+    owned = tuple(sum(e.nbytes for e in kept(i)) + sum(ledger.unmovable.get(i, {}).values()) for i in range(1, n + 1))
+    aliased = set(ledger.aliased)
+    saved = []
+    for i, own in enumerate(owned, start=1):
+        if own < act[i]:
+            aliased.add(i)  # its output is not a storage it owns: moving it would not move act[i]
+        saved.append(max(own, act[i]))
+    storages = tuple(tuple(e.nbytes for e in kept(i)) for i in range(1, n + 1))
+    late, late_tmp = _late(p, n, held | aliased | set(unmovable))
+    return Sizes(
+        tuple(act),
+        tuple(saved),
+        owned,
+        frozenset(aliased),
+        frozenset(held),
+        storages,
+        unmovable,
+        pinned,
+        {k: v for k, v in held_bytes.items() if v},
+        prefix_unit,
+        prefix_bytes,
+        held_why,
+        ledger.output_only,
+        late,
+        late_tmp,
+    )
+
+
+def _late(p: _RecordedPass, n: int, resident: set[int]) -> tuple[dict[int, tuple[tuple[int, int], ...]], tuple[int, ...]]:
+    """The storages released late by the forward's own code, per unit, and the bytes each
+    stage's ``fwd_tmp`` gets for them (NOTE [ late release ])."""
+    ledger = p.ledger
+    late: dict[int, list[tuple[int, int]]] = {}
+    tmp = [0] * n
+    for (u, k), r in sorted(p.late.items()):
+        entries = ledger.units.get(u, ())
+        # A unit that stays resident whole counts the storage in saved[u] until B_u already; one
+        # pinned or held by a later block or the output is resident outside the chain.
+        if not 1 <= u < n or k >= len(entries) or u in resident or entries[k] in ledger.held_by:
+            continue
+        r = min(r, n)
+        if r < u + 2:
+            continue
+        late.setdefault(u, []).append((k, r))
+        for j in range(u + 2, r + 1):
+            tmp[j - 1] += entries[k].nbytes
+    return {u: tuple(v) for u, v in late.items()}, tuple(tmp)
+
+
+def _measure(
+    instrument: Instrument,
+    root: nn.Module,
+    args: tuple,
+    kwargs: dict,
+    device: torch.device,
+    repeats: int | None,
+    warmup: int | None,
+    timed: bool = True,
+    *,
+    nosave: bool = True,
+    split_prefix: bool = False,
+    reference: float | None = None,
+) -> tuple[Sizes, dict[str, list]]:
+    """Run profiling steps through ``instrument`` (its listener swapped for a recorder).
+
+    ``repeats=None``: as many steps as the timings need (NOTE [ how many profiling steps ]),
+    ``reference`` the seconds of a forward with autograd just before (the discovery's, NOTE
+    [ discovery as the warm-up ]; ``None``: the probe's forward is one and takes no backward);
+    ``nosave``: also time a forward without autograd after each step (``fwd_nosave``);
+    ``split_prefix``: make the code before the first block a stage when it pays, decided
+    from the probe (NOTE [ the prefix as a stage ]; ``instrument.blocks`` is replaced).
+    """
+    before = instrument.listener
+    runs: dict[str, list] = {"fwd": [], "bwd": [], "nosave": [], "fwd_tmp": [], "bwd_tmp": []}
+    sizes, rec, kept, written = None, None, [], set()
+    try:
+        with training_state([root]), torch.enable_grad():
+            n = instrument.blocks.stages
+            rec = instrument.listener = _Recorder(n, device, (root,))
+            probed = None  # what the probe found on this layout, once it ran
+            steps: list[dict[str, list]] = []
+            limit = (warmup + repeats) if repeats is not None else AUTO_MAX_STEPS
+            while True:
+                rec.probe = probed is None  # the first pass on a layout is the probe
+                out = root(*args, **kwargs)
+                p = rec.current
+                rec.current = None
+                if rec.probe:
+                    probed = _probed(p)
+                    if split_prefix and not instrument.blocks.prefix and prefix_pays(_sizes(p, n)):
+                        # NOTE [ the prefix as a stage ]: the probe's sizes decide, before its
+                        # backward; the next pass probes the new layout (what the forward keeps
+                        # is found per unit).
+                        del out, p
+                        instrument.blocks = dataclasses.replace(instrument.blocks, prefix=True)
+                        n = instrument.blocks.stages
+                        rec = instrument.listener = _Recorder(n, device, (root,))
+                        probed = None
+                        continue
+                    if reference is None and timed and repeats is None:
+                        # Nothing warmed up this forward: it is the reference, without a backward.
+                        rec.timer.sync()
+                        reference = sum(_forward_times(rec.timer, p, n)) - p.bookkeeping
+                        del out, p
+                        rec._prints.clear()  # no backward reads them (their ids may come back)
+                        rec._at_end.clear()
+                        continue
+                else:
+                    _apply_probe(p, probed)
+                # The last step's: a first call may make what the model then caches (and so holds).
+                sizes = _sizes(p, n)
+                if not timed:
+                    break
+                roots, grads = _backward_roots(out)
+                p.marks["bwd_start"] = rec.timer.mark()
+                torch.autograd.backward(roots, grads)
+                p.marks["bwd_end"] = rec.timer.mark()
+                rec.timer.sync()
+                if rec.check_writes:
+                    rec.checked_writes()
+                    written = rec.written
+                del out, roots, grads
+                fwd, bwd = _forward_times(rec.timer, p, n), _times(rec.timer, p.marks, n)[1]
+                if rec.bwd_checks and not rec.timer.cuda:
+                    bwd = [max(0.0, b - rec.bwd_checks.get(i, 0.0)) for i, b in enumerate(bwd, start=1)]
+                rec.bwd_checks.clear()
+                step = {"fwd": fwd, "bwd": bwd, "bookkeeping": p.bookkeeping}
+                if rec.timer.cuda:
+                    step["fwd_tmp"], step["bwd_tmp"] = _tmp(p.marks, n, list(sizes.act))
+                if nosave:
+                    with torch.no_grad():
+                        root(*args, **kwargs)
+                    rec.timer.sync()
+                    step["nosave"] = _times(rec.timer, rec.current.marks, n)[0]
+                    rec.current = None
+                steps.append(step)
+                del p  # before the next forward (NOTE [ how many profiling steps ])
+                kept = _kept_steps(steps, reference, warmup, repeats)
+                if kept is not None or len(steps) == limit:
+                    break
+            if timed:
+                for step in steps:  # transients: the most any step saw, warm-up included
+                    for field in ("fwd_tmp", "bwd_tmp"):
+                        if field in step:
+                            runs[field].append(step[field])
+                for step in kept:
+                    for field in ("fwd", "bwd", "nosave"):
+                        if field in step:
+                            runs[field].append(step[field])
+    finally:
+        instrument.listener = before
+        if rec is not None:
+            rec.current = None
+    if written and sizes is not None:
+        # NOTE [ writes no version counter sees ]: those units stay resident.
+        unmovable = dict(sizes.unmovable)
+        for u in sorted(written):
+            unmovable[u] = ", ".join(x for x in (unmovable.get(u), WRITTEN) if x)
+        sizes = dataclasses.replace(sizes, unmovable=unmovable)
+    return sizes, runs
+
+
+#: What Sizes.unmovable says of a unit the backward read back with other bytes than it saved.
+WRITTEN = "tensor written after it was saved, where no version counter sees it (through .data)"
+
+
+# NOTE [ writes no version counter sees ]
+# PyTorch checks at unpack that a saved tensor was not modified in place since it was saved (its
+# version counter), and the executor does the same for what it moves (NOTE [ version discipline ]
+# in _saved.py). A write through .data (h = block(h); h.data.mul_(0.9) in the parent's forward)
+# or through a tensor made with set_() or from a storage goes around that counter: plain PyTorch
+# trains on the written bytes, deterministically, while an offloaded unit's host copy may have
+# been taken before the write, and the backward would read the stale bytes (gradients off by up
+# to 1.9e-3 at memory 0.6, silently). The profile finds such writes: until one of its steps has
+# run a backward, the recorder takes a fingerprint of every tensor a unit owns when it is saved
+# (two integer sums of its bit patterns, on its device, no copy) and again when the backward
+# reads it; the two are compared after the backward (one sync). A unit read back with other
+# bytes is kept resident (Sizes.unmovable, shown in the table), where the backward reads what
+# plain training reads. What it cannot see: a write that happens only in some steps (drawn at
+# random, or after the profiled ones); a model that writes through .data in its forward only now
+# and then must keep those blocks resident with keep=. The fingerprints cost one read of what
+# the step saves, twice, in one profiling step.
+
+
+def _forward_times(timer: Timer, p: _RecordedPass, n: int) -> list[float]:
+    """Per-stage forward seconds of a pass, less a probe's own checks where the clock is the
+    host's (on a GPU the device's clock runs on while the host checks)."""
+    fwd = _times(timer, p.marks, n)[0]
+    if timer.cuda or not p.checks:
+        return fwd
+    return [max(0.0, f - p.checks.get(i, 0.0)) for i, f in enumerate(fwd, start=1)]
+
+
+#: The adaptive profile (``repeats=None``): the most steps it takes, and how close two
+#: forwards (and backwards) must be for the timings to count as settled
+#: (NOTE [ how many profiling steps ]).
+AUTO_MAX_STEPS = 4
+AUTO_TOLERANCE = 0.25
+
+
+def _close(a: float, b: float) -> bool:
+    return abs(a - b) <= AUTO_TOLERANCE * max(a, b)
+
+
+def _kept_steps(steps: list[dict[str, list]], reference: float | None, warmup: int | None, repeats: int | None) -> list | None:
+    """The steps whose timings count, once enough are taken; ``None`` while more are needed."""
+    k = len(steps)
+    if repeats is not None:
+        return steps[warmup:] if k == warmup + repeats else None
+    fwd, bwd = sum(steps[-1]["fwd"]), sum(steps[-1]["bwd"])
+    own = fwd - steps[-1].get("bookkeeping", 0.0)  # the model's forward, as the reference's
+    # One-sided: the reference forward runs the same ops and more (discovery's hooks, the
+    # probe's checks), so a step faster than it says nothing against the step; only a slower
+    # one looks cold. A later step as fast counts alone too, unless its backward is slower
+    # than the one before.
+    warm = reference is not None and own <= (1 + AUTO_TOLERANCE) * reference
+    if warm and (k == 1 or bwd <= (1 + AUTO_TOLERANCE) * sum(steps[-2]["bwd"])):
+        return steps[-1:]
+    if k == 1:
+        return None
+    if _close(fwd, sum(steps[-2]["fwd"])) and _close(bwd, sum(steps[-2]["bwd"])):
+        return steps[-2:]
+    return steps[1:] if k == AUTO_MAX_STEPS else None
+
+
+# NOTE [ how many profiling steps ]
+# offload() should cost about two training steps of the model it profiles (issue 22 measured
+# about six: a warm-up step and three timed ones, each followed by a forward without autograd,
+# and the whole again when the stem became a stage). What a plan needs from the steps:
+# * Sizes: one forward with autograd; they do not vary from step to step (the last step's are
+#   kept, as a first call may make what the model then caches).
+# * Times: per stage, to a precision that matters to the solver (when a transfer hides behind
+#   compute), and not inflated by one-time costs (lazy initialisation, the first call of a
+#   kernel, the allocator growing its pools).
+# * fwd_nosave: only a rematerializing method reads it, and the executor runs pure offloading:
+#   offload() and budget_curve() skip that forward (nosave=False); profile() keeps it.
+# A reference forward before the first step warms up the forward: block discovery's, run with
+# autograd as a step's forward runs (NOTE [ discovery as the warm-up ]), and timed. So with
+# repeats=None the first step's timings count at once when its forward took at most
+# AUTO_TOLERANCE (25 %) longer than the reference (which runs the same ops and discovery's hooks
+# besides, so a faster step is no warning): then the process is warm, and one step is the
+# profile. Otherwise steps are taken until one is that close to the reference with a backward
+# no slower than the step before's (it counts alone), or two in a row agree, forward and
+# backward, within that tolerance (those two count), or AUTO_MAX_STEPS are taken (all but the
+# first count, as warmup=1 would). The reference first because two cold steps can agree with
+# each other: a CPU process whose heap reaches a new peak pays page faults for a step or two
+# (a 21 M GPT-2 of width 256: its last stages' forwards 4x slower), and keeping both would
+# inflate the profile. The reference forward holds what autograd saves, so it peaks where a
+# step's forward does and pays those faults itself (0.8 of a step for that GPT-2 instead of
+# 0.45); the reference is then lenient by as much on CPU, the price of a first step that needs
+# no second. A profile with no forward just before it (a new shape's plan) takes the probe's
+# forward as its reference and runs no backward after it, one forward more.
+# The first step is the probe (NOTE [ storages the forward keeps ]): its checks run at stage
+# starts, inside the stages' forwards, and on CPU their seconds are taken off those stages'
+# times (on a GPU the host checks while the device runs). A step is compared with the
+# reference less the seconds its forward spent in the recorder's bookkeeping (the ledger, per
+# saved tensor), which the reference does not run: 24-33 % of the forward of the tiny models of
+# benchmarks/offload_time.py on CPU (forwards of 5-25 ms), which made each first step look cold
+# and take a second; under 2 % for the 6.9 M GPT-2 there.
+# Each step's pass (its ledger) is let go of before the next step's forward: kept through it,
+# the 21 M GPT-2's second step peaked 650 MB above a plain step, with 180,000 page faults and
+# its forward 2.5 s instead of 1.1 s. The ledger holds no storage alive then (every weak
+# reference in it has expired), so the heap's layout, not live data, is the likely cause.
+# The cost: a model already warm (offload() after a few plain steps, or a forward-heavy first
+# call that settles at once) pays discovery's forward and one step; a cold or noisy one pays up
+# to four steps, as before. What it gives up: the backward of a one-step profile is a single
+# sample, unchecked (no earlier backward to compare it with); a backward with a one-time cost
+# that the forward did not have shows up in bwd[i] of the stages it hit. Pass repeats= (and
+# warmup=) for the median of a fixed number of steps.
+#
+# The prefix's layout is decided from the probe's sizes (the same ledger on the same forward,
+# NOTE [ the prefix as a stage ]) after its forward, before its backward, so a model whose stem
+# pays is measured once, with one more forward on the first layout, instead of twice.
+# tests/test_torch_profile_cost.py holds both the count of model calls and the sizes against
+# the layout decided after a full step.
+#
+# NOTE [ discovery as the warm-up ]
+# find_blocks traces one forward to find the blocks; offload() and profile() run it with
+# autograd, as a training step's forward runs, and time it, so it is also the warm-up and the
+# reference above. Without autograd it cost 0.43 of a step of the 21 M GPT-2, and the separate
+# probe forward after it another 0.78 (the faults of a heap growing to a step's peak); now the
+# discovery pays the faults, the probe is the first step, and the forward it saves is the one
+# in between. Discovery's model call is the same but for autograd: its trace sees the same
+# calls (the model's code rarely branches on torch.is_grad_enabled(), and where it does the
+# training step takes the branch this forward takes). The public find_blocks keeps its forward
+# without autograd.
+
+
+def _held_beyond_probe(p: _RecordedPass, e: Any) -> bool:
+    """Whether something other than the probe's own aliases (and autograd's records of them)
+    holds ``e``'s storage."""
+    aliases = p.aliases.get(e)
+    if not aliases:
+        return not e.ref.expired()
+    st = aliases[0].untyped_storage()
+    # One reference per tensor over the storage, and one for ``st`` itself.
+    return torch._C._storage_Use_Count(st._cdata) > len(aliases) + 1
+
+
+def _probed(p: _RecordedPass) -> tuple[set[tuple[int, int]], dict[tuple[int, int], int]]:
+    """What a probe pass found the forward keeps alive by itself (NOTE [ storages the forward
+    keeps ]), by (unit, ordinal): those it still holds when it returns, and those it lets go of
+    earlier, each with the stage r during whose forward it does (NOTE [ late release ]); set as
+    the pass's own late releases. The pass's aliases are let go of: autograd's records hold
+    them, and the backward frees each as a plain one would."""
+    held, late = set(), {}
+    for u, entries in p.ledger.units.items():
+        for k, e in enumerate(entries):
+            if p.ledger.held_by.get(e) == "forward":
+                held.add((u, k))
+            elif e in p.alive_at and e not in p.ledger.held_by:
+                late[(u, k)] = p.alive_at[e]
+    p.late = dict(late)
+    p.aliases.clear()
+    return held, late
+
+
+def _apply_probe(p: _RecordedPass, probed: tuple[set[tuple[int, int]], dict[tuple[int, int], int]]) -> None:
+    """Mark in a measured pass's ledger what the probe found, by (unit, ordinal)."""
+    held, late = probed
+    for u, k in held:
+        entries = p.ledger.units.get(u, ())
+        if k < len(entries):
+            p.ledger.held_by.setdefault(entries[k], "forward")
+    p.late = dict(late)
+
+
+# NOTE [ storages the forward keeps ]
+# Offloading unit i frees its storages once autograd's references are the executor's handles,
+# at the end of F_{i+1} or later (docs/model.md's release point). A reference the forward's own
+# code keeps defers that: a U-Net's down blocks append their outputs to a Python list in the
+# parent's forward and its up path reads them later, a CNN stage's forward(input) holds its input
+# until its last block returns, a custom autograd Function keeps a tensor as a ctx attribute.
+# The ledger sees only what autograd saves and what blocks receive, so the first pass on a
+# layout is a probe: its pack hook gives autograd an alias of each saved tensor (a detached
+# tensor object of its own over the same storage) and keeps a list of them, and at the start of
+# every stage from i+2 on and when the forward returns it looks which storages of unit i have
+# references beyond those aliases: held by something other than autograd and the executor.
+# Autograd holds the aliases as it would the saved tensors, so the probe peaks where a step does
+# and is a step itself: its list is dropped when the forward returns and its backward frees
+# each alias as a plain one would. (An earlier probe gave autograd nothing to hold and let the
+# storages die as it went: on CPU glibc handed that memory back to the system and the first step
+# after it paid it again in page faults, a 21 M GPT-2 of width 256: 110,000-130,000 faults,
+# its forward 1.4-1.9 s against 1.0 s, a second profiling step.)
+# A unit's own output is alive at the start of the next stage (its hidden input), which is why
+# the check waits one stage. Two cases, by (unit, ordinal), as the pinned storages of
+# NOTE [ units held elsewhere ]:
+# * Alive when the forward returns (a module attribute, a cache, the output): held by "forward"
+#   beyond the forward. A unit whose output is so held stays resident whole; the others' storages
+#   stay resident outside the chain and the rest moves; offload() names the blocks.
+# * Let go of before that, during F_r (the last stage at whose start it was alive): it moves
+#   with its unit, and the chain counts it where the executor cannot free it (NOTE [ late release ]).
+#
+# NOTE [ late release ]
+# A storage s of unit i that the forward's own code holds until F_r (r >= i+2) and no later
+# stage saves (one that is saved again, B_j reads beyond B_i: held, UnitLedger.pack) is offloaded
+# with its unit like any other: the executor copies it, drops its own reference at its release
+# point, and the forward's reference frees it during F_r; the prefetch brings it back before
+# B_{i+1}, as for the rest of the unit. docs/model.md frees the original at max(end of O_i, end
+# of F_{i+1}); s lives on until the end of F_r. The chain says so without a new rule: s's bytes
+# are added to fwd_tmp[j] for every stage j in i+2..r (Sizes.late_tmp), which F_j allocates at
+# its start and frees at its end. That is exact when unit i is offloaded and its original is
+# released by the end of F_{i+1}; when O_i ends later (s counted twice until then), or unit i
+# stays resident (s in saved[i] as well), it is above the truth by s, never below. j = i+1 needs
+# nothing: unit i is resident in the chain until F_{i+1} ends whatever the schedule. Before this
+# rule such a unit stayed resident whole (its output held) or s was pinned resident for the
+# whole step: HF ResNet's stem and stage inputs kept its least memory at 75 % of the keep-all
+# peak, a U-Net's skips at 97 %. An in-place change of s after its offload was queued and before
+# its release, followed by a save, is copied again (NOTE [ version discipline ] in _saved.py);
+# a change after its release with no later save is never read back by autograd (a saved s would
+# fail autograd's own version check, as without offloading).
+
+
+def _median(values: list[float]) -> float:
+    return float(statistics.median(values)) if values else 0.0
+
+
+def _median_rows(values: list[list[float]], n: int) -> list[float]:
+    return [_median([v[i] for v in values]) for i in range(n)]
+
+
+def _max(values: list[list[int]], n: int) -> list[int]:
+    return [int(max(v[i] for v in values)) if values else 0 for i in range(n)]
+
+
+def _check_counts(repeats: Any, warmup: Any) -> None:
+    for fname, v, least in (("repeats", repeats, 1), ("warmup", warmup, 0)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < least):
+            raise ValueError(f"{fname}: {v!r} must be None or an integer >= {least}")
+
+
+def profiling_steps(repeats: int | None, warmup: int | None, default_repeats: int) -> tuple[int | None, int | None]:
+    """``(repeats, warmup)`` as :func:`_measure` takes them: both ``None`` is the adaptive
+    profile (NOTE [ how many profiling steps ]); one given, the other takes its fixed default
+    (``default_repeats`` timed steps, 1 warm-up step), as before the adaptive profile."""
+    _check_counts(repeats, warmup)
+    if repeats is None and warmup is None:
+        return None, None
+    return (default_repeats if repeats is None else repeats), (1 if warmup is None else warmup)
+
+
+def prefix_pays(sizes: Sizes) -> bool:
+    """Whether the code before the first block should be a stage of its own
+    (NOTE [ the prefix as a stage ]): it keeps at least as much as the smallest block the
+    solver may move."""
+    if not sizes.prefix_unit:
+        return False
+    movable = [s for i, s in enumerate(sizes.saved[:-1], start=1) if i not in sizes.resident]
+    return bool(movable) and sizes.prefix_unit >= min(movable)
+
+
+def measure_chain(
+    instrument: Instrument,
+    root: nn.Module,
+    args: tuple,
+    kwargs: dict,
+    device: torch.device,
+    *,
+    repeats: int | None,
+    warmup: int | None,
+    name: str,
+    nosave: bool = True,
+    split_prefix: bool = False,
+    reference: float | None = None,
+) -> tuple[co.Chain, Sizes]:
+    """The chain and sizes of one call, measured through an installed ``instrument``.
+
+    ``repeats``, ``warmup``: a fixed number of steps, or both ``None`` for as many as the
+    timings need (NOTE [ how many profiling steps ]). ``nosave``: measure ``fwd_nosave`` (one
+    forward without autograd per step; else the chain has none, which means ``fwd``).
+    ``split_prefix``: the code before the first block may become stage 1
+    (NOTE [ the prefix as a stage ]), in which case ``instrument.blocks`` is replaced.
+    ``reference``: the seconds of a forward with autograd run just before, the block
+    discovery's (NOTE [ discovery as the warm-up ]), if there was one.
+    """
+    sizes, runs = _measure(
+        instrument, root, args, kwargs, device, repeats, warmup, nosave=nosave, split_prefix=split_prefix,
+        reference=reference,
+    )
+    n = instrument.blocks.stages
+    chain = chain_of(
+        sizes, _median_rows(runs["fwd"], n), _median_rows(runs["bwd"], n), _max(runs["fwd_tmp"], n), _max(runs["bwd_tmp"], n),
+        _median_rows(runs["nosave"], n) if nosave else None, name,
+    )
+    return chain, sizes
+
+
+def chain_of(
+    sizes: Sizes, fwd: list[float], bwd: list[float], fwd_tmp: list[int], bwd_tmp: list[int], nosave: list[float] | None, name: str
+) -> co.Chain:
+    """The chain of measured ``sizes`` and per-stage times and transients (as the allocator saw
+    them), with what the adapter adds: the output's own storages and the late releases."""
+    n = len(sizes.saved)
+    # NOTE [ the output's own storages ]
+    saved = list(sizes.saved)
+    saved[-1] += sizes.output_bytes
+    bwd_tmp = [b + sizes.output_bytes if i < n else b for i, b in enumerate(bwd_tmp, start=1)]
+    # NOTE [ late release ]
+    fwd_tmp = [f + (sizes.late_tmp[i] if sizes.late_tmp else 0) for i, f in enumerate(fwd_tmp)]
+    return co.Chain(fwd, bwd, list(sizes.act), saved, fwd_tmp, bwd_tmp, nosave, name=name)
+
+
+def measure_call_sizes(instrument: Instrument, root: nn.Module, args: tuple, kwargs: dict, device: torch.device) -> Sizes:
+    """The sizes of one call, from one forward with autograd and no backward through an
+    installed ``instrument`` (the model's state restored after): what a plan reused for another
+    shape is checked with (NOTE [ one plan for many shapes ] in api.py)."""
+    sizes, _ = _measure(instrument, root, args, kwargs, device, 1, 0, timed=False)
+    return sizes
+
+
+# NOTE [ the output's own storages ]
+# What the model returns is held by the caller from the end of the forward, and a training loop
+# that keeps it (``out = model(x); loss_fn(out, y).backward()``, or ``out.loss.backward()``)
+# holds it through the whole backward. The storages of the output that some unit owns are that
+# unit's (held: NOTE [ units held elsewhere ]); the others, such as a language model's logits
+# (the head's result, which the loss reads but autograd does not save), are no unit's, and an
+# H200 showed GPT-2 small's step 1.56 GiB (its logits) above the simulation from F_L to the
+# backward's start. They are counted where they live: in unit L (from the end of F_L, kept
+# resident, to the end of B_L) and in the transient of every B_i before it. A loop that drops
+# the output before its backward (``model(**batch).loss.backward()``) peaks below the
+# prediction in the backward by their size: the safe side.
+
+
+# NOTE [ what the profiler measures ]
+# Everything comes from whole steps of the real model, through the instrument the executor
+# uses, so a stage's boundaries in the profile are the ones the executor fires at. Sizes come
+# from one forward (who owns a storage depends on its neighbours: stage i saving its input
+# a_{i-1} adds nothing to unit i). Times come from the same steps: F_i runs from the end of
+# F_{i-1} (the start of the forward for i = 1) to the end of block i (the end of the model's
+# forward for i = L); B_L from the start of the backward to the moment g_{L-1} is complete,
+# B_i from g_i to g_{i-1}, B_1 to the end of the backward. A profiling step backpropagates the
+# output's loss when it has one, else every output that requires grad with a gradient of ones.
+# One step without autograd per repeat gives fwd_nosave (when asked: NOTE [ how many profiling
+# steps ]). The model's buffers, gradients and
+# RNG are restored after, with everything else a pass can change (training_state: NOTE
+# [ profiling leaves no trace ] in _state.py), so profiling leaves no trace in training.
+#
+# NOTE [ prefix and suffix ]
+# The chain is the blocks; a model has code before the first block (embeddings, a ResNet's
+# stem) and after the last (final norm, head, loss). The suffix's time is counted in stage L and
+# the storages it saves in unit L, which the adapter keeps resident. The prefix is one of two
+# things:
+# * Not a stage (the default): its time is counted in stage 1, a_0 is the first block's hidden
+#   input alone (act[0], which is also g_0's size), and the other storages the prefix saves
+#   (Sizes.prefix_bytes) stay resident for the whole step outside the chain (NOTE [ resident
+#   outside the chain ] in plans.py): counted once, never as g_0 again.
+# * Stage 1 of its own, when what it keeps (its unit: those storages and its output, when it
+#   owns it) is at least the smallest unit the solver may move (prefix_pays): a ResNet's stem.
+#   It then moves like any unit, a_0 is the forward's hidden input (none: 0 bytes, the model's
+#   arguments being the caller's, as they are for every chain of the adapter) and g_0 nothing.
+#   Whether it pays is read from the probe's sizes after its forward, before its backward; the
+#   next pass probes the new layout and the steps are measured once (NOTE [ how many profiling
+#   steps ], NOTE [ the prefix as a stage ] in _instrument.py).
+# Below that size a stage would only renumber the units (keep= and the tables count blocks from
+# 1) to move a few KiB of embeddings.
