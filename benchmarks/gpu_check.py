@@ -9,6 +9,12 @@ least at which offloading fits, and halfway between), with plain training and
 * ``resnet50`` (torchvision's ResNet-50 layout, batch 64 at 224 px) and ``gpt2`` (Hugging Face
   GPT-2 small: 12 layers, d 768, batch 8 x 1024 tokens): real models offloaded in place with the
   one-liner ``ct.offload(model, batch, memory=...)``, trained as their documentation shows.
+  These two are also run at the memory that checkpointing every block holds (the simulated
+  peak of the core's ``checkpoint-all`` schedule on the model's profile, plus what stays
+  resident outside the chain), side by side: checkpointing every block (GPT-2's
+  ``gradient_checkpointing_enable()``, non-reentrant; ``torch.utils.checkpoint`` around every
+  block of the ResNet), and ``ct.offload`` with ``method=`` ``"rotor"`` (recomputation),
+  ``"joint"`` (recomputation and offloading) and ``"offload-all"`` (torchtune's policy).
 
 One Markdown table: measured step time against the simulated makespan, measured peak
 (``max_memory_allocated`` during the step, as the executor reports it) against the predicted
@@ -55,10 +61,15 @@ from torch import nn  # noqa: E402
 import chainoffload as co  # noqa: E402
 import chainoffload_torch as ct  # noqa: E402
 from chainoffload.planner import plan_transfers  # noqa: E402
+from chainoffload.tradeoff import policy_peak  # noqa: E402
 from chainoffload.units import format_bytes  # noqa: E402
 from torch_models import ResNet, gpt2, gpt_like, resnet_like  # noqa: E402
 
 STEP_TARGET = 1.05
+#: The label of the rows at the memory checkpointing every block holds.
+AT_CK = "at checkpointing's memory"
+#: The methods run there with ct.offload(method=...), beside checkpointing every block.
+AT_CK_METHODS = ("rotor", "joint", "offload-all")
 PEAK_TARGET = 0.02
 WORKLOADS = ("resnet-like", "gpt-like", "resnet50", "gpt2")
 
@@ -205,6 +216,8 @@ def check(w: Workload, device: torch.device, steps: int, warmup: int, repeats: i
     t_soc, peak_soc = run_steps(soc, device, steps, warmup, a0_before)
     rows.append(_row(w.name, "save_on_cpu", None, None, t_soc, None, peak_soc, max_diff(grads_of(w.model), plain_grads), None))
 
+    if w.in_place:
+        rows += at_checkpointing_memory(w, device, steps, warmup, repeats, prof, plain_grads)
     for memory in limits(prof):
         try:
             if w.in_place:
@@ -235,6 +248,70 @@ def check(w: Workload, device: torch.device, steps: int, warmup: int, repeats: i
                     handle.offloaded_bytes,
                 )
             )
+        finally:
+            handle.remove()
+    return rows
+
+
+def checkpoint_every_block(model: nn.Module, blocks: list[nn.Module]) -> object:
+    """Checkpoint every block of ``model``: Hugging Face's ``gradient_checkpointing_enable()``
+    (non-reentrant) where the model has it, else ``torch.utils.checkpoint`` (non-reentrant)
+    around each of ``blocks``. Returns a function that undoes it."""
+    if hasattr(model, "gradient_checkpointing_enable"):
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        return model.gradient_checkpointing_disable
+    from torch.utils.checkpoint import checkpoint
+
+    def wrap(block: nn.Module) -> None:
+        forward = block.forward
+        block.forward = lambda *a, **k: checkpoint(forward, *a, use_reentrant=False, **k)
+
+    for block in blocks:
+        wrap(block)
+
+    def undo() -> None:
+        for block in blocks:
+            del block.forward  # the instance attribute: the class's forward again
+
+    return undo
+
+
+def at_checkpointing_memory(
+    w: Workload, device: torch.device, steps: int, warmup: int, repeats: int, prof: ct.Profile, plain_grads: list[torch.Tensor],
+) -> list[dict]:
+    """Rows at the memory that checkpointing every block holds: checkpointing itself, then
+    ``ct.offload`` with each method of :data:`AT_CK_METHODS` there."""
+    chain = prof.chain
+    resident = prof.sizes.resident_bytes
+    ck_peak = policy_peak(chain, "checkpoint-all")
+    memory = ck_peak + resident
+    ck = co.solve(chain, prof.platform.with_memory(ck_peak), "checkpoint-all")
+    modules = list(prof.blocks.modules)
+    undo = checkpoint_every_block(w.model, modules)
+    try:
+        t_ck, peak_ck = run_steps(w, device, steps, warmup, 0)
+    finally:
+        undo()
+    how = "gradient_checkpointing_enable()" if hasattr(w.model, "gradient_checkpointing_enable") else "torch.utils.checkpoint per block"
+    rows = [_row(w.name, f"{AT_CK}: {how}", None, ck.makespan, t_ck, memory, peak_ck, max_diff(grads_of(w.model), plain_grads), None)]
+    sample = w.batch[0] if isinstance(w.batch, tuple) else w.batch
+    for method in AT_CK_METHODS:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                handle = ct.offload(w.model, sample, memory=memory, method=method, platform=prof.platform, repeats=repeats)
+        except ValueError as exc:
+            rows.append({"workload": w.name, "run": f"{AT_CK}: {method} @ {format_bytes(memory)}", "note": str(exc).split("; least memory", 1)[0]})
+            continue
+        try:
+            t_off, _ = run_steps(w, device, steps, warmup, 0)
+            plan = handle.plan
+            recomputed = sum(r["decision"].startswith("recompute") for r in handle.decisions())
+            rows.append(_row(
+                w.name, f"{AT_CK}: {method} @ {format_bytes(memory)}, {recomputed} blocks recomputed", plan.offloaded_bytes,
+                plan.makespan, t_off, plan.predicted_peak, handle.measured_peak, max_diff(grads_of(w.model), plain_grads),
+                handle.offloaded_bytes,
+            ))
         finally:
             handle.remove()
     return rows

@@ -51,6 +51,10 @@ from torch_models import FAMILIES, ParentResidual, ResNet, UNet, UNetShapes, hf_
 RESULTS = Path(__file__).resolve().parent / "results"
 STEPS = 3
 FRACTION = 0.6
+#: The least memory offload() accepts is searched to within this share of it.
+BISECT_TOL = 0.005
+#: "Within 2 %": the least memory found against the proven floor for any schedule.
+FLOOR_TOL = 0.02
 LINE = "handle = ct.offload(model, batch, memory={fraction})"
 
 
@@ -109,6 +113,104 @@ def _build(name: str) -> tuple[nn.Module, object, object, object]:
     return model, batch, hf_step, batch
 
 
+def train(handle: object, model: nn.Module, ref: nn.Module, batch: object, step: object) -> tuple[bool, bool, int | None]:
+    """``STEPS`` AdamW steps of ``model`` (offloaded by ``handle``) beside ``ref``: whether losses,
+    gradients and weights are ``torch.equal`` at every step, whether the bytes moved were the
+    plan's at every step, and the allocator's peak of the last step (CUDA; ``None`` on CPU)."""
+    opts = [torch.optim.AdamW(m.parameters(), lr=1e-3) for m in (model, ref)]
+    equal, moved_is_plan, measured = True, True, None
+    for s in range(STEPS):
+        for opt in opts:
+            opt.zero_grad()
+        la, lb = step(model, batch, s), step(ref, batch, s)
+        grads = all((p.grad is None) == (q.grad is None) and (p.grad is None or torch.equal(p.grad, q.grad)) for p, q in zip(model.parameters(), ref.parameters()))
+        equal &= bool(torch.equal(la, lb)) and grads
+        moved_is_plan &= handle.offloaded_bytes == handle.plan.offloaded_bytes
+        measured = handle.last_step.measured_peak
+        for opt in opts:
+            opt.step()
+    equal &= all(torch.equal(p, q) for p, q in zip(model.parameters(), ref.parameters()))
+    return equal, moved_is_plan, measured
+
+
+def least_accepted(accepts: object, floor: int, top: int, tol: float = BISECT_TOL) -> int | None:
+    """The least memory in [``floor``, ``top``] bytes that ``accepts(bytes) -> bool`` takes, to
+    within ``tol`` of it (bisection; ``accepts`` is assumed monotone). ``floor`` is tried first,
+    then ``floor * (1 + FLOOR_TOL)``, so that a floor reached is found in one or two calls.
+    ``None`` when not even ``top`` is accepted."""
+    if floor < 1 or top < floor:
+        raise ValueError(f"floor, top: {floor}, {top} must satisfy 1 <= floor <= top")
+    if accepts(floor):
+        return floor
+    near = min(top, int(floor * (1 + FLOOR_TOL)))
+    lo, hi = floor, None
+    if accepts(near):
+        hi = near
+    elif near < top and accepts(top):
+        lo, hi = near, top
+    if hi is None:
+        return None
+    while hi - lo > max(1, tol * lo):
+        mid = (lo + hi) // 2
+        if accepts(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def recompute_columns(name: str, device: torch.device, keep_all: int, floor: int) -> dict:
+    """Issue 31's columns of row ``name``: the least memory ``offload()`` (every method it
+    carries out: best, rotor, joint) accepts, against ``floor`` (the proven floor for any
+    schedule, whole-step bytes), and training at 30 % of ``keep_all`` and at that least + 5 %."""
+    model, batch, step, sample = build(name, device)
+    chosen: dict[int, str] = {}
+
+    def accepts(memory: int) -> bool:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                handle = ct.offload(model, sample, memory=memory)
+            except ValueError as err:
+                if "no schedule fits" not in str(err):
+                    raise
+                return False
+        chosen[memory] = handle.plan.result.method
+        handle.remove()
+        return True
+
+    least = least_accepted(accepts, floor, keep_all)
+    out = {"floor": floor, "least_any": least, "least_method": chosen.get(least), "trained": {}}
+    for label, memory in (("30 %", int(0.3 * keep_all)), ("least + 5 %", None if least is None else int(least * 1.05))):
+        if memory is None:
+            continue
+        model, batch, step, sample = build(name, device)
+        ref = copy.deepcopy(model)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                handle = ct.offload(model, sample, memory=memory)
+            except ValueError as err:
+                if "no schedule fits" not in str(err):
+                    raise
+                out["trained"][label] = {"memory": memory, "refused": True}
+                continue
+        try:
+            equal, moved_is_plan, _ = train(handle, model, ref, batch, step)
+        except Exception as err:  # the row says what the executor raised; the table goes on
+            out["trained"][label] = {"memory": memory, "refused": False, "error": f"{type(err).__name__}: {err}",
+                                     "method": handle.plan.result.method, "equal": False, "moved_is_plan": False}
+            handle.remove()
+            continue
+        out["trained"][label] = {
+            "memory": memory, "refused": False, "method": handle.plan.result.method, "equal": equal,
+            "moved_is_plan": moved_is_plan, "moved": handle.offloaded_bytes,
+            "recomputes": handle.plan.schedule.has_remat,
+        }
+        handle.remove()
+    return out
+
+
 def run(name: str, device: torch.device = torch.device("cpu")) -> dict:
     model, batch, step, sample = build(name, device)
     ref = copy.deepcopy(model)
@@ -120,27 +222,17 @@ def run(name: str, device: torch.device = torch.device("cpu")) -> dict:
         except ValueError as err:  # nothing fits at this memory: the row says so, with offload()'s figures
             prof = ct.profile_full(model, sample, repeats=1, warmup=0, measure_platform=False)
             least = re.search(r"least memory known to work: (\d+) B", str(err))
-            return {
+            floor = int(re.search(r"(\d+) B(?: \([^)]*\))? for any schedule at all", str(err)).group(1))
+            keep_all = step_peak(prof.chain, prof.sizes)
+            return recompute_columns(name, device, keep_all, floor) | {
                 "model": name, "blocks": _blocks(prof.blocks),
-                "keep_all": step_peak(prof.chain, prof.sizes), "cover": prof.coverage.share, "least": int(least.group(1)) if least else None,
+                "keep_all": keep_all, "cover": prof.coverage.share, "least": int(least.group(1)) if least else None,
                 "memory": None, "moved": None, "moved_is_plan": True, "equal": None, "setup": time.perf_counter() - t0,
                 "said": [str(err)], "measured": None, "predicted": None,
             }
     setup = time.perf_counter() - t0
     said = [str(w.message).removeprefix("chainoffload_torch: ") for w in caught if "chainoffload_torch" in str(w.message)]
-    opts = [torch.optim.AdamW(m.parameters(), lr=1e-3) for m in (model, ref)]
-    equal, moved_is_plan, measured = True, True, None
-    for s in range(STEPS):
-        for opt in opts:
-            opt.zero_grad()
-        la, lb = step(model, batch, s), step(ref, batch, s)
-        grads = all((p.grad is None) == (q.grad is None) and (p.grad is None or torch.equal(p.grad, q.grad)) for p, q in zip(model.parameters(), ref.parameters()))
-        equal &= bool(torch.equal(la, lb)) and grads
-        moved_is_plan &= handle.offloaded_bytes == handle.plan.offloaded_bytes
-        measured = handle.last_step.measured_peak  # the allocator's (CUDA); None on CPU
-        for opt in opts:
-            opt.step()
-    equal &= all(torch.equal(p, q) for p, q in zip(model.parameters(), ref.parameters()))
+    equal, moved_is_plan, measured = train(handle, model, ref, batch, step)
     plan = handle.plan
     # Whole-step figures: the chain's plus what stays resident outside it (NOTE [ resident outside the chain ]).
     keep_all = plan.keep_all_peak
@@ -163,7 +255,7 @@ def run(name: str, device: torch.device = torch.device("cpu")) -> dict:
         "predicted": handle.predicted_peak,
     }
     handle.remove()
-    return row
+    return recompute_columns(name, device, keep_all, plan.chain.stage_memory_floor() + plan.resident_bytes) | row
 
 
 def _blocks(blocks: object) -> str:
@@ -177,9 +269,10 @@ def table(rows: list[dict], peaks: bool = False) -> str:
     lines = [
         f"Each model: 1 line, `{LINE.format(fraction=FRACTION)}`, then {STEPS} AdamW steps of its documented training loop beside an untouched copy.",
         "",
-        "| model | blocks found | keep-all peak | chain can move | least memory known to fit | bytes moved per step at 60 % | losses, grads, weights | offload() |"
+        "| model | blocks found | keep-all peak | chain can move | least memory known to fit | bytes moved per step at 60 % | losses, grads, weights | offload() "
+        "| least memory offload() accepts | against the floor for any schedule | at 30 % | at that least + 5 % |"
         + (" measured / predicted peak |" if peaks else ""),
-        "|---|---|---:|---:|---:|---:|---|---:|" + ("---:|" if peaks else ""),
+        "|---|---|---:|---:|---:|---:|---|---:|---:|---:|---|---|" + ("---:|" if peaks else ""),
     ]
     for r in rows:
         if r["equal"] is None:
@@ -190,6 +283,7 @@ def table(rows: list[dict], peaks: bool = False) -> str:
         least = "none" if r["least"] is None else f"{r['least']} B, {100 * r['least'] / r['keep_all']:.0f} %"
         lines.append(
             f"| {r['model']} | {r['blocks']} | {format_bytes(r['keep_all'])} | {100 * r['cover']:.0f} % | {least} | {moved} | {equal} | {1000 * r['setup']:.0f} ms |"
+            f" {_least_any(r)} | {_against_floor(r)} | {_trained(r, '30 %')} | {_trained(r, 'least + 5 %')} |"
             + (f" {_peaks(r)} |" if peaks else "")
         )
     if any(r["model"].endswith("-narrow") for r in rows):
@@ -209,6 +303,55 @@ def table(rows: list[dict], peaks: bool = False) -> str:
     return "\n".join(lines)
 
 
+def _least_any(r: dict) -> str:
+    if r["least_any"] is None:
+        return "none up to the keep-all peak"
+    return f"{r['least_any']} B, {100 * r['least_any'] / r['keep_all']:.1f} % ({r['least_method']})"
+
+
+def _against_floor(r: dict) -> str:
+    if r["least_any"] is None:
+        return "-"
+    over = r["least_any"] / r["floor"] - 1
+    return f"{r['floor']} B: +{100 * over:.1f} %" + (" (within 2 %)" if over <= FLOOR_TOL else " (NOT within 2 %)")
+
+
+def _trained(r: dict, label: str) -> str:
+    t = r["trained"].get(label)
+    if t is None:
+        return "-"
+    if t["refused"]:
+        return f"{t['memory']} B: refused"
+    if "error" in t:
+        return f"{t['method']}: RAISED {t['error'].splitlines()[0][:120]}"
+    equal = "torch.equal" if t["equal"] else "NOT EQUAL"
+    moved = format_bytes(t["moved"]) + (" moved (the plan's)" if t["moved_is_plan"] else " moved (NOT the plan's)")
+    return f"{t['method']}{', recomputes' if t['recomputes'] else ''}: {equal}, {moved}"
+
+
+def summary(rows: list[dict]) -> str:
+    """Issue 31's columns counted over ``rows``: floors reached, and how training went at each memory."""
+    within = [r["model"] for r in rows if r["least_any"] is not None and r["least_any"] <= r["floor"] * (1 + FLOOR_TOL)]
+    parts = [f"Least memory with recomputation within 2 % of the floor for any schedule: {len(within)} of {len(rows)} rows."]
+    for label in ("30 %", "least + 5 %"):
+        done = [r["trained"][label] for r in rows if label in r["trained"]]
+        refused = sum(t["refused"] for t in done)
+        raised = [r["model"] for r in rows if "error" in r["trained"].get(label, {})]
+        equal = sum(not t["refused"] and "error" not in t and t["equal"] and t["moved_is_plan"] for t in done)
+        recomputes = sum(not t["refused"] and "error" not in t and t["recomputes"] for t in done)
+        parts.append(
+            f"At {label}: {equal} trained torch.equal with the plan's bytes moved ({recomputes} of them recomputing), "
+            f"{refused} refused, {len(raised)} raised" + (f" ({', '.join(raised)})" if raised else "") + "."
+        )
+    return " ".join(parts)
+
+
+def ok(r: dict) -> bool:
+    """Whether row ``r`` trained as plain PyTorch would, moving the plan's bytes, everywhere it trained."""
+    trained = [t for t in r["trained"].values() if not t["refused"]]
+    return r["equal"] is not False and r["moved_is_plan"] and all(t["equal"] and t["moved_is_plan"] for t in trained)
+
+
 def _peaks(r: dict) -> str:
     if r["measured"] is None or r["predicted"] is None:
         return "-"
@@ -223,7 +366,25 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("names", nargs="*", metavar="name", help=f"rows to run (default: all): {', '.join(NAMES)}")
     parser.add_argument("--device", default="cpu", help="where to train, e.g. cuda or cuda:1 (default: cpu)")
+    parser.add_argument("--shard", metavar="K/N", help="run rows K, K+N, ... of the table (0-based) and dump them to --rows")
+    parser.add_argument("--rows", metavar="PATH", help="with --shard: where to dump the rows (JSON)")
+    parser.add_argument("--merge", nargs="+", metavar="PATH", help="write the table of the dumped shards' rows")
     opts = parser.parse_args(argv)
+    if opts.merge:
+        import json
+
+        dumped = [json.loads(Path(f).read_text()) for f in opts.merge]
+        rows = sorted((r for d in dumped for r in d["rows"]), key=lambda r: NAMES.index(r["model"]))
+        for r in rows:
+            r["trained"] = dict(r["trained"])
+        text = table(rows) + "\n\n" + summary(rows) + "\n\n" + " ".join(d["timing"] for d in dumped)
+        command = " & ".join(d["command"] for d in dumped) + f"; python benchmarks/offload_models.py --merge {' '.join(opts.merge)}"
+        (RESULTS / "offload_models.md").write_text(f"`{command}`   # CPU, torch.set_num_threads(1), shards in parallel\n\n{text}\n")
+        print(text)
+        return 0 if all(ok(r) for r in rows) and len(rows) == len(NAMES) else 1
+    if opts.shard:
+        k, n = (int(v) for v in opts.shard.split("/"))
+        opts.names = NAMES[k::n]
     unknown = [n for n in opts.names if n not in NAMES]
     if unknown:
         parser.error(f"name: {unknown[0]!r} is not one of {', '.join(NAMES)}")
@@ -241,7 +402,12 @@ def main(argv: list[str]) -> int:
     for name in opts.names or NAMES:
         rows.append(run(name, device))
         r = rows[-1]
-        print(f"{name}: {r['blocks']}, least {r['least']} of {r['keep_all']}, equal {r['equal']}, moved is plan {r['moved_is_plan']}, {r['setup']:.2f} s", flush=True)
+        print(
+            f"{name}: {r['blocks']}, least {r['least']} of {r['keep_all']}, equal {r['equal']}, moved is plan {r['moved_is_plan']},"
+            f" {r['setup']:.2f} s; least with recomputation {_least_any(r)}, {_against_floor(r)};"
+            f" 30 %: {_trained(r, '30 %')}; least + 5 %: {_trained(r, 'least + 5 %')}",
+            flush=True,
+        )
     text = table(rows, peaks=device.type == "cuda")
     timing = (
         f"offload(): wall time of the one line, the solver's kernels made ready before the table (the first offload()"
@@ -251,14 +417,21 @@ def main(argv: list[str]) -> int:
     said = "\n\nWhat offload() said:"
     text = text.replace(said, f"\n\n{timing}{said}", 1) if said in text else f"{text}\n\n{timing}"
     print(text)
-    if not opts.names:
+    if opts.shard and opts.rows:
+        import json
+
+        Path(opts.rows).write_text(json.dumps({
+            "rows": rows, "command": f"python benchmarks/offload_models.py --shard {opts.shard} --rows {opts.rows}",
+            "timing": f"Shard {opts.shard}: {timing}",
+        }))
+    elif not opts.names:
         RESULTS.mkdir(exist_ok=True)
         if device.type == "cpu":
             command, out = "python benchmarks/offload_models.py   # CPU, torch.set_num_threads(1)", "offload_models.md"
         else:
             command, out = f"python benchmarks/offload_models.py --device {opts.device}", f"offload_models-{device.type}.md"
         (RESULTS / out).write_text(f"`{command}`\n\n{text}\n")
-    return 0 if all(r["equal"] is not False and r["moved_is_plan"] for r in rows) else 1
+    return 0 if all(ok(r) for r in rows) else 1
 
 
 if __name__ == "__main__":

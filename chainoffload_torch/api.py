@@ -14,6 +14,7 @@ plan (NOTE [ plans per shape ]); ``handle.remove()`` leaves the model exactly as
 from __future__ import annotations
 
 import collections
+import dataclasses
 import threading
 import warnings
 import weakref
@@ -36,9 +37,9 @@ from ._recompute import RematPlan
 from ._shapes import dominates, numbers_apart, strip_numbers, volume
 from ._tree import call_key, describe_key, held_tensors
 from .executor import ScheduleRun, StepStats
-from .plans import Budget, Plan, _Planner, coverage, exact_bytes, resident_units, step_peak
 from ._link import link_of
 from ._recorder import profiling_steps
+from .plans import Budget, Plan, _Planner, _takes, coverage, exact_bytes, recompute_chain, resident_units, step_peak
 from .profiler import _device_of, _to_device, as_call
 
 __all__ = ["Offloader", "offload", "budget_curve"]
@@ -939,7 +940,12 @@ def budget_curve(
     points
         Number of limits when ``memories`` is ``None`` (at least 2).
     methods
-        Pure-offloading method names; default :data:`BUDGET_METHODS`.
+        Method names (:func:`chainoffload.methods`); default :data:`BUDGET_METHODS`. Methods
+        that recompute (``"rotor"``, ``"joint"``, the fixed policies ``"checkpoint-all"``,
+        ``"sqrt-checkpoint"``) are solved as :func:`offload` solves them: on the chain with a
+        prohibitive ``fwd_nosave`` for the stages the executor cannot recompute (the last block,
+        the code before the first block when it is a stage, ...), so a point where such a
+        method fits only by recomputing one of them shows a prohibitive overhead.
     time_limit
         Seconds per solve for the methods that take one. ``None`` (default): none, each
         method stops by its own work budget, so the same chain gives the same curve on any
@@ -953,31 +959,34 @@ def budget_curve(
     chainoffload.tradeoff.Tradeoff
         ``keep_all_peak``, ``offload_floor`` and ``stage_floor`` (proven), ``memories``, per
         method ``overheads(name)`` (``makespan / compute - 1``, ``nan`` where nothing fits) and
-        ``min_memory(name)``, the pure-offloading ``lower_bound`` per memory; ``.plot(path)``
+        ``min_memory(name)``, the pure-offloading ``lower_bound`` per memory, ``policy_peaks``
+        (the memory each fixed recomputing policy holds); ``.plot(path)``
         draws it, ``.to_dict()`` is the JSON table. Pass one of its memories to :func:`offload`.
 
     Raises
     ------
     ValueError
-        A method that recomputes, a bad memory, no blocks found.
+        An unknown method, a bad memory, no blocks found.
     """
     from chainoffload.tradeoff import tradeoff
 
     names = list(BUDGET_METHODS if methods is None else ([methods] if isinstance(methods, str) else methods))
-    for name in names:
-        if spec(name).remat:
-            raise ValueError(f"methods: {name!r} recomputes activations; the executor runs pure-offloading methods only")
+    remat = any(spec(name).remat for name in names)  # an unknown name is refused here, with the known ones
     _check_model(model)
     from .profiler import profile_full
 
     repeats, warmup = profiling_steps(repeats, warmup, 3)
-    # Pure offloading only: no fwd_nosave (NOTE [ how many profiling steps ]).
+    # No fwd_nosave, as offload() (NOTE [ how many profiling steps ]): the executor's Fck / Fn
+    # run with autograd and cost what F costs, the chain's default.
     prof = profile_full(
         model, sample, blocks=blocks, device=device, repeats=repeats, warmup=warmup, measure_platform=platform is None,
         nosave=False,
     )
     chain = prof.chain
     link = platform if platform is not None else prof.platform
+    # NOTE [ one call chooses ] in plans.py: the stages the executor cannot call again get a
+    # prohibitive fwd_nosave, which no pure-offloading method reads.
+    solved_on = recompute_chain(chain, prof.sizes, prof.blocks) if remat else chain
     # The sweep runs on the chain; every memory it reports is shifted by the bytes resident
     # outside it, so that its figures are a whole step's, as offload() takes them
     # (NOTE [ resident outside the chain ]).
@@ -986,16 +995,28 @@ def budget_curve(
     if memories is not None:
         limits = [max(1, Budget.parse(m).bytes_for(chain, resident, step_peak(chain, prof.sizes)) - resident) for m in memories]
     keep = co.solvers.check_keep(chain, tuple(keep))
-    curve = tradeoff(
-        chain,
-        link,
-        names,
-        limits,
-        points=points,
-        time_limit=time_limit,
-        keep=sorted(resident_units(chain, prof.sizes, keep)),
-        **options,
-    )
+    kept = sorted(resident_units(chain, prof.sizes, keep))
+    # A method that takes keep= is told which units stay resident, as offload() tells it; one
+    # that takes none (rotor, joint) is swept without, at the same memories (the first sweep's,
+    # which include the fixed policies' peaks).
+    with_keep = [n for n in names if "keep" in (_takes(n) or {"keep"})]
+    without = [n for n in names if n not in with_keep]
+    curve = None
+    for group, extra in ((without, {}), (with_keep, {"keep": kept})):
+        if not group:
+            continue
+        part = tradeoff(
+            solved_on, link, group, limits if curve is None else list(curve.memories), points=points,
+            time_limit=time_limit, **extra, **options,
+        )
+        if curve is None:
+            curve = part
+        else:
+            curve = dataclasses.replace(
+                curve, curves=curve.curves | part.curves, remat=curve.remat | part.remat,
+                clocked=curve.clocked + part.clocked, policy_peaks=curve.policy_peaks | part.policy_peaks,
+            )
+    curve = dataclasses.replace(curve, curves={n: curve.curves[n] for n in names})  # the order given
     return _shifted(curve, resident)
 
 
@@ -1016,4 +1037,5 @@ def _shifted(curve: Any, r: int) -> Any:
         stage_floor=curve.stage_floor + r,
         memories=tuple(m + r for m in curve.memories),
         curves={k: tuple(point(p) for p in v) for k, v in curve.curves.items()},
+        policy_peaks={k: v + r for k, v in curve.policy_peaks.items()},
     )

@@ -248,9 +248,12 @@ def test_the_gpt2_row_the_guide_quotes_is_a_fresh_run(ran):
 # --- The three quick starts, run as written --------------------------------------------------
 
 
-def quick_start(heading):
-    (_, code), = blocks(section(README, heading), "python")
-    return code
+def quick_start(heading, which=0):
+    """The ``which``-th Python block of a quick start: the quick start itself (0), or what
+    continues it (the ML quick start's model below its pure-offloading floor, 1)."""
+    found = blocks(section(README, heading), "python")
+    assert len(found) == (2 if heading.startswith("Quick start: train") else 1), heading
+    return found[which][1]
 
 
 def test_the_ml_quick_start_trains_with_offloading(tmp_path):
@@ -267,6 +270,26 @@ def test_the_ml_quick_start_trains_with_offloading(tmp_path):
 
     measured = re.search(r"^measured peak: (\S+)$", proc.stdout, re.M).group(1)
     assert measured.isdigit() if torch.cuda.is_available() else measured == "None"
+
+
+def test_the_ml_quick_start_trains_below_the_pure_offloading_floor_by_recomputing(tmp_path):
+    heading = "Quick start: train a Hugging Face model in a memory budget"
+    code, more = quick_start(heading), quick_start(heading, 1)
+    memory = re.search(r"ct\.offload\(model, batch, memory=([\d.]+)\)", more).group(1)
+    # What the README says of that memory: offloading alone is refused there.
+    refused = f"""
+try:
+    ct.offload(model, batch, memory={memory}, method="best")
+except ValueError as err:
+    print("best refused:", "no schedule fits" in str(err))
+"""
+    proc = subprocess.run(
+        [sys.executable, "-c", code + more + refused], cwd=tmp_path, env=ENV, text=True, capture_output=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "best refused: True" in proc.stdout, proc.stdout
+    recomputed = re.findall(r"^\| \d+ \| transformer\.h\.\d+ \|[^|]*\|[^|]*\| recompute \(", proc.stdout, re.M)
+    assert recomputed, "below the pure-offloading floor the plan must recompute:\n" + proc.stdout
 
 
 def test_the_research_quick_start_solves_bounds_and_proves(tmp_path):

@@ -434,5 +434,40 @@ def test_budget_curve_shows_what_each_budget_costs_and_its_memories_work_in_offl
     handle.remove()
     fractions = ct.budget_curve(model, x, memories=[0.6, 1.0], methods=["best"], repeats=1, warmup=0)
     assert fractions.memories == (int(0.6 * fractions.keep_all_peak), fractions.keep_all_peak)
-    with pytest.raises(ValueError, match="'rotor' recomputes"):
-        ct.budget_curve(model, x, methods=["rotor"])
+    with pytest.raises(ValueError, match="'nope'"):
+        ct.budget_curve(model, x, methods=["nope"])
+
+
+def test_budget_curve_shows_recomputation_below_the_offload_floor_and_offload_trains_there():
+    pytest.importorskip("chainoffload.tradeoff", reason="the core's trade-off sweep (chainoffload.tradeoff)")
+    model = Net(d=16, layers=8)
+    ref = copy.deepcopy(model)
+    x = torch.randn(24, 8)
+    curve = ct.budget_curve(model, x, points=6, methods=["best", "rotor", "checkpoint-all"], repeats=1, warmup=0)
+    assert curve.methods == ("best", "rotor", "checkpoint-all")
+    # The fixed policy's peak is a whole step's memory, as every other figure of the curve.
+    assert "checkpoint-all" in curve.policy_peaks and curve.policy_peaks["checkpoint-all"] in curve.memories
+    below = curve.min_memory("rotor")
+    assert below is not None and below < curve.offload_floor <= curve.min_memory("best")
+    with pytest.raises(ValueError, match="no schedule fits"):
+        ct.offload(model, x, memory=below, method="best", repeats=1, warmup=0)
+    handle = ct.offload(model, x, memory=below, repeats=1, warmup=0)
+    assert handle.plan.schedule.has_remat and "recompute" in handle.table()
+    torch.manual_seed(0)
+    model(x).sum().backward()
+    torch.manual_seed(0)
+    ref(x).sum().backward()
+    assert same_grads(model, ref)
+    handle.remove()
+
+
+def test_a_shifted_curve_shifts_the_policy_peaks():
+    from chainoffload.tradeoff import policy_peak, tradeoff
+    from chainoffload_torch.api import _shifted
+
+    chain, _ = ct.profile(Net(d=16, layers=6), torch.randn(24, 8), repeats=1, warmup=0)
+    link = co.Platform(memory=1, bandwidth_d2h=1e9, bandwidth_h2d=1e9)
+    curve = tradeoff(chain, link, ["best", "checkpoint-all"], None, points=3)
+    moved = _shifted(curve, 1000)
+    assert moved.policy_peaks == {"checkpoint-all": policy_peak(chain, "checkpoint-all") + 1000}
+    assert moved.memories == tuple(m + 1000 for m in curve.memories)

@@ -1,0 +1,245 @@
+"""offload() side by side with Hugging Face's ``gradient_checkpointing_enable()``, on CPU.
+
+Three Hugging Face models built from configs (random weights, no download): Llama-like
+(``LlamaForCausalLM``, 8 layers), BERT-like (``BertForMaskedLM``, 8 layers, dropout 0.1) and
+T5-like (``T5ForConditionalGeneration``, 8 + 8 blocks, dropout 0.1), each trained four ways in
+one process, the steps interleaved (round robin, so that the machine's load falls on all alike):
+
+(a) plain training;
+(b) ``model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})``
+    (checkpoint every block);
+(c) ``ct.offload(model, batch, memory=M_ck)``, where ``M_ck`` is the memory that checkpointing
+    every block holds: the simulated peak of the core's ``checkpoint-all`` schedule on the
+    model's own profile (the chain of a keep-all ``offload()``), plus the bytes resident outside
+    the chain, in bytes;
+(d) ``ct.offload(model, batch, memory=(M_ck + keep-all peak) / 2)``.
+
+For each: the median step time (forward, the model's loss, backward; no optimizer step, so every
+step computes the same gradients) of ``--steps`` steps after ``--warmup``, the simulated step
+time (the keep-all compute time for plain training, ``checkpoint-all``'s makespan on the same
+profile for (b), the plan's makespan for (c) and (d)), what the plan does per block (from
+``handle.decisions()``), and whether the gradients are ``torch.equal`` to plain training's
+(the same seed before every forward).
+
+    python benchmarks/checkpointing.py [--steps 7] [--warmup 2] [name ...]
+
+Writes ``benchmarks/results/checkpointing.md`` when every model runs (no names given).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+
+import chainoffload as co  # noqa: E402
+import chainoffload_torch as ct  # noqa: E402
+from chainoffload.tradeoff import policy_peak  # noqa: E402
+from chainoffload.units import format_bytes  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+MODELS = ("llama", "bert", "t5")
+VARIANTS = ("plain", "HF checkpointing", "offload() at checkpointing's memory", "offload() halfway to keep-all")
+
+
+def build(name: str) -> tuple[nn.Module, dict]:
+    """Model ``name`` of :data:`MODELS` from its config (seeded, in training mode) and its batch."""
+    import transformers as tf
+
+    torch.manual_seed(0)
+    if name == "llama":
+        config = tf.LlamaConfig(
+            hidden_size=256, intermediate_size=688, num_attention_heads=4, num_key_value_heads=4, num_hidden_layers=8,
+            vocab_size=1024, max_position_embeddings=256, use_cache=False,
+        )
+        model = tf.LlamaForCausalLM(config)
+        ids = torch.randint(0, 1024, (2, 128))
+        batch = {"input_ids": ids, "labels": ids}
+    elif name == "bert":
+        config = tf.BertConfig(
+            hidden_size=256, intermediate_size=1024, num_attention_heads=4, num_hidden_layers=8, vocab_size=1024,
+            max_position_embeddings=256, hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1,
+        )
+        model = tf.BertForMaskedLM(config)
+        ids = torch.randint(0, 1024, (2, 128))
+        batch = {"input_ids": ids, "labels": ids}
+    elif name == "t5":
+        config = tf.T5Config(
+            d_model=256, d_ff=1024, d_kv=64, num_heads=4, num_layers=8, num_decoder_layers=8, vocab_size=1024,
+            dropout_rate=0.1, use_cache=False, decoder_start_token_id=0, pad_token_id=0,
+        )
+        model = tf.T5ForConditionalGeneration(config)
+        batch = {"input_ids": torch.randint(1, 1024, (2, 128)), "labels": torch.randint(1, 1024, (2, 64))}
+    else:
+        raise ValueError(f"name: {name!r} is not one of {', '.join(MODELS)}")
+    model.train()
+    return model, batch
+
+
+def step(model: nn.Module, batch: dict, seed: int) -> float:
+    """One training step's seconds (forward, loss, backward), gradients zeroed before."""
+    model.zero_grad(set_to_none=True)
+    torch.manual_seed(seed)  # the same dropout masks in every variant
+    t0 = time.perf_counter()
+    model(**batch).loss.backward()
+    return time.perf_counter() - t0
+
+
+def plan_summary(handle: object) -> str:
+    """What the plan does, counted over its blocks: recomputed, offloaded, kept."""
+    rows = handle.decisions()
+    recomputed = [r for r in rows if r["decision"].startswith("recompute")]
+    times = sum(int(r["decision"].split("(", 1)[1].split(" ", 1)[0]) for r in recomputed)
+    offloaded = [r for r in rows if "offload" in r["decision"]]
+    ckpt = [r for r in rows if "checkpoint" in r["decision"]]
+    return (
+        f"{handle.plan.result.method}: {len(recomputed)} of {len(rows)} blocks recomputed ({times} recomputations), "
+        f"{len(ckpt)} checkpoints, {len(offloaded)} offloaded ({format_bytes(handle.plan.offloaded_bytes)} per step)"
+    )
+
+
+def run(name: str, steps: int, warmup: int) -> list[dict]:
+    base, batch = build(name)
+    # The model's own profile: a keep-all plan's chain (nothing offloaded), its link and the
+    # bytes resident outside the chain (a whole step's memory is the chain's plus those).
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        probe = ct.offload(copy.deepcopy(base), batch)
+    plan = probe.plan
+    chain, link, resident, keep_all = plan.chain, plan.platform, plan.resident_bytes, plan.keep_all_peak
+    probe.remove()
+    ck_chain_peak = policy_peak(chain, "checkpoint-all")
+    ck = co.solve(chain, link.with_memory(ck_chain_peak), "checkpoint-all")
+    memory_ck = ck_chain_peak + resident
+    memory_half = (memory_ck + keep_all) // 2
+    models = {v: copy.deepcopy(base) for v in VARIANTS}
+    models["HF checkpointing"].gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    handles, refused = {}, {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for v, memory in ((VARIANTS[2], memory_ck), (VARIANTS[3], memory_half)):
+            try:
+                handles[v] = ct.offload(models[v], batch, memory=memory)
+            except ValueError as err:  # the row says so, with offload()'s reason
+                if "no schedule fits" not in str(err):
+                    raise
+                refused[v] = str(err).split("; least memory known to work", 1)[0]
+    running = [v for v in VARIANTS if v not in refused]
+    for s in range(warmup):
+        for v in running:
+            step(models[v], batch, s)
+    seconds: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    equal = {v: True for v in VARIANTS}
+    for s in range(steps):
+        for v in running:
+            seconds[v].append(step(models[v], batch, 100 + s))
+        for v in running[1:]:
+            equal[v] &= all(
+                (p.grad is None) == (q.grad is None) and (p.grad is None or torch.equal(p.grad, q.grad))
+                for p, q in zip(models[v].parameters(), models["plain"].parameters(), strict=True)
+            )
+    simulated = {VARIANTS[0]: chain.compute_time, VARIANTS[1]: ck.makespan}
+    simulated |= {v: h.plan.result.makespan for v, h in handles.items()}
+    memory = {VARIANTS[0]: keep_all, VARIANTS[1]: memory_ck, VARIANTS[2]: memory_ck, VARIANTS[3]: memory_half}
+    does = {VARIANTS[0]: "keeps everything", VARIANTS[1]: f"checkpoint-all: every block recomputed once ({chain.length} stages)"}
+    rows = []
+    for v in VARIANTS:
+        if v in handles:
+            does[v] = plan_summary(handles[v])
+        if v in refused:
+            does[v] = f"REFUSED: {refused[v]}"
+        rows.append({
+            "model": name, "variant": v, "memory": memory[v], "keep_all": keep_all,
+            "measured": statistics.median(seconds[v]) if seconds[v] else None, "simulated": simulated.get(v),
+            "does": does[v], "equal": None if v == "plain" or v in refused else equal[v],
+        })
+    for h in handles.values():
+        h.remove()
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    lines = [
+        "| model | run | memory (share of keep-all) | measured step (median) | simulated step | vs HF checkpointing "
+        "(measured / simulated) | what it does | grads vs plain |",
+        "|---|---|---:|---:|---:|---:|---|---|",
+    ]
+    for r in rows:
+        ref = next(x for x in rows if x["model"] == r["model"] and x["variant"] == VARIANTS[1])
+        equal = "-" if r["equal"] is None else ("torch.equal" if r["equal"] else "NOT EQUAL")
+        if r["measured"] is None:
+            times = "- | - | -"
+        else:
+            times = (
+                f"{1000 * r['measured']:.1f} ms | {1000 * r['simulated']:.1f} ms | "
+                f"{r['measured'] / ref['measured']:.3f} / {r['simulated'] / ref['simulated']:.3f}"
+            )
+        lines.append(
+            f"| {r['model']} | {r['variant']} | {format_bytes(r['memory'])} ({100 * r['memory'] / r['keep_all']:.0f} %) | "
+            f"{times} | {r['does']} | {equal} |"
+        )
+    return "\n".join(lines)
+
+
+def verdicts(rows: list[dict]) -> list[str]:
+    """Per model: is offload() no slower than checkpointing at (c), faster at (d), measured and simulated."""
+    out = []
+    for name in dict.fromkeys(r["model"] for r in rows):
+        by = {r["variant"]: r for r in rows if r["model"] == name}
+        ck, c, d = by[VARIANTS[1]], by[VARIANTS[2]], by[VARIANTS[3]]
+        if c["measured"] is None or d["measured"] is None:
+            out.append(f"- {name}: offload() refused " + " and ".join(
+                x["variant"].removeprefix("offload() ") for x in (c, d) if x["measured"] is None) + " (the table says why).")
+            continue
+        out.append(
+            f"- {name}: at checkpointing's memory offload() takes {c['measured'] / ck['measured']:.3f}x checkpointing's "
+            f"measured step ({c['simulated'] / ck['simulated']:.3f}x simulated); halfway to keep-all "
+            f"{d['measured'] / ck['measured']:.3f}x measured ({d['simulated'] / ck['simulated']:.3f}x simulated)."
+        )
+    return out
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("names", nargs="*", metavar="name", help=f"models (default: all): {', '.join(MODELS)}")
+    parser.add_argument("--steps", type=int, default=7, help="timed steps per run (default 7)")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps per run first (default 2)")
+    opts = parser.parse_args(argv)
+    for n in opts.names:
+        if n not in MODELS:
+            parser.error(f"name: {n!r} is not one of {', '.join(MODELS)}")
+    if opts.steps < 1 or opts.warmup < 0:
+        parser.error(f"--steps, --warmup: {opts.steps}, {opts.warmup} must be >= 1 and >= 0")
+    torch.set_num_threads(1)
+    load = open("/proc/loadavg").read().split()[:3] if os.path.exists("/proc/loadavg") else ["?"]
+    rows = []
+    for name in opts.names or MODELS:
+        rows += run(name, opts.steps, opts.warmup)
+        print(f"{name}: done", flush=True)
+    end = open("/proc/loadavg").read().split()[:3] if os.path.exists("/proc/loadavg") else ["?"]
+    text = "\n".join([
+        table(rows), "", "Verdicts:", "", *verdicts(rows), "",
+        f"Median of {opts.steps} steps after {opts.warmup} warm-up steps per run, the four runs of a model interleaved "
+        f"step by step; CPU, torch.set_num_threads(1), torch {torch.__version__}; load average (/proc/loadavg) "
+        f"{' '.join(load)} at the start, {' '.join(end)} at the end.",
+    ])
+    print(text)
+    if not opts.names:
+        RESULTS.mkdir(exist_ok=True)
+        command = f"python benchmarks/checkpointing.py --steps {opts.steps} --warmup {opts.warmup}"
+        (RESULTS / "checkpointing.md").write_text(f"`{command}`\n\n{text}\n")
+    return 0 if all(r["equal"] is not False for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
