@@ -370,6 +370,32 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one line, exit 2, as every other error
         raise CliError(f"{message} (see `{self.prog} --help`)")
 
+    def parse_known_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> Any:
+        # A flag given twice took the last value silently (`--memory 4GiB ... --memory 6GiB`,
+        # a script that appended its own flag to a user's): an error, unless the flag is meant
+        # to be repeated (--option). Each parser checks its own flags, a subcommand's parser
+        # the words after the subcommand.
+        argv = list(sys.argv[1:] if args is None else args)
+        seen: dict[str, str] = {}
+        for token in argv:
+            if token == "--":
+                break
+            action = self._single_flags().get(token.partition("=")[0] if token.startswith("--") else token)
+            if action is None:
+                continue
+            flag = token.partition("=")[0]
+            if action in seen:
+                again = "given twice" if seen[action] == flag else f"given after {seen[action]}, which sets the same"
+                self.error(f"{flag}: {again}; give each flag once")
+            seen[action] = flag
+        return super().parse_known_args(argv, namespace)
+
+    def _single_flags(self) -> dict[str, str]:
+        """Each option string of a flag that may be given once, to the flag's destination (so
+        that ``-o`` and ``--out`` count as one; ``--duplex`` and ``--half-duplex`` too)."""
+        once = (argparse._StoreAction, argparse._StoreTrueAction, argparse._StoreFalseAction, argparse._StoreConstAction)
+        return {opt: a.dest for a in self._actions if type(a) in once for opt in a.option_strings}
+
 
 def add_platform_flags(parser: argparse.ArgumentParser, *, recorded: bool = False, memory: bool = True) -> None:
     """Add the platform flags to a subcommand's parser.
@@ -1139,6 +1165,10 @@ def _check_out(args: argparse.Namespace) -> None:
         return
     if path == "":
         raise CliError("--out: the path is empty; name the file to write")
+    if path.endswith(("/", os.sep)):
+        # It wrote a file named like the folder (`--out newdir/` made `newdir`): a path that
+        # ends in a separator names a folder, and --out names the file itself.
+        raise CliError(f"--out: {path} names a folder (it ends with {path[-1]!r}); name the file to write, e.g. {path}schedule.json")
     try:
         check_target(path)
     except TargetError as exc:
