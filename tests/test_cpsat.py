@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from chainoffload import Platform, Schedule, Status, Transfer, keep_all_peak, simulate, solve
+from chainoffload import Chain, Platform, Schedule, Status, Transfer, keep_all_peak, simulate, solve
 from chainoffload.generators import random_chain
 from chainoffload.solvers.cpsat import CPModel, TimeGrid, cpsat, default_workers, in_model_space, integer_replay
 from chainoffload.solvers.cpsat import model as cpsat_model
@@ -122,7 +122,31 @@ def test_no_solution_in_time_without_warm_start_is_a_timeout(monkeypatch):
     chain, platform = instance(2, 8, frac=0.3, ratio=0.1)
     res = _outcome(monkeypatch, chain, platform, "UNKNOWN", hint=False)
     assert res.status == Status.TIMEOUT and res.schedule is None
-    assert res.message == "cpsat: no schedule found within 5 s: CP-SAT found none (status UNKNOWN), and there is no warm start"
+    # The seconds it took, not the limit as if all of it was spent (issue 33: "within 19.98 s" after 0.4 s).
+    assert res.message.startswith("cpsat: no schedule found: CP-SAT found none (status UNKNOWN) in ")
+    assert res.message.endswith(" of the 5 s limit; there is no warm start")
+    spent = float(res.message.split(" in ")[1].split(" s ")[0])
+    assert spent == pytest.approx(res.runtime, rel=0.01, abs=1e-3)
+
+
+def test_rejected_schedules_say_the_retries_ended_it_not_the_clock(monkeypatch):
+    """The simulator rejecting every schedule CP-SAT found ended the search in 0.4 s; the
+    message said 'within 19.98 s'."""
+    from chainoffload.solvers.cpsat import solve as cpsat_solve
+
+    chain, platform = instance(2, 8, frac=0.3, ratio=0.1)
+    monkeypatch.setattr(cpsat_model.CPModel, "solve", lambda self, **kw: (_FakeSolver(), "FEASIBLE"))
+    monkeypatch.setattr(cpsat_model.CPModel, "schedule_from", lambda self, solver: Schedule.keep_all(chain.length))
+
+    class _Rejected:
+        feasible = False
+        makespan = math.inf
+
+    monkeypatch.setattr(cpsat_solve, "simulate", lambda c, p, s: _Rejected())
+    res = cpsat(chain, platform, time_limit=20.0, bound=False, hint=False)
+    assert res.status == Status.TIMEOUT and res.runtime < 10.0
+    assert "within 20 s" not in res.message and "the simulator rejected each of the 4 schedule(s) CP-SAT found, on 4 time grid(s)" in res.message
+    assert "of the 20 s limit" in res.message
 
 
 def test_no_solution_in_time_keeps_the_warm_start(monkeypatch):
@@ -336,3 +360,25 @@ def test_cpsat_equals_brute_force_where_a_i_alone_wins(seed, level):
     assert any(t.moves == "act" for t in oracle.schedule.transfers)
     assert abs(exact.makespan - oracle.makespan) <= 3 * exact.info["tolerance"] + 1e-12 * chain.compute_time
     assert exact.lower_bound <= oracle.makespan + 1e-12
+
+
+def test_a_slow_link_beside_a_fast_compute_is_solved_not_refused():
+    """Copies 2*10^10 times the compute time put a copy beyond the default grid's 2^53 units and
+    cpsat refused the valid instance as misuse (exit 2), in verify too (issue 33): the default
+    grid now fits the instance's horizon."""
+    from chainoffload.solvers.cpsat.grid import HORIZON_UNITS, TimeGrid
+    from chainoffload.verify import verify
+
+    chain = Chain(fwd=[1e-6] * 3, bwd=[2e-6] * 3, act=[10, 100_000, 100_000, 100_000], saved=[200_000] * 3, name="slowlink")
+    keep_all = solve(chain, Platform(memory=10**9, bandwidth_d2h=1.0, bandwidth_h2d=1.0), "keep-all").peak_memory
+    platform = Platform(memory=keep_all - 150_000, bandwidth_d2h=1.0, bandwidth_h2d=1.0)
+    grid = TimeGrid.build(chain, platform)
+    assert TimeGrid.horizon(chain, platform) * grid.scale <= HORIZON_UNITS
+    r = solve(chain, platform, "cpsat", time_limit=30)
+    assert r.status == Status.OPTIMAL and r.makespan == simulate(chain, platform, r.schedule).makespan
+    assert r.lower_bound <= r.makespan <= r.lower_bound * (1 + 1e-9)
+    report = verify(chain, platform, r.schedule, time_limit=30)
+    assert report["feasible"] and report["cpsat_status"] == "optimal"
+    # A scale the caller gives that the horizon does not fit is the caller's misuse, named.
+    with pytest.raises(ValueError, match="time_scale: .* give at most"):
+        TimeGrid.build(chain, platform, 1e12)
