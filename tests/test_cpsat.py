@@ -382,3 +382,62 @@ def test_a_slow_link_beside_a_fast_compute_is_solved_not_refused():
     # A scale the caller gives that the horizon does not fit is the caller's misuse, named.
     with pytest.raises(ValueError, match="time_scale: .* give at most"):
         TimeGrid.build(chain, platform, 1e12)
+
+
+# Issue 33's zero-length instance: F_1..F_3 and B_2, B_4 take no time. A 6.625 s schedule peaks
+# at 160 B (d2h 20 B/s, h2d 40 B/s); CP-SAT's model counted a prefetch that starts when a
+# zero-length op ends after that op's frees, the simulator (docs/model.md, order -1) before
+# them, and every schedule it found was rejected: "timeout" after 0.4 s.
+ZERO = Chain(fwd=[0, 0, 0, 1], bwd=[1, 0, 2, 0], act=[0, 8, 21, 29, 12], saved=[8, 55, 43, 34], name="zero-length")
+
+
+@pytest.mark.parametrize("d2h, h2d, optimum", [(20.0, 40.0, 6.625), (40.0, 20.0, 6.45)])
+def test_zero_length_ops_are_solved_to_the_optimum(d2h, h2d, optimum):
+    platform = Platform(memory=167, bandwidth_d2h=d2h, bandwidth_h2d=h2d, latency=0.5)
+    r = solve(ZERO, platform, "cpsat", time_limit=60, workers=1)
+    assert r.status == Status.OPTIMAL and r.makespan == pytest.approx(optimum, abs=3 * r.info["tolerance"])
+    tl = simulate(ZERO, platform, r.schedule)
+    assert tl.feasible and tl.makespan == r.makespan and tl.peak_memory <= 167
+    # The oracle's answer for the schedule the issue names: the simulator accepts it.
+    named = Schedule.from_dict({"compute": [["F", 1], ["F", 2], ["F", 3], ["F", 4], ["B", 4], ["B", 3], ["B", 2], ["B", 1]],
+                                "transfers": [
+                                    {"kind": "offload", "unit": 1, "trigger": {"op": 0, "at": "end"}, "before": 1},
+                                    {"kind": "offload", "unit": 2, "trigger": {"op": 1, "at": "end"}, "before": 4, "moves": "act"},
+                                    {"kind": "prefetch", "unit": 1, "trigger": {"op": 3, "at": "end"}},
+                                    {"kind": "prefetch", "unit": 2, "trigger": {"op": 3, "at": "end"}, "moves": "act"}]})
+    if d2h == 20.0:
+        tl = simulate(ZERO, platform, named)
+        assert tl.feasible and tl.makespan == 6.625 and tl.peak_memory == 160
+
+
+def _zero_length_chain(seed: int) -> tuple[Chain, Platform]:
+    import random
+
+    rng = random.Random(seed)
+    fwd = [rng.choice([0.0, 0.0, 1.0, 2.0]) for _ in range(3)]
+    bwd = [rng.choice([0.0, 0.0, 1.0, 2.0]) for _ in range(3)]
+    act = [rng.randint(0, 30) for _ in range(4)]
+    saved = [a + rng.randint(0, 30) for a in act[1:]]
+    chain = Chain(fwd=fwd, bwd=bwd, act=act, saved=saved, name=f"zero{seed}")
+    top = keep_all_peak(chain)
+    from chainoffload.bounds import offload_memory_floor
+
+    floor = offload_memory_floor(chain)
+    platform = Platform(memory=floor + (top - floor) * rng.choice([0, 1, 2]) // 4, bandwidth_d2h=rng.choice([10.0, 40.0]),
+                        bandwidth_h2d=rng.choice([10.0, 40.0]), latency=rng.choice([0.0, 0.5]))
+    return chain, platform
+
+
+@pytest.mark.parametrize("seed", [s if s in (4, 5) else pytest.param(s, marks=pytest.mark.thorough(seconds=20)) for s in range(12)])
+def test_cpsat_equals_brute_force_on_zero_length_ops(seed):
+    """Random 3-stage chains where about half the ops take no time: CP-SAT's status and optimum
+    are the brute force's (it said timeout where a schedule exists, or where none does)."""
+    from chainoffload.exact import brute_force
+
+    chain, platform = _zero_length_chain(seed)
+    oracle = brute_force(chain, platform)
+    exact = solve(chain, platform, "cpsat", time_limit=60, workers=1)
+    assert exact.status == oracle.status, (exact.message, oracle.status)
+    if oracle.status == Status.OPTIMAL:
+        assert abs(exact.makespan - oracle.makespan) <= 3 * exact.info["tolerance"] + 1e-12 * chain.compute_time
+        assert exact.lower_bound <= oracle.makespan + 1e-12
