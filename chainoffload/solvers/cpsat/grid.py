@@ -7,7 +7,7 @@ import math
 
 from ...chain import Chain
 from ...order import fixed_order
-from ...platform import Platform
+from ...platform import Platform, PlatformError
 from .._options import OptionError
 
 __all__ = ["TimeGrid"]
@@ -84,6 +84,13 @@ class TimeGrid:
             base = chain.compute_time
             scale = TARGET_UNITS / base if base > 0 else 1.0
             horizon = cls.horizon(chain, platform)
+            if not math.isfinite(horizon):
+                # Copies so long that their sum overflows float64 (latency 1e308 s): no grid
+                # counts them, and the simulator's times would overflow too.
+                raise PlatformError(
+                    f"platform.latency / bandwidth: copies take so long (latency {platform.latency:.6g} s, bandwidth "
+                    f"{platform.bandwidth_d2h:.6g} / {platform.bandwidth_h2d:.6g} B/s) that their sum overflows float64; "
+                    "cpsat's integer time grid cannot count them")
             if horizon * scale > HORIZON_UNITS:
                 scale = HORIZON_UNITS / horizon
         if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
