@@ -26,9 +26,10 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
-from typing import Callable, Iterator, TypeVar
+from collections.abc import Callable, Iterator
+from typing import TypeVar
 
-__all__ = ["SCIP_NO_CTRL_C", "stoppable", "stop_all", "run_stoppable"]
+__all__ = ["SCIP_NO_CTRL_C", "run_stoppable", "solve_proto", "stop_all", "stoppable"]
 
 T = TypeVar("T")
 
@@ -72,10 +73,8 @@ def stop_all() -> int:
 
 
 def _call(stop: Callable[[], None]) -> None:
-    try:
+    with contextlib.suppress(Exception):  # a search that has just ended: nothing left to stop
         stop()
-    except Exception:  # a search that has just ended: nothing left to stop
-        pass
 
 
 def run_stoppable(search: Callable[[], T], stop: Callable[[], None]) -> T:
@@ -96,7 +95,7 @@ def run_stoppable(search: Callable[[], T], stop: Callable[[], None]) -> T:
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         try:
             box["value"] = search()
-        except BaseException as exc:  # handed to the caller's thread
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread, raised there
             box["error"] = exc
 
     helper = threading.Thread(target=work, name="chainoffload-search", daemon=True)
