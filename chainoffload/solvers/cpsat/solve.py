@@ -246,6 +246,16 @@ def cpsat(
         return Result("cpsat", Status.TIMEOUT, None, runtime=time.perf_counter() - t0,
                       info={"refused": True, "model_estimate": est, "workers": workers},
                       message=f"cpsat: refused up front: {refused}")
+    from ...bounds import offload_memory_floor
+
+    floor = offload_memory_floor(chain)
+    if floor > platform.memory:
+        # Proven without a search: CP-SAT took its whole limit and said UNKNOWN on 2-stage
+        # chains below this floor (issue 33: "timeout" where nothing fits).
+        return Result("cpsat", Status.INFEASIBLE, None, runtime=time.perf_counter() - t0,
+                      info={"workers": workers, "bound": "offload memory floor", "cpsat_status": "SKIPPED"},
+                      message=f"cpsat: no schedule fits in {platform.memory} B: every offloading schedule needs at least "
+                              f"{floor} B (the offload memory floor, proven)")
     import_cp_model()
     grid = TimeGrid.build(chain, platform, time_scale)
     _given_hints(hint)  # validate before any work
