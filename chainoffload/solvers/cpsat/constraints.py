@@ -270,8 +270,9 @@ class Constraints:
     # So the prefetched copy's memory starts at the beginning of the run of zero-length ops
     # that share the prefetch's instant: `run_start[k]` is the start of the first op of the
     # run of back-to-back zero-length ops ending with op k (ops that follow each other without
-    # a wait happen at one instant), and a prefetch that starts when zero-length op k ends
-    # allocates at run_start[k] at the latest. An allocation counted earlier only takes
+    # a wait happen at one instant), and a prefetch that starts within that instant on the
+    # grid (after run_start[k], at or before the end of zero-length op k) allocates at
+    # run_start[k] at the latest. An allocation counted earlier only takes
     # memory, so the solver never places it earlier than it must: the bound is exact, no
     # equality needed. The rest of the order is what the grid had: an op that took time frees
     # before anything allocates at its end; a zero-length op's frees come after its own
