@@ -51,11 +51,12 @@ deadline. Measured at load 6.1-6.9 (pace 3.1-3.5) on ``benchmarks/_common.py``'s
 from __future__ import annotations
 
 import os
+import time
 
 __all__ = [
     "read_seconds", "file_read_seconds", "eval_seconds", "build_seconds", "judge_seconds", "report_seconds", "observe",
     "forget", "pace", "sequence_seconds", "sequence_bytes", "rotor_seconds", "rotor_bytes", "joint_dp_seconds",
-    "joint_dp_bytes", "joint_exact_seconds", "free_bytes",
+    "joint_dp_bytes", "joint_exact_seconds", "free_bytes", "cpu_share",
 ]
 
 #: Seconds per byte of a chain file at pace 1: JSON parsing and Chain's checks.
@@ -86,13 +87,49 @@ JOINT_EXACT_PER_CELL = 3.5e-8
 _SEEN: dict[int, float] = {}
 
 
+# NOTE [ pace under contention ]
+# The load average is a 1-minute mean: when three solves start at once on 2 cores it still says
+# "idle" for tens of seconds while each gets two thirds of a core, and every estimate made
+# from it was short (issue 33: --time-limit 1 ran 2.0-2.7 s inside main()). So pace() also
+# measures the share of a core this process has had since its solve's clock started
+# (forget()): CPU seconds over wall seconds, once at least SHARE_WINDOW s have passed (a
+# shorter window is noise). Work on one thread that got a share s of a core runs 1/s times
+# slower than on an idle core; the pace is the larger of that and the load average's word.
+# Several threads at work (CP-SAT's workers) give a share above 1: the load average decides.
+# The clock functions are module attributes so that a test can replace them (a fake clock).
+
+#: Wall seconds after which the measured share of a core counts.
+SHARE_WINDOW = 0.2
+
+_wall = time.perf_counter
+_cpu = time.process_time
+_since: tuple[float, float] | None = None  # (wall, cpu) when the solve's clock started
+
+
+def cpu_share() -> float | None:
+    """The share of one core this process has had since :func:`forget` (CPU over wall
+    seconds; above 1 when several threads ran), or ``None`` before ``SHARE_WINDOW`` s."""
+    if _since is None:
+        return None
+    wall = _wall() - _since[0]
+    if wall < SHARE_WINDOW:
+        return None
+    return max(0.0, _cpu() - _since[1]) / wall
+
+
 def pace() -> float:
-    """How much slower than an idle machine work runs now: the 1-minute load average over the
-    cores, at least 1 (a process gets about cores / load of a core when more are runnable)."""
+    """How much slower than an idle machine work runs now, at least 1: the larger of the
+    1-minute load average over the cores (a process gets about cores / load of a core when more
+    are runnable) and the inverse of the share of a core this solve has measured (NOTE [ pace
+    under contention ])."""
     try:
-        return max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
+        by_load = max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
     except OSError:  # no load average on this platform
-        return 1.0
+        by_load = 1.0
+    share = cpu_share()
+    if share is None or share <= 0.0:
+        return by_load
+    return max(by_load, min(1.0 / share, 100.0))
 
 
 def read_seconds(nbytes: int) -> float:
@@ -127,8 +164,11 @@ def forget() -> None:
     Measurements are kept for one solve only: an earlier one may have run its kernels
     interpreted on a cold Numba cache or under a load spike, and its slowest evaluation would
     then stop a later solve from starting any (seen: a 60 s limit timed out at 6 stages).
+    It also starts the measure of this solve's share of a core (NOTE [ pace under contention ]).
     """
+    global _since
     _SEEN.clear()
+    _since = (_wall(), _cpu())
 
 
 def observe(length: int, seconds: float) -> None:

@@ -32,7 +32,7 @@ from .platform import Platform, PlatformError
 from .schedule_file import ScheduleFile
 from .units import format_bytes, format_percent, format_seconds, parse_bandwidth, parse_bytes, parse_seconds
 
-__all__ = ["main", "build_parser", "add_platform_flags", "load_platform", "CliError", "Output", "EXIT_CODES"]
+__all__ = ["main", "console", "build_parser", "add_platform_flags", "load_platform", "CliError", "Output", "EXIT_CODES"]
 
 #: Used when neither --platform, a schedule file nor --bandwidth* gives one: an effective PCIe 3.0 x16 link.
 DEFAULT_BANDWIDTH = "12GB/s"
@@ -42,8 +42,13 @@ EXIT_CODES = {
     0: "success; for solve, a schedule was found; for simulate and verify, the schedule is feasible",
     1: "solve found no schedule (status infeasible, timeout or error); simulate or verify: the schedule is infeasible",
     2: "misuse: bad arguments or input files, a schedule made for another chain, or stdout that cannot be written (one line on stderr, nothing written)",
-    130: "interrupted (Ctrl-C): nothing written",
+    130: "interrupted (Ctrl-C, SIGINT): nothing written",
+    143: "terminated (SIGTERM, e.g. kill or a job scheduler): nothing written",
 }
+
+#: The signals that stop a command, and the exit code of each (128 + the signal's number, as a
+#: shell reports a process the signal killed): handled alike (NOTE [ cli contract ]).
+_STOP_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
 
 _EPILOG = "exit codes:\n" + "\n".join(f"  {code:<4} {text}" for code, text in EXIT_CODES.items())
 
@@ -90,10 +95,33 @@ _EPILOG = "exit codes:\n" + "\n".join(f"  {code:<4} {text}" for code, text in EX
 #   Before `main` runs, while Python imports numpy and Numba (about a second), Ctrl-C is still
 #   Python's own: a KeyboardInterrupt traceback and death by SIGINT (130 in a shell); nothing
 #   has been read or written by then.
+# * SIGTERM (kill, a job scheduler, a CI timeout) is handled as SIGINT is, by the same main
+#   thread, pipe and mask, and exits 143 (128 + 15, what a shell shows for a process SIGTERM
+#   killed) with the temporaries removed; without a handler it killed the process and left the
+#   private folder beside the target. A SIGTERM that the parent ignores stays ignored.
+# * After the rename the command is done: a signal then never kills the process (it died by
+#   SIGINT with the new file in place when the KeyboardInterrupt came after main returned). The
+#   console entry (`console`) ignores both signals from the moment main has decided until the
+#   process exits, and exits with the command's own code.
+# * OR-Tools' solvers would install C handlers of their own for SIGINT during a search (CP-SAT
+#   aborted the process, SCIP swallowed the Ctrl-C): chainoffload/_interrupt.py turns them off
+#   and stops a running search through its API when the main thread handles the signal.
 
 
 class CliError(Exception):
     """A usage error with a one-line message (exit code 2)."""
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread as Ctrl-C's KeyboardInterrupt is (exit 143)."""
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    raise _Terminated
+
+
+def _raise_for(signum: int) -> None:
+    raise _Terminated if signum == signal.SIGTERM else KeyboardInterrupt
 
 
 class Output:
@@ -165,14 +193,15 @@ class _Gate:
     is in place and every temporary is removed.
     """
 
-    def __init__(self, signals: int | None = None, *, served: bool = False) -> None:
+    def __init__(self, signals: int | None = None, *, served: bool = False, watched: frozenset[int] = frozenset({signal.SIGINT})) -> None:
         self._lock = threading.Lock()
         self._pending: list[PendingWrite] = []
         self.code: int | None = None  # set once the files are in place
         self.closed = False
         # Read end of the pipe signal.set_wakeup_fd writes delivered signals to (main's).
         self._signals = signals
-        self._sigint = False
+        self._watched = watched  # the signals whose handlers raise in the main thread
+        self._came: int | None = None  # the first of them delivered
         # served: a main thread runs serve() while the worker works, and decides the rename.
         self._served = served
         self._wake = threading.Event()  # a rename asked for, or the worker done
@@ -209,19 +238,21 @@ class _Gate:
         if self._signals is None or threading.current_thread() is not threading.main_thread():
             return self._decide(pending, code)  # no Ctrl-C to watch (SIGINT ignored), or none here
         came: list[int] = []
-        previous = signal.signal(signal.SIGINT, lambda signum, frame: came.append(signum))
-        mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        watched = sorted(self._watched)
+        previous = {s: signal.signal(s, lambda signum, frame: came.append(signum)) for s in watched}
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, set(watched))
         try:
             return self._decide(pending, code)
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-            signal.signal(signal.SIGINT, previous)
-            if came and previous is signal.default_int_handler:
-                raise KeyboardInterrupt
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+            if came and previous[came[0]] in (signal.default_int_handler, _on_sigterm):
+                _raise_for(came[0])
 
     def _decide(self, pending: list[PendingWrite], code: int) -> bool:
         with self._lock:
-            stop = self.sigint_delivered()
+            stop = self.signal_delivered() is not None
             for p in pending:
                 p.discard() if stop else p.commit()
             if not stop:
@@ -249,14 +280,17 @@ class _Gate:
         """The worker is done: end the main thread's wait at once."""
         self._wake.set()
 
-    def sigint_delivered(self) -> bool:
-        """Whether a SIGINT has come: pending for this thread while it blocks SIGINT, or handled
-        by the C handler, which wrote its number to the wakeup pipe (``False`` without one)."""
+    def signal_delivered(self) -> int | None:
+        """The first watched signal (SIGINT, SIGTERM) that has come, or ``None``: pending for
+        this thread while it blocks them, or handled by the C handler, which wrote its number
+        to the wakeup pipe (``None`` without one)."""
         if self._signals is None:
-            return False
-        if signal.SIGINT in signal.sigpending():
-            self._sigint = True
-        while self._signals is not None and not self._sigint:
+            return self._came
+        if self._came is None:
+            pending = signal.sigpending() & self._watched
+            if pending:
+                self._came = min(pending)
+        while self._signals is not None and self._came is None:
             try:
                 data = os.read(self._signals, 512)
             except (BlockingIOError, InterruptedError):
@@ -266,8 +300,15 @@ class _Gate:
                 break
             if not data:
                 break
-            self._sigint = signal.SIGINT in data
-        return self._sigint
+            for byte in data:
+                if byte in self._watched:
+                    self._came = byte
+                    break
+        return self._came
+
+    def sigint_delivered(self) -> bool:
+        """Whether a watched signal has come (:meth:`signal_delivered`)."""
+        return self.signal_delivered() is not None
 
     def interrupt(self) -> int | None:
         """Stop all writing; the command's code if its files were already in place, else ``None``
@@ -328,6 +369,32 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> None:  # one line, exit 2, as every other error
         raise CliError(f"{message} (see `{self.prog} --help`)")
+
+    def parse_known_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> Any:
+        # A flag given twice took the last value silently (`--memory 4GiB ... --memory 6GiB`,
+        # a script that appended its own flag to a user's): an error, unless the flag is meant
+        # to be repeated (--option). Each parser checks its own flags, a subcommand's parser
+        # the words after the subcommand.
+        argv = list(sys.argv[1:] if args is None else args)
+        seen: dict[str, str] = {}
+        for token in argv:
+            if token == "--":
+                break
+            action = self._single_flags().get(token.partition("=")[0] if token.startswith("--") else token)
+            if action is None:
+                continue
+            flag = token.partition("=")[0]
+            if action in seen:
+                again = "given twice" if seen[action] == flag else f"given after {seen[action]}, which sets the same"
+                self.error(f"{flag}: {again}; give each flag once")
+            seen[action] = flag
+        return super().parse_known_args(argv, namespace)
+
+    def _single_flags(self) -> dict[str, str]:
+        """Each option string of a flag that may be given once, to the flag's destination (so
+        that ``-o`` and ``--out`` count as one; ``--duplex`` and ``--half-duplex`` too)."""
+        once = (argparse._StoreAction, argparse._StoreTrueAction, argparse._StoreFalseAction, argparse._StoreConstAction)
+        return {opt: a.dest for a in self._actions if type(a) in once for opt in a.option_strings}
 
 
 def add_platform_flags(parser: argparse.ArgumentParser, *, recorded: bool = False, memory: bool = True) -> None:
@@ -496,6 +563,13 @@ def _load_schedule(args: argparse.Namespace, chain: Chain) -> tuple[ScheduleFile
 
 
 def _cmd_solve(args: argparse.Namespace, out: Output) -> int:
+    import contextlib
+
+    with contextlib.ExitStack() as stack:
+        return _solve_command(args, out, stack)
+
+
+def _solve_command(args: argparse.Namespace, out: Output, stack: Any) -> int:
     import time
 
     from ._cost import file_read_seconds, report_seconds
@@ -524,16 +598,24 @@ def _cmd_solve(args: argparse.Namespace, out: Output) -> int:
             options[key.replace("-", "_")] = json.loads(value)
         except (json.JSONDecodeError, RecursionError):
             options[key.replace("-", "_")] = value
+    # The kernels are made ready here, inside the command's clock: loading them from the cache
+    # and the imports took 1-2 s of a loaded machine that the limit did not count (issue 33:
+    # --time-limit 1 ran 2.0-2.7 s inside main()). A one-off compile still does not count, as
+    # in solve() (NOTE [ lazy kernels ]); solve()'s own prepare() then finds them ready.
+    from ._compile import prepare
+
+    ready = stack.enter_context(prepare(args.method or DEFAULT_METHOD, chain.length))
     if args.time_limit is not None:
-        # What reading took counts; making the kernels ready does not, as in solve() (NOTE
-        # [ lazy kernels ]); the table printed after the solve is kept room for.
-        spent = time.perf_counter() - started
+        # What reading and loading took counts; the table printed after the solve is kept room for.
+        spent = time.perf_counter() - started - ready.seconds
         options["time_limit"] = max(args.time_limit - spent - report_seconds(chain.length), 1e-3)
         if args.min_memory:
             # One limit for the whole command: the solve gets half, the bisection what is left.
             options["time_limit"] *= 0.5
-    finish = None if args.time_limit is None else started + args.time_limit - report_seconds(chain.length)
+    finish = None if args.time_limit is None else started + ready.seconds + args.time_limit - report_seconds(chain.length)
     result = solve(chain, platform, args.method, **options)
+    if ready.seconds > 0 and not result.info.get("compile_time"):
+        result = result.replace(info={**result.info, "compile_time": ready.seconds})
     least = floor = search = None
     if args.min_memory:
         from .bounds import offload_memory_floor
@@ -978,7 +1060,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     box: dict[str, int] = {}
     worker = None
     watch = _watch_sigint()
-    gate = _Gate(watch[0] if watch else None, served=True)
+    gate = _Gate(watch[0] if watch else None, served=True, watched=watch[3] if watch else frozenset())
     try:
         try:
             args = build_parser().parse_args(argv)
@@ -988,7 +1070,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         def work() -> None:
             # SIGINT goes to the main thread alone (NOTE [ cli contract ]); threads the
             # command starts (OR-Tools' workers) inherit the mask.
-            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+            signal.pthread_sigmask(signal.SIG_BLOCK, set(_STOP_CODES))
             try:
                 box.update(code=_run(args, gate))
             finally:
@@ -998,20 +1080,55 @@ def main(argv: Sequence[str] | None = None) -> int:
         worker.start()
         while worker.is_alive():
             gate.serve(0.05)
-    except KeyboardInterrupt:
-        _interrupted(gate)
+        if _ENDING:
+            # The command is done: a signal from now on changes nothing (NOTE [ cli contract ]).
+            for s in _STOP_CODES:
+                signal.signal(s, signal.SIG_IGN)
+    except KeyboardInterrupt as exc:
+        _interrupted(gate, signal.SIGTERM if isinstance(exc, _Terminated) else signal.SIGINT)
     finally:
         _unwatch(watch)
     return box.get("code", 2)
 
 
-def _watch_sigint() -> tuple[int, int, int] | None:
+# Set by console(): the process ends with main(), so main may ignore the stop signals once the
+# command is decided (a library caller's handlers are left alone).
+_ENDING = False
+
+
+def console() -> None:
+    """Entry point of the ``chainoffload`` console script and of ``python -m chainoffload``:
+    :func:`main`, then exit with its code. A SIGINT or SIGTERM that comes once the command is
+    done (its file renamed into place) is ignored: the process never dies by the signal with
+    the new file in place (``NOTE [ cli contract ]``)."""
+    global _ENDING
+    _ENDING = True
+    try:
+        code = main()
+    except KeyboardInterrupt:  # before main's handling began (nothing read or written yet)
+        code = 130
+    for s in _STOP_CODES:
+        try:
+            signal.signal(s, signal.SIG_IGN)
+        except (ValueError, OSError):  # pragma: no cover - not the main thread
+            pass
+    sys.exit(code)
+
+
+def _watch_sigint() -> tuple[int, int, int, frozenset[int], Any] | None:
     """A pipe that the C signal handler writes each delivered signal's number to
-    (``signal.set_wakeup_fd``), so that the worker can tell a Ctrl-C has come before the main
-    thread handles it (``NOTE [ cli contract ]``): ``(read end, write end, previous wakeup fd)``,
-    or ``None`` when SIGINT is not Python's default handler (then no KeyboardInterrupt would
-    follow the byte) or a pipe cannot be made."""
-    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+    (``signal.set_wakeup_fd``), so that the worker can tell a Ctrl-C or a SIGTERM has come
+    before the main thread handles it (``NOTE [ cli contract ]``): ``(read end, write end,
+    previous wakeup fd, the signals watched, SIGTERM's previous handler)``, or ``None`` when
+    neither is watched or a pipe cannot be made. SIGINT is watched when its handler is Python's
+    default (a KeyboardInterrupt follows the byte); SIGTERM when it has the default action
+    (death), which this replaces by a handler that raises in the main thread."""
+    watched = set()
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        watched.add(signal.SIGINT)
+    if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+        watched.add(signal.SIGTERM)
+    if not watched:
         return None
     try:
         r, w = os.pipe()
@@ -1025,14 +1142,17 @@ def _watch_sigint() -> tuple[int, int, int] | None:
         os.close(r)
         os.close(w)
         return None
-    return r, w, old
+    term = signal.signal(signal.SIGTERM, _on_sigterm) if signal.SIGTERM in watched else None
+    return r, w, old, frozenset(watched), term
 
 
 def _unwatch(watch: tuple[int, int, int] | None) -> None:
     """Put back the wakeup fd :func:`_watch_sigint` replaced and close its pipe."""
     if watch is None:
         return
-    r, w, old = watch
+    r, w, old, watched, term = watch
+    if signal.SIGTERM in watched and signal.getsignal(signal.SIGTERM) is _on_sigterm:
+        signal.signal(signal.SIGTERM, term)
     try:
         signal.set_wakeup_fd(old)
     except (ValueError, OSError):
@@ -1070,6 +1190,10 @@ def _check_out(args: argparse.Namespace) -> None:
         return
     if path == "":
         raise CliError("--out: the path is empty; name the file to write")
+    if path.endswith(("/", os.sep)):
+        # It wrote a file named like the folder (`--out newdir/` made `newdir`): a path that
+        # ends in a separator names a folder, and --out names the file itself.
+        raise CliError(f"--out: {path} names a folder (it ends with {path[-1]!r}); name the file to write, e.g. {path}schedule.json")
     try:
         check_target(path)
     except TargetError as exc:
@@ -1099,19 +1223,23 @@ def _configure(args: argparse.Namespace) -> None:
     configure(False if getattr(args, "json", False) else (True if getattr(args, "progress", False) else None))
 
 
-def _interrupted(gate: _Gate) -> None:
-    """Ctrl-C: end the process now with exit 130 and no file in place, unless the command's file
-    was already renamed into place (then its own code: it is done)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+def _interrupted(gate: _Gate, signum: int = signal.SIGINT) -> None:
+    """Ctrl-C or SIGTERM: end the process now with exit 130 or 143 and no file in place, unless
+    the command's file was already renamed into place (then its own code: it is done)."""
+    for s in _STOP_CODES:
+        signal.signal(s, signal.SIG_IGN)
     code = gate.interrupt()
     if code is not None:
         os._exit(code)
+    from ._interrupt import stop_all
+
+    stop_all()  # a native search still running ends through its own API
     try:  # stdout is left alone: a flush could block behind a slow reader
-        sys.stderr.write("chainoffload: interrupted\n")
+        sys.stderr.write("chainoffload: " + ("terminated\n" if signum == signal.SIGTERM else "interrupted\n"))
         sys.stderr.flush()
     except (OSError, ValueError):
         pass
-    os._exit(130)
+    os._exit(_STOP_CODES[signum])
 
 
 def _error(exc: BaseException, prefix: str = "", suffix: str = "", *, gate: _Gate | None = None) -> int:

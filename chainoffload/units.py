@@ -94,19 +94,33 @@ def parse_bytes(value: str | int | float, *, field: str = "memory") -> int:
 
 
 def parse_bandwidth(value: str | int | float, *, field: str = "bandwidth") -> float:
-    """Parse a bandwidth such as ``"12GB/s"``, ``"16 GiB/s"`` or ``1.2e10`` into bytes per second.
+    """Parse a bandwidth such as ``"12GB/s"``, ``"16 GiB/s"``, ``"100Gb/s"`` or ``1.2e10`` into bytes per second.
 
-    ``"inf"`` is accepted (transfers then cost only the latency).
+    An upper-case ``B`` is a byte, a lower-case ``b`` a bit (``"100Gb/s"`` and ``"100Gbps"`` are
+    12.5 GB/s). ``"inf"`` is accepted (transfers then cost only the latency); a number too
+    large for a float (``"1e400"``) is refused, not taken as infinite.
 
     Raises
     ------
     ValueError
-        If the text is not a bandwidth or is negative.
+        If the text is not a bandwidth, is negative, or is a finite number that overflows.
     """
-    number, factor = _split(value, field, "bandwidth", _BW_RE, _SIZE_FACTORS, "12GB/s, 16GiB/s")
+    number, factor = _split(value, field, "bandwidth", _BW_RE, _SIZE_FACTORS, "12GB/s, 16GiB/s, 100Gb/s")
     if math.isnan(number) or number < 0:
         raise ValueError(f"{field}: {value!r} must be a bandwidth >= 0")
-    return number * factor
+    if isinstance(value, str):
+        unit = _BW_RE.match(value).group(2)
+        if unit.endswith("b"):
+            # A lower-case b is a bit, as network and PCIe rates are quoted (100Gb/s, 25 Gbps):
+            # read as bytes it was 8 times the link.
+            factor = Fraction(factor, 8)
+        if math.isinf(number) and _BW_RE.match(value).group(1).lower() not in ("inf", "infinity", "+inf", "+infinity"):
+            raise ValueError(f"{field}: {value!r} is too large to be a number of bytes per second; write inf for a link "
+                             "whose transfers cost only the latency")
+    result = number * float(factor) if factor != 1 else number
+    if math.isinf(result) and not math.isinf(number):
+        raise ValueError(f"{field}: {value!r} is too large to be a number of bytes per second")
+    return result
 
 
 def parse_seconds(value: str | int | float, *, field: str = "latency") -> float:

@@ -182,3 +182,22 @@ def test_vanishing_backward_does_not_put_the_bound_above_the_makespan():
     platform = Platform(memory=1, bandwidth_d2h=1.0, bandwidth_h2d=1.0, duplex=False)
     result = run(chain, platform, "first-k")
     assert result.status != Status.ERROR, result.message
+
+
+@settings(max_examples=examples(0.2), deadline=None)
+@given(instances(chains=chains(min_length=2, max_length=3, max_bytes=64, min_time=0.0, max_time=2.0, time_resolution=0.5),
+                 inf_bandwidth=False))
+def test_cpsat_equals_brute_force_with_zero_length_ops(instance):
+    """Issue 33: with ops that take no time CP-SAT's schedules were rejected by the simulator
+    (a prefetch that starts as a zero-length op ends allocates before the op's frees) and it
+    said ``timeout``, whether a schedule existed or none did. Now its status is the brute
+    force's, ``infeasible`` included, and so is its optimum."""
+    from chainoffload.exact import brute_force
+
+    chain, platform = instance
+    oracle = brute_force(chain, platform)
+    result = solve(chain, platform, "cpsat", time_limit=30.0, workers=1)
+    assert result.status == oracle.status, (result.message, oracle.status)
+    if oracle.status == Status.OPTIMAL:
+        tol = 3 * float(result.info.get("tolerance", 0.0) or 0.0) + 1e-9 * max(1.0, chain.compute_time)
+        assert abs(result.makespan - oracle.makespan) <= tol

@@ -384,3 +384,26 @@ def test_stronger_bound_says_which_bound(chain3):
         unit_milp(chain, platform, time_limit=-1)
     with pytest.raises(TypeError, match="chain"):
         stronger_bound("chain", platform)
+
+
+@pytest.mark.parametrize(
+    "chain, floor",
+    [
+        # A zero-length F_2 still reads a_1 when it allocates ("zero-length reader"): the old
+        # floor counted only what F_2 allocates (131 B).
+        (Chain(fwd=[1.0, 0.0, 1.0], bwd=[1.0, 1.0, 1.0], act=[7, 18, 17, 4], saved=[29, 46, 23], fwd_tmp=[0, 60, 0]), 142),
+        # A zero-length B_2 still holds its unit, g_2 and unit 1 while it allocates: the old
+        # floor left zero-length backwards to the stage floor (134 B).
+        (Chain(fwd=[1.0, 0.0, 1.0], bwd=[1.0, 0.0, 1.0], act=[20, 18, 30, 1], saved=[36, 48, 13], fwd_tmp=[0, 1, 0]), 152),
+    ],
+)
+def test_the_offload_floor_is_exact_on_zero_length_ops(chain, floor):
+    """docs/model.md's rules for one instant, checked by exhaustive search: no schedule peaks
+    below the floor, and one peaks at it (issue 33: 603 B where nothing fits below 701 B)."""
+    from chainoffload.exact import enumerate_schedules
+
+    assert offload_memory_floor(chain) == floor
+    platform = Platform(memory=10**6, bandwidth_d2h=1000.0, bandwidth_h2d=1000.0)
+    peaks = [tl.peak_memory for tl in (simulate(chain, platform, s) for s in enumerate_schedules(chain, platform))
+             if tl.violation is None or tl.violation.rule == "memory"]
+    assert min(peaks) == floor

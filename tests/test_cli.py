@@ -5,6 +5,7 @@ import sys
 import pytest
 
 from chainoffload.cli import main
+from chainoffload.examples import tiny
 
 
 def run(capsys, *argv):
@@ -209,3 +210,62 @@ def test_prepare_inside_an_interpreted_prepare_stays_interpreted():
         assert INTERPRETED[0]
     finally:
         INTERPRETED[0] = False
+
+
+# -- issue 33: the smaller edge cases of the command line ------------------------------------
+
+
+@pytest.mark.parametrize(
+    "flags, pattern",
+    [
+        (["--memory", "1KiB", "--memory", "2KiB"], "--memory: given twice; give each flag once"),
+        (["--memory=1KiB", "--memory", "2KiB"], "--memory: given twice"),
+        (["--memory", "1KiB", "--json", "--json"], "--json: given twice"),
+        (["--memory", "1KiB", "--duplex", "--half-duplex"], "--half-duplex: given after --duplex, which sets the same"),
+        (["--memory", "1KiB", "--method", "first-k"], "--method: given twice"),
+    ],
+)
+def test_a_flag_given_twice_is_an_error(tmp_path, capsys, flags, pattern):
+    """It silently took the last value; --option, which is meant to repeat, still repeats."""
+    tiny().save(tmp_path / "c.json")
+    code = main(["solve", str(tmp_path / "c.json"), "--method", "keep-all", *flags])
+    err = capsys.readouterr().err
+    assert code == 2 and pattern in err and err.count("\n") == 1
+
+
+def test_option_may_repeat(tmp_path, capsys):
+    tiny().save(tmp_path / "c.json")
+    code = main(["solve", str(tmp_path / "c.json"), "--memory", "1KiB", "--method", "best", "--option", "relaxations=false",
+                 "--option", "first_fit=true", "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0 and err == "" and json.loads(out)["status"] in ("optimal", "feasible")
+
+
+def test_out_ending_in_a_separator_is_refused(tmp_path, capsys):
+    """`--out newdir/` wrote a file named newdir."""
+    tiny().save(tmp_path / "c.json")
+    code = main(["solve", str(tmp_path / "c.json"), "--memory", "1KiB", "--method", "keep-all", "--out", str(tmp_path / "newdir") + "/"])
+    err = capsys.readouterr().err
+    assert code == 2 and "names a folder" in err and "newdir/schedule.json" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.json"]
+
+
+@pytest.mark.parametrize("flag, value", [("--bandwidth", "1e400"), ("--bandwidth-h2d", "1e300TB/s"), ("--memory", "1e400")])
+def test_a_number_that_overflows_is_refused_naming_the_flag(tmp_path, capsys, flag, value):
+    """--bandwidth 1e400 was taken as an infinitely fast link while --memory 1e400 was refused."""
+    tiny().save(tmp_path / "c.json")
+    argv = ["solve", str(tmp_path / "c.json"), "--method", "keep-all", flag, value]
+    if flag != "--memory":
+        argv += ["--memory", "1KiB"]
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 2 and f"{flag}: {value!r}" in err, err
+
+
+def test_lower_case_b_in_a_bandwidth_is_bits():
+    """'Gb/s' was read as gigabytes: 8 times the link."""
+    from chainoffload.units import parse_bandwidth
+
+    assert parse_bandwidth("100Gb/s") == 12.5e9 and parse_bandwidth("100Gbps") == 12.5e9
+    assert parse_bandwidth("100GB/s") == 100e9 and parse_bandwidth("8Kib/s") == 1024.0
+    assert parse_bandwidth("inf") == float("inf")

@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from chainoffload import Platform, Schedule, Status, Transfer, keep_all_peak, simulate, solve
+from chainoffload import Chain, Platform, Schedule, Status, Transfer, keep_all_peak, simulate, solve
 from chainoffload.generators import random_chain
 from chainoffload.solvers.cpsat import CPModel, TimeGrid, cpsat, default_workers, in_model_space, integer_replay
 from chainoffload.solvers.cpsat import model as cpsat_model
@@ -122,7 +122,31 @@ def test_no_solution_in_time_without_warm_start_is_a_timeout(monkeypatch):
     chain, platform = instance(2, 8, frac=0.3, ratio=0.1)
     res = _outcome(monkeypatch, chain, platform, "UNKNOWN", hint=False)
     assert res.status == Status.TIMEOUT and res.schedule is None
-    assert res.message == "cpsat: no schedule found within 5 s: CP-SAT found none (status UNKNOWN), and there is no warm start"
+    # The seconds it took, not the limit as if all of it was spent (issue 33: "within 19.98 s" after 0.4 s).
+    assert res.message.startswith("cpsat: no schedule found: CP-SAT found none (status UNKNOWN) in ")
+    assert res.message.endswith(" of the 5 s limit; there is no warm start")
+    spent = float(res.message.split(" in ")[1].split(" s ")[0])
+    assert spent == pytest.approx(res.runtime, rel=0.01, abs=1e-3)
+
+
+def test_rejected_schedules_say_the_retries_ended_it_not_the_clock(monkeypatch):
+    """The simulator rejecting every schedule CP-SAT found ended the search in 0.4 s; the
+    message said 'within 19.98 s'."""
+    from chainoffload.solvers.cpsat import solve as cpsat_solve
+
+    chain, platform = instance(2, 8, frac=0.3, ratio=0.1)
+    monkeypatch.setattr(cpsat_model.CPModel, "solve", lambda self, **kw: (_FakeSolver(), "FEASIBLE"))
+    monkeypatch.setattr(cpsat_model.CPModel, "schedule_from", lambda self, solver: Schedule.keep_all(chain.length))
+
+    class _Rejected:
+        feasible = False
+        makespan = math.inf
+
+    monkeypatch.setattr(cpsat_solve, "simulate", lambda c, p, s: _Rejected())
+    res = cpsat(chain, platform, time_limit=20.0, bound=False, hint=False)
+    assert res.status == Status.TIMEOUT and res.runtime < 10.0
+    assert "within 20 s" not in res.message and "the simulator rejected each of the 4 schedule(s) CP-SAT found, on 4 time grid(s)" in res.message
+    assert "of the 20 s limit" in res.message
 
 
 def test_no_solution_in_time_keeps_the_warm_start(monkeypatch):
@@ -336,3 +360,84 @@ def test_cpsat_equals_brute_force_where_a_i_alone_wins(seed, level):
     assert any(t.moves == "act" for t in oracle.schedule.transfers)
     assert abs(exact.makespan - oracle.makespan) <= 3 * exact.info["tolerance"] + 1e-12 * chain.compute_time
     assert exact.lower_bound <= oracle.makespan + 1e-12
+
+
+def test_a_slow_link_beside_a_fast_compute_is_solved_not_refused():
+    """Copies 2*10^10 times the compute time put a copy beyond the default grid's 2^53 units and
+    cpsat refused the valid instance as misuse (exit 2), in verify too (issue 33): the default
+    grid now fits the instance's horizon."""
+    from chainoffload.solvers.cpsat.grid import HORIZON_UNITS, TimeGrid
+    from chainoffload.verify import verify
+
+    chain = Chain(fwd=[1e-6] * 3, bwd=[2e-6] * 3, act=[10, 100_000, 100_000, 100_000], saved=[200_000] * 3, name="slowlink")
+    keep_all = solve(chain, Platform(memory=10**9, bandwidth_d2h=1.0, bandwidth_h2d=1.0), "keep-all").peak_memory
+    platform = Platform(memory=keep_all - 150_000, bandwidth_d2h=1.0, bandwidth_h2d=1.0)
+    grid = TimeGrid.build(chain, platform)
+    assert TimeGrid.horizon(chain, platform) * grid.scale <= HORIZON_UNITS
+    r = solve(chain, platform, "cpsat", time_limit=30)
+    assert r.status == Status.OPTIMAL and r.makespan == simulate(chain, platform, r.schedule).makespan
+    assert r.lower_bound <= r.makespan <= r.lower_bound * (1 + 1e-9)
+    report = verify(chain, platform, r.schedule, time_limit=30)
+    assert report["feasible"] and report["cpsat_status"] == "optimal"
+    # A scale the caller gives that the horizon does not fit is the caller's misuse, named.
+    with pytest.raises(ValueError, match="time_scale: .* give at most"):
+        TimeGrid.build(chain, platform, 1e12)
+
+
+# Issue 33's zero-length instance: F_1..F_3 and B_2, B_4 take no time. A 6.625 s schedule peaks
+# at 160 B (d2h 20 B/s, h2d 40 B/s); CP-SAT's model counted a prefetch that starts when a
+# zero-length op ends after that op's frees, the simulator (docs/model.md, order -1) before
+# them, and every schedule it found was rejected: "timeout" after 0.4 s.
+ZERO = Chain(fwd=[0, 0, 0, 1], bwd=[1, 0, 2, 0], act=[0, 8, 21, 29, 12], saved=[8, 55, 43, 34], name="zero-length")
+
+
+@pytest.mark.parametrize("d2h, h2d, optimum", [(20.0, 40.0, 6.625), (40.0, 20.0, 6.45)])
+def test_zero_length_ops_are_solved_to_the_optimum(d2h, h2d, optimum):
+    platform = Platform(memory=167, bandwidth_d2h=d2h, bandwidth_h2d=h2d, latency=0.5)
+    r = solve(ZERO, platform, "cpsat", time_limit=60, workers=1)
+    assert r.status == Status.OPTIMAL and r.makespan == pytest.approx(optimum, abs=3 * r.info["tolerance"])
+    tl = simulate(ZERO, platform, r.schedule)
+    assert tl.feasible and tl.makespan == r.makespan and tl.peak_memory <= 167
+    # The oracle's answer for the schedule the issue names: the simulator accepts it.
+    named = Schedule.from_dict({"compute": [["F", 1], ["F", 2], ["F", 3], ["F", 4], ["B", 4], ["B", 3], ["B", 2], ["B", 1]],
+                                "transfers": [
+                                    {"kind": "offload", "unit": 1, "trigger": {"op": 0, "at": "end"}, "before": 1},
+                                    {"kind": "offload", "unit": 2, "trigger": {"op": 1, "at": "end"}, "before": 4, "moves": "act"},
+                                    {"kind": "prefetch", "unit": 1, "trigger": {"op": 3, "at": "end"}},
+                                    {"kind": "prefetch", "unit": 2, "trigger": {"op": 3, "at": "end"}, "moves": "act"}]})
+    if d2h == 20.0:
+        tl = simulate(ZERO, platform, named)
+        assert tl.feasible and tl.makespan == 6.625 and tl.peak_memory == 160
+
+
+def _zero_length_chain(seed: int) -> tuple[Chain, Platform]:
+    import random
+
+    rng = random.Random(seed)
+    fwd = [rng.choice([0.0, 0.0, 1.0, 2.0]) for _ in range(3)]
+    bwd = [rng.choice([0.0, 0.0, 1.0, 2.0]) for _ in range(3)]
+    act = [rng.randint(0, 30) for _ in range(4)]
+    saved = [a + rng.randint(0, 30) for a in act[1:]]
+    chain = Chain(fwd=fwd, bwd=bwd, act=act, saved=saved, name=f"zero{seed}")
+    top = keep_all_peak(chain)
+    from chainoffload.bounds import offload_memory_floor
+
+    floor = offload_memory_floor(chain)
+    platform = Platform(memory=floor + (top - floor) * rng.choice([0, 1, 2]) // 4, bandwidth_d2h=rng.choice([10.0, 40.0]),
+                        bandwidth_h2d=rng.choice([10.0, 40.0]), latency=rng.choice([0.0, 0.5]))
+    return chain, platform
+
+
+@pytest.mark.parametrize("seed", [s if s in (4, 5) else pytest.param(s, marks=pytest.mark.thorough(seconds=20)) for s in range(12)])
+def test_cpsat_equals_brute_force_on_zero_length_ops(seed):
+    """Random 3-stage chains where about half the ops take no time: CP-SAT's status and optimum
+    are the brute force's (it said timeout where a schedule exists, or where none does)."""
+    from chainoffload.exact import brute_force
+
+    chain, platform = _zero_length_chain(seed)
+    oracle = brute_force(chain, platform)
+    exact = solve(chain, platform, "cpsat", time_limit=60, workers=1)
+    assert exact.status == oracle.status, (exact.message, oracle.status)
+    if oracle.status == Status.OPTIMAL:
+        assert abs(exact.makespan - oracle.makespan) <= 3 * exact.info["tolerance"] + 1e-12 * chain.compute_time
+        assert exact.lower_bound <= oracle.makespan + 1e-12

@@ -42,18 +42,18 @@ def offload_memory_floor(chain: Chain) -> int:
     Whatever is offloaded and whenever, at the start of each op (just after its allocation)
     these bytes are on the GPU:
 
-    * F_i (when fwd[i] > 0): a_0, the whole unit i-1 (F_i reads a_{i-1}, so the GPU copy of
-      unit i-1 is freed only at the end of F_i or later), saved[i] and fwd_tmp[i];
-    * B_i (when bwd[i] > 0): a_0, saved[i] (back on the GPU: P_i ends before B_{i+1} starts),
-      the whole unit i-1 (P_{i-1} must end before B_i starts), g_i (allocated by B_{i+1}, or by
-      B_L itself), g_{i-1} and bwd_tmp[i].
+    * F_i: a_0, the whole unit i-1 (F_i reads a_{i-1}, so the GPU copy of unit i-1 is freed
+      only at the end of F_i or later), saved[i] and fwd_tmp[i];
+    * B_i: a_0, saved[i] (back on the GPU: P_i ends before B_{i+1} starts), the whole unit
+      i-1 (P_{i-1} must end before B_i starts), g_i (allocated by B_{i+1}, or by B_L itself),
+      g_{i-1} and bwd_tmp[i].
 
-    "Unit 0" is a_0, counted once. An op of duration zero ends at the instant it starts, and the
-    simulator frees memory allocated earlier before allocations at one instant, so for such an
-    op only what it allocates itself is certain: F_i keeps a_0 + saved[i] + fwd_tmp[i]; B_i is
-    left to :meth:`Chain.stage_memory_floor`. The floor is the largest of these and of
-    :meth:`Chain.stage_memory_floor` (below which :func:`chainoffload.solve` refuses the
-    instance anyway).
+    "Unit 0" is a_0, counted once. Both hold for ops of duration zero too, by docs/model.md's
+    rules for one instant: a zero-length op's frees come after its own allocation (order
+    2k + 1), and so does the release of an offloaded original whose last reader is a
+    zero-length op (rule "zero-length reader": a zero-length F_i still reads a_{i-1} when it
+    allocates). The floor is the largest of these and of :meth:`Chain.stage_memory_floor`
+    (below which :func:`chainoffload.solve` refuses the instance anyway).
 
     When every op takes some time, infinite bandwidth and no latency reach this floor:
     offloading every unit as soon as it is made and prefetching it just before its backward
@@ -72,10 +72,9 @@ def offload_memory_floor(chain: Chain) -> int:
     act, saved = chain.act, chain.saved
     a0 = int(act[0])
     prev_unit = np.concatenate([[0], saved[:-1]])  # unit 0 is a_0, already counted
-    f_need = a0 + saved + chain.fwd_tmp + np.where(chain.fwd > 0, prev_unit, 0)
+    # A zero-length op holds what it reads while it allocates (docs/model.md, "One instant"):
+    # the floor was loose there (603 B where no schedule fits below 701 B, issue 33).
+    f_need = a0 + saved + chain.fwd_tmp + prev_unit
     b_need = a0 + saved + prev_unit + act[1:] + act[:-1] + chain.bwd_tmp
-    best = max(chain.stage_memory_floor(), int(f_need.max()))
-    if bool(np.any(chain.bwd > 0)):
-        best = max(best, int(b_need[chain.bwd > 0].max()))
-    return int(best)
+    return int(max(chain.stage_memory_floor(), int(f_need.max()), int(b_need.max())))
 

@@ -11,6 +11,7 @@ import time
 
 import numpy as np
 
+from .. import _interrupt
 from ..chain import Chain
 from ..order import b_pos
 from ..platform import Platform
@@ -206,7 +207,6 @@ class _LPBuilder:
 
     def solve(self, solver: str, time_limit: float | None = None) -> tuple[str, float, float, np.ndarray]:
         from ortools.linear_solver import linear_solver_pb2 as pb
-        from ortools.linear_solver import pywraplp
 
         request = self.request()
         if time_limit is not None:
@@ -221,7 +221,7 @@ class _LPBuilder:
                 "{ eps_optimal_absolute: 1e-9 eps_optimal_relative: 1e-9 } }"
             )
         response = pb.MPSolutionResponse()
-        pywraplp.Solver.SolveWithProto(request, response)
+        _interrupt.solve_proto(request, response)  # NOTE [ MPSolver and the GIL ]
         status = pb.MPSolverResponseStatus.Name(response.status)
         values = np.array(response.variable_value, dtype=np.float64)
         if response.status == pb.MPSOLVER_OPTIMAL:

@@ -10,6 +10,8 @@ import time
 
 import numpy as np
 
+from .. import _interrupt
+from .._interrupt import SCIP_NO_CTRL_C
 from ..chain import Chain
 from ..platform import Platform
 from ._common import _check_pair, _check_time_limit
@@ -164,7 +166,6 @@ class _MILPBuilder(_LPBuilder):
 
     def solve_milp(self, time_limit: float, nodes: int | None = None) -> tuple[str, float]:
         from ortools.linear_solver import linear_solver_pb2 as pb
-        from ortools.linear_solver import pywraplp
 
         request = self.request(self.binary)
         request.solver_time_limit_seconds = max(float(time_limit), 1e-3)
@@ -173,13 +174,15 @@ class _MILPBuilder(_LPBuilder):
         work = "" if nodes is None else f"limits/nodes = {int(nodes)}\n"
         t0 = time.perf_counter()
         for solver_type, params in (
-            (pb.MPModelRequest.SCIP_MIXED_INTEGER_PROGRAMMING, _SCIP_PARAMS + work),
-            (pb.MPModelRequest.SCIP_MIXED_INTEGER_PROGRAMMING, work),
+            # SCIP's own Ctrl-C handler stopped the search early and its partial bound was
+            # kept, exit 0 (chainoffload/_interrupt.py): SIGINT stays Python's.
+            (pb.MPModelRequest.SCIP_MIXED_INTEGER_PROGRAMMING, SCIP_NO_CTRL_C + _SCIP_PARAMS + work),
+            (pb.MPModelRequest.SCIP_MIXED_INTEGER_PROGRAMMING, SCIP_NO_CTRL_C + work),
             (pb.MPModelRequest.CBC_MIXED_INTEGER_PROGRAMMING, ""),
         ):
             request.solver_type = solver_type
             request.solver_specific_parameters = params
-            pywraplp.Solver.SolveWithProto(request, response)
+            _interrupt.solve_proto(request, response)  # NOTE [ MPSolver and the GIL ]
             if response.status not in (pb.MPSOLVER_MODEL_INVALID_SOLVER_PARAMETERS, pb.MPSOLVER_SOLVER_TYPE_UNAVAILABLE):
                 break
         if response.status == pb.MPSOLVER_INFEASIBLE:

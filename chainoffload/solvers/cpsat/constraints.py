@@ -258,6 +258,76 @@ class Constraints:
         md.add(size == end - start).only_enforce_if(present)
         return md.new_optional_interval_var(start, size, end, present, name)
 
+    # NOTE [ cpsat: zero-length ops ]
+    # An op that takes no time lasts one unit on the grid (so that its transient counts), and
+    # its frees come at the end of that unit, after its allocation and before the next op's,
+    # as docs/model.md's order within one instant has them. One rule of that order the grid
+    # did not follow: a prefetch allocates at the *start* of the instant (order -1), before a
+    # zero-length op's allocation and frees at that instant. On the grid a prefetch that starts
+    # when a zero-length op ends (the op's unit over) came after the op's frees; the simulator
+    # counts it before them, and rejected the solution (issue 33: on a 4-stage chain with
+    # zero-length ops every schedule CP-SAT found was rejected, and it said timeout).
+    # So the prefetched copy's memory starts at the beginning of the run of zero-length ops
+    # that share the prefetch's instant: `run_start[k]` is the start of the first op of the
+    # run of back-to-back zero-length ops ending with op k (ops that follow each other without
+    # a wait happen at one instant), and a prefetch that starts within that instant on the
+    # grid (after run_start[k], at or before the end of zero-length op k) allocates at
+    # run_start[k] at the latest. An allocation counted earlier only takes
+    # memory, so the solver never places it earlier than it must: the bound is exact, no
+    # equality needed. The rest of the order is what the grid had: an op that took time frees
+    # before anything allocates at its end; a zero-length op's frees come after its own
+    # allocation and before the next op's; the original a zero-length F_{i+1} reads is
+    # released at its end ("zero-length reader").
+
+    def _zero_length_runs(self) -> dict[int, Any]:
+        """``run_start[k]`` for each zero-length op k (NOTE [ cpsat: zero-length ops ])."""
+        v, md = self.v, self.model
+        chain, ops = v.chain, v.ops
+        run_start: dict[int, Any] = {}
+        for k, op in enumerate(ops):
+            seconds = float(chain.fwd[op.stage - 1] if op.kind == "F" else chain.bwd[op.stage - 1])
+            if seconds != 0.0:
+                continue
+            if k - 1 not in run_start:
+                run_start[k] = op.start
+                continue
+            # Op k-1 is zero-length too: the same instant unless op k waited.
+            start = md.new_int_var(0, v.horizon, f"run{k}")
+            joined = md.new_bool_var(f"joined{k}")
+            md.add(op.start == ops[k - 1].end).only_enforce_if(joined)
+            md.add(op.start > ops[k - 1].end).only_enforce_if(~joined)
+            md.add(start == run_start[k - 1]).only_enforce_if(joined)
+            md.add(start == op.start).only_enforce_if(~joined)
+            run_start[k] = start
+        return run_start
+
+    def _prefetch_allocation(self, prefetch: TransferVar, run_start: dict[int, Any], name: str):
+        """When the prefetch's copy starts taking memory: its start, or earlier when it starts
+        at the end of a zero-length op (NOTE [ cpsat: zero-length ops ])."""
+        if not run_start:
+            return prefetch.start
+        v, md = self.v, self.model
+        alloc = md.new_int_var(0, v.horizon, name)
+        md.add(alloc <= prefetch.start)
+        for k, first in run_start.items():
+            # The prefetch starts inside the run's instant, (run_start[k], end of op k]: two
+            # half-reified inequalities (a `!=` propagated too weakly to find a first solution).
+            after = md.new_bool_var(f"{name}_after{k}")
+            by = md.new_bool_var(f"{name}_by{k}")
+            md.add(prefetch.start >= first + 1).only_enforce_if(after)
+            md.add(prefetch.start <= first).only_enforce_if(~after)
+            md.add(prefetch.start <= v.ops[k].end).only_enforce_if(by)
+            md.add(prefetch.start >= v.ops[k].end + 1).only_enforce_if(~by)
+            md.add(alloc <= first).only_enforce_if([after, by])
+            # The same rule at the op's end alone, as an equality: redundant, but CP-SAT proves
+            # infeasibility with it where the inequalities alone left it at UNKNOWN (measured on
+            # 3-stage chains), while they alone find first solutions fast.
+            at = md.new_bool_var(f"{name}_at{k}")
+            md.add(prefetch.start == v.ops[k].end).only_enforce_if(at)
+            md.add(prefetch.start != v.ops[k].end).only_enforce_if(~at)
+            md.add(alloc <= first).only_enforce_if(at)
+        return alloc
+
     def memory(self) -> None:
         """One Cumulative at the memory limit over every allocation's [start, free) interval."""
         v, md = self.v, self.model
@@ -272,6 +342,7 @@ class Constraints:
                 demands.append(d)
 
         last = ops[-1]
+        run_start = self._zero_length_runs()
         add(self._interval(ops[0].start, last.end, "a0"), act[0])
         self.resident_end: dict[int, Any] = {}
         for i in range(1, length + 1):
@@ -300,14 +371,15 @@ class Constraints:
             # What moves (a_i alone, or the whole unit) leaves at r and is back from P_i's
             # start; the rest of a unit of which a_i alone moves stays from F_i to B_i.
             moved = act[i] if unit.alone is not None else saved[i - 1]
+            back = self._prefetch_allocation(unit.prefetch, run_start, f"alloc{i}")
             add(self._interval(f.start, r, f"unit{i}a"), moved)
-            add(self._interval(unit.prefetch.start, b.end, f"unit{i}b", x), moved)
+            add(self._interval(back, b.end, f"unit{i}b", x), moved)
             if unit.alone is not None:
                 rest_end = md.new_int_var(0, v.horizon, f"rest{i}")
                 md.add(rest_end == r).only_enforce_if(unit.whole)
                 md.add(rest_end == b.end).only_enforce_if(~unit.whole)
                 add(self._interval(f.start, rest_end, f"rest{i}a"), saved[i - 1] - act[i])
-                add(self._interval(unit.prefetch.start, b.end, f"rest{i}b", unit.whole), saved[i - 1] - act[i])
+                add(self._interval(back, b.end, f"rest{i}b", unit.whole), saved[i - 1] - act[i])
         md.add_cumulative(intervals, demands, v.platform.memory)
 
     def redundant_memory(self) -> None:

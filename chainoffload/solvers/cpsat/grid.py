@@ -42,6 +42,13 @@ TARGET_UNITS = 1_000_000
 #: The longest duration the grid holds, in units: the largest float below which every integer is exact.
 MAX_UNITS = 2.0**53
 
+#: The most units the default grid gives the horizon (every compute op and every transfer the
+#: model may pick, end to end: no schedule of the model's space is longer). A slow link beside a
+#: fast compute (transfers 10^10 times the compute time) put a copy beyond MAX_UNITS on the
+#: default grid and a valid instance was refused as misuse (issue 33); the default scale is
+#: lowered instead until the horizon fits, with 2^13 to spare below MAX_UNITS for sums.
+HORIZON_UNITS = 2.0**40
+
 
 @dataclasses.dataclass(frozen=True)
 class TimeGrid:
@@ -76,6 +83,16 @@ class TimeGrid:
         if scale is None:
             base = chain.compute_time
             scale = TARGET_UNITS / base if base > 0 else 1.0
+            horizon = cls.horizon(chain, platform)
+            if not math.isfinite(horizon):
+                # Copies so long that their sum overflows float64 (latency 1e308 s): no grid
+                # counts them, and the simulator's times would overflow too.
+                raise PlatformError(
+                    f"platform.latency / bandwidth: copies take so long (latency {platform.latency:.6g} s, bandwidth "
+                    f"{platform.bandwidth_d2h:.6g} / {platform.bandwidth_h2d:.6g} B/s) that their sum overflows float64; "
+                    "cpsat's integer time grid cannot count them")
+            if horizon * scale > HORIZON_UNITS:
+                scale = HORIZON_UNITS / horizon
         if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
             raise OptionError(f"time_scale: {scale!r} must be a finite number of units per second > 0")
         scale = float(scale)
@@ -101,10 +118,11 @@ class TimeGrid:
                         # A finite time can still overflow once scaled (latency 1e308 s): the model
                         # counts in integers, and a float beyond 2^53 is no longer a whole count.
                         bandwidth = platform.bandwidth_d2h if timer == platform.d2h_time else platform.bandwidth_h2d
-                        raise PlatformError(
-                            f"platform.latency / bandwidth: a copy of {int(s)} B takes {t:.6g} s (latency {platform.latency:.6g} s, "
-                            f"bandwidth {bandwidth:.6g} B/s), {t / (chain.compute_time or 1.0):.3g} times the compute time; "
-                            f"cpsat's integer time grid counts at most {MAX_UNITS / scale:.3g} s"
+                        # Only a scale given by the caller gets here: the default fits the horizon.
+                        raise OptionError(
+                            f"time_scale: {scale:.6g} units per second puts a copy of {int(s)} B ({t:.6g} s: latency "
+                            f"{platform.latency:.6g} s, bandwidth {bandwidth:.6g} B/s) beyond the integer grid's "
+                            f"{MAX_UNITS:.3g} units; give at most {HORIZON_UNITS / cls.horizon(chain, platform):.6g}, or leave it out"
                         )
                     di = int(round(t * scale))
                     err += abs(di - t * scale)
@@ -115,6 +133,21 @@ class TimeGrid:
         # Float sums in another order, for safety: one unit per 2^40 of the horizon.
         err += sum(ops) * 2.0**-40
         return cls(scale, tuple(ops), transfers[0], transfers[1], transfers[2], transfers[3], err)
+
+    @staticmethod
+    def horizon(chain: Chain, platform: Platform) -> float:
+        """Seconds no schedule of the model's space exceeds: every compute op, then every
+        transfer it may pick (each unit whole and a_u alone, both ways), one after another."""
+        total = float(chain.compute_time)
+        for timer in (platform.d2h_time, platform.h2d_time):
+            times = [timer(int(s)) for s in chain.saved] + [timer(int(a)) for a in chain.act[1:]]
+            finite = [t for t in times if math.isfinite(t)]
+            total += sum(finite)
+        return total if total > 0 else 1.0
+
+    def fits(self, chain: Chain, platform: Platform, scale: float) -> bool:
+        """Whether a grid at ``scale`` holds this instance's horizon (for a perturbed retry)."""
+        return self.horizon(chain, platform) * scale <= HORIZON_UNITS
 
     @property
     def can_transfer(self) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from ..._interrupt import run_stoppable
 from ...chain import Chain
 from ...order import fixed_order, trigger
 from ...platform import Platform
@@ -75,7 +76,8 @@ class CPModel:
         solver.parameters.fix_variables_to_their_hinted_value = True
         solver.parameters.max_time_in_seconds = float(time_limit)
         solver.parameters.num_workers = 1
-        status = solver.status_name(solver.solve(self.model))
+        solver.parameters.catch_sigint_signal = False  # SIGINT stays Python's (chainoffload/_interrupt.py)
+        status = solver.status_name(run_stoppable(lambda: solver.solve(self.model), solver.stop_search))
         if status not in ("OPTIMAL", "FEASIBLE"):
             return False
         md = self.model
@@ -98,6 +100,9 @@ class CPModel:
         solver.parameters.max_time_in_seconds = max(0.01, float(time_limit))
         solver.parameters.num_workers = int(workers)
         solver.parameters.absolute_gap_limit = max(1.0, float(gap_units))
+        # CP-SAT's own SIGINT handler aborted the process (std::bad_function_call) on a Ctrl-C
+        # at the wrong moment: SIGINT stays Python's, and the search ends by stop_search.
+        solver.parameters.catch_sigint_signal = False
         callback = None
         if on_solution is not None:
 
@@ -106,7 +111,7 @@ class CPModel:
                     on_solution(cb)
 
             callback = _Callback()
-        code = solver.solve(self.model, callback)
+        code = run_stoppable(lambda: solver.solve(self.model, callback), solver.stop_search)
         return solver, solver.status_name(code)
 
     # -- reading a solution ----------------------------------------------------------------------

@@ -246,6 +246,16 @@ def cpsat(
         return Result("cpsat", Status.TIMEOUT, None, runtime=time.perf_counter() - t0,
                       info={"refused": True, "model_estimate": est, "workers": workers},
                       message=f"cpsat: refused up front: {refused}")
+    from ...bounds import offload_memory_floor
+
+    floor = offload_memory_floor(chain)
+    if floor > platform.memory:
+        # Proven without a search: CP-SAT took its whole limit and said UNKNOWN on 2-stage
+        # chains below this floor (issue 33: "timeout" where nothing fits).
+        return Result("cpsat", Status.INFEASIBLE, None, runtime=time.perf_counter() - t0,
+                      info={"workers": workers, "bound": "offload memory floor", "cpsat_status": "SKIPPED"},
+                      message=f"cpsat: no schedule fits in {platform.memory} B: every offloading schedule needs at least "
+                              f"{floor} B (the offload memory floor, proven)")
     import_cp_model()
     grid = TimeGrid.build(chain, platform, time_scale)
     _given_hints(hint)  # validate before any work
@@ -317,7 +327,8 @@ def cpsat(
                 break
             # NOTE [ cpsat: time scale ]: a coincidence in integers fell the other way in floats.
             last_hint = schedule
-            grid = TimeGrid.build(chain, platform, grid.scale * 1.6180339887)
+            wider = grid.scale * 1.6180339887
+            grid = TimeGrid.build(chain, platform, wider if grid.fits(chain, platform, wider) else grid.scale / 1.6180339887)
         bar.set(time.perf_counter() - t0)
     info.update(time_scale=scale_used, tolerance=tolerance, objective_units=objective_units, bound_units=bound_units,
                 cpsat_status=status_name, rejected=rejected, wall_time=time.perf_counter() - t0)
@@ -338,10 +349,19 @@ def _outcome(chain, platform, status_name, found, warm, lb, rejected, time_limit
         # A warm start may beat CP-SAT's schedule by rounding (at most 2 * tolerance): keep the better.
         candidates.append((warm[0], warm[1], warm[2]))
     if not candidates:
-        why = (f"the simulator rejected the {rejected} schedule(s) CP-SAT found (its integer times round the instance's; a longer time limit or another method may give one)"
-               if rejected else f"CP-SAT found none (status {status_name})")
+        # What ended the search, in the seconds it took: the message claimed the whole limit
+        # ("within 19.98 s") after 0.4 s when the retries, not the clock, ran out (issue 33).
+        spent = f"{runtime:.3g} s"
+        if rejected and runtime < 0.95 * time_limit:
+            why = (f"the simulator rejected each of the {rejected} schedule(s) CP-SAT found, on {info.get('retries', 0) + 1} "
+                   f"time grid(s), in {spent} of the {limit} limit: CP-SAT's integer model and the simulator disagree on "
+                   "this instance (a rounding coincidence, or ops that take no time), so nothing it found can be reported")
+        elif rejected:
+            why = f"the simulator rejected the {rejected} schedule(s) CP-SAT found before the {limit} limit ran out ({spent})"
+        else:
+            why = f"CP-SAT found none (status {status_name}) in {spent} of the {limit} limit"
         return Result("cpsat", Status.TIMEOUT, None, lower_bound=lb, runtime=runtime, info=info,
-                      message=f"cpsat: no schedule found within {limit}: {why}, and there is no warm start")
+                      message=f"cpsat: no schedule found: {why}; there is no warm start")
     source, schedule, makespan = min(candidates, key=lambda c: c[2])
     info["kept_hint"] = source != "cpsat"
     lb = min(lb, makespan) if math.isfinite(lb) else lb
