@@ -54,7 +54,7 @@ from __future__ import annotations
 import importlib
 import math
 import time
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 
@@ -67,7 +67,7 @@ from . import baselines
 from ._options import OptionError
 from ._search import Candidate, Evaluator
 
-__all__ = ["best", "default_max_evals", "default_time_limit", "EVAL_WORK"]
+__all__ = ["EVAL_WORK", "best", "default_max_evals", "default_time_limit"]
 
 _EPS = 1e-12
 

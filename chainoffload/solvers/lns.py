@@ -57,15 +57,15 @@ from ..schedule import Schedule
 from ..simulate import simulate
 
 __all__ = [
-    "Improvement",
-    "improve",
     "CPSAT_WORK",
-    "WINDOW_WORK",
-    "WINDOW_STAGES",
+    "GUARD_SECONDS",
+    "SEED",
     "WHOLE_MAX_STAGES",
     "WINDOW_MAX_STAGES",
-    "SEED",
-    "GUARD_SECONDS",
+    "WINDOW_STAGES",
+    "WINDOW_WORK",
+    "Improvement",
+    "improve",
 ]
 
 #: CP-SAT's deterministic seconds ``best`` may spend by default, windows and whole chain together.
