@@ -474,7 +474,8 @@ def best(
         Deterministic seconds (CP-SAT's own count of work) of the exact improver after the
         local search (NOTE [ large neighbourhood search ] in ``lns.py``): windows of stages
         re-solved by CP-SAT, then the whole chain when it is short; ``None`` (default):
-        :data:`chainoffload.solvers.lns.CPSAT_WORK`; ``0``: no exact improver. It runs on
+        :func:`chainoffload.solvers.lns.default_work` (``CPSAT_WORK``, 2.0, or the environment
+        variable ``CHAINOFFLOAD_CPSAT_WORK``); ``0``: no exact improver. It runs on
         chains of at most ``WINDOW_MAX_STAGES`` stages whose schedule is more than
         ``LNS_GAP`` above the problem's bound, and not with ``first_fit``.
 
@@ -500,7 +501,10 @@ def best(
     from . import lns
 
     if cpsat_work is None:
-        cpsat_work = lns.CPSAT_WORK
+        try:
+            cpsat_work = lns.default_work()
+        except ValueError as exc:
+            raise OptionError(str(exc)) from None
     if isinstance(cpsat_work, bool) or not isinstance(cpsat_work, (int, float)) or not (0 <= cpsat_work < math.inf):
         raise OptionError(f"cpsat_work: {cpsat_work!r} must be a number of deterministic seconds >= 0")
     from ._options import check_keep
