@@ -33,7 +33,15 @@ the sizes the rules admit; if it does, the rung is skipped with a note saying so
 then depends on the machine, and the note says that too).
 
 A rung whose solver fails (``RuntimeError``, e.g. GLOP ending ``abnormal``) is skipped with a
-note in ``Result.info["lower_bound_note"]``. The climb stops early once the bound reaches the
+note in ``Result.info["lower_bound_note"]``, and so is a rung that a caller's time limit skipped
+(its estimate did not fit) or cut short (SCIP stopped by the clock before its node limit: its
+value is what it had proven then).
+
+**One way to combine bounds.** Every caller climbs this ladder: ``solve``, ``plot``, ``verify``
+and ``tradeoff`` through :func:`problem_bound` (no clock), ``cpsat`` through
+:func:`chainoffload.bounds.stronger_bound` (the same climb against a wall-clock limit), and
+``best`` before its exact improver (NOTE [ large neighbourhood search ]), whose whole CP-SAT
+solve may then prove a stronger bound of its own. The climb stops early once the bound reaches the
 ``target`` (the result's makespan: it is then proven optimal) and is not made at all for a
 result without a schedule. ``Result.info["bound"]`` names the rung whose value was kept.
 """

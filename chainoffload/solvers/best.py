@@ -44,7 +44,9 @@ without a time limit (each by its own rules, which depend on the instance only),
 stops by convergence or after :func:`default_max_evals` evaluations, a work budget of
 ``EVAL_WORK`` stage-evaluations (an evaluation plans and simulates the whole chain, so its cost
 grows with L). So the same call returns the same schedule on any machine and at any load, as
-CP-SAT does with a deterministic time. A ``time_limit`` (``--time-limit``) brings the clock in:
+CP-SAT does with a deterministic time. The exact improver that follows (``cpsat_work``, NOTE
+[ large neighbourhood search ] in ``lns.py``) is stopped the same way: CP-SAT's deterministic
+time, one worker, a fixed seed. A ``time_limit`` (``--time-limit``) brings the clock in:
 starting points get shares of it and the search stops at it, so the result may then depend on
 the machine.
 """
