@@ -400,7 +400,6 @@ def _exact(chain: Chain, platform: Platform, result: Result, work: float, kept: 
     imp = lns.improve(chain, platform, result.schedule, result.makespan, work=work, keep=kept, lower_bound=bound,
                       deadline=deadline)
     info["lns"] = imp.info
-    info["lower_bound_source"] = "cpsat" if imp.lower_bound > bound else pb.rung
     bound = max(bound, imp.lower_bound)
     if imp.schedule is result.schedule:
         return result.replace(lower_bound=bound, info=info, status=Status.OPTIMAL if imp.optimal else result.status)
