@@ -332,9 +332,10 @@ def improve(
         if status == "INFEASIBLE":
             # The model has no solution below the stated bound or the hint: nothing to add.
             info["whole"] = "INFEASIBLE"
-        # Proven: CP-SAT closed the gap, and the schedule kept is at least as good as its own
-        # (the rounding slack is R units either way, NOTE [ cpsat: time scale ]).
-        optimal = status == "OPTIMAL"
+        # Proven only when the schedule kept is CP-SAT's optimum up to the rounding slack (R units
+        # either way, NOTE [ cpsat: time scale ]): the simulator may reject CP-SAT's own schedule
+        # (a coincidence in integers), and the incumbent kept then need not be optimal.
+        optimal = status == "OPTIMAL" and best_span <= (float(solver.objective_value) + 3 * grid.slack) / grid.scale
         if math.isfinite(lb):
             lb = min(lb, best_span)
     info["work"] = runner.spent
