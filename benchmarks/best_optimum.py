@@ -102,9 +102,14 @@ def render(store: dict) -> str:
             f"{b['wall']:.1f} ({b['cpu']:.1f}) | {before['wall']:.1f} | {refcell} | {r['load_before']:.1f} / {r['load_after']:.1f} |"
         )
     out += [""]
+    unproven = [r for r in rows if not (r["best"]["status"] == "optimal" or (r.get("cpsat") or {}).get("status") == "optimal")]
     if gaps:
         out.append(f"Points with a proven optimum: {len(gaps)} of {len(rows)}; best / opt: mean {sum(gaps) / len(gaps):.4f}, "
-                   f"worst {1 + worst[0]:.4f} ({worst[1]}); opt / bound: mean {sum(bgaps) / len(bgaps):.4f}, worst {max(bgaps):.4f}.")
+                   f"worst {1 + worst[0]:.4f}{f' ({worst[1]})' if worst[1] else ' (best is the optimum at every one)'}; opt / bound: mean {sum(bgaps) / len(bgaps):.4f}, worst {max(bgaps):.4f}.")
+    if unproven:
+        spans = [r["best"]["makespan"] / r["best"]["bound"] for r in unproven]
+        out.append(f"Points without a proven optimum: {len(unproven)}; best / bound there: mean {sum(spans) / len(spans):.4f}, "
+                   f"worst {max(spans):.4f}.")
     return "\n".join(out) + "\n"
 
 
