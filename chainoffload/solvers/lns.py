@@ -34,7 +34,8 @@ well; only then may the result depend on the machine. Without one a guard of
 :data:`GUARD_SECONDS` of wall time per call stands in case CP-SAT's count of work and the
 clock part ways; should it fire, ``info["guard"]`` says so.
 
-Chains longer than :data:`WINDOW_MAX_STAGES` are left to the local search: the model has
+Chains longer than :data:`WINDOW_MAX_STAGES` (24, the same as ``WHOLE_MAX_STAGES``: windows alone
+were measured to gain nothing on longer chains, see its comment) are left to the local search: the model has
 ~12 L^2 variables and ~44 L^2 constraints (NOTE [ cpsat: model size ]), whose building alone
 (seconds at L = 100) no work limit can cut.
 
@@ -80,8 +81,12 @@ WINDOW_WORK = 0.5
 WINDOW_STAGES = 6
 #: Longest chain solved whole after the windows.
 WHOLE_MAX_STAGES = 24
-#: Longest chain whose model is built at all.
-WINDOW_MAX_STAGES = 64
+#: Longest chain whose model is built at all. Windows alone (chains longer than
+#: WHOLE_MAX_STAGES) found nothing on the shipped 34-52-stage networks: 24 points (densenet121,
+#: resnet101, gpt2_48, resnet152 at 25/50/75 % on PCIe 3 and 4, benchmarks/results/best_optimum.md),
+#: where the 5 that ran windows spent 10-226 s of wall time for the same schedule. Until a better
+#: neighbourhood earns its work there, the model is built only where the whole chain is solved.
+WINDOW_MAX_STAGES = 24
 #: The seed of the window offsets and of CP-SAT's own randomness.
 SEED = 0
 #: Wall seconds per CP-SAT call without a deadline: a guard that should never fire.
