@@ -43,7 +43,8 @@ print(json.dumps({"wall": wall, "cpu": cpu, "status": r.status.value, "ratio": r
 
 def run(tree: str, length: int, timeout: float) -> dict:
     env = {**os.environ, "PYTHONPATH": tree}
-    proc = subprocess.run([sys.executable, "-c", _CHILD, str(length), BENCH], env=env, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run([sys.executable, "-c", _CHILD, str(length), BENCH], env=env, capture_output=True, text=True, timeout=timeout,
+                          check=False)
     if proc.returncode != 0:
         return {"error": proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit {proc.returncode}"}
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -61,9 +62,9 @@ def main() -> None:
     lines = [
         "# `best` against the base commit at 10^3-10^5 stages (issue 33, item 4)",
         "",
-        f"`python benchmarks/best_vs_base.py --base <checkout of {args.base_label}> --lengths {' '.join(map(str, args.lengths))}`, "
-        f"{time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC, {os.cpu_count()} CPU cores shared with other sessions' work. "
-        "Default options (no time limit: both stop by their work budget). Instance: benchmarks/_common.py's mid_instance.",
+        (f"`python benchmarks/best_vs_base.py --base <checkout of {args.base_label}> --lengths {' '.join(map(str, args.lengths))}`, "
+         f"{time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC, {os.cpu_count()} CPU cores shared with other sessions' work. "
+         "Default options (no time limit: both stop by their work budget). Instance: benchmarks/_common.py's mid_instance."),
         "",
         "| L | tree | status | makespan / compute | bound / compute | evals | stopped | wall s | CPU s | schedule (sha256, 16) | load before / after |",
         "|---:|---|---|---:|---:|---:|---|---:|---:|---|---|",

@@ -6,10 +6,10 @@ import pytest
 
 import chainoffload as co
 from chainoffload import Platform, keep_all_peak, solve
+from chainoffload.bounds import ladder as _ladder
 from chainoffload.bounds import lower_bound, offload_memory_floor, volume_lower_bound
 from chainoffload.exact import brute_force
 from chainoffload.generators import random_chain
-from chainoffload.bounds import ladder as _ladder
 
 
 # One chain per case (four brute forces each): two in the fast profile, two in the thorough one.
@@ -185,7 +185,7 @@ def test_a_rung_skipped_or_stopped_by_the_time_limit_says_so(monkeypatch):
     assert value == stopped.bound and "time limit" in why
     monkeypatch.setattr(_ladder, "LADDER", [r for r in _ladder.LADDER if r.name in ("trivial", "unit-milp")])
     notes = []
-    got, name, tried = _ladder.climb(chain, platform, 10.0, notes=notes)
+    got, name, _ = _ladder.climb(chain, platform, 10.0, notes=notes)
     assert name == "unit-milp" and got == stopped.bound and any("unit-milp bound stopped early" in n for n in notes)
     # ... and solve() passes the note on.
     monkeypatch.setattr(_ladder, "_unit_milp_runs", lambda c, p: True)

@@ -58,7 +58,6 @@ from ..schedule import Schedule
 from ..simulate import simulate
 
 __all__ = [
-    "default_work",
     "CPSAT_WORK",
     "GUARD_SECONDS",
     "SEED",
@@ -67,6 +66,7 @@ __all__ = [
     "WINDOW_STAGES",
     "WINDOW_WORK",
     "Improvement",
+    "default_work",
     "improve",
 ]
 
