@@ -179,14 +179,15 @@ def test_a_restart_from_every_a_i_alone_crosses_what_one_move_cannot():
     # NOTE [ local improvement ], restarts: from unit 4 whole (34.79 ms, where the first walk
     # stops: each a_i added alone is worse or does not fit) to a_3, a_5, a_6 and a_7 alone;
     # CP-SAT proves 21.959 ms (benchmarks/results/act_alone.md).
+    # The local search alone (cpsat_work=0): CP-SAT after it is tests/test_lns.py's.
     chain, platform = _resnet18_80_pcie3()
-    result = solve(chain, platform, "best")
+    result = solve(chain, platform, "best", cpsat_work=0)
     assert result.feasible and result.info["restart"] == "all alone"
     assert result.makespan == pytest.approx(0.027291, abs=1e-6)
     assert sorted(result.info["alone"]) == sorted(result.info["units"]) == [3, 5, 6, 7]
     assert simulate(chain, platform, result.schedule).makespan == result.makespan
     # The restarts only spend what the first walk left of the budget.
-    short = solve(chain, platform, "best", max_evals=100)
+    short = solve(chain, platform, "best", max_evals=100, cpsat_work=0)
     assert short.info["restart"] is None and short.info["evals"] == 100
     assert short.makespan == pytest.approx(0.0347895, abs=1e-6)
 

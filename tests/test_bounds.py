@@ -407,3 +407,50 @@ def test_the_offload_floor_is_exact_on_zero_length_ops(chain, floor):
     peaks = [tl.peak_memory for tl in (simulate(chain, platform, s) for s in enumerate_schedules(chain, platform))
              if tl.violation is None or tl.violation.rule == "memory"]
     assert min(peaks) == floor
+
+
+# The unit MILP's rows, caught by a test of their own (issue 33: only a README figure did): its
+# optimum on three small instances (duplex and one shared channel, a_i-alone moves offered), the
+# size of its model, and that it stays below a feasible schedule and well above the fluid LP.
+# A row dropped or weakened changes the count or lowers the optimum; one made too strong raises
+# it (above the schedule, or off the pinned value).
+@pytest.mark.parametrize(
+    ("seed", "length", "level", "rate", "duplex", "bound", "variables", "constraints"),
+    [
+        (0, 6, 0.25, 0.5, True, 1.2548963094925096, 63, 133),
+        (1, 7, 0.4, 0.3, False, 6.675221286758106, 145, 371),
+        (2, 8, 0.2, 1.0, True, 1.4358179251596612, 191, 505),
+    ],
+)
+def test_unit_milp_rows_pinned(seed, length, level, rate, duplex, bound, variables, constraints):
+    from chainoffload import solve
+
+    chain = random_chain(seed, length)
+    lo, hi = offload_memory_floor(chain), keep_all_peak(chain)
+    bw = rate * float(chain.saved.sum()) / chain.compute_time
+    platform = Platform(memory=int(lo + level * (hi - lo)), bandwidth_d2h=bw, bandwidth_h2d=bw, latency=1e-5, duplex=duplex)
+    got = unit_milp(chain, platform, time_limit=60.0)
+    assert got.status == "optimal"
+    assert (got.variables, got.constraints) == (variables, constraints)
+    assert got.bound == pytest.approx(bound, rel=1e-6)
+    assert got.bound > 1.15 * fluid_lower_bound(chain, platform)
+    schedule = solve(chain, platform, "best", cpsat_work=0)
+    assert schedule.feasible and got.bound <= schedule.makespan * (1 + 1e-9)
+
+
+# The ladder stops SCIP at a node limit (the root with its cuts on most instances), where the
+# rows that only tighten the LP relaxation count too: (7)'s whole windows and (4)'s capping at
+# the excess leave the optimum as it is but lower the root's bound (measured: 6.2463 s and
+# 5.6849 s here without them).
+@pytest.mark.parametrize(
+    ("seed", "length", "duplex", "root"),
+    [(1, 7, True, 6.409562067076047), (0, 6, False, 1.4495210584022948)],
+)
+def test_unit_milp_root_bound_pinned(seed, length, duplex, root):
+    chain = random_chain(seed, length)
+    lo, hi = offload_memory_floor(chain), keep_all_peak(chain)
+    bw = 0.3 * float(chain.saved.sum()) / chain.compute_time
+    platform = Platform(memory=int(lo + 0.5 * (hi - lo)), bandwidth_d2h=bw, bandwidth_h2d=bw, latency=1e-5, duplex=duplex)
+    got = unit_milp(chain, platform, time_limit=None, nodes=1)
+    assert got.bound == pytest.approx(root, rel=1e-6)
+

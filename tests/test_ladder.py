@@ -6,10 +6,10 @@ import pytest
 
 import chainoffload as co
 from chainoffload import Platform, keep_all_peak, solve
+from chainoffload.bounds import ladder as _ladder
 from chainoffload.bounds import lower_bound, offload_memory_floor, volume_lower_bound
 from chainoffload.exact import brute_force
 from chainoffload.generators import random_chain
-from chainoffload.bounds import ladder as _ladder
 
 
 # One chain per case (four brute forces each): two in the fast profile, two in the thorough one.
@@ -115,3 +115,102 @@ def test_unit_milp_rung_skipped_when_it_does_not_fit():
     assert "unit-milp" not in _ladder.problem_bound(chain, platform).tried
     roomy = platform.with_memory(keep_all_peak(chain))
     assert unit_milp_seconds(chain, roomy) == 0.0  # no check binds: free
+
+
+# -- time limits, by spies and fake clocks (issue 33: no wall-time assertions) ----------------------
+
+
+def _mid(length, seed=11):
+    chain = random_chain(seed, length)
+    lo, hi = offload_memory_floor(chain), keep_all_peak(chain)
+    bw = 0.5 * float(chain.saved.sum()) / chain.compute_time
+    return chain, Platform(memory=int(lo + 0.5 * (hi - lo)), bandwidth_d2h=bw, bandwidth_h2d=bw, latency=1e-5)
+
+
+def test_solve_climbs_the_ladder_within_what_is_left_of_its_limit(monkeypatch):
+    # A mutant that dropped this limit let a solve with time_limit=1 take 5.4 s at L = 1,500 (the
+    # fluid LP ran unbounded). The climb must get the time left, less the judging.
+    from chainoffload.solvers import _front
+
+    chain, platform = _mid(200)
+    seen = []
+    real = _ladder.climb
+
+    def spy(chain, platform, time_limit=None, **kwargs):
+        seen.append(time_limit)
+        return real(chain, platform, time_limit, **kwargs)
+
+    monkeypatch.setattr(_ladder, "climb", spy)
+    monkeypatch.setattr(_front, "_judge_cost", lambda chain: 0.25)
+    solve(chain, platform, "first-k", time_limit=1.0)
+    assert len(seen) == 1 and seen[0] is not None and 0.0 <= seen[0] <= 1.0 - 0.25
+    seen.clear()
+    solve(chain, platform, "first-k")
+    assert seen == [None]  # no limit: the rules alone decide
+
+
+def test_the_method_gets_the_limit_less_the_judging(monkeypatch):
+    # A mutant that reserved no time for judging the schedule survived: with a frozen clock the
+    # method must be handed exactly the limit less the judging's estimate.
+    import time
+
+    from chainoffload.solvers import _front, baselines
+
+    chain, platform = _mid(40)
+    got = []
+    real = baselines.first_k
+
+    def spy(*args, **kwargs):
+        got.append(kwargs.get("time_limit"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(baselines, "first_k", spy)
+    monkeypatch.setattr(_front, "_judge_cost", lambda chain: 0.375)
+    monkeypatch.setattr(time, "perf_counter", lambda: 1000.0)
+    solve(chain, platform, "first-k", time_limit=2.0)
+    assert got == [pytest.approx(2.0 - 0.375, abs=1e-9)]
+
+
+def test_a_rung_skipped_or_stopped_by_the_time_limit_says_so(monkeypatch):
+    from chainoffload.bounds import milp
+
+    chain, platform = _mid(12, seed=6)
+    notes = []
+    _ladder.climb(chain, platform, 0.0, notes=notes)
+    assert any("fluid-lp bound was skipped" in n for n in notes), notes
+    # SCIP cut by the caller's limit before its node limit: the value stands, with a note.
+    stopped = milp.UnitMILP(chain.compute_time * 1.01, "time limit", 0.5, 10, 10)
+    monkeypatch.setattr(milp, "unit_milp", lambda *a, **k: stopped)
+    value, why = _ladder._unit_milp(chain, platform, 0.5)
+    assert value == stopped.bound and "time limit" in why
+    monkeypatch.setattr(_ladder, "LADDER", [r for r in _ladder.LADDER if r.name in ("trivial", "unit-milp")])
+    notes = []
+    got, name, _ = _ladder.climb(chain, platform, 10.0, notes=notes)
+    assert name == "unit-milp" and got == stopped.bound and any("unit-milp bound stopped early" in n for n in notes)
+    # ... and solve() passes the note on.
+    monkeypatch.setattr(_ladder, "_unit_milp_runs", lambda c, p: True)
+    r = solve(chain, platform, "first-k", time_limit=30.0)
+    if r.info["bound"] == "unit-milp":
+        assert "stopped early" in r.info["lower_bound_note"]
+
+
+def test_one_evaluation_is_not_underestimated(monkeypatch):
+    # A mutant that estimated one evaluation 10x too low survived: the model, at pace 1, must stay
+    # above the fastest evaluation measured (9 us per stage at load 3 on 2 cores, pace 1.5: NOTE
+    # [ clock ] in chainoffload/_clock.py), and the evaluator must not start one that does not fit.
+    import time
+
+    from chainoffload import _clock
+    from chainoffload.solvers._search import Evaluator
+
+    monkeypatch.setattr(_clock, "pace", lambda: 1.0)
+    _clock.forget()
+    for length in (10_000, 100_000):
+        assert _clock.eval_seconds(length) >= 9e-6 / 1.5 * length
+    chain, platform = _mid(1000)
+    need = _clock.eval_seconds(1000) + _clock.build_seconds(0)
+    monkeypatch.setattr(time, "perf_counter", lambda: 50.0)
+    short = Evaluator(chain, platform, deadline=50.0 + 0.9 * need)
+    assert short.exhausted and short.stopped == "time"
+    roomy = Evaluator(chain, platform, deadline=50.0 + 1.1 * need)
+    assert not roomy.exhausted

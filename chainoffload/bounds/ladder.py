@@ -33,7 +33,15 @@ the sizes the rules admit; if it does, the rung is skipped with a note saying so
 then depends on the machine, and the note says that too).
 
 A rung whose solver fails (``RuntimeError``, e.g. GLOP ending ``abnormal``) is skipped with a
-note in ``Result.info["lower_bound_note"]``. The climb stops early once the bound reaches the
+note in ``Result.info["lower_bound_note"]``, and so is a rung that a caller's time limit skipped
+(its estimate did not fit) or cut short (SCIP stopped by the clock before its node limit: its
+value is what it had proven then).
+
+**One way to combine bounds.** Every caller climbs this ladder: ``solve``, ``plot``, ``verify``
+and ``tradeoff`` through :func:`problem_bound` (no clock), ``cpsat`` through
+:func:`chainoffload.bounds.stronger_bound` (the same climb against a wall-clock limit), and
+``best`` before its exact improver (NOTE [ large neighbourhood search ]), whose whole CP-SAT
+solve may then prove a stronger bound of its own. The climb stops early once the bound reaches the
 ``target`` (the result's makespan: it is then proven optimal) and is not made at all for a
 result without a schedule. ``Result.info["bound"]`` names the rung whose value was kept.
 """
@@ -43,22 +51,22 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from ..chain import Chain
 from ..platform import Platform
 
 __all__ = [
-    "Rung",
+    "FLUID_LP_MAX_STAGES",
     "LADDER",
+    "UNIT_MILP_NODE_WORK",
+    "UNIT_MILP_WORK_SIZE",
     "ProblemBound",
+    "Rung",
     "add_rung",
     "climb",
-    "problem_bound",
     "fluid_lp_cost",
-    "FLUID_LP_MAX_STAGES",
-    "UNIT_MILP_WORK_SIZE",
-    "UNIT_MILP_NODE_WORK",
+    "problem_bound",
     "unit_milp_nodes",
 ]
 
@@ -96,9 +104,10 @@ class Rung:
         What ``Result.info["bound"]`` says when this rung gives the bound.
     bound
         ``bound(chain, platform, limit) -> float``: a proven lower bound on the makespan of
-        every pure-offloading schedule the simulator accepts (``inf`` proves none fits).
-        ``limit`` is ``None`` (no time limit: the value must depend on the instance only) or
-        seconds of wall time; may raise ``TimeoutError``.
+        every pure-offloading schedule the simulator accepts (``inf`` proves none fits), or
+        ``(float, note)`` when it stopped before its own end (``note`` says why; the value is
+        still proven). ``limit`` is ``None`` (no time limit: the value must depend on the
+        instance only) or seconds of wall time; may raise ``TimeoutError``.
     runs
         ``runs(chain, platform) -> bool``: the rule that says whether the rung is climbed at
         all; it must not look at the clock.
@@ -108,7 +117,7 @@ class Rung:
     """
 
     name: str
-    bound: Callable[[Chain, Platform, "float | None"], float]
+    bound: Callable[[Chain, Platform, float | None], float]
     runs: Callable[[Chain, Platform], bool]
     cost: Callable[[Chain, Platform], float]
 
@@ -175,7 +184,11 @@ def _unit_milp(chain: Chain, platform: Platform, limit: float | None) -> float:
     answer = milp.unit_milp(chain, platform, time_limit=seconds, nodes=unit_milp_nodes(milp._unit_milp_size(chain, platform)))
     if limit is None and answer.status == "time limit":
         raise TimeoutError(f"the unit MILP's guard of {milp.GUARD_SECONDS:g} s of SCIP's wall time ran out")
-    return answer.bound if math.isfinite(answer.bound) or answer.status == "infeasible" else -math.inf
+    value = answer.bound if math.isfinite(answer.bound) or answer.status == "infeasible" else -math.inf
+    if answer.status == "time limit":
+        # Cut by the caller's time limit before its node limit: weaker than without it.
+        return value, f"SCIP stopped at the time limit ({seconds:.3g} s) with the bound it had proven"
+    return value
 
 
 def _unit_milp_runs(chain: Chain, platform: Platform) -> bool:
@@ -187,6 +200,9 @@ def _unit_milp_runs(chain: Chain, platform: Platform) -> bool:
 def _unit_milp_cost(chain: Chain, platform: Platform) -> float:
     from . import milp
 
+    hit = milp._MILP_CACHE.get((id(chain), platform, unit_milp_nodes(milp._unit_milp_size(chain, platform))))
+    if hit is not None and hit[0] is chain and hit[1].status in milp._FINAL + ("node limit",):
+        return 0.0  # the rung's own answer is cached
     # unit_milp_seconds estimates the time to a settled bound; the root node takes less.
     return milp.unit_milp_seconds(chain, platform)
 
@@ -229,7 +245,11 @@ def climb(
 
     ``time_limit`` ``None``: every rung whose rule admits the instance runs, to its work limit
     (the answer depends on the instance only). Seconds: a rung also needs its estimated cost
-    to fit what is left (the first rung always runs).
+    to fit what is left (the first rung always runs), and gets what is left as its own limit.
+
+    ``notes`` (a list) receives one line per rung that did not give its full answer: skipped
+    because its estimate did not fit the time left, stopped by the time limit (its value is
+    what it had proven then), or failed.
 
     Returns
     -------
@@ -238,6 +258,11 @@ def climb(
     """
     t0 = time.perf_counter()
     value, name, tried = -math.inf, "trivial", []
+
+    def note(line: str) -> None:
+        if notes is not None:
+            notes.append(line)
+
     for rung in LADDER:
         if value >= target * (1 - 1e-12):
             break
@@ -246,18 +271,24 @@ def climb(
         left = None
         if time_limit is not None:
             left = max(time_limit - (time.perf_counter() - t0), 0.0)
-            if tried and rung.cost(chain, platform) > left:
+            cost = rung.cost(chain, platform)
+            if tried and cost > left:
+                note(f"the {rung.name} bound was skipped (estimated {cost:.3g} s, {left:.3g} s of the time limit left)")
                 continue
         try:
             got = rung.bound(chain, platform, left)
         except TimeoutError as exc:
-            if notes is not None and time_limit is None:
-                notes.append(f"the {rung.name} bound is not available ({' '.join(str(exc).split())}; this figure may depend on the machine)")
+            why = " ".join(str(exc).split()) or "time limit"
+            suffix = "; this figure may depend on the machine" if time_limit is None else ""
+            note(f"the {rung.name} bound stopped early ({why}){suffix}")
             continue
         except RuntimeError as exc:
-            if notes is not None:
-                notes.append(f"the {rung.name} bound is not available ({' '.join(str(exc).split())})")
+            note(f"the {rung.name} bound is not available ({' '.join(str(exc).split())})")
             continue
+        if isinstance(got, tuple):  # (value, a note: the rung stopped before its own end)
+            got, why = got
+            if why:
+                note(f"the {rung.name} bound stopped early ({why})")
         tried.append(rung.name)
         if got > value:
             value, name = got, rung.name

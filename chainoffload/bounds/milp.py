@@ -16,10 +16,9 @@ from ..chain import Chain
 from ..platform import Platform
 from ._common import _check_pair, _check_time_limit
 from .floor import keep_all_start_memory
-from .fluid import _LPBuilder, fluid_lower_bound
-from .volume import volume_lower_bound
+from .fluid import _LPBuilder
 
-__all__ = ["Bound", "UnitMILP", "UNIT_MILP_MAX_SIZE", "moves_of", "stronger_bound", "unit_milp", "unit_milp_seconds"]
+__all__ = ["UNIT_MILP_MAX_SIZE", "Bound", "UnitMILP", "moves_of", "stronger_bound", "unit_milp", "unit_milp_seconds"]
 
 # NOTE [ unit MILP lower bound ]
 # ------------------------------
@@ -478,30 +477,30 @@ def unit_milp_seconds(chain: Chain, platform: Platform) -> float:
 
 
 def stronger_bound(chain: Chain, platform: Platform, *, time_limit: float = 10.0) -> Bound:
-    """The best proven lower bound within ``time_limit`` seconds: compute time, volume, fluid LP, unit MILP.
+    """The best proven lower bound within ``time_limit`` seconds: the bound ladder
+    (:func:`chainoffload.bounds.ladder.climb`, the one way bounds are combined) against a clock.
 
-    The whole-move relaxation (:func:`unit_milp`, ``NOTE [ unit MILP lower bound ]``) keeps
-    what the fluid LP loses: what a unit moves (all of it, or a_i alone) is freed only when its
-    whole offload has ended and comes back whole when its prefetch starts. It gets the time left after the fluid LP and is
-    skipped on chains where building it alone would cost seconds (see
-    :data:`UNIT_MILP_MAX_SIZE`); then the answer is the best of the others. The fluid LP gets
-    the whole ``time_limit`` (it is free when cached); when even it runs out, so would the
-    MILP, and the answer is the closed-form bounds'.
+    Each rung runs when the ladder's size rule admits the instance and its estimated cost fits
+    what is left of ``time_limit``, and gets what is left as its own limit: the fluid LP (free
+    when cached) up to ``FLUID_LP_MAX_STAGES`` stages, then the whole-move relaxation
+    (:func:`unit_milp`, ``NOTE [ unit MILP lower bound ]``), which keeps what the fluid LP
+    loses (a move is freed only when its whole offload has ended and comes back whole when its
+    prefetch starts), up to ``UNIT_MILP_WORK_SIZE`` and its node limit. ``cpsat`` states this
+    bound in its model; ``solve`` reports :func:`chainoffload.bounds.problem_bound`, the same
+    ladder without a clock.
 
     Parameters
     ----------
     chain, platform
         The instance.
     time_limit
-        Seconds for the whole call (> 0). Cost: the fluid LP is ~0.05 s at L = 100; the unit
-        MILP's model has ~L^2 binary columns and ~L^2 rows of ~L terms, and its solver stops at
-        the limit with the bound proven so far (:func:`unit_milp_seconds` estimates when it
-        has one).
+        Seconds for the whole call (> 0).
 
     Returns
     -------
     Bound
-        The largest of the four, and which it is.
+        The largest value reached, and which rung gave it (``compute time``, ``volume``,
+        ``fluid LP``, ``unit MILP`` or ``unit MILP, optimal``, or an added rung's name).
 
     Raises
     ------
@@ -510,22 +509,22 @@ def stronger_bound(chain: Chain, platform: Platform, *, time_limit: float = 10.0
     """
     _check_pair(chain, platform, "stronger_bound")
     _check_time_limit(time_limit)
+    from . import ladder
+
+    # One way to combine bounds (NOTE [ bound ladder ]): this is the ladder, climbed against a
+    # wall-clock limit.
     t0 = time.perf_counter()
-    best = Bound(chain.compute_time, "compute time", 0.0)
-    volume = volume_lower_bound(chain, platform)
-    if volume > best.value:
-        best = Bound(volume, "volume", 0.0)
-    try:
-        fluid = fluid_lower_bound(chain, platform, time_limit=float(time_limit)) if math.isfinite(best.value) else -math.inf
-    except TimeoutError:
-        return dataclasses.replace(best, seconds=time.perf_counter() - t0)
-    if fluid > best.value:
-        best = Bound(fluid, "fluid LP", 0.0)
-    left = float(time_limit) - (time.perf_counter() - t0)
-    size = _unit_milp_size(chain, platform)
-    if math.isfinite(best.value) and size and (left > 0.01 or _final_milp(chain, platform)) and size <= UNIT_MILP_MAX_SIZE:
-        unit = unit_milp(chain, platform, time_limit=max(left, 1e-3))
-        if unit.bound > best.value:
-            best = Bound(unit.bound, "unit MILP, optimal" if unit.status == "optimal" else "unit MILP", 0.0)
-    return dataclasses.replace(best, seconds=time.perf_counter() - t0)
+    value, rung, _ = ladder.climb(chain, platform, float(time_limit))
+    if not value >= chain.compute_time:
+        value, rung = chain.compute_time, "trivial"
+    kind = _KINDS.get(rung, rung)
+    if rung == "unit-milp":
+        hit = _MILP_CACHE.get((id(chain), platform, ladder.unit_milp_nodes(_unit_milp_size(chain, platform))))
+        if hit is not None and hit[0] is chain and hit[1].status == "optimal":
+            kind = "unit MILP, optimal"
+    return Bound(value, kind, time.perf_counter() - t0)
+
+
+#: The ladder's rung names as :class:`Bound` names them.
+_KINDS = {"trivial": "compute time", "volume": "volume", "fluid-lp": "fluid LP", "unit-milp": "unit MILP"}
 

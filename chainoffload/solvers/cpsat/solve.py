@@ -97,7 +97,7 @@ def _heuristic_schedules(chain: Chain, platform: Platform, keep: frozenset[int],
         res = func(chain, platform, keep=keep)
         if res.feasible:
             out.append((name, res.schedule, res.makespan))
-    res = best(chain, platform, keep=keep, time_limit=max(0.01, min(default_time_limit(chain.length), time_limit)))
+    res = best(chain, platform, keep=keep, time_limit=max(0.01, min(default_time_limit(chain.length), time_limit)), cpsat_work=0)
     if res.feasible and res.schedule is not None:
         tl = simulate(chain, platform, res.schedule)
         if tl.feasible:
