@@ -363,6 +363,8 @@ def solve_for(
     if len(methods) == 1:
         raise ValueError(nothing_fits(chain, platform, method, resident, keep, sizes, last, key, tried=refused))
     tried = f"no plan of {', '.join(methods)} fits, nor recomputes only what the executor can call again"
+    if refused:
+        tried += f" ({refused})"
     raise ValueError(nothing_fits(chain, platform, None, resident, keep, sizes, None, key, tried=tried))
 
 
@@ -443,8 +445,11 @@ class _Unsafe:
 # than train wrong). The profiling passes are watched for them, with module hooks of their own
 # around every block call: a block that modifies its hidden input in place (the checkpoint it
 # would start from is gone), a block whose output the code after it modifies in place before the
-# next block reads it (a recomputed a_i would miss the change), and a block with forward
-# pre-hooks of its own (a recomputation would run them again on arguments they already changed).
+# next block reads it (a recomputed a_i would miss the change), a block with forward pre-hooks
+# of its own (a recomputation would run them again on arguments they already changed), a block
+# given an object that may hold state its forward changes (a transformers Cache) and a block
+# that changes an argument it is given (appends to a list): NOTE [ arguments a recomputation
+# would change again ] in _recompute.py.
 
 
 @contextlib.contextmanager
@@ -452,6 +457,7 @@ def _watch_blocks(blocks: Any) -> Iterator[dict[int, str]]:
     """Watch the blocks' calls while profiling; yield {block index (1-based): why it must not
     be recomputed}, filled when the context exits."""
     from ._instrument import _Hook
+    from ._recompute import arguments_state, stateful_argument
 
     found: dict[int, str] = {}
     n = len(blocks.modules)
@@ -467,14 +473,29 @@ def _watch_blocks(blocks: Any) -> Iterator[dict[int, str]]:
             found.setdefault(b - 1, "its output is modified in place by the code after it, before the next block reads it")
         state["last"] = None
         ver = hidden._version if isinstance(hidden, torch.Tensor) else None
-        state["open"].append((b, hidden, ver))
+        # NOTE [ arguments a recomputation would change again ] in _recompute.py.
+        hidden_at = blocks.hidden_in[b - 1]
+        why = stateful_argument(module, a, kw, hidden_at)
+        if why is not None:
+            found.setdefault(b, why)
+        where, key = hidden_at
+        others = (
+            tuple(x for j, x in enumerate(a) if not (where == "arg" and j == key)),
+            {k: v for k, v in kw.items() if not (where == "kw" and k == key)},
+        )
+        state["open"].append((b, hidden, ver, others, arguments_state(others)))
 
     def post(module: nn.Module, a: tuple, kw: dict, out: Any) -> None:
         if not state["open"]:
             return
-        b, hidden, ver = state["open"].pop()
+        b, hidden, ver, others, before = state["open"].pop()
         if ver is not None and hidden._version != ver:
             found.setdefault(b, "modifies its hidden input in place")
+        if arguments_state(others) != before:
+            found.setdefault(
+                b, "changes an argument it is given (appends to a list, modifies a tensor in place): a recomputation "
+                "would change it again"
+            )
         first = next(iter(t for t in _tensors(out)), None)
         state["last"] = (b, first, first._version) if first is not None else None
 
