@@ -381,6 +381,8 @@ def _solve_one(
         result = co.solve(solved_on, platform, method, **kept, **options)
     except co.PlatformError:
         return None, None
+    if solved_on is not chain:
+        result = _checkpointing_if_faster(chain, platform, result, not_recomputable(chain, sizes, blocks))
     if not result.feasible:
         return result, None
     moved = sorted(set(result.schedule.offloaded_units) & resident)
@@ -403,6 +405,38 @@ def _solve_one(
     if not timeline.feasible:
         return None, f"method {method}: {timeline.violation}"
     return dataclasses.replace(result, makespan=timeline.makespan, peak_memory=timeline.peak_memory, timeline=timeline), None
+
+
+# NOTE [ checkpointing what the executor can recompute ]
+# rotor never loses to checkpoint-all on the chain it solves (NOTE [ never lose to the family ]
+# in chainoffload/solvers/rotor.py), but a method that recomputes is solved on recompute_chain,
+# where checkpoint-all's Fck of a stage the executor cannot run again (the prefix stage, a stage
+# whose a_i the code after it makes) costs a prohibitive time: the family member a user compares
+# with -- gradient_checkpointing_enable(), which leaves the embeddings unwrapped -- is
+# checkpoint-all with those stages run F once and kept whole. It is the plan's candidate too,
+# simulated on the profiled chain: where it fits and is faster (or the method found nothing that
+# fits), it is the method's plan, so offload() is never slower than checkpointing every block the
+# executor can recompute, at any memory where that fits.
+
+
+def _checkpointing_if_faster(chain: co.Chain, platform: co.Platform, result: co.Result, banned: dict[int, str]) -> co.Result:
+    """``result``, or checkpoint-all keeping ``banned`` stages whole where it fits and is faster."""
+    from chainoffload.solvers.remat_baselines import checkpoint_all_schedule
+
+    whole = {i for i in banned if i < chain.length}
+    schedule = checkpoint_all_schedule(chain.length, whole=whole)
+    timeline = co.simulate(chain, platform, schedule)
+    if not timeline.feasible:
+        return result
+    if result.feasible:
+        mine = co.simulate(chain, platform, result.schedule)
+        if mine.feasible and mine.makespan <= timeline.makespan:
+            return result
+    info = {**(result.info or {}), "source": "checkpoint-all of the blocks the executor can recompute"}
+    return dataclasses.replace(
+        result, status=co.Status.FEASIBLE, schedule=schedule, makespan=timeline.makespan,
+        peak_memory=timeline.peak_memory, timeline=timeline, offloaded_bytes=0, min_memory=None, info=info, message="",
+    )
 
 
 def _takes(method: str | None) -> set[str] | None:

@@ -636,3 +636,29 @@ def test_a_recomputation_that_fails_says_what_happened_and_what_to_do():
             loss.backward()
     finally:
         Flaky.armed = False
+
+
+def test_checkpointing_what_the_executor_can_recompute_is_a_candidate_of_every_recomputing_method():
+    """At the memory checkpoint-all with the banned stages kept whole holds, a method's plan is never
+    slower than it: where the method found nothing (or something slower), that schedule is the plan."""
+    from chainoffload.solvers.remat_baselines import checkpoint_all_schedule
+    from chainoffload_torch.plans import _checkpointing_if_faster
+
+    chain = co.Chain(
+        fwd=[1.0] * 6, bwd=[2.0] * 6, act=[10, 10, 10, 10, 10, 10, 10], saved=[50, 30, 30, 30, 30, 30],
+    )
+    banned = {1: "the code before the first block", 6: "the last block"}
+    ck = checkpoint_all_schedule(6, whole={1})
+    free = co.Platform(memory=2**40, bandwidth_d2h=1.0, bandwidth_h2d=1.0)
+    tl = co.simulate(chain, free, ck)
+    platform = free.with_memory(tl.peak_memory)
+    nothing = co.Result("rotor", co.Status.INFEASIBLE, None, min_memory=tl.peak_memory + 1)
+    got = _checkpointing_if_faster(chain, platform, nothing, banned)
+    assert got.feasible and got.schedule == ck and got.makespan == tl.makespan and got.min_memory is None
+    assert ("Fck", 1) not in got.schedule.compute and got.schedule.compute.count(("F", 1)) == 1
+    # A faster plan that fits stays; below the checkpointing peak nothing changes.
+    keep_all = co.Schedule(tuple([("F", i) for i in range(1, 7)] + [("B", i) for i in range(6, 0, -1)]))
+    fast = co.Result("rotor", co.Status.FEASIBLE, keep_all, makespan=18.0)
+    roomy = free.with_memory(co.keep_all_peak(chain))
+    assert _checkpointing_if_faster(chain, roomy, fast, banned) is fast
+    assert _checkpointing_if_faster(chain, free.with_memory(tl.peak_memory - 1), nothing, banned) is nothing
