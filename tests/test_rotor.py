@@ -402,6 +402,22 @@ def test_checkpoint_all_is_hf_gradient_checkpointing():
         assert sequence_length("checkpoint-all", length) == len(checkpoint_all_schedule(length).compute) == 3 * length - 1
 
 
+def test_checkpoint_all_keeping_whole_stages_runs_them_once_and_holds_their_units():
+    """HF's checkpointing leaves the embeddings unwrapped: a stage of ``whole`` runs F_all once
+    and keeps its unit until its backward, the others as checkpoint-all."""
+    assert checkpoint_all_schedule(4, whole={1}).compute == (
+        ("F", 1), ("Fck", 2), ("Fck", 3), ("F", 4), ("B", 4), ("F", 3), ("B", 3), ("F", 2), ("B", 2), ("B", 1))
+    assert checkpoint_all_schedule(5, whole=()) == checkpoint_all_schedule(5)
+    chain = random_chain(np.random.default_rng(4), 8)
+    free = Platform(memory=UNLIMITED, bandwidth_d2h=0.0, bandwidth_h2d=0.0)
+    plain = simulate(chain, free, checkpoint_all_schedule(8))
+    kept = simulate(chain, free, checkpoint_all_schedule(8, whole={1, 5}))
+    assert kept.feasible and kept.peak_memory >= plain.peak_memory
+    assert math.isclose(kept.makespan, plain.makespan - float(chain.fwd_nosave[0] + chain.fwd_nosave[4]), rel_tol=1e-12)
+    with pytest.raises(ValueError, match="whole"):
+        checkpoint_all_schedule(3, whole={4})
+
+
 def test_checkpoint_all_method_fits_exactly_at_its_peak():
     chain = random_chain(np.random.default_rng(3), 9)
     free = Platform(memory=UNLIMITED, bandwidth_d2h=0.0, bandwidth_h2d=0.0)
