@@ -69,6 +69,7 @@ LAYERS = {
         "chainoffload",
         "chainoffload.__main__",
         "chainoffload.cli",
+        "chainoffload.cli.*",
         "chainoffload.tradeoff",
         "chainoffload.verify",
         "chainoffload.testing",
