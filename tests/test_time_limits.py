@@ -257,7 +257,7 @@ def test_pace_follows_the_share_of_a_core_this_solve_gets(monkeypatch):
     """Three solves at once on 2 cores: each gets 2/3 of a core while the 1-minute load average
     still says idle, and every estimate made from it was 1.5x short (issue 33: --time-limit 1
     ran 2.0-2.7 s). The measured share now sets the pace; a fake clock, not the machine's."""
-    from chainoffload import _cost as _clock
+    from chainoffload import _cost
 
     clock = _FakeClock()
     monkeypatch.setattr(_clock, "_wall", lambda: clock.wall)
