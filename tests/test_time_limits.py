@@ -278,13 +278,13 @@ def test_pace_follows_the_share_of_a_core_this_solve_gets(monkeypatch):
     assert _cost.pace() == 1.0
     monkeypatch.setattr(_cost.os, "getloadavg", lambda: (8.0, 0.0, 0.0))
     monkeypatch.setattr(_cost.os, "cpu_count", lambda: 2)
-    assert _clock.pace() == pytest.approx(4.0)
+    assert _cost.pace() == pytest.approx(4.0)
     # A new solve starts a new measure: what an earlier one got says nothing about this one.
-    monkeypatch.setattr(_clock.os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    monkeypatch.setattr(_cost.os, "getloadavg", lambda: (0.0, 0.0, 0.0))
     clock.run(5.0, 0.1)
-    _clock.forget()
+    _cost.forget()
     clock.run(1.0, 1.0)
-    assert _clock.pace() == 1.0
+    assert _cost.pace() == 1.0
 
 
 def test_the_cli_limit_counts_loading_the_kernels(tmp_path, monkeypatch, capsys):
