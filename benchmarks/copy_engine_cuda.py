@@ -36,9 +36,9 @@ from torch import nn  # noqa: E402
 
 import chainoffload as co  # noqa: E402
 import chainoffload_torch as ct  # noqa: E402
-from chainoffload_torch._engine_choice import engine_for  # noqa: E402
 from chainoffload.planner import plan_transfers  # noqa: E402
 from chainoffload.units import format_bytes  # noqa: E402
+from chainoffload_torch._engine_choice import engine_for  # noqa: E402
 from torch_models import gpt_like, resnet_like  # noqa: E402
 
 

@@ -25,10 +25,9 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "property_tests")]
 
+from chainoffload import simulate  # noqa: E402
 from naive import assert_agrees, simulate_naive  # noqa: E402
 from test_prop_oracle import cases  # noqa: E402
-
-from chainoffload import simulate  # noqa: E402
 
 RESULTS = HERE / "results"
 

@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+
 from _common import BENCH, write_report
 
 RESULTS = Path(__file__).resolve().parent / "results"

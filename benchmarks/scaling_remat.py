@@ -55,10 +55,9 @@ FRACTION = 0.3
 def instance(length: int, fraction: float = FRACTION):
     """The random chain of ``benchmarks/remat.py`` with L stages and its platform."""
     sys.path.insert(0, str(HERE))
-    from remat import random_chain
-
     from chainoffload import Platform
     from chainoffload.simulate import keep_all_peak
+    from remat import random_chain
 
     chain = random_chain(np.random.default_rng(length), length)
     floor, top = chain.stage_memory_floor(), keep_all_peak(chain)

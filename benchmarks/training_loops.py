@@ -35,10 +35,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np
 import torch
-from _common import write_report
 from torch import nn
 
 import chainoffload_torch as ct
+from _common import write_report
 
 RESULTS = Path(__file__).resolve().parent / "results"
 #: The Trainer-like loop's plain seconds and its offloaded steps' seconds (offload() apart).

@@ -22,7 +22,8 @@ import os
 import signal
 import sys
 import threading
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -162,7 +163,7 @@ class Output:
         """One JSON object on stdout: non-finite numbers become ``null`` (strict JSON)."""
         self.print(json.dumps(_json_safe(obj), allow_nan=False))
 
-    def commit(self, gate: "_Gate", code: int) -> None:
+    def commit(self, gate: _Gate, code: int) -> None:
         """Write it all in the order of ``NOTE [ cli contract ]``: file beside its target,
         stdout, rename, notes."""
         pending: list[PendingWrite] = []

@@ -11,12 +11,12 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 from .chain import Chain
+from .order import fixed_order, transfer_events, trigger, wait_ops
 from .platform import Platform
 from .result import Result, Status
-from .order import fixed_order, transfer_events, trigger, wait_ops
 from .schedule import Schedule, Transfer
 from .simulate import simulate
 

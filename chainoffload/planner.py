@@ -32,7 +32,7 @@ deterministic: the same inputs give the same schedule.
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 import numpy as np
 

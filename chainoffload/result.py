@@ -89,7 +89,7 @@ class Result:
             return math.nan if not self.feasible else 0.0
         return self.makespan / self.lower_bound - 1.0
 
-    def replace(self, **changes: Any) -> "Result":
+    def replace(self, **changes: Any) -> Result:
         """A copy with some fields replaced."""
         return dataclasses.replace(self, **changes)
 

@@ -23,7 +23,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from ._jsonio import JsonIO, is_number
 from .chain import Chain
@@ -79,7 +80,7 @@ class ScheduleFile(JsonIO):
             raise ScheduleError(f"schedule.platform: expected a Platform, got {type(self.platform).__name__}")
 
     @classmethod
-    def from_result(cls, chain: Chain, platform: Platform, result: Result) -> "ScheduleFile":
+    def from_result(cls, chain: Chain, platform: Platform, result: Result) -> ScheduleFile:
         """The file ``solve --out`` writes for ``result`` (which must hold a schedule).
 
         Raises
@@ -141,7 +142,7 @@ class ScheduleFile(JsonIO):
         return out
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "ScheduleFile":
+    def from_dict(cls, data: Mapping[str, Any]) -> ScheduleFile:
         """Parse a schedule file; the three metadata keys are optional, each checked strictly."""
         if not isinstance(data, Mapping):
             raise ScheduleError(f"schedule: expected a JSON object, got {type(data).__name__}")

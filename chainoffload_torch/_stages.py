@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import enum
-import weakref
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import nn

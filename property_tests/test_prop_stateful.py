@@ -19,7 +19,8 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 
-from hypothesis import settings, strategies as st
+from hypothesis import settings
+from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from _budget import examples

@@ -11,7 +11,8 @@ is benchmarks/torch_fuzz.py.
 import copy
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from _budget import examples
 

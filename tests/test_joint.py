@@ -5,16 +5,15 @@ import math
 import numpy as np
 import pytest
 
+from chainoffload._kernels.joint import spine_table
+from chainoffload._kernels.rotor import rotor_table
 from chainoffload.platform import Platform
 from chainoffload.result import Status
 from chainoffload.simulate import keep_all_peak, simulate
 from chainoffload.solvers import solve
-from chainoffload._kernels.joint import spine_table
-from chainoffload._kernels.rotor import rotor_table
 from chainoffload.solvers.joint import joint, joint_dp, joint_schedule, joint_table, walk, window_tables
 from chainoffload.solvers.joint_exact import joint_exact
 from chainoffload.solvers.rotor import rotor, slots_for
-
 from naive_joint import best_plan, plan_cost, plan_of_nodes
 from remat_cases import fraction_platform, instances, random_chain, slow_link_chain, unit_heavy_instances
 

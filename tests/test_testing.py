@@ -6,7 +6,8 @@ The three-stage chain (tests/conftest.py): keep-all peak 192 B, makespan 12 s, f
 import math
 
 import pytest
-from hypothesis import find, given, settings, strategies as st
+from hypothesis import find, given, settings
+from hypothesis import strategies as st
 
 import chainoffload.testing as cot
 from chainoffload import Platform, Result, Schedule, ScheduleError, Status, Transfer, simulate, solve

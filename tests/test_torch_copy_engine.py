@@ -10,7 +10,6 @@ these tests fail.
 """
 
 import copy
-import dataclasses
 import os
 import subprocess
 import sys
@@ -34,7 +33,6 @@ from chainoffload_torch.testing_engine import CopyEngineError, ThreadedEngine  #
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import test_torch_executor as tte  # noqa: E402
 import test_torch_granularity as ttg  # noqa: E402
-
 from bench_models import torch_models  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")

@@ -16,17 +16,16 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch = pytest.importorskip("torch")
-from torch import nn  # noqa: E402
-
 import numpy as np  # noqa: E402
 import torch.utils._pytree as pytree  # noqa: E402
+from torch import nn  # noqa: E402
+from torch.multiprocessing.reductions import StorageWeakRef  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 import chainoffload as co  # noqa: E402
 import chainoffload_torch as ct  # noqa: E402
 from chainoffload.bounds import offload_memory_floor  # noqa: E402
 from chainoffload_torch._stages import EntryState, UnitLedger  # noqa: E402
-from torch.multiprocessing.reductions import StorageWeakRef  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 

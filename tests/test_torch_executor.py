@@ -14,7 +14,6 @@ import chainoffload as co  # noqa: E402
 import chainoffload_torch as ct  # noqa: E402
 from chainoffload.planner import plan_transfers  # noqa: E402
 
-
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
 
@@ -162,8 +161,8 @@ def test_kept_units_are_not_moved_and_their_tensors_stay_the_originals():
     schedule = plan_transfers(prof.chain, plat, [2])
     off = ct.Offloader(model, prof.chain, schedule, platform=plat)
     packed = []
-    from chainoffload_torch.executor import ScheduleRun
     from chainoffload_torch._saved import Kept
+    from chainoffload_torch.executor import ScheduleRun
 
     real_pack = ScheduleRun.pack
 

@@ -10,7 +10,6 @@ from torch import nn  # noqa: E402
 import chainoffload as co  # noqa: E402
 import chainoffload_torch as ct  # noqa: E402
 
-
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
 

@@ -29,7 +29,7 @@ architectures, not copied. Deliberate differences, all documented in the network
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F

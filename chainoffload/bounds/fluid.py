@@ -15,7 +15,7 @@ from .. import _interrupt
 from ..chain import Chain
 from ..order import b_pos
 from ..platform import Platform
-from ._common import LP_SOLVERS, _check_pair, _check_solver, _check_time_limit
+from ._common import LP_SOLVERS, _check_pair, _check_solver
 from .floor import keep_all_start_memory
 
 __all__ = ["FluidLP", "LP_SOLVERS", "fluid_lp", "fluid_lower_bound", "lower_bound", "lp_cached"]

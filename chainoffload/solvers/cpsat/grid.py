@@ -78,7 +78,7 @@ class TimeGrid:
     slack: float
 
     @classmethod
-    def build(cls, chain: Chain, platform: Platform, scale: float | None = None) -> "TimeGrid":
+    def build(cls, chain: Chain, platform: Platform, scale: float | None = None) -> TimeGrid:
         """Round ``chain``'s and ``platform``'s durations at ``scale`` (default: compute time = 10^6 units)."""
         if scale is None:
             base = chain.compute_time
