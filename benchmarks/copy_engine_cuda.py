@@ -76,11 +76,11 @@ def train_pair(a: nn.Module, b: nn.Module, x: torch.Tensor, steps: int, device: 
         times.append(time.perf_counter() - t0)
         lb = step(b, x, s)
         equal &= torch.equal(la, lb)
-        equal &= all(torch.equal(p.grad, q.grad) for p, q in zip(a.parameters(), b.parameters()))
+        equal &= all(torch.equal(p.grad, q.grad) for p, q in zip(a.parameters(), b.parameters(), strict=True))
         opt_a.step()
         opt_b.step()
-        equal &= all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
-        equal &= all(torch.equal(p, q) for p, q in zip(a.buffers(), b.buffers()))
+        equal &= all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters(), strict=True))
+        equal &= all(torch.equal(p, q) for p, q in zip(a.buffers(), b.buffers(), strict=True))
     return equal, times
 
 

@@ -170,7 +170,7 @@ def grads_of(model: nn.Module) -> list[torch.Tensor]:
 
 
 def max_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
-    return max((x.float() - y.float()).abs().max().item() for x, y in zip(a, b))
+    return max((x.float() - y.float()).abs().max().item() for x, y in zip(a, b, strict=True))
 
 
 def limits(prof: ct.Profile) -> list[int]:

@@ -123,13 +123,13 @@ def train(handle: object, model: nn.Module, ref: nn.Module, batch: object, step:
         for opt in opts:
             opt.zero_grad()
         la, lb = step(model, batch, s), step(ref, batch, s)
-        grads = all((p.grad is None) == (q.grad is None) and (p.grad is None or torch.equal(p.grad, q.grad)) for p, q in zip(model.parameters(), ref.parameters()))
+        grads = all((p.grad is None) == (q.grad is None) and (p.grad is None or torch.equal(p.grad, q.grad)) for p, q in zip(model.parameters(), ref.parameters(), strict=True))
         equal &= bool(torch.equal(la, lb)) and grads
         moved_is_plan &= handle.offloaded_bytes == handle.plan.offloaded_bytes
         measured = handle.last_step.measured_peak
         for opt in opts:
             opt.step()
-    equal &= all(torch.equal(p, q) for p, q in zip(model.parameters(), ref.parameters()))
+    equal &= all(torch.equal(p, q) for p, q in zip(model.parameters(), ref.parameters(), strict=True))
     return equal, moved_is_plan, measured
 
 

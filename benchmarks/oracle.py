@@ -49,7 +49,7 @@ def run(remat: bool, count: int) -> collections.Counter:
         assert_agrees(timeline, naive)
         seen["schedules"] += 1
         seen[f"verdict: {timeline.violation.rule if timeline.violation else 'feasible'}"] += 1
-        if any(e <= s for s, e in zip(timeline.op_start, timeline.op_end)):
+        if any(e <= s for s, e in zip(timeline.op_start, timeline.op_end, strict=True)):
             seen["with a zero-length op"] += 1
         op_times = set(timeline.op_start.tolist()) | set(timeline.op_end.tolist())
         if op_times & set(timeline.transfer_end.tolist()):

@@ -64,7 +64,7 @@ def point(method: str, length: int, timeout: float) -> dict:
 
 
 def slope(lengths: list[int], times: list[float]) -> float:
-    pts = [(math.log(n), math.log(t)) for n, t in zip(lengths, times) if math.isfinite(t) and t > 0]
+    pts = [(math.log(n), math.log(t)) for n, t in zip(lengths, times, strict=True) if math.isfinite(t) and t > 0]
     if len(pts) < 2:
         return math.nan
     x, y = np.array(pts).T

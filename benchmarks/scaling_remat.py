@@ -120,7 +120,7 @@ def old_copy(ref: str, into: str) -> str | None:
 
 
 def slope(lengths, values, least: int = 100) -> float:
-    pts = [(math.log(n), math.log(v)) for n, v in zip(lengths, values) if n >= least and v and v > 0 and math.isfinite(v)]
+    pts = [(math.log(n), math.log(v)) for n, v in zip(lengths, values, strict=True) if n >= least and v and v > 0 and math.isfinite(v)]
     if len(pts) < 2:
         return math.nan
     x, y = np.array(pts).T
@@ -137,7 +137,7 @@ def plot(rows: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for name, style in zip(SERIES, ("o-", "^-.", "s--")):
+    for name, style in zip(SERIES, ("o-", "^-.", "s--"), strict=True):
         pts = rows.get(name, [])
         if not pts:
             continue

@@ -876,9 +876,9 @@ def _cmd_tradeoff(args: argparse.Namespace, out: Output) -> int:
         cells[j].append(f"{100 * lb:.1f}%" if math.isfinite(lb) else "-")
     header = ["memory"] + cols
     widths = [max(len(h), *(len(r[c]) for r in cells)) for c, h in enumerate(header)]
-    out.print("  ".join(h.rjust(w) for h, w in zip(header, widths)))
+    out.print("  ".join(h.rjust(w) for h, w in zip(header, widths, strict=True)))
     for r in cells:
-        out.print("  ".join(x.rjust(w) for x, w in zip(r, widths)))
+        out.print("  ".join(x.rjust(w) for x, w in zip(r, widths, strict=True)))
     if args.out:
         out.print(f"wrote {args.out}")
     return 0

@@ -251,7 +251,9 @@ class Schedule(JsonIO):
         if not self.has_remat:
             expected = fixed_order(length)
             if not fixed:
-                for idx, (got, want) in enumerate(zip(self.compute, expected)):
+                # The first op that differs from the fixed order, over the ops both have; a
+                # sequence that is a prefix of it (or extends it) fails on its length below.
+                for idx, (got, want) in enumerate(zip(self.compute, expected, strict=False)):
                     if got != want:
                         raise ScheduleError(
                             f"schedule.compute[{idx}]: expected {want[0]}_{want[1]} of the fixed order "

@@ -114,7 +114,7 @@ class ScheduleFile(JsonIO):
             made_for = f"chain {self.chain_name!r}" if self.chain_name is not None else "another chain"
             # Long enough to tell them apart: through the first digit that differs, and at least
             # 12 hex digits ("sha256:" is 7 characters).
-            first = next(k for k, (a, b) in enumerate(zip(self.fingerprint, own)) if a != b)
+            first = next(k for k, (a, b) in enumerate(zip(self.fingerprint, own, strict=True)) if a != b)
             n = max(19, first + 4)
             raise ScheduleError(
                 f"schedule: made for {made_for} (fingerprint {self.fingerprint[:n]}...), not for chain "

@@ -540,9 +540,9 @@ def model_state(modules: Sequence[nn.Module]) -> Iterator[None]:
             yield
         finally:
             with torch.no_grad():
-                for b, v in zip(buffers, saved_buffers):
+                for b, v in zip(buffers, saved_buffers, strict=True):
                     b.copy_(v)
-                for p, g in zip(params, saved_grads):
+                for p, g in zip(params, saved_grads, strict=True):
                     if g is None:
                         p.grad = None
                     elif p.grad is not None and p.grad.shape == g.shape:

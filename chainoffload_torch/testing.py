@@ -952,7 +952,7 @@ def _err(exc: BaseException) -> str:
 
 def _first_difference(plain: nn.Module, off: nn.Module, what: str) -> str | None:
     """The name of the first parameter (``what``: its value or its grad) that differs."""
-    for (name, p), (_, q) in zip(plain.named_parameters(), off.named_parameters()):
+    for (name, p), (_, q) in zip(plain.named_parameters(), off.named_parameters(), strict=True):
         a, b = (p.grad, q.grad) if what == "grad" else (p.detach(), q.detach())
         if not _same(a, b):
             return f"{what} of {name}"

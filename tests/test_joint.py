@@ -1,5 +1,6 @@
 """The paper's joint DP (fluid queues, any number of transfers in flight) and the method ``joint``."""
 
+import itertools
 import math
 
 import numpy as np
@@ -146,7 +147,7 @@ def test_several_transfers_in_flight_and_both_kinds_of_item():
         # Two copies queued at once: one triggered before the previous one ended.
         overlapping += any(res.schedule.transfers[b].op < res.schedule.transfers[a].op or
                            tl.op_end[res.schedule.transfers[b].op] < tl.transfer_end[a]
-                           for a, b in zip(off, off[1:]))
+                           for a, b in itertools.pairwise(off))
         makers = {res.schedule.compute[res.schedule.transfers[k].op][0] for k in off}
         kinds += ("F" in makers) and bool(makers & {"Fck", "Fn"})
         assert res.makespan < rotor(chain, platform).makespan

@@ -200,7 +200,7 @@ def test_rotor_kernel_runs_as_python():
     chain = random_chain(np.random.default_rng(21), 40)
     jitted = [rotor(tiny(), Platform(memory=175, bandwidth_d2h=0.0, bandwidth_h2d=0.0), slots=50),
               rotor(chain, Platform(memory=int(0.5 * chain.saved.sum()), bandwidth_d2h=0.0, bandwidth_h2d=0.0), slots=60)]
-    for (makespan, ops), res in zip(json.loads(out.stdout), jitted):
+    for (makespan, ops), res in zip(json.loads(out.stdout), jitted, strict=True):
         assert res.info["source"] in ("dp", "dp-lifted")  # the table's plan, not a fixed policy
         assert makespan == res.makespan
         assert [tuple(op) for op in ops] == list(res.schedule.compute)

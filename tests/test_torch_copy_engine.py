@@ -111,7 +111,7 @@ def test_a_stream_runs_its_copies_in_the_order_they_were_queued():
         if all(done):
             break
         time.sleep(0.0005)
-    assert all(torch.equal(h, s) for h, s in zip(hosts, srcs))
+    assert all(torch.equal(h, s) for h, s in zip(hosts, srcs, strict=True))
     assert len(seen) > 2  # they completed over time, not all at once
 
 
@@ -471,11 +471,11 @@ def train_against_copy(model, x, ref, steps=3):
         lb = loss_of(ref(x))
         lb.backward()
         assert torch.equal(la, lb), step
-        assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(), ref.parameters())), step
+        assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(), ref.parameters(), strict=True)), step
         opt_a.step()
         opt_b.step()
-        assert all(torch.equal(p, q) for p, q in zip(model.parameters(), ref.parameters())), step
-        assert all(torch.equal(p, q) for p, q in zip(model.buffers(), ref.buffers())), step
+        assert all(torch.equal(p, q) for p, q in zip(model.parameters(), ref.parameters(), strict=True)), step
+        assert all(torch.equal(p, q) for p, q in zip(model.buffers(), ref.buffers(), strict=True)), step
 
 
 @pytest.mark.parametrize("duplex", [True, False], ids=["duplex", "half-duplex"])

@@ -45,7 +45,7 @@ def hf_step(model, batch, seed):
 
 
 def same_grads(a, b):
-    return all((p.grad is None and q.grad is None) or torch.equal(p.grad, q.grad) for p, q in zip(a.parameters(), b.parameters()))
+    return all((p.grad is None and q.grad is None) or torch.equal(p.grad, q.grad) for p, q in zip(a.parameters(), b.parameters(), strict=True))
 
 
 def train_equal(model, ref, batch, handle, steps=3):
@@ -60,7 +60,7 @@ def train_equal(model, ref, batch, handle, steps=3):
         assert handle.offloaded_bytes == handle.plan.offloaded_bytes, f"step {s}"
         for o in opts:
             o.step()
-    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), ref.parameters()))
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), ref.parameters(), strict=True))
 
 
 # -- 1. exact figures ------------------------------------------------------------------------------
@@ -402,7 +402,7 @@ def _unet_train_equal(model, ref, x, y, handle, steps=3):
         assert handle.offloaded_bytes == handle.plan.offloaded_bytes > 0, f"step {s}"
         for o in opts:
             o.step()
-    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), ref.parameters()))
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), ref.parameters(), strict=True))
 
 
 def test_a_unet_is_one_chain_of_its_down_and_up_paths_and_its_skips_move():

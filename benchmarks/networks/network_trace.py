@@ -351,7 +351,7 @@ def measure(
                 fig = figures[i]
                 fig.bwd_tmp = max(0, peak - act_in[i])
                 fig.bwd = window.time
-                fig.also = [(f, b) for (f, _), b in zip(fig.also, window.also)]
+                fig.also = [(f, b) for (f, _), b in zip(fig.also, window.also, strict=True)]
                 fig.bwd_flops = window.flops
                 x = inputs[i]
                 assert x is not None

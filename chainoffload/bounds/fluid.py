@@ -189,7 +189,7 @@ class _LPBuilder:
 
         request = pb.MPModelRequest()
         model = request.model
-        for lb, ub, c in zip(self.lb, self.ub, self.obj):
+        for lb, ub, c in zip(self.lb, self.ub, self.obj, strict=True):
             v = model.variable.add()
             v.lower_bound = lb
             v.upper_bound = ub
@@ -406,7 +406,7 @@ def _solve_fluid_lp(chain: Chain, platform: Platform, solver: str, time_limit: f
         inv_h = 1.0 / bw_h if math.isfinite(bw_h) else 0.0
         per_byte = [inv_d, inv_h] if platform.duplex else [inv_d + inv_h]
         per_unit = [lat, lat] if platform.duplex else [2.0 * lat]
-        sides = [(b, u) for b, u in zip(per_byte, per_unit) if b > 0 or u > 0]
+        sides = [(b, u) for b, u in zip(per_byte, per_unit, strict=True) if b > 0 or u > 0]
         if sides and last >= 1:
             W = [None] * (length + 1)
             for i in range(last, 0, -1):
