@@ -94,7 +94,7 @@ def main() -> None:
 
     a0 = int(prof.chain.act[0])
     out = []
-    for a, b, peak, now in rows:
+    for a, b, peak, _now in rows:
         if a is None:
             continue
         t0 = times(a)

@@ -56,6 +56,8 @@ BISECT_TOL = 0.005
 #: "Within 2 %": the least memory found against the proven floor for any schedule.
 FLOOR_TOL = 0.02
 LINE = "handle = ct.offload(model, batch, memory={fraction})"
+#: Where build() and run() put the model unless told otherwise.
+CPU = torch.device("cpu")
 
 
 def hf_step(model: nn.Module, batch: dict, seed: int) -> torch.Tensor:
@@ -83,7 +85,7 @@ def _to(obj: object, device: torch.device) -> object:
     return obj
 
 
-def build(name: str, device: torch.device = torch.device("cpu")) -> tuple[nn.Module, object, object, object]:
+def build(name: str, device: torch.device = CPU) -> tuple[nn.Module, object, object, object]:
     """(model, batch, step, what offload() is given), on ``device``."""
     model, batch, step, sample = _build(name)
     model.to(device)
@@ -211,7 +213,7 @@ def recompute_columns(name: str, device: torch.device, keep_all: int, floor: int
     return out
 
 
-def run(name: str, device: torch.device = torch.device("cpu")) -> dict:
+def run(name: str, device: torch.device = CPU) -> dict:
     model, batch, step, sample = build(name, device)
     ref = copy.deepcopy(model)
     t0 = time.perf_counter()

@@ -136,7 +136,7 @@ def measure(length: int, min_time: float, plain: bool) -> dict:
 
 def first_call(env: dict, cache_dir: str) -> float:
     code = (
-        "import time, sys; sys.path.insert(0, %r);" % str(HERE)
+        f"import time, sys; sys.path.insert(0, {str(HERE)!r});"
         + "from simulator import instance; from chainoffload import simulate;"
         "c,p,s=instance(100); t1=time.perf_counter(); simulate(c,p,s); print(time.perf_counter()-t1)"
     )

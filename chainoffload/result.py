@@ -12,7 +12,7 @@ from .schedule import Schedule
 __all__ = ["Result", "Status"]
 
 
-class Status(str, enum.Enum):
+class Status(enum.StrEnum):
     """Outcome of a solver run (a status, not an exception: see STYLE.md, habit 4)."""
 
     OPTIMAL = "optimal"  #: proven optimal for the method's model

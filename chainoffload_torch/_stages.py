@@ -152,7 +152,7 @@ def is_parameter_like(t: torch.Tensor) -> bool:
 # embeddings): the caller holds those for the whole forward.
 
 
-class EntryState(str, enum.Enum):
+class EntryState(enum.StrEnum):
     """Where the data of one storage of a unit is, in one step."""
 
     DEVICE = "device"  #: the original is held (or, for a unit kept resident, left alone)

@@ -1082,7 +1082,7 @@ def _hand_plan(model: nn.Module, batch: tuple, schedule: Callable[[Any], Any], o
     banned = not_recomputable(prof.chain, prof.sizes, _Unsafe(prof.blocks, unsafe))
     comp = sched.compute
     firsts: set[int] = set()
-    for k, (kind, i) in enumerate(comp):
+    for kind, i in comp:
         if kind == "B":
             continue
         redo = i in firsts
