@@ -47,8 +47,9 @@ import statistics
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 # Deterministic kernels, so that "gradients equal plain training" is a fair check on a GPU.
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
@@ -171,7 +172,7 @@ def grads_of(model: nn.Module) -> list[torch.Tensor]:
 
 
 def max_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
-    return max((x.float() - y.float()).abs().max().item() for x, y in zip(a, b))
+    return max((x.float() - y.float()).abs().max().item() for x, y in zip(a, b, strict=True))
 
 
 def limits(prof: ct.Profile) -> list[int]:

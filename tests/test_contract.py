@@ -4,7 +4,6 @@ no traceback, nothing written."""
 
 import json
 import math
-import os
 import resource
 import signal
 import subprocess
@@ -15,7 +14,19 @@ import time
 import numpy as np
 import pytest
 
-from chainoffload import Chain, ChainError, Platform, PlatformError, Result, Schedule, ScheduleError, Status, Transfer, register, solve
+from chainoffload import (
+    Chain,
+    ChainError,
+    Platform,
+    PlatformError,
+    Result,
+    Schedule,
+    ScheduleError,
+    Status,
+    Transfer,
+    register,
+    solve,
+)
 from chainoffload.cli import main
 from chainoffload.examples import tiny
 from chainoffload.solvers import judge

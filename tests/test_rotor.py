@@ -9,20 +9,32 @@ import numpy as np
 import pytest
 
 from chainoffload import simulate
+from chainoffload._kernels.rotor import CAP, INF_U, bound_at
 from chainoffload.chain import Chain
+from chainoffload.generators import transformer_chain
+from chainoffload.networks import network
 from chainoffload.platform import Platform
 from chainoffload.result import Status
 from chainoffload.schedule import Schedule
 from chainoffload.simulate import keep_all_peak
 from chainoffload.solvers import methods, solve
-from chainoffload._kernels.rotor import CAP, INF_U, bound_at
-from chainoffload.networks import network, network_names
-from chainoffload.solvers.rotor import (DEFAULT_SLOTS, default_slots, emit_segment, rotor, rotor_schedule,
-                                       fill_rotor_table, slots_for, exact_quantum, lift_slots)
-from chainoffload.generators import transformer_chain
-from chainoffload.solvers.remat_baselines import (checkpoint_all_schedule, compute_seconds, family_schedules,
-                                                  sequence_length)
-
+from chainoffload.solvers.remat_baselines import (
+    checkpoint_all_schedule,
+    compute_seconds,
+    family_schedules,
+    sequence_length,
+)
+from chainoffload.solvers.rotor import (
+    DEFAULT_SLOTS,
+    default_slots,
+    emit_segment,
+    exact_quantum,
+    fill_rotor_table,
+    lift_slots,
+    rotor,
+    rotor_schedule,
+    slots_for,
+)
 from naive_rotor import naive_bound_table, naive_rotor_table
 
 UNLIMITED = 2**62
@@ -188,7 +200,7 @@ def test_rotor_kernel_runs_as_python():
     chain = random_chain(np.random.default_rng(21), 40)
     jitted = [rotor(tiny(), Platform(memory=175, bandwidth_d2h=0.0, bandwidth_h2d=0.0), slots=50),
               rotor(chain, Platform(memory=int(0.5 * chain.saved.sum()), bandwidth_d2h=0.0, bandwidth_h2d=0.0), slots=60)]
-    for (makespan, ops), res in zip(json.loads(out.stdout), jitted):
+    for (makespan, ops), res in zip(json.loads(out.stdout), jitted, strict=True):
         assert res.info["source"] in ("dp", "dp-lifted")  # the table's plan, not a fixed policy
         assert makespan == res.makespan
         assert [tuple(op) for op in ops] == list(res.schedule.compute)

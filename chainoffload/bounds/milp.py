@@ -302,7 +302,7 @@ def _solve_unit_milp(chain: Chain, platform: Platform, time_limit: float | None,
     if platform.duplex:
         out_both, back_both = out_t, back_t
     else:
-        out_both = back_both = [a + b for a, b in zip(out_t, back_t)]
+        out_both = back_both = [a + b for a, b in zip(out_t, back_t, strict=True)]
     of_stage: dict[int, list[int]] = {}
     for j, i in enumerate(stage):
         of_stage.setdefault(i, []).append(j)

@@ -11,14 +11,15 @@ from __future__ import annotations
 import math
 import os
 import time
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
+from ..._progress import enabled as progress_enabled
+from ..._progress import progress
 from ...chain import Chain
 from ...platform import Platform
 from ...result import Result, Status
 from ...schedule import Schedule
-from ..._progress import enabled as progress_enabled
-from ..._progress import progress
 from ...simulate import simulate
 from .._options import OptionError
 from .grid import TimeGrid
