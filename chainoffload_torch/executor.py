@@ -35,7 +35,8 @@ import dataclasses
 import time
 import warnings
 import weakref
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 from torch import nn
@@ -43,9 +44,9 @@ from torch import nn
 import chainoffload as co
 
 from ._copy import Copier
-from ._pool import HostPool
 from ._discovery import Blocks
 from ._instrument import Instrument, recomputing
+from ._pool import HostPool
 from ._recompute import FORWARD_KINDS, Act, CallRecord, RematPlan, Slot, rebuild_act, stateful_argument
 from ._saved import Kept, Packed, check_version, rebuild, root_of, version_probe
 from ._stages import Entry, EntryState, UnitLedger, canonical_device, resident_storages
@@ -822,7 +823,7 @@ class ScheduleRun:
                     "updates: a key/value cache, for which call the model with use_cache=False). Train with "
                     "method='best' (no recomputation)"
                 )
-            for slot, r in zip(slots, records):
+            for slot, r in zip(slots, records, strict=True):
                 slot.record = r
         ledger.stage_end(i, x, None, a)
         if k in self.remat.last_read:
@@ -1081,7 +1082,7 @@ class OffloadActivations:
         self.run = ScheduleRun(chain, schedule, platform=platform, device=device, roots=blocks.modules, blocks=blocks)
         self.instrument = Instrument(None, blocks, self.run)
 
-    def __enter__(self) -> "OffloadActivations":
+    def __enter__(self) -> OffloadActivations:
         self.instrument.begin()
         return self
 

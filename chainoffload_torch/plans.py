@@ -12,7 +12,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-from typing import Any, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 import torch
 from torch import nn
@@ -21,10 +22,10 @@ import chainoffload as co
 from chainoffload.bounds import offload_memory_floor
 from chainoffload.units import format_bytes, parse_bytes
 
-from ._instrument import Instrument
-from ._tree import describe_key
 from ._coverage import Coverage, coverage, step_peak
+from ._instrument import Instrument
 from ._recorder import WRITTEN, Sizes, chain_of, measure_call_sizes, measure_chain
+from ._tree import describe_key
 
 __all__ = [
     "Budget", "Plan", "solve_for", "resident_units", "nothing_fits", "exact_bytes", "Coverage", "coverage", "step_peak",
@@ -52,7 +53,7 @@ class Budget:
     value: int | float | None
 
     @classmethod
-    def parse(cls, memory: Any) -> "Budget":
+    def parse(cls, memory: Any) -> Budget:
         """Validate ``memory`` (the message names the field and the value)."""
         if memory is None:
             return cls(None)

@@ -8,11 +8,11 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch = pytest.importorskip("torch")
-from torch import nn
+from torch import nn  # noqa: E402
 
-import chainoffload as co
-import chainoffload_torch as ct
-from chainoffload.bounds import offload_memory_floor
+import chainoffload as co  # noqa: E402
+import chainoffload_torch as ct  # noqa: E402
+from chainoffload.bounds import offload_memory_floor  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
@@ -53,13 +53,13 @@ def train_equal(model, ref, x, handle, steps=3):
         # The RNG after the step is plain training's: the recomputations drew nothing of their own.
         assert torch.equal(rng_a, torch.get_rng_state()), step
         assert torch.equal(la, lb), step
-        assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(), ref.parameters())), step
-        assert all(torch.equal(p, q) for p, q in zip(model.buffers(), ref.buffers())), step
+        assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(), ref.parameters(), strict=True)), step
+        assert all(torch.equal(p, q) for p, q in zip(model.buffers(), ref.buffers(), strict=True)), step
         oa.step()
         ob.step()
         oa.zero_grad()
         ob.zero_grad()
-    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), ref.parameters()))
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), ref.parameters(), strict=True))
 
 
 def schedule_for(chain, platform, method, memory):
@@ -132,7 +132,7 @@ def test_batch_norm_statistics_move_once_where_torch_checkpoint_moves_them_twice
     for blk in cp[1:-1]:
         h = torch.utils.checkpoint.checkpoint(blk, h, use_reentrant=False)
     cp[-1](h).square().mean().backward()
-    for a, b, c in zip(model[1:-1], ref[1:-1], cp[1:-1]):
+    for a, b, c in zip(model[1:-1], ref[1:-1], cp[1:-1], strict=True):
         assert torch.equal(a.bn.running_mean, b.bn.running_mean) and torch.equal(a.bn.running_var, b.bn.running_var)
         assert int(a.bn.num_batches_tracked) == int(b.bn.num_batches_tracked) == 1
         assert int(c.bn.num_batches_tracked) == 2 and not torch.equal(c.bn.running_mean, b.bn.running_mean)
@@ -285,7 +285,7 @@ def test_hugging_face_models_train_bitwise_equal_with_rotor_and_joint_below_the_
             lb = ref(**batch).loss
             lb.backward()
             assert torch.equal(la, lb), (method, step)
-            assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(), ref.parameters())), (method, step)
+            assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(), ref.parameters(), strict=True)), (method, step)
             opt_a.step()
             opt_b.step()
             opt_a.zero_grad()
@@ -295,7 +295,7 @@ def test_hugging_face_models_train_bitwise_equal_with_rotor_and_joint_below_the_
         assert handle.last_step.offloaded_bytes == handle.plan.offloaded_bytes
         assert "recompute (" in handle.table()
         handle.remove()
-    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), ref.parameters()))
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), ref.parameters(), strict=True))
 
 
 def test_offload_chooses_recomputation_below_the_floor_and_pure_offloading_where_it_is_free():
@@ -437,7 +437,7 @@ def test_a_recomputation_runs_under_the_autocast_state_of_the_original_call():
             lb = ref(x).float().square().mean()
         lb.backward()
         assert torch.equal(la, lb)
-        assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(), ref.parameters()))
+        assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(), ref.parameters(), strict=True))
         assert handle.last_step.recomputed_ops > 0
     handle.remove()
 
@@ -457,11 +457,11 @@ def train_hf_equal(model, ref, batch, handle, steps=3):
         lb = ref(**batch).loss
         lb.backward()
         assert torch.equal(la, lb), step
-        assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(), ref.parameters()) if p.grad is not None)
+        assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(), ref.parameters(), strict=True) if p.grad is not None)
         for opt in opts:
             opt.step()
             opt.zero_grad()
-    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), ref.parameters()))
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), ref.parameters(), strict=True))
     assert handle.last_step.offloaded_bytes == handle.plan.offloaded_bytes
 
 
