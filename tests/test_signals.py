@@ -222,3 +222,16 @@ def test_the_solvers_are_told_to_leave_sigint_alone():
     # Tight memory: the MILP must branch; SCIP refuses an unknown parameter (the status says so).
     found = milp.unit_milp(chain, Platform(memory=170, bandwidth_d2h=25.0, bandwidth_h2d=25.0), time_limit=10.0)
     assert found.status in ("optimal", "trivial", "infeasible"), found
+
+
+def test_every_cp_sat_solve_leaves_sigint_to_python():
+    """best's CP-SAT improver built its own solver with CP-SAT's SIGINT handler on: a Ctrl-C in it
+    aborted the process, and the handler stayed installed after the solve (a later Ctrl-C in the
+    same process killed it). Every CpSolver the package makes turns that handler off and runs
+    through run_stoppable."""
+    root = Path(__file__).resolve().parent.parent / "chainoffload"
+    for path in root.rglob("*.py"):
+        text = path.read_text()
+        made = text.count("CpSolver()")
+        assert text.count("catch_sigint_signal = False") >= made, path
+        assert text.count("run_stoppable(") >= made, path

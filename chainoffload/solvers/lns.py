@@ -52,6 +52,7 @@ from typing import Any
 
 import numpy as np
 
+from .._interrupt import run_stoppable
 from ..chain import Chain
 from ..platform import Platform
 from ..schedule import Schedule
@@ -184,7 +185,10 @@ class _Runner:
         p.linearization_level = 0
         if fix_hint:
             p.fix_variables_to_their_hinted_value = True
-        status = solver.status_name(solver.solve(proto_model))
+        # CP-SAT's own SIGINT handler aborts the process on Ctrl-C and stays installed after the
+        # solve: SIGINT stays Python's, and the search is stopped through its API.
+        p.catch_sigint_signal = False
+        status = solver.status_name(run_stoppable(lambda: solver.solve(proto_model), solver.stop_search))
         used = float(solver.deterministic_time)
         self.spent += used
         self.left -= used
