@@ -34,9 +34,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import write_report  # noqa: E402
-
 import chainoffload as co  # noqa: E402
+from _common import write_report  # noqa: E402
 from chainoffload import Platform, Schedule, Transfer, fixed_order, simulate  # noqa: E402
 from chainoffload.bounds import fluid_lower_bound, offload_memory_floor, stronger_bound, unit_milp, volume_lower_bound  # noqa: E402
 from chainoffload.examples import example  # noqa: E402

@@ -95,7 +95,7 @@ def main(argv=None) -> int:
     same = all(
         {k: a[k] for k in ("ratio", "bound_ratio", "evals", "stopped", "schedule")}
         == {k: b[k] for k in ("ratio", "bound_ratio", "evals", "stopped", "schedule")}
-        for a, b in zip(rows[::2], rows[1::2])
+        for a, b in zip(rows[::2], rows[1::2], strict=True)
     )
     lines += ["", f"Same schedule, makespan, bound and evaluations with and without the load at every L: **{'yes' if same else 'NO'}**."]
     write_report(lines, args.out)

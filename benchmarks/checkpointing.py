@@ -9,15 +9,20 @@ one process, the steps interleaved (round robin, so that the machine's load fall
 (b) ``model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})``
     (checkpoint every block);
 (c) ``ct.offload(model, batch, memory=M_ck)``, where ``M_ck`` is the memory that checkpointing
-    every block holds: the simulated peak of the core's ``checkpoint-all`` schedule on the
-    model's own profile (the chain of a keep-all ``offload()``), plus the bytes resident outside
-    the chain, in bytes;
+    every block holds: the simulated peak, on the model's own profile (the chain of a keep-all
+    ``offload()``), of the schedule that does what ``gradient_checkpointing_enable()`` does --
+    every block run without saving and recomputed before its backward, the code before the
+    first block (the embeddings, when the chain makes it a stage) kept, the last stage (the
+    last block with the head and the loss) run once (NOTE [ the last stage is not recomputed ]
+    in chainoffload/solvers/remat_baselines.py) -- plus the bytes resident outside the chain;
 (d) ``ct.offload(model, batch, memory=(M_ck + keep-all peak) / 2)``.
 
 For each: the median step time (forward, the model's loss, backward; no optimizer step, so every
 step computes the same gradients) of ``--steps`` steps after ``--warmup``, the simulated step
-time (the keep-all compute time for plain training, ``checkpoint-all``'s makespan on the same
-profile for (b), the plan's makespan for (c) and (d)), what the plan does per block (from
+time, every one on the same profile (the probe's: two profiles of one model on a loaded CPU
+differ by up to 45 %, so makespans from two profiles are not compared): the keep-all compute
+time for plain training, the checkpointing schedule's makespan for (b), the plan's schedule
+simulated on the probe's chain for (c) and (d); what the plan does per block (from
 ``handle.decisions()``), and whether the gradients are ``torch.equal`` to plain training's
 (the same seed before every forward).
 
@@ -44,6 +49,7 @@ from torch import nn  # noqa: E402
 
 import chainoffload as co  # noqa: E402
 import chainoffload_torch as ct  # noqa: E402
+from chainoffload.solvers.remat_baselines import checkpoint_all_schedule  # noqa: E402
 from chainoffload.tradeoff import policy_peak  # noqa: E402
 from chainoffload.units import format_bytes  # noqa: E402
 
@@ -117,9 +123,16 @@ def run(name: str, steps: int, warmup: int) -> list[dict]:
         probe = ct.offload(copy.deepcopy(base), batch)
     plan = probe.plan
     chain, link, resident, keep_all = plan.chain, plan.platform, plan.resident_bytes, plan.keep_all_peak
+    prefix = bool(probe.blocks.prefix)
     probe.remove()
-    ck_chain_peak = policy_peak(chain, "checkpoint-all")
-    ck = co.solve(chain, link.with_memory(ck_chain_peak), "checkpoint-all")
+    # What HF's checkpointing does on this chain: the prefix stage (embeddings) kept, every block
+    # but the last run without saving and recomputed before its backward.
+    whole = {1} if prefix else set()
+    ck_schedule = checkpoint_all_schedule(chain.length, whole=whole)
+    unlimited = link.with_memory(2**62)
+    ck = co.simulate(chain, unlimited, ck_schedule)
+    ck_chain_peak = int(ck.peak_memory)
+    core_peak = policy_peak(chain, "checkpoint-all")
     memory_ck = ck_chain_peak + resident
     memory_half = (memory_ck + keep_all) // 2
     models = {v: copy.deepcopy(base) for v in VARIANTS}
@@ -149,9 +162,15 @@ def run(name: str, steps: int, warmup: int) -> list[dict]:
                 for p, q in zip(models[v].parameters(), models["plain"].parameters(), strict=True)
             )
     simulated = {VARIANTS[0]: chain.compute_time, VARIANTS[1]: ck.makespan}
-    simulated |= {v: h.plan.result.makespan for v, h in handles.items()}
+    for v, h in handles.items():
+        # The plan's schedule on the probe's profile (the same stages: the layout is the model's).
+        same = h.plan.chain.length == chain.length
+        simulated[v] = co.simulate(chain, unlimited, h.plan.schedule).makespan if same else h.plan.result.makespan
     memory = {VARIANTS[0]: keep_all, VARIANTS[1]: memory_ck, VARIANTS[2]: memory_ck, VARIANTS[3]: memory_half}
-    does = {VARIANTS[0]: "keeps everything", VARIANTS[1]: f"checkpoint-all: every block recomputed once ({chain.length} stages)"}
+    ck_does = f"every block but the last recomputed once ({chain.length} stages{', the prefix stage kept' if whole else ''})"
+    if core_peak != ck_chain_peak:
+        ck_does += f"; the core's checkpoint-all, which also recomputes the prefix stage, holds {format_bytes(core_peak + resident)}"
+    does = {VARIANTS[0]: "keeps everything", VARIANTS[1]: ck_does}
     rows = []
     for v in VARIANTS:
         if v in handles:

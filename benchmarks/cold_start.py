@@ -144,7 +144,7 @@ def main() -> int:
         "|---:|---|---|" + "---:|" * (len(names) + 2),
     ]
     totals = {"cold": [], "warm": []}
-    for i, (cold, background, warm) in enumerate(runs, 1):
+    for i, (cold, _background, warm) in enumerate(runs, 1):
         for name, run in (("cold", cold), ("warm", warm)):
             wall = sum(r[1] for r in run["parts"])
             cpu = sum(r[2] for r in run["parts"])

@@ -92,7 +92,7 @@ def run(
     # (Both are non-increasing in memory, so their larger one is too.)
     return dataclasses.replace(
         tr,
-        lower_bound=tuple(max(a, b) for a, b in zip(tr.lower_bound, exact.lower_bound)),
+        lower_bound=tuple(max(a, b) for a, b in zip(tr.lower_bound, exact.lower_bound, strict=True)),
         curves={**tr.curves, **exact.curves},
         remat={**tr.remat, **exact.remat},
         clocked=tr.clocked + exact.clocked,

@@ -36,9 +36,9 @@ from torch import nn  # noqa: E402
 
 import chainoffload as co  # noqa: E402
 import chainoffload_torch as ct  # noqa: E402
-from chainoffload_torch._engine_choice import engine_for  # noqa: E402
 from chainoffload.planner import plan_transfers  # noqa: E402
 from chainoffload.units import format_bytes  # noqa: E402
+from chainoffload_torch._engine_choice import engine_for  # noqa: E402
 from torch_models import gpt_like, resnet_like  # noqa: E402
 
 
@@ -76,11 +76,11 @@ def train_pair(a: nn.Module, b: nn.Module, x: torch.Tensor, steps: int, device: 
         times.append(time.perf_counter() - t0)
         lb = step(b, x, s)
         equal &= torch.equal(la, lb)
-        equal &= all(torch.equal(p.grad, q.grad) for p, q in zip(a.parameters(), b.parameters()))
+        equal &= all(torch.equal(p.grad, q.grad) for p, q in zip(a.parameters(), b.parameters(), strict=True))
         opt_a.step()
         opt_b.step()
-        equal &= all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
-        equal &= all(torch.equal(p, q) for p, q in zip(a.buffers(), b.buffers()))
+        equal &= all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters(), strict=True))
+        equal &= all(torch.equal(p, q) for p, q in zip(a.buffers(), b.buffers(), strict=True))
     return equal, times
 
 

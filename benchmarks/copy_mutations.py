@@ -295,7 +295,7 @@ def main(argv=None) -> int:
         "|---|---|---|---|---:|---|",
     ]
     survivors = []
-    for m, (code, failed, _secs) in zip(MUTATIONS, outcomes):
+    for m, (code, failed, _secs) in zip(MUTATIONS, outcomes, strict=True):
         if code == 0:
             survivors.append(m.name)
         tests = [name for name, _ in failed]

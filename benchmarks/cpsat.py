@@ -170,7 +170,7 @@ def main(argv=None) -> int:
     workers = args.workers or default_workers()
     header = (
         "## CP-SAT: time to proven optimum and the heuristics' gap\n\n"
-        f"Command: `{command.strip()}` — {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, "
+        f"Command: `{command.strip()}` — {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC, "
         f"{os.cpu_count()} CPUs ({pyplatform.machine()}), Python {pyplatform.python_version()}, "
         f"OR-Tools {_ortools_version()}. Lengths {args.lengths}, {args.chains} chains each (seeds 0..{args.chains - 1}), "
         f"memory midway between stage floor and keep-all peak, bandwidth {args.ratio:g} x sum(saved)/sum(fwd), "

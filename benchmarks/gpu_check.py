@@ -10,8 +10,10 @@ least at which offloading fits, and halfway between), with plain training and
   GPT-2 small: 12 layers, d 768, batch 8 x 1024 tokens): real models offloaded in place with the
   one-liner ``ct.offload(model, batch, memory=...)``, trained as their documentation shows.
   These two are also run at the memory that checkpointing every block holds (the simulated
-  peak of the core's ``checkpoint-all`` schedule on the model's profile, plus what stays
-  resident outside the chain), side by side: checkpointing every block (GPT-2's
+  peak, on the model's profile, of the core's ``checkpoint-all`` schedule with the stage of the
+  code before the first block, when the chain has one, run once and kept whole -- what
+  checkpointing every block does -- plus what stays resident outside the chain; every
+  simulated time there on that one profile), side by side: checkpointing every block (GPT-2's
   ``gradient_checkpointing_enable()``, non-reentrant; ``torch.utils.checkpoint`` around every
   block of the ResNet), and ``ct.offload`` with ``method=`` ``"rotor"`` (recomputation),
   ``"joint"`` (recomputation and offloading) and ``"offload-all"`` (torchtune's policy).
@@ -45,8 +47,9 @@ import statistics
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 # Deterministic kernels, so that "gradients equal plain training" is a fair check on a GPU.
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
@@ -61,7 +64,7 @@ from torch import nn  # noqa: E402
 import chainoffload as co  # noqa: E402
 import chainoffload_torch as ct  # noqa: E402
 from chainoffload.planner import plan_transfers  # noqa: E402
-from chainoffload.tradeoff import policy_peak  # noqa: E402
+from chainoffload.solvers.remat_baselines import checkpoint_all_schedule  # noqa: E402
 from chainoffload.units import format_bytes  # noqa: E402
 from torch_models import ResNet, gpt2, gpt_like, resnet_like  # noqa: E402
 
@@ -169,7 +172,7 @@ def grads_of(model: nn.Module) -> list[torch.Tensor]:
 
 
 def max_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
-    return max((x.float() - y.float()).abs().max().item() for x, y in zip(a, b))
+    return max((x.float() - y.float()).abs().max().item() for x, y in zip(a, b, strict=True))
 
 
 def limits(prof: ct.Profile) -> list[int]:
@@ -283,9 +286,12 @@ def at_checkpointing_memory(
     ``ct.offload`` with each method of :data:`AT_CK_METHODS` there."""
     chain = prof.chain
     resident = prof.sizes.resident_bytes
-    ck_peak = policy_peak(chain, "checkpoint-all")
+    # What checkpointing every block does to this chain: the code before the first block (a
+    # stage when the chain makes it one) is not wrapped, so it runs once and is kept whole.
+    whole = {1} if prof.blocks.prefix else set()
+    ck = co.simulate(chain, prof.platform.with_memory(2**62), checkpoint_all_schedule(chain.length, whole=whole))
+    ck_peak = int(ck.peak_memory)
     memory = ck_peak + resident
-    ck = co.solve(chain, prof.platform.with_memory(ck_peak), "checkpoint-all")
     modules = list(prof.blocks.modules)
     undo = checkpoint_every_block(w.model, modules)
     try:
@@ -309,7 +315,10 @@ def at_checkpointing_memory(
             recomputed = sum(r["decision"].startswith("recompute") for r in handle.decisions())
             rows.append(_row(
                 w.name, f"{AT_CK}: {method} @ {format_bytes(memory)}, {recomputed} blocks recomputed", plan.offloaded_bytes,
-                plan.makespan, t_off, plan.predicted_peak, handle.measured_peak, max_diff(grads_of(w.model), plain_grads),
+                # On the profile checkpointing's time is simulated on (another profile's times differ).
+                co.simulate(chain, prof.platform.with_memory(2**62), plan.schedule).makespan
+                if plan.chain.length == chain.length else plan.makespan,
+                t_off, plan.predicted_peak, handle.measured_peak, max_diff(grads_of(w.model), plain_grads),
                 handle.offloaded_bytes,
             ))
         finally:

@@ -22,7 +22,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-import chainoffload as co  # noqa: E402
 import chainoffload_torch as ct  # noqa: E402
 from chainoffload.units import format_bytes  # noqa: E402
 from gpu_check import limits  # noqa: E402
@@ -95,7 +94,7 @@ def main() -> None:
 
     a0 = int(prof.chain.act[0])
     out = []
-    for a, b, peak, now in rows:
+    for a, b, peak, _now in rows:
         if a is None:
             continue
         t0 = times(a)

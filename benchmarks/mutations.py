@@ -214,7 +214,7 @@ def main(argv=None) -> int:
         outcomes = list(pool.map(run_subset, MUTATIONS))
     lines = ["| mutation | rule it breaks | killed by | tests failing |", "|---|---|---|---:|"]
     survivors = []
-    for m, (code, failed, _secs) in zip(MUTATIONS, outcomes):
+    for m, (code, failed, _secs) in zip(MUTATIONS, outcomes, strict=True):
         if code == 0:
             survivors.append(m.name)
         names = [f"`{f.split('::')[-1]}`" for f in failed[:3]] + ([f"+{len(failed) - 3} more"] if len(failed) > 3 else [])

@@ -56,6 +56,8 @@ BISECT_TOL = 0.005
 #: "Within 2 %": the least memory found against the proven floor for any schedule.
 FLOOR_TOL = 0.02
 LINE = "handle = ct.offload(model, batch, memory={fraction})"
+#: Where build() and run() put the model unless told otherwise.
+CPU = torch.device("cpu")
 
 
 def hf_step(model: nn.Module, batch: dict, seed: int) -> torch.Tensor:
@@ -83,7 +85,7 @@ def _to(obj: object, device: torch.device) -> object:
     return obj
 
 
-def build(name: str, device: torch.device = torch.device("cpu")) -> tuple[nn.Module, object, object, object]:
+def build(name: str, device: torch.device = CPU) -> tuple[nn.Module, object, object, object]:
     """(model, batch, step, what offload() is given), on ``device``."""
     model, batch, step, sample = _build(name)
     model.to(device)
@@ -123,13 +125,13 @@ def train(handle: object, model: nn.Module, ref: nn.Module, batch: object, step:
         for opt in opts:
             opt.zero_grad()
         la, lb = step(model, batch, s), step(ref, batch, s)
-        grads = all((p.grad is None) == (q.grad is None) and (p.grad is None or torch.equal(p.grad, q.grad)) for p, q in zip(model.parameters(), ref.parameters()))
+        grads = all((p.grad is None) == (q.grad is None) and (p.grad is None or torch.equal(p.grad, q.grad)) for p, q in zip(model.parameters(), ref.parameters(), strict=True))
         equal &= bool(torch.equal(la, lb)) and grads
         moved_is_plan &= handle.offloaded_bytes == handle.plan.offloaded_bytes
         measured = handle.last_step.measured_peak
         for opt in opts:
             opt.step()
-    equal &= all(torch.equal(p, q) for p, q in zip(model.parameters(), ref.parameters()))
+    equal &= all(torch.equal(p, q) for p, q in zip(model.parameters(), ref.parameters(), strict=True))
     return equal, moved_is_plan, measured
 
 
@@ -211,7 +213,7 @@ def recompute_columns(name: str, device: torch.device, keep_all: int, floor: int
     return out
 
 
-def run(name: str, device: torch.device = torch.device("cpu")) -> dict:
+def run(name: str, device: torch.device = CPU) -> dict:
     model, batch, step, sample = build(name, device)
     ref = copy.deepcopy(model)
     t0 = time.perf_counter()

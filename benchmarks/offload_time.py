@@ -53,6 +53,7 @@ import chainoffload_torch as ct  # noqa: E402
 import chainoffload_torch.api as ct_api  # noqa: E402
 import chainoffload_torch.plans as ct_plans  # noqa: E402
 import chainoffload_torch.profiler as ct_profiler  # noqa: E402
+
 try:  # the links measured in this process: in _link since the profiler's room was split (issue 34)
     import chainoffload_torch._link as ct_link  # noqa: E402
 except ModuleNotFoundError:  # --src: an earlier revision, the cache in the profiler
@@ -137,7 +138,7 @@ class Phases:
 
         setattr(module, attr, timed)
 
-    def __enter__(self) -> "Phases":
+    def __enter__(self) -> Phases:
         self._wrap(ct_api, "find_blocks_warm" if hasattr(ct_api, "find_blocks_warm") else "find_blocks", "blocks")
         # the link: measured on every call before, once per process since (link_of)
         self._wrap(ct_api, "link_of" if hasattr(ct_api, "link_of") else "measure_link", "link")
@@ -176,7 +177,7 @@ class Calls:
     def _grad(self, g: torch.Tensor) -> None:
         self.backward += 1
 
-    def __enter__(self) -> "Calls":
+    def __enter__(self) -> Calls:
         self._hooks = [self.model.register_forward_pre_hook(self._pre), self.model.register_forward_hook(self._post)]
         return self
 

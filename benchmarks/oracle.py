@@ -25,10 +25,9 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "property_tests")]
 
+from chainoffload import simulate  # noqa: E402
 from naive import assert_agrees, simulate_naive  # noqa: E402
 from test_prop_oracle import cases  # noqa: E402
-
-from chainoffload import simulate  # noqa: E402
 
 RESULTS = HERE / "results"
 
@@ -50,7 +49,7 @@ def run(remat: bool, count: int) -> collections.Counter:
         assert_agrees(timeline, naive)
         seen["schedules"] += 1
         seen[f"verdict: {timeline.violation.rule if timeline.violation else 'feasible'}"] += 1
-        if any(e <= s for s, e in zip(timeline.op_start, timeline.op_end)):
+        if any(e <= s for s, e in zip(timeline.op_start, timeline.op_end, strict=True)):
             seen["with a zero-length op"] += 1
         op_times = set(timeline.op_start.tolist()) | set(timeline.op_end.tolist())
         if op_times & set(timeline.transfer_end.tolist()):

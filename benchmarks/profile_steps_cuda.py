@@ -88,7 +88,7 @@ def run(name: str, device: torch.device) -> dict:
     step = statistics.median(steps)
 
     def worst(a, b) -> float:
-        return max(abs(x - y) / max(y, 1e-9) for x, y in zip(a, b))
+        return max(abs(x - y) / max(y, 1e-9) for x, y in zip(a, b, strict=True))
 
     same = all(
         getattr(p.chain, f).tolist() == getattr(fixed.chain, f).tolist()

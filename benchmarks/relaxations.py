@@ -35,10 +35,9 @@ from pathlib import Path
 import numpy as np
 
 import chainoffload as co
+from _common import write_report
 from chainoffload.bounds import lower_bound, offload_memory_floor, stronger_bound, volume_lower_bound
 from chainoffload.generators import random_chain
-
-from _common import write_report
 
 RESULTS = Path(__file__).resolve().parent / "results"
 BASELINES = ["keep-all", "offload-all", "first-k", "largest-first"]

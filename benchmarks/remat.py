@@ -284,7 +284,7 @@ def plot(path: Path, data: dict) -> None:
     markers = {12e9: "o", 25e9: "s", 64e9: "^"}
     colours = {12e9: "tab:blue", 25e9: "tab:orange", 64e9: "tab:green"}
     names = data["names"]
-    for ax, want in zip(axes[:2], GPUS):
+    for ax, want in zip(axes[:2], GPUS, strict=True):
         for key, rows in data["claim1"].items():
             gpu, bw = platform_key(key)
             if gpu != want:

@@ -28,18 +28,18 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE.parent))  # this checkout's chainoffload, imported below
 
-from chainoffload import Chain, Platform, Schedule, simulate, solve
-from chainoffload.generators import transformer_chain
-from chainoffload.simulate import keep_all_peak
-from chainoffload.solvers.rotor import (
+from chainoffload import Chain, Platform, Schedule, simulate, solve  # noqa: E402
+from chainoffload.generators import transformer_chain  # noqa: E402
+from chainoffload.simulate import keep_all_peak  # noqa: E402
+from chainoffload.solvers.rotor import (  # noqa: E402
     DEFAULT_SLOTS,
     fill_rotor_table,
     rotor_schedule,
     slots_for,
 )
-from chainoffload.tradeoff import policy_peak
+from chainoffload.tradeoff import policy_peak  # noqa: E402
 
 KINDS = ("llama", "bert", "t5")
 FRACTIONS = (0.0, 0.25, 0.5)

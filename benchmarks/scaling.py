@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+
 from _common import BENCH, write_report
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -63,7 +64,7 @@ def point(method: str, length: int, timeout: float) -> dict:
 
 
 def slope(lengths: list[int], times: list[float]) -> float:
-    pts = [(math.log(n), math.log(t)) for n, t in zip(lengths, times) if math.isfinite(t) and t > 0]
+    pts = [(math.log(n), math.log(t)) for n, t in zip(lengths, times, strict=True) if math.isfinite(t) and t > 0]
     if len(pts) < 2:
         return math.nan
     x, y = np.array(pts).T

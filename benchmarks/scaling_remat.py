@@ -55,10 +55,9 @@ FRACTION = 0.3
 def instance(length: int, fraction: float = FRACTION):
     """The random chain of ``benchmarks/remat.py`` with L stages and its platform."""
     sys.path.insert(0, str(HERE))
-    from remat import random_chain
-
     from chainoffload import Platform
     from chainoffload.simulate import keep_all_peak
+    from remat import random_chain
 
     chain = random_chain(np.random.default_rng(length), length)
     floor, top = chain.stage_memory_floor(), keep_all_peak(chain)
@@ -121,7 +120,7 @@ def old_copy(ref: str, into: str) -> str | None:
 
 
 def slope(lengths, values, least: int = 100) -> float:
-    pts = [(math.log(n), math.log(v)) for n, v in zip(lengths, values) if n >= least and v and v > 0 and math.isfinite(v)]
+    pts = [(math.log(n), math.log(v)) for n, v in zip(lengths, values, strict=True) if n >= least and v and v > 0 and math.isfinite(v)]
     if len(pts) < 2:
         return math.nan
     x, y = np.array(pts).T
@@ -138,7 +137,7 @@ def plot(rows: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for name, style in zip(SERIES, ("o-", "^-.", "s--")):
+    for name, style in zip(SERIES, ("o-", "^-.", "s--"), strict=True):
         pts = rows.get(name, [])
         if not pts:
             continue

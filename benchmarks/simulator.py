@@ -106,7 +106,7 @@ def _kernels(chain, platform, schedule):
         tail = ("tr_event", "tr_size", "tr_src", "tr_after", "tr_order")
 
         def run(resolved):
-            d = dict(zip(names + tail, resolved[3:]))
+            d = dict(zip(names + tail, resolved[3:], strict=True))
             args = (arrays[0], arrays[1], *(d[k] for k in names), arrays[2], *(d[k] for k in tail))
             return replay(chain.fwd, chain.bwd, chain.fwd_nosave, sizes, *head, *args)
 
@@ -136,7 +136,7 @@ def measure(length: int, min_time: float, plain: bool) -> dict:
 
 def first_call(env: dict, cache_dir: str) -> float:
     code = (
-        "import time, sys; sys.path.insert(0, %r);" % str(HERE)
+        f"import time, sys; sys.path.insert(0, {str(HERE)!r});"
         + "from simulator import instance; from chainoffload import simulate;"
         "c,p,s=instance(100); t1=time.perf_counter(); simulate(c,p,s); print(time.perf_counter()-t1)"
     )
@@ -157,7 +157,7 @@ def child(env: dict, min_time: float, plain: bool = False) -> list:
 def best_of(rounds: list[list[dict]]) -> list[dict]:
     """Per L, the highest throughput of each figure over the rounds (the least disturbed one)."""
     out = []
-    for rows in zip(*rounds):
+    for rows in zip(*rounds, strict=True):
         merged = dict(rows[0])
         for key in merged:
             if key.endswith("_per_s"):
@@ -176,7 +176,7 @@ def measure_trees(envs: list[dict], min_time: float, rounds: int) -> list[dict]:
             warm = first_call(env, cache)
         results.append({"cold": cold, "warm": warm, "plain": child(env, min_time, plain=True), "rounds": []})
     for _ in range(rounds):
-        for env, res in zip(envs, results):
+        for env, res in zip(envs, results, strict=True):
             res["rounds"].append(child(env, min_time))
     for res in results:
         res["jit"] = best_of(res.pop("rounds"))
@@ -202,7 +202,7 @@ def table(label: str, tree: dict) -> list[str]:
         "| L | transfers | simulate() / s | simulate(), new object / s | kernel / s | replay / s | kernel, NUMBA_DISABLE_JIT=1 / s |",
         "|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for j, p in zip(tree["jit"], tree["plain"]):
+    for j, p in zip(tree["jit"], tree["plain"], strict=True):
         lines.append(
             f"| {j['L']} | {j['transfers']} | {_fmt(j['simulate_per_s'])} | {_fmt(j['fresh_per_s'])} | "
             f"{_fmt(j['kernel_per_s'])} | {_fmt(j.get('replay_per_s'))} | {_fmt(p['kernel_per_s'], 1)} |"
@@ -242,7 +242,7 @@ def main(argv=None) -> int:
             "| L | simulate() | simulate(), new object | kernel | same makespan and peak |",
             "|---:|---:|---:|---:|:---|",
         ]
-        for a, b in zip(here["jit"], other["jit"]):
+        for a, b in zip(here["jit"], other["jit"], strict=True):
             same = a["makespan"] == b["makespan"] and a["peak"] == b["peak"]
             lines.append(
                 f"| {a['L']} | {a['simulate_per_s'] / b['simulate_per_s']:.2f}x | {a['fresh_per_s'] / b['fresh_per_s']:.2f}x | "

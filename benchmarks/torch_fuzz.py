@@ -40,12 +40,12 @@ import torch  # noqa: E402
 
 from _common import write_report  # noqa: E402
 from chainoffload_torch.testing import (  # noqa: E402
-    _train_both,
     FAILURES,
     FEATURES,
     OUTCOMES,
     ModelCase,
     ModelSpec,
+    _train_both,
     differential_check,
     draw_model,
 )

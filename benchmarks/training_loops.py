@@ -35,10 +35,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np
 import torch
-from _common import write_report
 from torch import nn
 
 import chainoffload_torch as ct
+from _common import write_report
 
 RESULTS = Path(__file__).resolve().parent / "results"
 #: The Trainer-like loop's plain seconds and its offloaded steps' seconds (offload() apart).
@@ -151,8 +151,8 @@ def loop_row(mode: str, steps: int) -> list[str]:
     if isinstance(handle, Exception):
         msg = str(handle).replace("|", "/").splitlines()[0][:160]
         return [mode, str(steps), f"raised after {len(got)} steps: {type(handle).__name__}: {msg}", "", "", "", "", ""]
-    equal = len(got) == len(want) and all(torch.equal(a, b) for a, b in zip(got, want))
-    equal = equal and all(torch.equal(p, q) for p, q in zip(model.parameters(), ref.parameters()))
+    equal = len(got) == len(want) and all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+    equal = equal and all(torch.equal(p, q) for p, q in zip(model.parameters(), ref.parameters(), strict=True))
     moved = handle.last_step.offloaded_bytes if handle.last_step is not None else 0
     return _row(mode, steps, equal, handle, moved, plain_s, off_s, setup)
 
@@ -267,8 +267,8 @@ def hf_loop(steps: int) -> list[str]:
     want, plain_s, _, _ = run(ref, False)
     got, off_s, handle, setup = run(model, True)
     HF_TIMES[:] = [plain_s, off_s - setup]
-    equal = all(torch.equal(a, b) for a, b in zip(got, want)) and all(
-        torch.equal(p, q) for p, q in zip(model.parameters(), ref.parameters())
+    equal = all(torch.equal(a, b) for a, b in zip(got, want, strict=True)) and all(
+        torch.equal(p, q) for p, q in zip(model.parameters(), ref.parameters(), strict=True)
     )
     moved = handle.last_step.offloaded_bytes if handle.last_step is not None else 0
     name = f"HF Trainer-like GPT-2 (8 layers), dynamic padding, {len(set(lengths))} lengths in 16..96"

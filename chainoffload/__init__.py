@@ -9,12 +9,12 @@ and solvers behind one front door (:func:`solve`).
 
 from .chain import Chain, ChainError
 from .platform import Platform, PlatformError
-from .schedule import Schedule, ScheduleError, Transfer, fixed_order
-from .simulate import Timeline, Violation, simulate, keep_all_peak
-from .stalls import Stall, stalls
 from .result import Result, Status
-from .solvers import solve, methods, register, minimum_memory
+from .schedule import Schedule, ScheduleError, Transfer, fixed_order
 from .schedule_file import ScheduleFile
+from .simulate import Timeline, Violation, keep_all_peak, simulate
+from .solvers import methods, minimum_memory, register, solve
+from .stalls import Stall, stalls
 from .tradeoff import Tradeoff, tradeoff
 
 __version__ = "0.1.0"

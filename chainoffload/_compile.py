@@ -37,7 +37,7 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 __all__ = ["compiling", "prepare", "configure", "COLD_ESTIMATE", "INTERPRET_MAX_LENGTH"]
 

@@ -14,11 +14,11 @@ What that did to the command line (issue 33):
 
 So every search here runs with the solver's own handler off: SIGINT stays Python's, and the
 command line's main thread turns it into exit 130 (``NOTE [ cli contract ]`` in
-``chainoffload/cli.py``). A search also says how to stop it (:func:`stoppable`), so that whoever
-handles the signal can end it through the solver's own API (``CpSolver.stop_search``) instead
-of leaving it to run: :func:`stop_all` does that for the command line, and :func:`run_stoppable`
-for a library caller in the main thread, who then gets KeyboardInterrupt at once rather than
-after the search's time limit.
+``chainoffload/cli/contract.py``). A search also says how to stop it (:func:`stoppable`), so
+that whoever handles the signal can end it through the solver's own API
+(``CpSolver.stop_search``) instead of leaving it to run: :func:`stop_all` does that for the
+command line, and :func:`run_stoppable` for a library caller in the main thread, who then gets
+KeyboardInterrupt at once rather than after the search's time limit.
 """
 
 from __future__ import annotations

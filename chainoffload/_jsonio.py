@@ -8,7 +8,8 @@ import json
 import os
 import stat
 import tempfile
-from typing import Any, Callable, ClassVar
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 import numpy as np
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import hashlib
 import math
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -310,7 +311,7 @@ class Chain(JsonIO):
             f"saved_total={int(self.saved.sum())}B)"
         )
 
-    def replace(self, **changes: Any) -> "Chain":
+    def replace(self, **changes: Any) -> Chain:
         """A new chain with some fields replaced (validated again)."""
         data = self.to_dict()
         if not self._explicit_nosave and "fwd_nosave" not in changes:
@@ -336,7 +337,7 @@ class Chain(JsonIO):
         return out
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "Chain":
+    def from_dict(cls, data: Mapping[str, Any]) -> Chain:
         """Build a chain from docs/model.md's JSON object; unknown or missing keys are errors
         (``fwd_tmp`` and ``bwd_tmp`` default to zeros, ``fwd_nosave`` to ``fwd``)."""
         if not isinstance(data, Mapping):

@@ -11,12 +11,12 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 from .chain import Chain
+from .order import fixed_order, transfer_events, trigger, wait_ops
 from .platform import Platform
 from .result import Result, Status
-from .order import fixed_order, transfer_events, trigger, wait_ops
 from .schedule import Schedule, Transfer
 from .simulate import simulate
 
@@ -54,11 +54,11 @@ def enumerate_schedules(chain: Chain, platform: Platform) -> Iterator[Schedule]:
     per_unit_waits = [[None, *wait_ops(length, u)] for u in units]
     per_unit_moves = [[None, "unit"] + (["act"] if chain.act[u] != chain.saved[u - 1] else []) for u in units]
     for chosen in itertools.product(*per_unit_moves):
-        moves = {u: c for u, c in zip(units, chosen) if c is not None}
+        moves = {u: c for u, c in zip(units, chosen, strict=True) if c is not None}
         off = list(moves)
         wait_options = [per_unit_waits[u - 1] for u in off]
         for waits in itertools.product(*wait_options):
-            before = dict(zip(off, waits))
+            before = dict(zip(off, waits, strict=True))
             waited = {b for b in waits if b is not None}
             # 2. trigger events, merging a start that certainly equals the previous end.
             certain = set()
@@ -83,7 +83,7 @@ def enumerate_schedules(chain: Chain, platform: Platform) -> Iterator[Schedule]:
                 event_options.append(pairs)
             for events in itertools.product(*event_options):
                 transfers = []
-                for u, (eo, ep) in zip(off, events):
+                for u, (eo, ep) in zip(off, events, strict=True):
                     transfers.append(Transfer("offload", u, *trigger(eo), before[u], moves[u]))
                     transfers.append(Transfer("prefetch", u, *trigger(ep), moves=moves[u]))
                 yield from _tie_orders(ops, transfers, channel)

@@ -32,7 +32,7 @@ deterministic: the same inputs give the same schedule.
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -208,7 +208,7 @@ def schedule_from_arrays(length: int, transfers: tuple[np.ndarray, ...], alone: 
     act = set(alone)
     out = tuple(
         Transfer(_KIND[k], u, o, _AT[a], None if b < 0 else b, "act" if u in act else "unit")
-        for k, u, o, a, b in zip(kind, unit, op, at, before)
+        for k, u, o, a, b in zip(kind, unit, op, at, before, strict=True)
     )
     return Schedule(fixed_order(length), out)
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -91,11 +92,11 @@ class Platform(JsonIO):
         """Whether both directions have a bandwidth above zero."""
         return self.bandwidth_d2h > 0 and self.bandwidth_h2d > 0
 
-    def replace(self, **changes: Any) -> "Platform":
+    def replace(self, **changes: Any) -> Platform:
         """A copy with some fields replaced (validated again)."""
         return dataclasses.replace(self, **changes)
 
-    def with_memory(self, memory: int) -> "Platform":
+    def with_memory(self, memory: int) -> Platform:
         """A copy with another memory limit."""
         return dataclasses.replace(self, memory=int(memory))
 
@@ -136,7 +137,7 @@ class Platform(JsonIO):
         }
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "Platform":
+    def from_dict(cls, data: Mapping[str, Any]) -> Platform:
         """Build a platform from its JSON object: numbers only (bytes, bytes/s, seconds), no
         unknown or missing keys (``latency`` defaults to 0, ``duplex`` to true)."""
         if not isinstance(data, Mapping):

@@ -12,7 +12,7 @@ from .schedule import Schedule
 __all__ = ["Result", "Status"]
 
 
-class Status(str, enum.Enum):
+class Status(enum.StrEnum):
     """Outcome of a solver run (a status, not an exception: see STYLE.md, habit 4)."""
 
     OPTIMAL = "optimal"  #: proven optimal for the method's model
@@ -89,7 +89,7 @@ class Result:
             return math.nan if not self.feasible else 0.0
         return self.makespan / self.lower_bound - 1.0
 
-    def replace(self, **changes: Any) -> "Result":
+    def replace(self, **changes: Any) -> Result:
         """A copy with some fields replaced."""
         return dataclasses.replace(self, **changes)
 

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -95,7 +96,7 @@ class Transfer:
         return out
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any], *, index: int = 0) -> "Transfer":
+    def from_dict(cls, data: Mapping[str, Any], *, index: int = 0) -> Transfer:
         """Parse a transfer from its JSON object; ``index`` is used in error messages."""
         where = f"schedule.transfers[{index}]"
         if not isinstance(data, Mapping):
@@ -165,7 +166,7 @@ class Schedule(JsonIO):
     # -- construction ----------------------------------------------------------------------
 
     @classmethod
-    def keep_all(cls, length: int) -> "Schedule":
+    def keep_all(cls, length: int) -> Schedule:
         """The fixed order with no transfer."""
         return cls(fixed_order(length), ())
 
@@ -183,13 +184,13 @@ class Schedule(JsonIO):
         """Stages whose unit is offloaded, sorted."""
         return tuple(sorted({t.unit for t in self.transfers if t.kind == "offload"}))
 
-    def offloaded_bytes(self, chain: "Chain") -> int:
+    def offloaded_bytes(self, chain: Chain) -> int:
         """Bytes copied to the host: what each offload moves (saved[i] for a whole unit i, act[i]
         for a lone a_i that an Fck_i / Fn_i made or that moves alone). Raises
         :class:`ScheduleError` if malformed."""
         return int(sum(self.transfer_bytes(chain)[k] for k, t in enumerate(self.transfers) if t.kind == "offload"))
 
-    def transfer_bytes(self, chain: "Chain") -> np.ndarray:
+    def transfer_bytes(self, chain: Chain) -> np.ndarray:
         """Bytes each transfer moves on ``chain``, in list order (see :class:`Transfer`'s ``moves``).
         Raises :class:`ScheduleError` if malformed."""
         self.validate(chain)
@@ -212,7 +213,7 @@ class Schedule(JsonIO):
 
     # -- validation ------------------------------------------------------------------------
 
-    def validate(self, chain: "Chain") -> None:
+    def validate(self, chain: Chain) -> None:
         """Check the structure against ``chain``; raise :class:`ScheduleError` if malformed.
 
         Checked: op kinds and stages exist; the compute sequence is the fixed order F_1..F_L,
@@ -235,7 +236,7 @@ class Schedule(JsonIO):
         self._validate_fields(length)
         cache[length] = resolve(length, *self.arrays())
 
-    def _structure(self, length: int) -> "Structure":
+    def _structure(self, length: int) -> Structure:
         """The resolved structure (after :meth:`validate` for a chain of this length)."""
         return self.__dict__["_structures"][length]
 
@@ -250,7 +251,9 @@ class Schedule(JsonIO):
         if not self.has_remat:
             expected = fixed_order(length)
             if not fixed:
-                for idx, (got, want) in enumerate(zip(self.compute, expected)):
+                # The first op that differs from the fixed order, over the ops both have; a
+                # sequence that is a prefix of it (or extends it) fails on its length below.
+                for idx, (got, want) in enumerate(zip(self.compute, expected, strict=False)):
                     if got != want:
                         raise ScheduleError(
                             f"schedule.compute[{idx}]: expected {want[0]}_{want[1]} of the fixed order "
@@ -332,7 +335,7 @@ class Schedule(JsonIO):
         return {"compute": [[k, s] for k, s in self.compute], "transfers": [t.to_dict() for t in self.transfers]}
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "Schedule":
+    def from_dict(cls, data: Mapping[str, Any]) -> Schedule:
         """Parse a schedule from its JSON object (structure only; see :meth:`validate`).
 
         A schedule file's metadata keys (``chain``, ``platform``, ``solver``) are accepted and
@@ -364,7 +367,7 @@ class Schedule(JsonIO):
     @classmethod
     def from_units(
         cls, length: int, transfers: Iterable[Transfer] = (), compute: Sequence[tuple[str, int]] | None = None
-    ) -> "Schedule":
+    ) -> Schedule:
         """A fixed-order schedule (or ``compute``) with the given transfers."""
         return cls(tuple(compute) if compute is not None else fixed_order(length), tuple(transfers))
 
@@ -423,11 +426,11 @@ class Structure:
             self.tr_order,
         )
 
-    def offloaded_bytes(self, chain: "Chain") -> int:
+    def offloaded_bytes(self, chain: Chain) -> int:
         """Bytes the offloads move on ``chain``."""
         return int(self.transfer_bytes(chain)[self.tr_kind == 0].sum())
 
-    def transfer_bytes(self, chain: "Chain") -> np.ndarray:
+    def transfer_bytes(self, chain: Chain) -> np.ndarray:
         """Bytes each transfer moves on ``chain``."""
         sizes = _ks.size_table(chain.act, chain.saved, chain.fwd_tmp, chain.bwd_tmp)
         return sizes[self.tr_size]

@@ -23,7 +23,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from ._jsonio import JsonIO, is_number
 from .chain import Chain
@@ -79,7 +80,7 @@ class ScheduleFile(JsonIO):
             raise ScheduleError(f"schedule.platform: expected a Platform, got {type(self.platform).__name__}")
 
     @classmethod
-    def from_result(cls, chain: Chain, platform: Platform, result: Result) -> "ScheduleFile":
+    def from_result(cls, chain: Chain, platform: Platform, result: Result) -> ScheduleFile:
         """The file ``solve --out`` writes for ``result`` (which must hold a schedule).
 
         Raises
@@ -113,7 +114,7 @@ class ScheduleFile(JsonIO):
             made_for = f"chain {self.chain_name!r}" if self.chain_name is not None else "another chain"
             # Long enough to tell them apart: through the first digit that differs, and at least
             # 12 hex digits ("sha256:" is 7 characters).
-            first = next(k for k, (a, b) in enumerate(zip(self.fingerprint, own)) if a != b)
+            first = next(k for k, (a, b) in enumerate(zip(self.fingerprint, own, strict=True)) if a != b)
             n = max(19, first + 4)
             raise ScheduleError(
                 f"schedule: made for {made_for} (fingerprint {self.fingerprint[:n]}...), not for chain "
@@ -141,7 +142,7 @@ class ScheduleFile(JsonIO):
         return out
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "ScheduleFile":
+    def from_dict(cls, data: Mapping[str, Any]) -> ScheduleFile:
         """Parse a schedule file; the three metadata keys are optional, each checked strictly."""
         if not isinstance(data, Mapping):
             raise ScheduleError(f"schedule: expected a JSON object, got {type(data).__name__}")

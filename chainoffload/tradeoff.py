@@ -32,13 +32,14 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
+from ._progress import progress
 from .chain import Chain
 from .platform import Platform
-from ._progress import progress
 from .result import Result, Status
 from .units import format_bytes
 
@@ -231,7 +232,7 @@ class Tradeoff:
         }
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Tradeoff":
+    def from_dict(cls, data: dict[str, Any]) -> Tradeoff:
         """Read back what :meth:`to_dict` wrote (the points have no ``result``).
 
         A table written before ``time_limit`` and ``clocked`` existed reads back with ``None``
@@ -487,7 +488,7 @@ def _sweep_one(
     offload_floor: int,
     entries: dict[str, Any],
     options: dict[str, dict[str, Any]],
-    curves: dict[str, list["TradeoffPoint"]],
+    curves: dict[str, list[TradeoffPoint]],
     base: float,
     bar: Any,
 ) -> float:

@@ -15,13 +15,13 @@ Below it: :func:`profile` and :func:`profile_full`, :func:`measure_sizes`, :func
 executor as a context manager around a list of stages.
 """
 
-from .api import Offloader, budget_curve, offload
-from .plans import Budget, Plan
-from .executor import OffloadActivations, StepStats
-from .profiler import Profile, Sizes, measure_link, measure_sizes, profile, profile_full
 from ._discovery import Blocks, find_blocks
 from ._stages import EntryState, as_stages
 from ._state import ProfilingSideEffect
+from .api import Offloader, budget_curve, offload
+from .executor import OffloadActivations, StepStats
+from .plans import Budget, Plan
+from .profiler import Profile, Sizes, measure_link, measure_sizes, profile, profile_full
 
 __all__ = [
     "offload",

@@ -37,7 +37,7 @@ def keep_all_chain(chain: co.Chain, sizes: Sizes | None) -> co.Chain:
     late = getattr(sizes, "late_tmp", ()) if sizes is not None else ()
     if not any(late):
         return chain
-    return chain.replace(fwd_tmp=[max(0, int(f) - int(x)) for f, x in zip(chain.fwd_tmp, late)])
+    return chain.replace(fwd_tmp=[max(0, int(f) - int(x)) for f, x in zip(chain.fwd_tmp, late, strict=True)])
 
 
 @dataclasses.dataclass(frozen=True)

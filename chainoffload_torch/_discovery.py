@@ -12,7 +12,8 @@ from __future__ import annotations
 import collections
 import dataclasses
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -88,7 +89,7 @@ class Blocks:
         return len(self.modules)
 
     @classmethod
-    def of(cls, stages: Any, names: Sequence[str] | None = None) -> "Blocks":
+    def of(cls, stages: Any, names: Sequence[str] | None = None) -> Blocks:
         """Stages called one after the other with the hidden state as first argument."""
         mods = as_stages(stages)
         if names is None:

@@ -16,7 +16,8 @@ import os
 import sys
 import threading
 import weakref
-from typing import TYPE_CHECKING, Any, Iterator, Protocol
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch import nn
@@ -45,7 +46,7 @@ def recomputing() -> Iterator[None]:
 
 
 # The model each installed instrument hooks: a model is instrumented by one at a time.
-_INSTALLED: "weakref.WeakKeyDictionary[nn.Module, Instrument]" = weakref.WeakKeyDictionary()
+_INSTALLED: weakref.WeakKeyDictionary[nn.Module, Instrument] = weakref.WeakKeyDictionary()
 
 
 def check_not_instrumented(model: nn.Module) -> None:
@@ -161,7 +162,7 @@ class _Hook:
     def __call__(self, *args: Any) -> Any:
         return self.fn(*args)
 
-    def __deepcopy__(self, memo: dict) -> "_Inert":
+    def __deepcopy__(self, memo: dict) -> _Inert:
         return _Inert()
 
     def __reduce__(self) -> tuple:

@@ -59,7 +59,8 @@ def measure_link(device: torch.device | str, *, nbytes: int | None = None, small
         def timed(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> float:
             torch.cuda.synchronize(device)
             starts, ends = [], []
-            for (dst, src), s in zip(pairs, streams):
+            # One copy (one direction) or two (both at once), each on a stream of its own.
+            for (dst, src), s in zip(pairs, streams, strict=False):
                 a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 with torch.cuda.stream(s):
                     a.record(s)

@@ -23,7 +23,7 @@ from torch import nn
 
 import chainoffload as co
 
-__all__ = ["FORWARD_KINDS", "Act", "CallRecord", "RematPlan", "Slot"]
+__all__ = ["FORWARD_KINDS", "Act", "CallRecord", "RematPlan", "Slot", "arguments_state", "stateful_argument"]
 
 FORWARD_KINDS = ("F", "Fck", "Fn")
 
@@ -202,6 +202,84 @@ class RematPlan:
 _PLAIN = (bool, int, float, str)
 
 
+# NOTE [ arguments a recomputation would change again ]
+# A recomputation calls a block again on the arguments of its original call. Those the executor
+# can call it again on are values that the call cannot change behind the executor's back: tensors
+# (whose in-place changes move a version counter), numbers, bools, strings, None, dtypes,
+# devices, and tuples / lists / dicts of those. Any other object -- a transformers Cache
+# (DynamicCache, EncoderDecoderCache: the decoder layer appends its keys and values, or caches
+# its cross-attention's, and a second call appends them again or finds them there and saves
+# other tensors), a user's state object -- may hold state the block's forward changes, which
+# the executor cannot restore exactly (deep-copying a cache costs its bytes and cannot see state
+# outside it), so such a block is never recomputed: the profile records it among the blocks a
+# recomputation would get wrong, and the executor refuses at every step to recompute a block
+# whose call received one. A list or dict argument is watched too: the profile sees a block
+# whose forward changes one (appends to a list it was given), and the executor refuses to
+# recompute a block whose arguments changed (an element replaced, a tensor modified in place)
+# between its call and the recomputation.
+
+_VALUE_TYPES = (
+    type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device, torch.layout, torch.memory_format,
+    slice, type(Ellipsis),
+)
+
+
+def _stateful_in(obj: Any, depth: int = 0) -> Any:
+    """The first object in ``obj`` that is not a tensor, a value or a container of those."""
+    if isinstance(obj, torch.Tensor) or isinstance(obj, _VALUE_TYPES):
+        return None
+    if depth < 16 and isinstance(obj, (tuple, list)):
+        return next((x for x in (_stateful_in(v, depth + 1) for v in obj) if x is not None), None)
+    if depth < 16 and isinstance(obj, dict):
+        return next((x for x in (_stateful_in(v, depth + 1) for v in obj.values()) if x is not None), None)
+    return obj
+
+
+def _argument_name(module: nn.Module, k: int) -> str:
+    import inspect
+
+    try:
+        params = [p for p in inspect.signature(module.forward).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):
+        params = []
+    return params[k].name if k < len(params) else f"positional argument {k}"
+
+
+def stateful_argument(module: nn.Module, args: tuple, kwargs: dict, hidden_at: tuple[str, Any]) -> str | None:
+    """Why ``module`` called on ``args`` / ``kwargs`` must not be recomputed, or ``None``: the
+    first argument other than the hidden state (at ``hidden_at``) that holds an object other
+    than a tensor, a value or a container of those (NOTE [ arguments a recomputation would
+    change again ])."""
+    where, key = hidden_at
+    named = [(_argument_name(module, j), a) for j, a in enumerate(args) if not (where == "arg" and j == key)]
+    named += [(k, v) for k, v in kwargs.items() if not (where == "kw" and k == key)]
+    for name, value in named:
+        found = _stateful_in(value)
+        if found is not None:
+            kind = type(found).__name__
+            return (
+                f"takes {'an' if kind[:1].lower() in 'aeiou' else 'a'} {kind} argument ({name}) that its forward may change: a recomputation would change it "
+                f"again{' (a key/value cache: call the model with use_cache=False)' if 'Cache' in kind else ''}"
+            )
+    return None
+
+
+def arguments_state(obj: Any, depth: int = 0) -> Any:
+    """What a call's arguments are now, to compare with later (NOTE [ arguments a recomputation
+    would change again ]): every list's and dict's identity and elements, a tuple's elements,
+    every tensor's identity and version, every other object's identity."""
+    if isinstance(obj, torch.Tensor):
+        return ("t", id(obj), obj._version)
+    if depth < 16 and isinstance(obj, tuple):  # immutable: its elements alone
+        return ("tuple", tuple(arguments_state(v, depth + 1) for v in obj))
+    if depth < 16 and isinstance(obj, list):
+        return ("list", id(obj), tuple(arguments_state(v, depth + 1) for v in obj))
+    if depth < 16 and isinstance(obj, dict):
+        return ("dict", id(obj), tuple((k, arguments_state(v, depth + 1)) for k, v in obj.items()))
+    return ("o", id(obj))
+
+
 def _plain_attrs(module: nn.Module) -> list[tuple[nn.Module, str, Any]]:
     out = []
     for m in module.modules():
@@ -254,6 +332,7 @@ class CallRecord:
         self.module = module
         self.stage = stage
         self.hidden_at = hidden_at
+        self.arguments = arguments_state((self.args, self.kwargs))
         self.hidden_version = hidden._version
         self.hidden_requires_grad = hidden.requires_grad
         self.device = device
@@ -283,6 +362,13 @@ class CallRecord:
         """Run the block again on ``hidden`` under the original call's states; return its output."""
         where, key = self.hidden_at
         args, kwargs = self.args, self.kwargs
+        if arguments_state((args, kwargs)) != self.arguments:
+            raise RuntimeError(
+                f"chainoffload_torch: the arguments block {self.stage} was called with changed after its forward read "
+                "them (a list or dict appended to or modified, a tensor among them modified in place), so a "
+                "recomputation would not run the block as it ran; train this model with method='best' (no "
+                "recomputation)"
+            )
         if where == "arg":
             args = tuple(hidden if j == key else a for j, a in enumerate(args))
         else:

@@ -69,7 +69,7 @@ def numbers_apart(a: Any, b: Any) -> set[Path] | None:
     if [p for p, _ in la] != [p for p, _ in lb]:
         return None
     apart = set()
-    for (path, x), (_, y) in zip(la, lb):
+    for (path, x), (_, y) in zip(la, lb, strict=True):
         if x == y:
             continue
         if _is_number(x) and _is_number(y):
@@ -86,9 +86,9 @@ def dominates(big: Any, small: Any) -> bool:
     if [p for p, _ in lb] != [p for p, _ in ls]:
         return False
     smaller = False
-    for (_, x), (_, y) in zip(lb, ls):
+    for (_, x), (_, y) in zip(lb, ls, strict=True):
         if _is_tensor(x) and _is_tensor(y):
-            if x[2:] != y[2:] or len(x[1]) != len(y[1]) or any(d < e for d, e in zip(x[1], y[1])):
+            if x[2:] != y[2:] or len(x[1]) != len(y[1]) or any(d < e for d, e in zip(x[1], y[1], strict=True)):
                 return False
             smaller = smaller or x[1] != y[1]
         elif x != y:

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import enum
-import weakref
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -152,7 +152,7 @@ def is_parameter_like(t: torch.Tensor) -> bool:
 # embeddings): the caller holds those for the whole forward.
 
 
-class EntryState(str, enum.Enum):
+class EntryState(enum.StrEnum):
     """Where the data of one storage of a unit is, in one step."""
 
     DEVICE = "device"  #: the original is held (or, for a unit kept resident, left alone)
@@ -540,9 +540,9 @@ def model_state(modules: Sequence[nn.Module]) -> Iterator[None]:
             yield
         finally:
             with torch.no_grad():
-                for b, v in zip(buffers, saved_buffers):
+                for b, v in zip(buffers, saved_buffers, strict=True):
                     b.copy_(v)
-                for p, g in zip(params, saved_grads):
+                for p, g in zip(params, saved_grads, strict=True):
                     if g is None:
                         p.grad = None
                     elif p.grad is not None and p.grad.shape == g.shape:

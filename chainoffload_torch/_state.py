@@ -63,7 +63,7 @@ def training_state(modules: Sequence[nn.Module]) -> Iterator[None]:
                 np_random.set_state(np_state)
             for m, snap in attrs:
                 _restore(vars(m), snap)
-    changed = [name for (name, p), v in zip(_named(mods, params), versions) if p._version != v]
+    changed = [name for (name, p), v in zip(_named(mods, params), versions, strict=True) if p._version != v]
     if changed:
         raise ProfilingSideEffect(
             f"chainoffload_torch: profiling changed {len(changed)} parameter(s) of the model in place "
@@ -185,7 +185,7 @@ def _restore_value(v: Any, how: Any) -> None:
     if kind == "gen":
         _set_generator_state(v, how[1])
     elif kind == "list":
-        if len(v) != len(how[1]) or any(a is not b for a, b in zip(v, how[1])):
+        if len(v) != len(how[1]) or any(a is not b for a, b in zip(v, how[1], strict=True)):
             v[:] = how[1]
         _restore_items(how[1], how[2])
     elif kind == "dict":
@@ -205,7 +205,7 @@ def _restore_value(v: Any, how: Any) -> None:
 def _restore_items(items: Any, hows: Any) -> None:
     if hows is None:
         return
-    pairs = zip(items, hows) if isinstance(items, list) else ((items[k], h) for k, h in hows.items())
+    pairs = zip(items, hows, strict=True) if isinstance(items, list) else ((items[k], h) for k, h in hows.items())
     for x, h in pairs:
         if h is not None:
             _restore_value(x, h)

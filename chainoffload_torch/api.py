@@ -18,7 +18,8 @@ import dataclasses
 import threading
 import warnings
 import weakref
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 from torch import nn
@@ -29,16 +30,16 @@ from chainoffload.solvers import spec
 from chainoffload.units import format_bytes, parse_bytes
 
 from ._copy import Copier
-from ._pool import HostPool
 from ._discovery import Blocks, find_blocks_warm, resolve_blocks
 from ._instrument import COMPILE_REFUSAL, CONCURRENT_REFUSAL, Instrument, check_not_instrumented
-from ._stages import EntryState, canonical_device
+from ._link import link_of
+from ._pool import HostPool
 from ._recompute import RematPlan
+from ._recorder import profiling_steps
 from ._shapes import dominates, numbers_apart, strip_numbers, volume
+from ._stages import EntryState, canonical_device
 from ._tree import call_key, describe_key, held_tensors
 from .executor import ScheduleRun, StepStats
-from ._link import link_of
-from ._recorder import profiling_steps
 from .plans import Budget, Plan, _Planner, _takes, coverage, exact_bytes, recompute_chain, resident_units, step_peak
 from .profiler import _device_of, _to_device, as_call
 

@@ -35,7 +35,8 @@ import dataclasses
 import time
 import warnings
 import weakref
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 from torch import nn
@@ -43,10 +44,10 @@ from torch import nn
 import chainoffload as co
 
 from ._copy import Copier
-from ._pool import HostPool
 from ._discovery import Blocks
 from ._instrument import Instrument, recomputing
-from ._recompute import FORWARD_KINDS, Act, CallRecord, RematPlan, Slot, rebuild_act
+from ._pool import HostPool
+from ._recompute import FORWARD_KINDS, Act, CallRecord, RematPlan, Slot, rebuild_act, stateful_argument
 from ._saved import Kept, Packed, check_version, rebuild, root_of, version_probe
 from ._stages import Entry, EntryState, UnitLedger, canonical_device, resident_storages
 from ._tree import first_tensor, tensors_in
@@ -464,6 +465,13 @@ class ScheduleRun:
                     "recomputation would run them a second time on the arguments they already changed. Remove them, or "
                     "train with method='best' (no recomputation)"
                 )
+            # NOTE [ arguments a recomputation would change again ] in _recompute.py.
+            why = stateful_argument(module, args, kwargs, self.blocks.hidden_in[b - 1])
+            if why is not None:
+                raise RuntimeError(
+                    f"chainoffload_torch: the schedule recomputes block {idx} ({self.blocks.names[b - 1]}), which {why}. "
+                    "Train with method='best' (no recomputation), or let offload() plan (it never recomputes such a block)"
+                )
             step.records[idx] = CallRecord(
                 module, idx, args, kwargs, self.blocks.hidden_in[b - 1], hidden, self.device,
                 self._mutable if self._learned else None,
@@ -789,6 +797,17 @@ class ScheduleRun:
         try:
             with recomputing():
                 out = rec.call(x, hooks)
+        except Exception as exc:
+            if str(exc).startswith("chainoffload_torch:"):
+                raise
+            # Never train on: say which block failed and what to do (NOTE [ arguments a
+            # recomputation would change again ] in _recompute.py names the usual cause).
+            raise RuntimeError(
+                f"chainoffload_torch: recomputing block {i} ({kind}_{i}, op {k}) in the backward failed: "
+                f"{type(exc).__name__}: {exc}. A block that is recomputed must compute the same thing when called "
+                "again on the same arguments; one that updates state it is given (a key/value cache: call the model "
+                "with use_cache=False) or keeps state of its own cannot. Train with method='best' (no recomputation)"
+            ) from exc
         finally:
             step.current = current
         a = first_tensor(out)
@@ -800,9 +819,11 @@ class ScheduleRun:
                 raise RuntimeError(
                     f"chainoffload_torch: block {i} saved {len(records)} tensors when recomputed but "
                     f"{'none' if slots is None else len(slots)} in its forward; a block that is recomputed must run "
-                    "the same operations each time (no data-dependent control flow over what it saves)"
+                    "the same operations each time (no data-dependent control flow over what it saves, no state it "
+                    "updates: a key/value cache, for which call the model with use_cache=False). Train with "
+                    "method='best' (no recomputation)"
                 )
-            for slot, r in zip(slots, records):
+            for slot, r in zip(slots, records, strict=True):
                 slot.record = r
         ledger.stage_end(i, x, None, a)
         if k in self.remat.last_read:
@@ -1061,7 +1082,7 @@ class OffloadActivations:
         self.run = ScheduleRun(chain, schedule, platform=platform, device=device, roots=blocks.modules, blocks=blocks)
         self.instrument = Instrument(None, blocks, self.run)
 
-    def __enter__(self) -> "OffloadActivations":
+    def __enter__(self) -> OffloadActivations:
         self.instrument.begin()
         return self
 

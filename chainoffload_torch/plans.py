@@ -12,7 +12,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-from typing import Any, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 import torch
 from torch import nn
@@ -21,10 +22,10 @@ import chainoffload as co
 from chainoffload.bounds import offload_memory_floor
 from chainoffload.units import format_bytes, parse_bytes
 
-from ._instrument import Instrument
-from ._tree import describe_key
 from ._coverage import Coverage, coverage, step_peak
+from ._instrument import Instrument
 from ._recorder import WRITTEN, Sizes, chain_of, measure_call_sizes, measure_chain
+from ._tree import describe_key
 
 __all__ = [
     "Budget", "Plan", "solve_for", "resident_units", "nothing_fits", "exact_bytes", "Coverage", "coverage", "step_peak",
@@ -52,7 +53,7 @@ class Budget:
     value: int | float | None
 
     @classmethod
-    def parse(cls, memory: Any) -> "Budget":
+    def parse(cls, memory: Any) -> Budget:
         """Validate ``memory`` (the message names the field and the value)."""
         if memory is None:
             return cls(None)
@@ -366,6 +367,8 @@ def solve_for(
     if len(methods) == 1:
         raise ValueError(nothing_fits(chain, platform, method, resident, keep, sizes, last, key, tried=refused))
     tried = f"no plan of {', '.join(methods)} fits, nor recomputes only what the executor can call again"
+    if refused:
+        tried += f" ({refused})"
     raise ValueError(nothing_fits(chain, platform, None, resident, keep, sizes, None, key, tried=tried))
 
 
@@ -382,6 +385,8 @@ def _solve_one(
         result = co.solve(solved_on, platform, method, **kept, **options)
     except co.PlatformError:
         return None, None
+    if solved_on is not chain:
+        result = _checkpointing_if_faster(chain, platform, result, not_recomputable(chain, sizes, blocks))
     if not result.feasible:
         return result, None
     moved = sorted(set(result.schedule.offloaded_units) & resident)
@@ -404,6 +409,38 @@ def _solve_one(
     if not timeline.feasible:
         return None, f"method {method}: {timeline.violation}"
     return dataclasses.replace(result, makespan=timeline.makespan, peak_memory=timeline.peak_memory, timeline=timeline), None
+
+
+# NOTE [ checkpointing what the executor can recompute ]
+# rotor never loses to checkpoint-all on the chain it solves (NOTE [ never lose to the family ]
+# in chainoffload/solvers/rotor.py), but a method that recomputes is solved on recompute_chain,
+# where checkpoint-all's Fck of a stage the executor cannot run again (the prefix stage, a stage
+# whose a_i the code after it makes) costs a prohibitive time: the family member a user compares
+# with -- gradient_checkpointing_enable(), which leaves the embeddings unwrapped -- is
+# checkpoint-all with those stages run F once and kept whole. It is the plan's candidate too,
+# simulated on the profiled chain: where it fits and is faster (or the method found nothing that
+# fits), it is the method's plan, so offload() is never slower than checkpointing every block the
+# executor can recompute, at any memory where that fits.
+
+
+def _checkpointing_if_faster(chain: co.Chain, platform: co.Platform, result: co.Result, banned: dict[int, str]) -> co.Result:
+    """``result``, or checkpoint-all keeping ``banned`` stages whole where it fits and is faster."""
+    from chainoffload.solvers.remat_baselines import checkpoint_all_schedule
+
+    whole = {i for i in banned if i < chain.length}
+    schedule = checkpoint_all_schedule(chain.length, whole=whole)
+    timeline = co.simulate(chain, platform, schedule)
+    if not timeline.feasible:
+        return result
+    if result.feasible:
+        mine = co.simulate(chain, platform, result.schedule)
+        if mine.feasible and mine.makespan <= timeline.makespan:
+            return result
+    info = {**(result.info or {}), "source": "checkpoint-all of the blocks the executor can recompute"}
+    return dataclasses.replace(
+        result, status=co.Status.FEASIBLE, schedule=schedule, makespan=timeline.makespan,
+        peak_memory=timeline.peak_memory, timeline=timeline, offloaded_bytes=0, min_memory=None, info=info, message="",
+    )
 
 
 def _takes(method: str | None) -> set[str] | None:
@@ -459,8 +496,11 @@ def _recomputed(schedule: co.Schedule) -> set[int]:
 # than train wrong). The profiling passes are watched for them, with module hooks of their own
 # around every block call: a block that modifies its hidden input in place (the checkpoint it
 # would start from is gone), a block whose output the code after it modifies in place before the
-# next block reads it (a recomputed a_i would miss the change), and a block with forward
-# pre-hooks of its own (a recomputation would run them again on arguments they already changed).
+# next block reads it (a recomputed a_i would miss the change), a block with forward pre-hooks
+# of its own (a recomputation would run them again on arguments they already changed), a block
+# given an object that may hold state its forward changes (a transformers Cache) and a block
+# that changes an argument it is given (appends to a list): NOTE [ arguments a recomputation
+# would change again ] in _recompute.py.
 
 
 @contextlib.contextmanager
@@ -468,6 +508,7 @@ def _watch_blocks(blocks: Any) -> Iterator[dict[int, str]]:
     """Watch the blocks' calls while profiling; yield {block index (1-based): why it must not
     be recomputed}, filled when the context exits."""
     from ._instrument import _Hook
+    from ._recompute import arguments_state, stateful_argument
 
     found: dict[int, str] = {}
     n = len(blocks.modules)
@@ -483,14 +524,29 @@ def _watch_blocks(blocks: Any) -> Iterator[dict[int, str]]:
             found.setdefault(b - 1, "its output is modified in place by the code after it, before the next block reads it")
         state["last"] = None
         ver = hidden._version if isinstance(hidden, torch.Tensor) else None
-        state["open"].append((b, hidden, ver))
+        # NOTE [ arguments a recomputation would change again ] in _recompute.py.
+        hidden_at = blocks.hidden_in[b - 1]
+        why = stateful_argument(module, a, kw, hidden_at)
+        if why is not None:
+            found.setdefault(b, why)
+        where, key = hidden_at
+        others = (
+            tuple(x for j, x in enumerate(a) if not (where == "arg" and j == key)),
+            {k: v for k, v in kw.items() if not (where == "kw" and k == key)},
+        )
+        state["open"].append((b, hidden, ver, others, arguments_state(others)))
 
     def post(module: nn.Module, a: tuple, kw: dict, out: Any) -> None:
         if not state["open"]:
             return
-        b, hidden, ver = state["open"].pop()
+        b, hidden, ver, others, before = state["open"].pop()
         if ver is not None and hidden._version != ver:
             found.setdefault(b, "modifies its hidden input in place")
+        if arguments_state(others) != before:
+            found.setdefault(
+                b, "changes an argument it is given (appends to a list, modifies a tensor in place): a recomputation "
+                "would change it again"
+            )
         first = next(iter(t for t in _tensors(out)), None)
         state["last"] = (b, first, first._version) if first is not None else None
 

@@ -40,7 +40,8 @@ import dataclasses
 import math
 import random
 import traceback
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import numpy as np
 import torch
@@ -589,7 +590,7 @@ class _Globals:
         np.random.set_state(np_state)
         self._outer: Any = None
 
-    def __enter__(self) -> "_Globals":
+    def __enter__(self) -> _Globals:
         self._outer = (random.getstate(), np.random.get_state())
         random.setstate(self.state)
         np.random.set_state(self.np_state)
@@ -951,7 +952,7 @@ def _err(exc: BaseException) -> str:
 
 def _first_difference(plain: nn.Module, off: nn.Module, what: str) -> str | None:
     """The name of the first parameter (``what``: its value or its grad) that differs."""
-    for (name, p), (_, q) in zip(plain.named_parameters(), off.named_parameters()):
+    for (name, p), (_, q) in zip(plain.named_parameters(), off.named_parameters(), strict=True):
         a, b = (p.grad, q.grad) if what == "grad" else (p.detach(), q.detach())
         if not _same(a, b):
             return f"{what} of {name}"
@@ -1056,12 +1057,10 @@ def _hand_plan(model: nn.Module, batch: tuple, schedule: Callable[[Any], Any], o
     import chainoffload as co
 
     from . import Offloader
-    from .plans import _Unsafe, _watch_blocks, not_recomputable
-    from .profiler import Profile
-
     from ._instrument import Instrument
     from ._recorder import _Recorder, measure_chain
-    from .profiler import _device_of, _root_and_blocks, as_call
+    from .plans import _Unsafe, _watch_blocks, not_recomputable
+    from .profiler import Profile, _device_of, _root_and_blocks, as_call
 
     # profile() without making the code before the first block a stage: no schedule may recompute
     # that stage, and the core's strategies draw schedules that start with Fck_1 as often as not.
@@ -1083,7 +1082,7 @@ def _hand_plan(model: nn.Module, batch: tuple, schedule: Callable[[Any], Any], o
     banned = not_recomputable(prof.chain, prof.sizes, _Unsafe(prof.blocks, unsafe))
     comp = sched.compute
     firsts: set[int] = set()
-    for k, (kind, i) in enumerate(comp):
+    for kind, i in comp:
         if kind == "B":
             continue
         redo = i in firsts

@@ -11,14 +11,15 @@ enumerates act-alone moves too) and every pure-offloading method's makespan are 
 import dataclasses
 import math
 
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from _budget import examples
 from chainoffload import Platform, Schedule, Status, methods, simulate, solve
-from chainoffload.generators import random_chain
 from chainoffload.bounds import fluid_lower_bound, stronger_bound, unit_milp, volume_lower_bound
-from chainoffload.solvers import spec
 from chainoffload.bounds.ladder import climb
+from chainoffload.generators import random_chain
+from chainoffload.solvers import spec
 from chainoffload.testing import chains, instances, schedules
 
 SMALL = chains(min_length=2, max_length=5, max_bytes=4096, min_time=1e-3)

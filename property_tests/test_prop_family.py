@@ -9,10 +9,10 @@ least as fast: slot rounding (NOTE [ never lose to the family ] in
 
 import numpy as np
 import pytest
-from _budget import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from _budget import examples
 from chainoffload import Platform, Schedule, Status, simulate, solve
 from chainoffload.generators import transformer_chain
 from chainoffload.solvers.remat_baselines import family_schedules

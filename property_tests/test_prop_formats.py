@@ -3,7 +3,8 @@
 import json
 import math
 
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from _budget import examples
 from chainoffload import Chain, Platform, Schedule, keep_all_peak

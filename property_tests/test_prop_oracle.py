@@ -13,7 +13,8 @@ import math
 import sys
 from pathlib import Path
 
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from _budget import examples
 from chainoffload import Platform, keep_all_peak, simulate

@@ -1,10 +1,10 @@
 """The simulator on arbitrary schedules: valid ones replay, broken ones are rejected by the right rule."""
 
-import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from _budget import examples
 from chainoffload import Schedule, ScheduleError, simulate

@@ -13,7 +13,8 @@ feasibility and bound properties but not compared with the pure-offloading optim
 import math
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from _budget import examples
 from chainoffload import Chain, Platform, Status, keep_all_peak, methods, solve

@@ -19,7 +19,8 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 
-from hypothesis import settings, strategies as st
+from hypothesis import settings
+from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from _budget import examples
@@ -178,7 +179,7 @@ class MemoryModel:
 def sim_curve(tl):
     """The simulator's step function: (instant, bytes in use after everything at that instant)."""
     out = []
-    for t, b in zip(tl.memory_time.tolist(), tl.memory_bytes.tolist()):
+    for t, b in zip(tl.memory_time.tolist(), tl.memory_bytes.tolist(), strict=True):
         if out and out[-1][0] == t:
             out[-1] = (t, b)
         else:

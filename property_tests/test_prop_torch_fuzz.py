@@ -11,7 +11,8 @@ is benchmarks/torch_fuzz.py.
 import copy
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from _budget import examples
 
@@ -58,7 +59,7 @@ def test_a_case_builds_the_same_model_every_time(case, data):
     offloaded side of a check start from the same numbers."""
     a, b = case.build(), case.build()
     c = copy.deepcopy(a)
-    for (name, p), (_, q), (_, r) in zip(a.named_parameters(), b.named_parameters(), c.named_parameters()):
+    for (name, p), (_, q), (_, r) in zip(a.named_parameters(), b.named_parameters(), c.named_parameters(), strict=True):
         assert torch.equal(p, q) and torch.equal(p, r), name
     x1, p1 = case.batch()
     x2, p2 = case.batch()

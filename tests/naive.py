@@ -286,7 +286,7 @@ def simulate_naive(chain, platform, schedule) -> NaiveTimeline:
 def after_instants(timeline) -> dict[float, int]:
     """The memory after each instant of a real :class:`~chainoffload.Timeline`."""
     out: dict[float, int] = {}
-    for time, value in zip(timeline.memory_time.tolist(), timeline.memory_bytes.tolist()):
+    for time, value in zip(timeline.memory_time.tolist(), timeline.memory_bytes.tolist(), strict=True):
         out[time] = value
     return out
 
@@ -307,4 +307,4 @@ def assert_agrees(timeline, naive: NaiveTimeline) -> None:
 
 
 def _same(a: list[float], b: list[float]) -> bool:
-    return len(a) == len(b) and all(x == y or (math.isnan(x) and math.isnan(y)) for x, y in zip(a, b))
+    return len(a) == len(b) and all(x == y or (math.isnan(x) and math.isnan(y)) for x, y in zip(a, b, strict=True))

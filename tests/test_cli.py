@@ -142,7 +142,7 @@ def test_nothing_below_the_cli_imports_it():
     root = pathlib.Path(chainoffload.__file__).parent
     offenders = []
     for path in root.rglob("*.py"):
-        if path.name in ("cli.py", "__main__.py"):
+        if path.name == "__main__.py" or path.parent.name == "cli":
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom):

@@ -4,7 +4,6 @@ no traceback, nothing written."""
 
 import json
 import math
-import os
 import resource
 import signal
 import subprocess
@@ -15,7 +14,19 @@ import time
 import numpy as np
 import pytest
 
-from chainoffload import Chain, ChainError, Platform, PlatformError, Result, Schedule, ScheduleError, Status, Transfer, register, solve
+from chainoffload import (
+    Chain,
+    ChainError,
+    Platform,
+    PlatformError,
+    Result,
+    Schedule,
+    ScheduleError,
+    Status,
+    Transfer,
+    register,
+    solve,
+)
 from chainoffload.cli import main
 from chainoffload.examples import tiny
 from chainoffload.solvers import judge
@@ -368,12 +379,12 @@ def test_no_file_is_written_when_the_command_fails(capsys, tmp_path):
 
 
 def test_unexpected_exceptions_are_one_line(capsys, tmp_path, monkeypatch):
-    import chainoffload.cli as cli
+    from chainoffload.cli import commands
 
     def broken(args, out):
         raise ZeroDivisionError("a bug")
 
-    monkeypatch.setattr(cli, "_cmd_methods", broken)
+    monkeypatch.setattr(commands, "_cmd_methods", broken)  # build_parser looks it up there
     code, out, err = run(capsys, "methods")
     assert code == 2 and err.count("\n") == 1 and "ZeroDivisionError: a bug" in err and "Traceback" not in err
 

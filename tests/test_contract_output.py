@@ -394,7 +394,7 @@ def test_a_fingerprint_mismatch_shows_where_they_differ():
 
 
 def test_units_text_runs_and_elision():
-    from chainoffload.cli import _units_text
+    from chainoffload.cli.tables import _units_text
 
     assert _units_text([]) == "0 units"
     assert _units_text([4]) == "1 unit: 4"

@@ -212,7 +212,8 @@ def test_the_compare_figures_are_compare_md():
                     behind.append(name)
     assert optimal == int(said[2])
     assert f"on the {optimal} that CP-SAT proves optimal `best` is optimal on {same};" in prose
-    assert f"by at most {worst} %, on {', '.join(behind[:-1])} and {behind[-1]} (" in prose
+    names = behind[0] if len(behind) == 1 else f"{', '.join(behind[:-1])} and {behind[-1]}"
+    assert f"by at most {worst} %, on {names} (" in prose
     rows = md_table(text, "## Headline")
     shaved = [100 * (float(r["rotor"]) - float(r["joint"])) for r in rows]
     assert f"`joint` shaves a further {_span(shaved)} points off rotor's overhead" in prose
@@ -221,9 +222,11 @@ def test_the_compare_figures_are_compare_md():
     assert f"| up to {ratios[0]}x, {ratios[1]}x, {ratios[2]}x | `compare.md` |" in README
 
 
-def test_a_row_of_the_results_table_is_a_fresh_run():
+def test_a_row_of_the_results_table_is_a_fresh_run(monkeypatch):
     # resnet18's row (the smallest network), every method but cpsat (its own wall clock), run
-    # again at that one memory.
+    # again at that one memory, with best's default CP-SAT work as compare.py ran it (the suite's
+    # smaller budget, NOTE [ tests and best's exact improver ], stops short of its optimum here).
+    monkeypatch.delenv("CHAINOFFLOAD_CPSAT_WORK", raising=False)
     import chainoffload as co
     from chainoffload.networks import network
     from chainoffload.tradeoff import sweep_memories

@@ -13,6 +13,8 @@ import sys
 import numpy as np
 import pytest
 
+from chainoffload._kernels.dp import fluid_dp
+from chainoffload.bounds import offload_memory_floor
 from chainoffload.chain import Chain
 from chainoffload.generators import random_chain
 from chainoffload.platform import Platform, PlatformError
@@ -20,9 +22,7 @@ from chainoffload.result import Status
 from chainoffload.simulate import keep_all_peak, simulate
 from chainoffload.solvers import solve
 from chainoffload.solvers.baselines import first_k, largest_first
-from chainoffload.bounds import offload_memory_floor
 from chainoffload.solvers.dp import dp, fluid_plan
-from chainoffload._kernels.dp import fluid_dp
 
 
 def _platform(chain, frac, *, bandwidth=None, latency=0.0, duplex=True):

@@ -13,7 +13,7 @@ registry's ``"module:function"`` targets, and ``chainoffload._compile``'s warm-u
 not in the graph: they go from the registry down to the solvers.
 
 The layers, lowest first: the model (chains, platforms, units, the fixed order's arithmetic,
-the shipped examples), the schedule, the simulator (with the analysis and the drawing of its
+the shipped examples, the progress and Ctrl-C helpers), the schedule, the simulator (with the analysis and the drawing of its
 timelines: the stalls, the plots), the solvers (with the result type and schedule files, the
 bounds, the planner and their kernels), then the front ends (CLI, the trade-off sweep, verify,
 the testing helpers, the package's own ``__init__``). An import goes to the same layer or
@@ -38,6 +38,7 @@ LAYERS = {
         "chainoffload._kernels",
         "chainoffload._kernels.config",
         "chainoffload._progress",
+        "chainoffload._interrupt",
         "chainoffload._cost",
         "chainoffload.chain",
         "chainoffload.platform",
@@ -69,6 +70,7 @@ LAYERS = {
         "chainoffload",
         "chainoffload.__main__",
         "chainoffload.cli",
+        "chainoffload.cli.*",
         "chainoffload.tradeoff",
         "chainoffload.verify",
         "chainoffload.testing",

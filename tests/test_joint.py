@@ -1,20 +1,20 @@
 """The paper's joint DP (fluid queues, any number of transfers in flight) and the method ``joint``."""
 
+import itertools
 import math
 
 import numpy as np
 import pytest
 
+from chainoffload._kernels.joint import spine_table
+from chainoffload._kernels.rotor import rotor_table
 from chainoffload.platform import Platform
 from chainoffload.result import Status
 from chainoffload.simulate import keep_all_peak, simulate
 from chainoffload.solvers import solve
-from chainoffload._kernels.joint import spine_table
-from chainoffload._kernels.rotor import rotor_table
 from chainoffload.solvers.joint import joint, joint_dp, joint_schedule, joint_table, walk, window_tables
 from chainoffload.solvers.joint_exact import joint_exact
 from chainoffload.solvers.rotor import rotor, slots_for
-
 from naive_joint import best_plan, plan_cost, plan_of_nodes
 from remat_cases import fraction_platform, instances, random_chain, slow_link_chain, unit_heavy_instances
 
@@ -147,7 +147,7 @@ def test_several_transfers_in_flight_and_both_kinds_of_item():
         # Two copies queued at once: one triggered before the previous one ended.
         overlapping += any(res.schedule.transfers[b].op < res.schedule.transfers[a].op or
                            tl.op_end[res.schedule.transfers[b].op] < tl.transfer_end[a]
-                           for a, b in zip(off, off[1:]))
+                           for a, b in itertools.pairwise(off))
         makers = {res.schedule.compute[res.schedule.transfers[k].op][0] for k in off}
         kinds += ("F" in makers) and bool(makers & {"Fck", "Fn"})
         assert res.makespan < rotor(chain, platform).makespan

@@ -5,15 +5,14 @@ import math
 import numpy as np
 import pytest
 
+from chainoffload._kernels.joint_exact import STRIDE, VARIANTS, item_credit_stage, spine_table
+from chainoffload._kernels.rotor import rotor_table
 from chainoffload.chain import Chain
 from chainoffload.platform import Platform
 from chainoffload.result import Status
 from chainoffload.simulate import keep_all_peak, simulate
-from chainoffload._kernels.joint_exact import STRIDE, VARIANTS, item_credit_stage, spine_table
-from chainoffload._kernels.rotor import rotor_table
 from chainoffload.solvers.joint_exact import exact_table, joint_exact
 from chainoffload.solvers.rotor import rotor, slots_for
-
 from remat_cases import fraction_platform, instances, random_chain, slow_link_chain
 
 

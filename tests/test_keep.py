@@ -6,7 +6,8 @@ import pytest
 
 from chainoffload import Platform, Result, Status, keep_all_peak, minimum_memory, register, simulate, solve
 from chainoffload.generators import random_chain
-from chainoffload.solvers import _REGISTRY, check_keep, spec
+from chainoffload.solvers import check_keep, spec
+from chainoffload.solvers._registry import _REGISTRY
 
 PURE = [name for name, s in _REGISTRY.items() if not s.remat]
 

@@ -197,18 +197,18 @@ def test_a_rung_skipped_or_stopped_by_the_time_limit_says_so(monkeypatch):
 def test_one_evaluation_is_not_underestimated(monkeypatch):
     # A mutant that estimated one evaluation 10x too low survived: the model, at pace 1, must stay
     # above the fastest evaluation measured (9 us per stage at load 3 on 2 cores, pace 1.5: NOTE
-    # [ clock ] in chainoffload/_clock.py), and the evaluator must not start one that does not fit.
+    # [ clock ] in chainoffload/_cost.py), and the evaluator must not start one that does not fit.
     import time
 
-    from chainoffload import _clock
+    from chainoffload import _cost
     from chainoffload.solvers._search import Evaluator
 
-    monkeypatch.setattr(_clock, "pace", lambda: 1.0)
-    _clock.forget()
+    monkeypatch.setattr(_cost, "pace", lambda: 1.0)
+    _cost.forget()
     for length in (10_000, 100_000):
-        assert _clock.eval_seconds(length) >= 9e-6 / 1.5 * length
+        assert _cost.eval_seconds(length) >= 9e-6 / 1.5 * length
     chain, platform = _mid(1000)
-    need = _clock.eval_seconds(1000) + _clock.build_seconds(0)
+    need = _cost.eval_seconds(1000) + _cost.build_seconds(0)
     monkeypatch.setattr(time, "perf_counter", lambda: 50.0)
     short = Evaluator(chain, platform, deadline=50.0 + 0.9 * need)
     assert short.exhausted and short.stopped == "time"

@@ -148,7 +148,7 @@ def _resnet50_saved_by_formula(batch: int = 64, image: int = 224) -> tuple[int, 
     total += batch * 64 * h * h * (8 + f32)  # indices (int64) + output
     act.append(batch * 64 * h * h * f32)
     c_in = 64
-    for group, (width, count) in enumerate(zip((64, 128, 256, 512), (3, 4, 6, 3))):
+    for group, (width, count) in enumerate(zip((64, 128, 256, 512), (3, 4, 6, 3), strict=True)):
         for j in range(count):
             stride = 2 if group > 0 and j == 0 else 1
             h_out = h // stride
@@ -354,7 +354,7 @@ def test_meta_trace_equals_a_real_cpu_run(builder, kind):
     # the CUDA flash-attention op traced on meta also saves its RNG seed and offset (a few bytes
     # of int64); PyTorch's CPU attention kernel saves none. Otherwise the figures are identical.
     slack = 64 if kind == "gpt" else 0
-    for c, m in zip(f_cpu, f_meta):
+    for c, m in zip(f_cpu, f_meta, strict=True):
         assert (c.label, c.act) == (m.label, m.act)
         assert 0 <= m.saved - c.saved <= slack and c.retained == c.saved and m.retained == m.saved, c.label
         assert abs(c.fwd_tmp - m.fwd_tmp) <= slack and abs(c.bwd_tmp - m.bwd_tmp) <= slack, c.label

@@ -9,20 +9,32 @@ import numpy as np
 import pytest
 
 from chainoffload import simulate
+from chainoffload._kernels.rotor import CAP, INF_U, bound_at
 from chainoffload.chain import Chain
+from chainoffload.generators import transformer_chain
+from chainoffload.networks import network
 from chainoffload.platform import Platform
 from chainoffload.result import Status
 from chainoffload.schedule import Schedule
 from chainoffload.simulate import keep_all_peak
 from chainoffload.solvers import methods, solve
-from chainoffload._kernels.rotor import CAP, INF_U, bound_at
-from chainoffload.networks import network, network_names
-from chainoffload.solvers.rotor import (DEFAULT_SLOTS, default_slots, emit_segment, rotor, rotor_schedule,
-                                       fill_rotor_table, slots_for, exact_quantum, lift_slots)
-from chainoffload.generators import transformer_chain
-from chainoffload.solvers.remat_baselines import (checkpoint_all_schedule, compute_seconds, family_schedules,
-                                                  sequence_length)
-
+from chainoffload.solvers.remat_baselines import (
+    checkpoint_all_schedule,
+    compute_seconds,
+    family_schedules,
+    sequence_length,
+)
+from chainoffload.solvers.rotor import (
+    DEFAULT_SLOTS,
+    default_slots,
+    emit_segment,
+    exact_quantum,
+    fill_rotor_table,
+    lift_slots,
+    rotor,
+    rotor_schedule,
+    slots_for,
+)
 from naive_rotor import naive_bound_table, naive_rotor_table
 
 UNLIMITED = 2**62
@@ -188,7 +200,7 @@ def test_rotor_kernel_runs_as_python():
     chain = random_chain(np.random.default_rng(21), 40)
     jitted = [rotor(tiny(), Platform(memory=175, bandwidth_d2h=0.0, bandwidth_h2d=0.0), slots=50),
               rotor(chain, Platform(memory=int(0.5 * chain.saved.sum()), bandwidth_d2h=0.0, bandwidth_h2d=0.0), slots=60)]
-    for (makespan, ops), res in zip(json.loads(out.stdout), jitted):
+    for (makespan, ops), res in zip(json.loads(out.stdout), jitted, strict=True):
         assert res.info["source"] in ("dp", "dp-lifted")  # the table's plan, not a fixed policy
         assert makespan == res.makespan
         assert [tuple(op) for op in ops] == list(res.schedule.compute)
@@ -400,6 +412,22 @@ def test_checkpoint_all_is_hf_gradient_checkpointing():
     assert checkpoint_all_schedule(1).compute == (("F", 1), ("B", 1))
     for length in (1, 2, 7, 30):
         assert sequence_length("checkpoint-all", length) == len(checkpoint_all_schedule(length).compute) == 3 * length - 1
+
+
+def test_checkpoint_all_keeping_whole_stages_runs_them_once_and_holds_their_units():
+    """HF's checkpointing leaves the embeddings unwrapped: a stage of ``whole`` runs F_all once
+    and keeps its unit until its backward, the others as checkpoint-all."""
+    assert checkpoint_all_schedule(4, whole={1}).compute == (
+        ("F", 1), ("Fck", 2), ("Fck", 3), ("F", 4), ("B", 4), ("F", 3), ("B", 3), ("F", 2), ("B", 2), ("B", 1))
+    assert checkpoint_all_schedule(5, whole=()) == checkpoint_all_schedule(5)
+    chain = random_chain(np.random.default_rng(4), 8)
+    free = Platform(memory=UNLIMITED, bandwidth_d2h=0.0, bandwidth_h2d=0.0)
+    plain = simulate(chain, free, checkpoint_all_schedule(8))
+    kept = simulate(chain, free, checkpoint_all_schedule(8, whole={1, 5}))
+    assert kept.feasible and kept.peak_memory >= plain.peak_memory
+    assert math.isclose(kept.makespan, plain.makespan - float(chain.fwd_nosave[0] + chain.fwd_nosave[4]), rel_tol=1e-12)
+    with pytest.raises(ValueError, match="whole"):
+        checkpoint_all_schedule(3, whole={4})
 
 
 def test_checkpoint_all_method_fits_exactly_at_its_peak():

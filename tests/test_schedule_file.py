@@ -8,7 +8,17 @@ import struct
 
 import pytest
 
-from chainoffload import Chain, Platform, Result, Schedule, ScheduleError, ScheduleFile, Status, Transfer, register, solve
+from chainoffload import (
+    Chain,
+    Platform,
+    Result,
+    Schedule,
+    ScheduleError,
+    ScheduleFile,
+    Status,
+    register,
+    solve,
+)
 from chainoffload.cli import EXIT_CODES, build_parser, main
 from chainoffload.examples import tiny
 

@@ -20,7 +20,7 @@ def test_a_costly_test_gets_a_shard_of_its_own_and_the_rest_fill_the_other():
     costs = [1.0, 1.0, 200.0, 1.0, 60.0, 1.0]
     owner = root_conftest._balanced(costs, 2)
     assert owner == [1, 1, 0, 1, 1, 1]
-    loads = [sum(c for c, o in zip(costs, owner) if o == s) for s in range(2)]
+    loads = [sum(c for c, o in zip(costs, owner, strict=True) if o == s) for s in range(2)]
     assert max(loads) == 200.0
 
 

@@ -37,7 +37,7 @@ def mem_after(tl, time):
 
 def curve(tl):
     """Memory after each instant, as a dict."""
-    return {float(t): int(b) for t, b in zip(tl.memory_time, tl.memory_bytes)}
+    return {float(t): int(b) for t, b in zip(tl.memory_time, tl.memory_bytes, strict=True)}
 
 
 def highest_at(tl, time):

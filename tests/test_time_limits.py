@@ -257,34 +257,34 @@ def test_pace_follows_the_share_of_a_core_this_solve_gets(monkeypatch):
     """Three solves at once on 2 cores: each gets 2/3 of a core while the 1-minute load average
     still says idle, and every estimate made from it was 1.5x short (issue 33: --time-limit 1
     ran 2.0-2.7 s). The measured share now sets the pace; a fake clock, not the machine's."""
-    from chainoffload import _cost as _clock
+    from chainoffload import _cost
 
     clock = _FakeClock()
-    monkeypatch.setattr(_clock, "_wall", lambda: clock.wall)
-    monkeypatch.setattr(_clock, "_cpu", lambda: clock.cpu)
-    monkeypatch.setattr(_clock.os, "getloadavg", lambda: (0.0, 0.0, 0.0))  # the lagging average: idle
-    _clock.forget()
-    idle = _clock.eval_seconds(100_000)
+    monkeypatch.setattr(_cost, "_wall", lambda: clock.wall)
+    monkeypatch.setattr(_cost, "_cpu", lambda: clock.cpu)
+    monkeypatch.setattr(_cost.os, "getloadavg", lambda: (0.0, 0.0, 0.0))  # the lagging average: idle
+    _cost.forget()
+    idle = _cost.eval_seconds(100_000)
     clock.run(0.1, 1 / 3)
-    assert _clock.cpu_share() is None and _clock.pace() == 1.0  # too short a window to tell
+    assert _cost.cpu_share() is None and _cost.pace() == 1.0  # too short a window to tell
     clock.run(0.9, 1 / 3)
-    assert _clock.cpu_share() == pytest.approx(1 / 3)
-    assert _clock.pace() == pytest.approx(3.0)
-    assert _clock.eval_seconds(100_000) == pytest.approx(1e-3 + 3.0 * (idle - 1e-3))
-    assert _clock.judge_seconds(100_000) == pytest.approx(0.02 + 3.0 * _clock.JUDGE_PER_STAGE * 100_000)
+    assert _cost.cpu_share() == pytest.approx(1 / 3)
+    assert _cost.pace() == pytest.approx(3.0)
+    assert _cost.eval_seconds(100_000) == pytest.approx(1e-3 + 3.0 * (idle - 1e-3))
+    assert _cost.judge_seconds(100_000) == pytest.approx(0.02 + 3.0 * _cost.JUDGE_PER_STAGE * 100_000)
     # Several threads at work (CP-SAT's workers): more than a core, the load average decides.
-    _clock.forget()
+    _cost.forget()
     clock.run(1.0, 4.0)
-    assert _clock.pace() == 1.0
-    monkeypatch.setattr(_clock.os, "getloadavg", lambda: (8.0, 0.0, 0.0))
-    monkeypatch.setattr(_clock.os, "cpu_count", lambda: 2)
-    assert _clock.pace() == pytest.approx(4.0)
+    assert _cost.pace() == 1.0
+    monkeypatch.setattr(_cost.os, "getloadavg", lambda: (8.0, 0.0, 0.0))
+    monkeypatch.setattr(_cost.os, "cpu_count", lambda: 2)
+    assert _cost.pace() == pytest.approx(4.0)
     # A new solve starts a new measure: what an earlier one got says nothing about this one.
-    monkeypatch.setattr(_clock.os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    monkeypatch.setattr(_cost.os, "getloadavg", lambda: (0.0, 0.0, 0.0))
     clock.run(5.0, 0.1)
-    _clock.forget()
+    _cost.forget()
     clock.run(1.0, 1.0)
-    assert _clock.pace() == 1.0
+    assert _cost.pace() == 1.0
 
 
 def test_the_cli_limit_counts_loading_the_kernels(tmp_path, monkeypatch, capsys):

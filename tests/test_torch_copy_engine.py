@@ -10,7 +10,6 @@ these tests fail.
 """
 
 import copy
-import dataclasses
 import os
 import subprocess
 import sys
@@ -34,7 +33,6 @@ from chainoffload_torch.testing_engine import CopyEngineError, ThreadedEngine  #
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import test_torch_executor as tte  # noqa: E402
 import test_torch_granularity as ttg  # noqa: E402
-
 from bench_models import torch_models  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
@@ -113,7 +111,7 @@ def test_a_stream_runs_its_copies_in_the_order_they_were_queued():
         if all(done):
             break
         time.sleep(0.0005)
-    assert all(torch.equal(h, s) for h, s in zip(hosts, srcs))
+    assert all(torch.equal(h, s) for h, s in zip(hosts, srcs, strict=True))
     assert len(seen) > 2  # they completed over time, not all at once
 
 
@@ -473,11 +471,11 @@ def train_against_copy(model, x, ref, steps=3):
         lb = loss_of(ref(x))
         lb.backward()
         assert torch.equal(la, lb), step
-        assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(), ref.parameters())), step
+        assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(), ref.parameters(), strict=True)), step
         opt_a.step()
         opt_b.step()
-        assert all(torch.equal(p, q) for p, q in zip(model.parameters(), ref.parameters())), step
-        assert all(torch.equal(p, q) for p, q in zip(model.buffers(), ref.buffers())), step
+        assert all(torch.equal(p, q) for p, q in zip(model.parameters(), ref.parameters(), strict=True)), step
+        assert all(torch.equal(p, q) for p, q in zip(model.buffers(), ref.buffers(), strict=True)), step
 
 
 @pytest.mark.parametrize("duplex", [True, False], ids=["duplex", "half-duplex"])

@@ -16,17 +16,16 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch = pytest.importorskip("torch")
-from torch import nn  # noqa: E402
-
 import numpy as np  # noqa: E402
 import torch.utils._pytree as pytree  # noqa: E402
+from torch import nn  # noqa: E402
+from torch.multiprocessing.reductions import StorageWeakRef  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 import chainoffload as co  # noqa: E402
 import chainoffload_torch as ct  # noqa: E402
 from chainoffload.bounds import offload_memory_floor  # noqa: E402
 from chainoffload_torch._stages import EntryState, UnitLedger  # noqa: E402
-from torch.multiprocessing.reductions import StorageWeakRef  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
@@ -46,7 +45,7 @@ def hf_step(model, batch, seed):
 
 
 def same_grads(a, b):
-    return all((p.grad is None and q.grad is None) or torch.equal(p.grad, q.grad) for p, q in zip(a.parameters(), b.parameters()))
+    return all((p.grad is None and q.grad is None) or torch.equal(p.grad, q.grad) for p, q in zip(a.parameters(), b.parameters(), strict=True))
 
 
 def train_equal(model, ref, batch, handle, steps=3):
@@ -61,7 +60,7 @@ def train_equal(model, ref, batch, handle, steps=3):
         assert handle.offloaded_bytes == handle.plan.offloaded_bytes, f"step {s}"
         for o in opts:
             o.step()
-    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), ref.parameters()))
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), ref.parameters(), strict=True))
 
 
 # -- 1. exact figures ------------------------------------------------------------------------------
@@ -403,7 +402,7 @@ def _unet_train_equal(model, ref, x, y, handle, steps=3):
         assert handle.offloaded_bytes == handle.plan.offloaded_bytes > 0, f"step {s}"
         for o in opts:
             o.step()
-    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), ref.parameters()))
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), ref.parameters(), strict=True))
 
 
 def test_a_unet_is_one_chain_of_its_down_and_up_paths_and_its_skips_move():

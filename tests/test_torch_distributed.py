@@ -57,7 +57,7 @@ def train_side_by_side(offloaded, plain, batches, handle, local) -> None:
         lp = nn.functional.cross_entropy(plain(xs), ys)
         lp.backward()
         assert torch.equal(lw, lp), f"step {step}: loss {lw.item()} != {lp.item()}"
-        for (name, p), q in zip(offloaded.named_parameters(), plain.parameters()):
+        for (name, p), q in zip(offloaded.named_parameters(), plain.parameters(), strict=True):
             assert torch.equal(local(p.grad), local(q.grad)), f"step {step}: gradient of {name} differs"
         stats = handle.last_step
         assert stats.offloaded_bytes == handle.plan.offloaded_bytes == stats.prefetched_bytes > 0, (step, stats)

@@ -14,7 +14,6 @@ import chainoffload as co  # noqa: E402
 import chainoffload_torch as ct  # noqa: E402
 from chainoffload.planner import plan_transfers  # noqa: E402
 
-
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
 
@@ -98,8 +97,8 @@ def train_pair(ref, x, wrapped, steps):
         la.backward()
         lb = loss_of(ref(x))
         lb.backward()
-        grads = all(torch.equal(p.grad, q.grad) for p, q in zip(wrapped.parameters(), ref.parameters()))
-        buffers = all(torch.equal(p, q) for p, q in zip(wrapped.buffers(), ref.buffers()))
+        grads = all(torch.equal(p.grad, q.grad) for p, q in zip(wrapped.parameters(), ref.parameters(), strict=True))
+        buffers = all(torch.equal(p, q) for p, q in zip(wrapped.buffers(), ref.buffers(), strict=True))
         results.append((torch.equal(la, lb), grads, buffers))
         opt_a.step()
         opt_b.step()
@@ -152,7 +151,7 @@ def test_the_backward_really_reads_the_host_copy(monkeypatch, name, moves):
 
     monkeypatch.setattr(_copy.Copier, "prefetch", corrupt)
     loss_of(model(x)).backward()
-    assert not all(torch.equal(p.grad, g) for p, g in zip(model.parameters(), good))
+    assert not all(torch.equal(p.grad, g) for p, g in zip(model.parameters(), good, strict=True))
 
 
 def test_kept_units_are_not_moved_and_their_tensors_stay_the_originals():
@@ -162,8 +161,8 @@ def test_kept_units_are_not_moved_and_their_tensors_stay_the_originals():
     schedule = plan_transfers(prof.chain, plat, [2])
     off = ct.Offloader(model, prof.chain, schedule, platform=plat)
     packed = []
-    from chainoffload_torch.executor import ScheduleRun
     from chainoffload_torch._saved import Kept
+    from chainoffload_torch.executor import ScheduleRun
 
     real_pack = ScheduleRun.pack
 
@@ -367,7 +366,7 @@ def test_release_without_platform_and_context_manager_form():
             assert all(s in (ct.EntryState.HOST, ct.EntryState.PREFETCHING) for s in states[u]), (u, states)
     loss_of(y).backward()
     loss_of(ref(x)).backward()
-    assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(), ref.parameters()))
+    assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(), ref.parameters(), strict=True))
     assert ctx.last_step.offloaded_bytes == schedule.offloaded_bytes(prof.chain)
     assert ctx.hooks_installed == 0
 
@@ -387,7 +386,7 @@ def test_no_grad_forward_is_the_plain_model_and_leaves_a_step_in_flight_alone():
         model(x)
     loss_of(y).backward()
     loss_of(ref(x)).backward()
-    assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(), ref.parameters()))
+    assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(), ref.parameters(), strict=True))
     assert off.last_step.offloaded_bytes == schedule.offloaded_bytes(prof.chain)
 
 
@@ -531,14 +530,14 @@ def test_a_second_forward_abandons_the_first_with_a_clear_error():
     second.backward()
     loss_of(ref(x)).backward()
     loss_of(ref(x)).backward()
-    assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(), ref.parameters()))
+    assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(), ref.parameters(), strict=True))
     assert off.pool.in_use == 0 and off.last_step.offloaded_bytes > 0
     model.zero_grad()
     ref.zero_grad()
     first = model(x).sum().item()  # no output held: the step is abandoned by the next
     loss_of(model(x)).backward()
     loss_of(ref(x)).backward()
-    assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(), ref.parameters()))
+    assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(), ref.parameters(), strict=True))
     assert off.pool.in_use == 0
 
 
@@ -633,5 +632,5 @@ def test_a_second_backward_with_retain_graph_reads_the_same_copies_as_plain():
         loss.backward(retain_graph=True)
         loss.backward()
     assert off.last_step.prefetched_bytes > 0
-    assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(), ref.parameters()))
+    assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(), ref.parameters(), strict=True))
     off.remove()

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
-from torch import nn
+from torch import nn  # noqa: E402
 
-import chainoffload_torch as ct
+import chainoffload_torch as ct  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
@@ -133,12 +133,12 @@ def offloaded_and_plain(mode, lengths, memory=0.6, in_hooks=False, **kw):
     seed_all(7)
     want = run(ref, lengths, in_hooks=in_hooks)
     assert [float(x) for x in got] == [float(x) for x in want]
-    assert all(torch.equal(a, b) for a, b in zip(got, want))
-    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+    for (name, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
         assert torch.equal(p, q), name
         assert (p.grad is None) == (q.grad is None) and (p.grad is None or torch.equal(p.grad, q.grad)), name
     if in_hooks:
-        for (p, oa), ob in zip(opts_a.items(), opts_b.values()):
+        for (p, oa), ob in zip(opts_a.items(), opts_b.values(), strict=True):
             sa, sb = oa.state[p], ob.state[next(iter(ob.state))] if ob.state else {}
             assert sa.keys() == sb.keys()
             assert all(torch.equal(sa[k], sb[k]) for k in sa)
@@ -164,7 +164,7 @@ def test_an_optimizer_in_hooks_is_restored_with_its_hooks_after_offload():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         ct.offload(model, batch(6, 0), memory=0.6)
-    assert all(torch.equal(a, p) for a, p in zip(before, model.parameters()))
+    assert all(torch.equal(a, p) for a, p in zip(before, model.parameters(), strict=True))
     assert all(not o.state for o in opts.values())
     model(batch(6, 0)).square().mean().backward()  # the hooks still run in training
     assert all(o.state for o in opts.values())
@@ -254,10 +254,10 @@ def test_a_unit_written_through_data_after_it_was_saved_stays_resident_and_train
     assert "through .data" in rows[2] and "through .data" in rows[5]
     opt_a, opt_b = torch.optim.SGD(model.parameters(), lr=0.1), torch.optim.SGD(ref.parameters(), lr=0.1)
     for k in range(3):
-        for m, opt in ((model, opt_a), (ref, opt_b)):
+        for m, _opt in ((model, opt_a), (ref, opt_b)):
             torch.manual_seed(k)
             m(batch(6, k)).square().mean().backward()
-        for p, q in zip(model.parameters(), ref.parameters()):
+        for p, q in zip(model.parameters(), ref.parameters(), strict=True):
             assert torch.equal(p.grad, q.grad)
         for opt in (opt_a, opt_b):
             opt.step()
@@ -284,7 +284,7 @@ def test_a_unit_written_through_data_is_never_recomputed_and_training_is_equal(m
         for m in (model, ref):
             torch.manual_seed(k)
             m(batch(6, k)).square().mean().backward()
-        for p, q in zip(model.parameters(), ref.parameters()):
+        for p, q in zip(model.parameters(), ref.parameters(), strict=True):
             assert torch.equal(p.grad, q.grad)
         for opt in (opt_a, opt_b):
             opt.step()
@@ -308,7 +308,7 @@ def offloaded_net(memory=0.6):
 
 
 def grads_equal(model, ref):
-    return all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(), ref.parameters()))
+    return all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(), ref.parameters(), strict=True))
 
 
 def in_thread(fn):
@@ -482,8 +482,8 @@ def test_a_number_that_changes_no_size_does_not_split_plans_and_one_that_does_st
 
 # -- 8. the fuzz draws these loops -------------------------------------------------------------
 
-from chainoffload_torch import testing
-from chainoffload_torch.testing import (
+from chainoffload_torch import testing  # noqa: E402
+from chainoffload_torch.testing import (  # noqa: E402
     BlockSpec,
     ModelCase,
     ModelSpec,
@@ -641,7 +641,7 @@ def test_several_forwards_before_one_backward_train_equal_the_extra_ones_residen
     handle, model, ref = offloaded_net()
     opts = [torch.optim.SGD(m.parameters(), lr=0.05) for m in (model, ref)]
     for step in range(3):
-        for m, opt in zip((model, ref), opts):
+        for m, _opt in zip((model, ref), opts, strict=True):
             torch.manual_seed(step)
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
@@ -656,7 +656,7 @@ def test_several_forwards_before_one_backward_train_equal_the_extra_ones_residen
             opt.step()
             opt.zero_grad()
     assert handle.replans == 0  # the extra forwards' shapes made no plan
-    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), ref.parameters()))
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), ref.parameters(), strict=True))
 
 
 def test_a_forward_whose_outputs_were_dropped_without_a_backward_is_abandoned_as_before():

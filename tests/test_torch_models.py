@@ -23,7 +23,6 @@ pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
 from bench_models import torch_models  # noqa: E402
 
-
 # -- Hugging Face models ---------------------------------------------------------------------
 
 
@@ -53,7 +52,7 @@ def hf_step(model, batch, seed):
 
 
 def same_grads(a, b):
-    return all(torch.equal(p.grad, q.grad) for p, q in zip(a.parameters(), b.parameters()))
+    return all(torch.equal(p.grad, q.grad) for p, q in zip(a.parameters(), b.parameters(), strict=True))
 
 
 @pytest.mark.parametrize("fraction", [0.5, 0.8])
@@ -86,7 +85,7 @@ def test_hugging_face_model_offloaded_in_place_trains_bitwise_equal(name, fracti
         assert handle.last_step.prefetched_bytes == handle.offloaded_bytes
         opt_a.step()
         opt_b.step()
-    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), ref.parameters()))
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), ref.parameters(), strict=True))
     assert handle.replans == 0
     table = handle.table()
     assert f"| 1 | {path}.0 |" in table and "offload" in table and "keep-all peak" in table
@@ -129,10 +128,10 @@ def test_torchvision_style_resnet_offloaded_as_is():
     ref = copy.deepcopy(model)
     handle = ct.offload(model, x, memory=0.5, repeats=1, warmup=0)
     # The four stages' bottlenecks, joined into one chain; stem and head outside it.
-    assert handle.blocks.names == tuple(f"layer{s}.{i}" for s, n in zip((1, 2, 3, 4), (3, 4, 6, 3)) for i in range(n))
+    assert handle.blocks.names == tuple(f"layer{s}.{i}" for s, n in zip((1, 2, 3, 4), (3, 4, 6, 3), strict=True) for i in range(n))
     assert handle.schedule.offloaded_units
     opt_a, opt_b = (torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in (model, ref))
-    for step in range(3):
+    for _step in range(3):
         opt_a.zero_grad()
         opt_b.zero_grad()
         la = nn.functional.cross_entropy(model(x), y)
@@ -140,7 +139,7 @@ def test_torchvision_style_resnet_offloaded_as_is():
         lb = nn.functional.cross_entropy(ref(x), y)
         lb.backward()
         assert torch.equal(la, lb) and same_grads(model, ref)
-        assert all(torch.equal(a, b) for a, b in zip(model.buffers(), ref.buffers()))  # batch-norm statistics
+        assert all(torch.equal(a, b) for a, b in zip(model.buffers(), ref.buffers(), strict=True))  # batch-norm statistics
         assert handle.offloaded_bytes == handle.plan.offloaded_bytes > 0
         opt_a.step()
         opt_b.step()
@@ -254,8 +253,8 @@ def test_autocast_bf16_trains_bitwise_equal_and_never_moves_a_weight_cast():
     ref = copy.deepcopy(model)
     x = torch.randn(24, 8)
     handle = ct.offload(model, x, memory=0.6, repeats=1, warmup=0)
-    from chainoffload_torch.executor import ScheduleRun
     from chainoffload_torch._saved import Packed as _Packed
+    from chainoffload_torch.executor import ScheduleRun
 
     packed, real = [], ScheduleRun.pack
 
@@ -267,7 +266,7 @@ def test_autocast_bf16_trains_bitwise_equal_and_never_moves_a_weight_cast():
 
     ScheduleRun.pack = spy
     try:
-        for step in range(2):
+        for _step in range(2):
             for m in (model, ref):
                 with torch.autocast("cpu", dtype=torch.bfloat16):
                     loss = m(x).float().square().mean()

@@ -10,7 +10,6 @@ from torch import nn  # noqa: E402
 import chainoffload as co  # noqa: E402
 import chainoffload_torch as ct  # noqa: E402
 
-
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
 
@@ -79,7 +78,7 @@ def test_inplace_and_view_stages_are_marked_aliased():
     sizes = ct.measure_sizes(model, torch.randn(3, 8))
     # ReLU(inplace) writes a_1: units 1 and 2 share it. Flatten returns a view of a_3.
     assert sizes.aliased == frozenset({1, 2, 3, 4})
-    assert all(s >= a for s, a in zip(sizes.saved, sizes.act[1:]))
+    assert all(s >= a for s, a in zip(sizes.saved, sizes.act[1:], strict=True))
 
 
 def test_profile_returns_a_valid_chain_and_platform_and_leaves_the_model_alone(tmp_path):

@@ -13,17 +13,14 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch = pytest.importorskip("torch")
-from torch import nn  # noqa: E402
-
 import chainoffload as co  # noqa: E402
 import chainoffload_torch as ct  # noqa: E402
 import chainoffload_torch._link as ct_link  # noqa: E402
 import chainoffload_torch._recorder as recorder  # noqa: E402
 import chainoffload_torch.profiler as profiler  # noqa: E402
+from bench_models import torch_models  # noqa: E402
 from chainoffload_torch._instrument import Instrument  # noqa: E402
 from chainoffload_torch._timer import Timer  # noqa: E402
-
-from bench_models import torch_models  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 

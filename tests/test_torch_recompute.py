@@ -8,11 +8,11 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch = pytest.importorskip("torch")
-from torch import nn
+from torch import nn  # noqa: E402
 
-import chainoffload as co
-import chainoffload_torch as ct
-from chainoffload.bounds import offload_memory_floor
+import chainoffload as co  # noqa: E402
+import chainoffload_torch as ct  # noqa: E402
+from chainoffload.bounds import offload_memory_floor  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
@@ -53,13 +53,13 @@ def train_equal(model, ref, x, handle, steps=3):
         # The RNG after the step is plain training's: the recomputations drew nothing of their own.
         assert torch.equal(rng_a, torch.get_rng_state()), step
         assert torch.equal(la, lb), step
-        assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(), ref.parameters())), step
-        assert all(torch.equal(p, q) for p, q in zip(model.buffers(), ref.buffers())), step
+        assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(), ref.parameters(), strict=True)), step
+        assert all(torch.equal(p, q) for p, q in zip(model.buffers(), ref.buffers(), strict=True)), step
         oa.step()
         ob.step()
         oa.zero_grad()
         ob.zero_grad()
-    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), ref.parameters()))
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), ref.parameters(), strict=True))
 
 
 def schedule_for(chain, platform, method, memory):
@@ -132,7 +132,7 @@ def test_batch_norm_statistics_move_once_where_torch_checkpoint_moves_them_twice
     for blk in cp[1:-1]:
         h = torch.utils.checkpoint.checkpoint(blk, h, use_reentrant=False)
     cp[-1](h).square().mean().backward()
-    for a, b, c in zip(model[1:-1], ref[1:-1], cp[1:-1]):
+    for a, b, c in zip(model[1:-1], ref[1:-1], cp[1:-1], strict=True):
         assert torch.equal(a.bn.running_mean, b.bn.running_mean) and torch.equal(a.bn.running_var, b.bn.running_var)
         assert int(a.bn.num_batches_tracked) == int(b.bn.num_batches_tracked) == 1
         assert int(c.bn.num_batches_tracked) == 2 and not torch.equal(c.bn.running_mean, b.bn.running_mean)
@@ -285,7 +285,7 @@ def test_hugging_face_models_train_bitwise_equal_with_rotor_and_joint_below_the_
             lb = ref(**batch).loss
             lb.backward()
             assert torch.equal(la, lb), (method, step)
-            assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(), ref.parameters())), (method, step)
+            assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(), ref.parameters(), strict=True)), (method, step)
             opt_a.step()
             opt_b.step()
             opt_a.zero_grad()
@@ -295,7 +295,7 @@ def test_hugging_face_models_train_bitwise_equal_with_rotor_and_joint_below_the_
         assert handle.last_step.offloaded_bytes == handle.plan.offloaded_bytes
         assert "recompute (" in handle.table()
         handle.remove()
-    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), ref.parameters()))
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), ref.parameters(), strict=True))
 
 
 def test_offload_chooses_recomputation_below_the_floor_and_pure_offloading_where_it_is_free():
@@ -437,6 +437,228 @@ def test_a_recomputation_runs_under_the_autocast_state_of_the_original_call():
             lb = ref(x).float().square().mean()
         lb.backward()
         assert torch.equal(la, lb)
-        assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(), ref.parameters()))
+        assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(), ref.parameters(), strict=True))
         assert handle.last_step.recomputed_ops > 0
     handle.remove()
+
+
+# -- state a block's arguments carry (a key/value cache, a list it appends to) ----------------------
+
+
+def train_hf_equal(model, ref, batch, handle, steps=3):
+    """``steps`` AdamW steps of ``model`` (offloaded by ``handle``) beside ``ref``: losses, gradients and
+    weights ``torch.equal`` at every step."""
+    opts = [torch.optim.AdamW(m.parameters(), lr=1e-3) for m in (model, ref)]
+    for step in range(steps):
+        torch.manual_seed(step)
+        la = model(**batch).loss
+        la.backward()
+        torch.manual_seed(step)
+        lb = ref(**batch).loss
+        lb.backward()
+        assert torch.equal(la, lb), step
+        assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(), ref.parameters(), strict=True) if p.grad is not None)
+        for opt in opts:
+            opt.step()
+            opt.zero_grad()
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), ref.parameters(), strict=True))
+    assert handle.last_step.offloaded_bytes == handle.plan.offloaded_bytes
+
+
+def falcon():
+    tf = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = tf.FalconConfig(num_hidden_layers=8, hidden_size=32, num_attention_heads=4, vocab_size=64)
+    ids = torch.randint(0, 64, (2, 32))
+    model = tf.FalconForCausalLM(config)
+    model.train()
+    return model, {"input_ids": ids, "labels": ids}
+
+
+@pytest.mark.filterwarnings("ignore:chainoffload_torch. the model's output holds")
+def test_falcon_with_its_default_cache_is_never_recomputed_and_says_why():
+    """Falcon trains with use_cache=True by default: every decoder layer appends to a DynamicCache, so a
+    recomputation appended a second time (a shape error mid-backward). offload() never recomputes them,
+    says why per block, refuses where only recomputation would fit and trains equal where offloading does."""
+    model, batch = falcon()
+    assert model.config.use_cache
+    with pytest.warns(RuntimeWarning, match="use_cache=False"):
+        probe = ct.offload(model, batch, memory=1.0, method="best", repeats=1, warmup=0)
+    floor = offload_memory_floor(probe.chain) + probe.plan.resident_bytes
+    probe.remove()
+    with pytest.raises(ValueError, match=r"DynamicCache argument \(layer_past\).*use_cache=False"):
+        ct.offload(model, batch, memory=floor - 1, repeats=1, warmup=0)
+    with pytest.raises(ValueError, match="DynamicCache"):
+        ct.offload(model, batch, memory=floor - 1, method="rotor", repeats=1, warmup=0)
+    ref = copy.deepcopy(model)
+    handle = ct.offload(model, batch, memory=floor, repeats=1, warmup=0)
+    assert not handle.schedule.has_remat
+    assert handle.table().count("never recomputed: takes a DynamicCache argument (layer_past)") == 7
+    train_hf_equal(model, ref, batch, handle)
+    handle.remove()
+    # Without the cache the same layers are recomputed below the pure-offloading floor, bitwise equal.
+    plain = {**batch, "use_cache": False}
+    probe = ct.offload(model, plain, memory=1.0, method="best", repeats=1, warmup=0)
+    floor = offload_memory_floor(probe.chain) + probe.plan.resident_bytes
+    probe.remove()
+    handle = ct.offload(model, plain, memory=floor - 1, repeats=1, warmup=0)
+    assert handle.schedule.has_remat and "DynamicCache" not in handle.table()
+    train_hf_equal(model, ref, plain, handle)
+    assert handle.last_step.recomputed_ops > 0
+
+
+@pytest.mark.filterwarnings("ignore:chainoffload_torch. the model's output holds")
+def test_a_hand_given_schedule_that_recomputes_a_layer_given_a_cache_is_refused_at_the_step():
+    model, batch = falcon()
+    prof = ct.profile_full(model, batch, repeats=1, warmup=0, blocks="transformer.h")
+    L = prof.chain.length
+    fixed = [("F", i) for i in range(1, L + 1)] + [("B", i) for i in range(L, 0, -1)]
+    sched = co.Schedule(tuple([("F", 1), ("Fck", 2)] + fixed[2:L] + fixed[L:-2] + [("F", 2), ("B", 2), ("B", 1)]))
+    ct.Offloader(model, prof.chain, sched, blocks=prof.blocks)
+    with pytest.raises(RuntimeError, match=r"recomputes block 2 .*DynamicCache argument.*method='best'"):
+        model(**batch).loss.backward()
+
+
+@pytest.mark.filterwarnings("ignore:chainoffload_torch. the model's output holds")
+def test_whisper_with_its_encoder_decoder_cache_recomputes_only_the_encoder():
+    """Whisper's decoder layers take an EncoderDecoderCache (use_cache=True by default): the first call
+    caches the cross-attention's keys and values, so a recomputation saved other tensors than the
+    forward. They are never recomputed; the encoder's layers are, bitwise equal."""
+    tf = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = tf.WhisperConfig(
+        encoder_layers=8, decoder_layers=8, d_model=32, encoder_ffn_dim=64, decoder_ffn_dim=64, encoder_attention_heads=4,
+        decoder_attention_heads=4, vocab_size=64, num_mel_bins=8, max_source_positions=16, max_target_positions=32,
+        dropout=0.1,
+    )
+    config.pad_token_id = config.decoder_start_token_id = 1
+    config.bos_token_id = config.eos_token_id = 2
+    model = tf.WhisperForConditionalGeneration(config)
+    model.train()
+    assert model.config.use_cache
+    batch = {"input_features": torch.randn(2, 8, 32), "labels": torch.randint(0, 64, (2, 16))}
+    probe = ct.offload(model, batch, memory=1.0, method="best", repeats=1, warmup=0)
+    floor = offload_memory_floor(probe.chain) + probe.plan.resident_bytes
+    probe.remove()
+    # Below the pure-offloading floor only recomputing the decoder would fit: refused, saying why.
+    with pytest.raises(ValueError, match="no schedule fits"):
+        ct.offload(model, batch, memory=floor - 1, repeats=1, warmup=0)
+    ref = copy.deepcopy(model)
+    handle = ct.offload(model, batch, memory=0.7, method="rotor", repeats=1, warmup=0)
+    rows = handle.decisions()
+    decoder = [r for r in rows if ".decoder.layers." in r["module"]]
+    assert len(decoder) == 8 and all("EncoderDecoderCache" in r["decision"] for r in decoder[:-1])
+    assert not any(r["decision"].startswith("recompute") or "checkpoint" in r["decision"] for r in decoder)
+    assert any(r["decision"].startswith("recompute") for r in rows if ".encoder.layers." in r["module"])
+    train_hf_equal(model, ref, batch, handle)
+    assert handle.last_step.recomputed_ops > 0
+
+
+class Logs(nn.Module):
+    """A block that appends to a list its caller gives it (a log, a list of features)."""
+
+    def __init__(self, d):
+        super().__init__()
+        self.lin = nn.Linear(d, d)
+
+    def forward(self, x, log):
+        y = x + torch.tanh(self.lin(x))
+        log.append(y.detach().sum())
+        return y
+
+
+class LogsModel(nn.Module):
+    def __init__(self, n=8, d=16):
+        super().__init__()
+        self.stem = nn.Linear(8, d)
+        self.blocks = nn.ModuleList(Logs(d) for _ in range(n))
+        self.head = nn.Linear(d, 2)
+
+    def forward(self, x):
+        log = []
+        h = self.stem(x)
+        for b in self.blocks:
+            h = b(h, log)
+        return self.head(h) + 0 * torch.stack(log).sum()
+
+
+def test_a_block_that_appends_to_a_list_it_is_given_is_never_recomputed():
+    torch.manual_seed(0)
+    model, x = LogsModel(), torch.randn(32, 8)
+    probe = ct.offload(model, x, memory=1.0, method="best", repeats=1, warmup=0)
+    floor = offload_memory_floor(probe.chain) + probe.plan.resident_bytes
+    probe.remove()
+    banned = ct.offload(model, x, memory=floor, repeats=1, warmup=0)
+    reasons = banned.plan.not_recomputable
+    assert sum("changes an argument it is given" in why for why in reasons.values()) >= 7
+    assert not banned.schedule.has_remat
+    ref = copy.deepcopy(model)
+    train_equal(model, ref, x, banned)
+    banned.remove()
+    with pytest.raises(ValueError, match="changes an argument it is given"):
+        ct.offload(model, x, memory=floor - 1, method="rotor", repeats=1, warmup=0)
+    # A schedule given by hand: the executor sees the list changed since the call it would repeat.
+    prof = ct.profile_full(model, x, repeats=1, warmup=0, blocks="blocks")
+    L = prof.chain.length
+    fixed = [("F", i) for i in range(1, L + 1)] + [("B", i) for i in range(L, 0, -1)]
+    sched = co.Schedule(tuple([("F", 1), ("Fck", 2)] + fixed[2:L] + fixed[L:-2] + [("F", 2), ("B", 2), ("B", 1)]))
+    ct.Offloader(model, prof.chain, sched, blocks=prof.blocks)
+    with pytest.raises(RuntimeError, match="changed after its forward read them"):
+        model(x).square().mean().backward()
+
+
+class Flaky(nn.Module):
+    """Raises when called again after the test arms it (a recomputation that fails)."""
+
+    armed = False
+
+    def __init__(self, d):
+        super().__init__()
+        self.lin = nn.Linear(d, d)
+
+    def forward(self, x):
+        if Flaky.armed:
+            raise ValueError("boom")
+        return x + torch.tanh(self.lin(x))
+
+
+def test_a_recomputation_that_fails_says_what_happened_and_what_to_do():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), *[Flaky(16) for _ in range(8)], nn.Linear(16, 2))
+    x = torch.randn(4, 8)
+    prof = ct.profile_full(model, x, repeats=1, warmup=0)
+    schedule = schedule_for(prof.chain, prof.platform, "recompute-all", co.keep_all_peak(prof.chain))
+    ct.Offloader(model, prof.chain, schedule, platform=prof.platform)
+    loss = model(x).square().mean()
+    Flaky.armed = True
+    try:
+        with pytest.raises(RuntimeError, match=r"recomputing block \d+ .*failed: ValueError: boom.*method='best'"):
+            loss.backward()
+    finally:
+        Flaky.armed = False
+
+
+def test_checkpointing_what_the_executor_can_recompute_is_a_candidate_of_every_recomputing_method():
+    """At the memory checkpoint-all with the banned stages kept whole holds, a method's plan is never
+    slower than it: where the method found nothing (or something slower), that schedule is the plan."""
+    from chainoffload.solvers.remat_baselines import checkpoint_all_schedule
+    from chainoffload_torch.plans import _checkpointing_if_faster
+
+    chain = co.Chain(
+        fwd=[1.0] * 6, bwd=[2.0] * 6, act=[10, 10, 10, 10, 10, 10, 10], saved=[50, 30, 30, 30, 30, 30],
+    )
+    banned = {1: "the code before the first block", 6: "the last block"}
+    ck = checkpoint_all_schedule(6, whole={1})
+    free = co.Platform(memory=2**40, bandwidth_d2h=1.0, bandwidth_h2d=1.0)
+    tl = co.simulate(chain, free, ck)
+    platform = free.with_memory(tl.peak_memory)
+    nothing = co.Result("rotor", co.Status.INFEASIBLE, None, min_memory=tl.peak_memory + 1)
+    got = _checkpointing_if_faster(chain, platform, nothing, banned)
+    assert got.feasible and got.schedule == ck and got.makespan == tl.makespan and got.min_memory is None
+    assert ("Fck", 1) not in got.schedule.compute and got.schedule.compute.count(("F", 1)) == 1
+    # A faster plan that fits stays; below the checkpointing peak nothing changes.
+    keep_all = co.Schedule(tuple([("F", i) for i in range(1, 7)] + [("B", i) for i in range(6, 0, -1)]))
+    fast = co.Result("rotor", co.Status.FEASIBLE, keep_all, makespan=18.0)
+    roomy = free.with_memory(co.keep_all_peak(chain))
+    assert _checkpointing_if_faster(chain, roomy, fast, banned) is fast
+    assert _checkpointing_if_faster(chain, free.with_memory(tl.peak_memory - 1), nothing, banned) is nothing

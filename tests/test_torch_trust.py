@@ -98,7 +98,7 @@ def train_side_by_side(make, memory, *, method="largest-first", setup=None):
         opts = [torch.optim.SGD(m.parameters(), lr=0.05) for m in (plain, off)]
         for step in range(STEPS):
             losses, errors = [], []
-            for model, opt in zip((plain, off), opts):
+            for model, opt in zip((plain, off), opts, strict=True):
                 opt.zero_grad()
                 torch.manual_seed(step)
                 try:
@@ -112,11 +112,11 @@ def train_side_by_side(make, memory, *, method="largest-first", setup=None):
             if any(e is not None for e in errors):
                 return errors[0], errors[1], units
             assert torch.equal(losses[0], losses[1]), f"loss differs in step {step} (offloaded units {units})"
-            for (name, p), (_, q) in zip(plain.named_parameters(), off.named_parameters()):
+            for (name, p), (_, q) in zip(plain.named_parameters(), off.named_parameters(), strict=True):
                 assert torch.equal(p.grad, q.grad), f"grad of {name} differs in step {step} (offloaded units {units})"
             for opt in opts:
                 opt.step()
-            for (name, p), (_, q) in zip(plain.named_parameters(), off.named_parameters()):
+            for (name, p), (_, q) in zip(plain.named_parameters(), off.named_parameters(), strict=True):
                 assert torch.equal(p, q), f"{name} differs after step {step}"
         return None, None, units
     finally:

@@ -39,11 +39,10 @@ try:
 except ImportError:  # pragma: no cover - depends on the environment
     raise SystemExit("build.py traces the networks with PyTorch: pip install 'chainoffload[torch]'") from None
 
-from chainoffload import Chain, keep_all_peak  # noqa: E402
-from chainoffload.units import format_bytes  # noqa: E402
-
 import network_models as models  # noqa: E402
 import network_trace as measure  # noqa: E402
+from chainoffload import Chain, keep_all_peak  # noqa: E402
+from chainoffload.units import format_bytes  # noqa: E402
 
 DEFAULT_OUT = REPO / "chainoffload" / "networks"
 TABLE_START = "<!-- table:start (written by benchmarks/networks/build.py) -->"

@@ -29,7 +29,7 @@ architectures, not copied. Deliberate differences, all documented in the network
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -151,7 +151,7 @@ def resnet(depth: int, batch: int = 64, image: int = 224) -> Staged:
     stem = nn.Sequential(*_conv_bn(3, 64, 7, 2, 3), nn.ReLU(inplace=True), nn.MaxPool2d(3, 2, 1))
     stages: list[tuple[str, nn.Module]] = [("stem", stem)]
     c_in = 64
-    for group, (planes, count) in enumerate(zip((64, 128, 256, 512), layers), start=1):
+    for group, (planes, count) in enumerate(zip((64, 128, 256, 512), layers, strict=True), start=1):
         for j in range(count):
             stride = 2 if group > 1 and j == 0 else 1
             stages.append((f"layer{group}.{j}", block(c_in, planes, stride)))

@@ -43,6 +43,7 @@ import dataclasses
 import gc
 import itertools
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -234,6 +235,21 @@ def _peak(events: list[tuple[int, int]], exclude: set[int]) -> int:
     return peak
 
 
+def _saved_recorder(seen: dict[int, int], own: set[int]) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A pack hook that records in ``seen`` the bytes of every storage autograd saves, except the
+    storages in ``own`` (parameters, buffers, the stage's input)."""
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        s = t.untyped_storage()
+        if id(s) not in own:
+            seen[id(s)] = s.nbytes()
+        # a detached alias: returning t itself would make an output saved by its own grad_fn a
+        # reference cycle, and its storage would never be freed
+        return t.detach()
+
+    return pack
+
+
 def measure(
     staged: Staged, roofline: Roofline = A100_SXM4_40GB, also: tuple[Roofline, ...] = ()
 ) -> tuple[int, list[StageFigures]]:
@@ -288,16 +304,7 @@ def measure(
                     assert prev is not None
                     x = prev.detach().requires_grad_(prev.is_floating_point())
                 seen: dict[int, int] = {}
-                own = excluded | {id(x.untyped_storage())}
-
-                def pack(t: torch.Tensor) -> torch.Tensor:
-                    s = t.untyped_storage()
-                    if id(s) not in own:
-                        seen[id(s)] = s.nbytes()
-                    # a detached alias: returning t itself would make an output saved by its own
-                    # grad_fn a reference cycle, and its storage would never be freed
-                    return t.detach()
-
+                pack = _saved_recorder(seen, excluded | {id(x.untyped_storage())})
                 start = len(tracker.events)
                 tracker.window = window = _Window(len(also))
                 with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
@@ -351,7 +358,7 @@ def measure(
                 fig = figures[i]
                 fig.bwd_tmp = max(0, peak - act_in[i])
                 fig.bwd = window.time
-                fig.also = [(f, b) for (f, _), b in zip(fig.also, window.also)]
+                fig.also = [(f, b) for (f, _), b in zip(fig.also, window.also, strict=True)]
                 fig.bwd_flops = window.flops
                 x = inputs[i]
                 assert x is not None

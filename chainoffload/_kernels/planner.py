@@ -11,7 +11,6 @@ import numpy as np
 
 from .config import njit
 
-
 # NOTE [ slack in blocks ]
 # ------------------------
 # The backward sweep asks, per offloaded unit, "is the slack of every phase in a window at

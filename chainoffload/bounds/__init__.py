@@ -27,8 +27,8 @@ from __future__ import annotations
 from ._common import LP_SOLVERS
 from .floor import keep_all_start_memory, offload_memory_floor
 from .fluid import FluidLP, fluid_lower_bound, fluid_lp, lower_bound, lp_cached
-from .ladder import ProblemBound, problem_bound
-from .milp import UNIT_MILP_MAX_SIZE, Bound, UnitMILP, moves_of, stronger_bound, unit_milp, unit_milp_seconds
+from .ladder import ProblemBound, problem_bound, stronger_bound
+from .milp import UNIT_MILP_MAX_SIZE, Bound, UnitMILP, moves_of, unit_milp, unit_milp_seconds
 from .volume import volume_lower_bound
 
 __all__ = [

@@ -15,7 +15,7 @@ from .. import _interrupt
 from ..chain import Chain
 from ..order import b_pos
 from ..platform import Platform
-from ._common import LP_SOLVERS, _check_pair, _check_solver, _check_time_limit
+from ._common import LP_SOLVERS, _check_pair, _check_solver
 from .floor import keep_all_start_memory
 
 __all__ = ["FluidLP", "LP_SOLVERS", "fluid_lp", "fluid_lower_bound", "lower_bound", "lp_cached"]
@@ -189,7 +189,7 @@ class _LPBuilder:
 
         request = pb.MPModelRequest()
         model = request.model
-        for lb, ub, c in zip(self.lb, self.ub, self.obj):
+        for lb, ub, c in zip(self.lb, self.ub, self.obj, strict=True):
             v = model.variable.add()
             v.lower_bound = lb
             v.upper_bound = ub
@@ -350,7 +350,7 @@ def _solve_fluid_lp(chain: Chain, platform: Platform, solver: str, time_limit: f
     last = length - 1  # X[last]: all offloadable units
 
     if can:
-        O = m.vars(n + 1)
+        Off = m.vars(n + 1)  # the NOTE's O_k: bytes offloaded by op k (scaled)
         P = m.vars(n + 1)
         for k in range(n):
             # P never decreases (a prefetch is not undone). O needs no such row on duplex
@@ -358,14 +358,14 @@ def _solve_fluid_lp(chain: Chain, platform: Platform, solver: str, time_limit: f
             m.row(0.0, math.inf, [P[k + 1], P[k]], [1.0, -1.0])
             if platform.duplex:
                 if math.isfinite(bw_d):
-                    m.row(-math.inf, 0.0, [O[k + 1], O[k], tau[k]], [1.0, -1.0, -bw_d])
+                    m.row(-math.inf, 0.0, [Off[k + 1], Off[k], tau[k]], [1.0, -1.0, -bw_d])
                 if math.isfinite(bw_h):
                     m.row(-math.inf, 0.0, [P[k + 1], P[k], tau[k]], [1.0, -1.0, -bw_h])
             else:
-                m.row(0.0, math.inf, [O[k + 1], O[k]], [1.0, -1.0])
+                m.row(0.0, math.inf, [Off[k + 1], Off[k]], [1.0, -1.0])
                 idx, coef = [tau[k]], [-1.0]
                 if math.isfinite(bw_d):
-                    idx += [O[k + 1], O[k]]
+                    idx += [Off[k + 1], Off[k]]
                     coef += [1.0 / bw_d, -1.0 / bw_d]
                 if math.isfinite(bw_h):
                     idx += [P[k + 1], P[k]]
@@ -375,12 +375,12 @@ def _solve_fluid_lp(chain: Chain, platform: Platform, solver: str, time_limit: f
         for k in range(n + 1):
             avail = min(int(nz[k]), last)
             if avail < last:  # (3); for avail = last it follows from O_n = X_last
-                m.row(-math.inf, 0.0, [O[k], X[avail]], [1.0, -1.0])
-            m.row(-math.inf, 0.0, [P[k], O[k]], [1.0, -1.0])  # (4)
+                m.row(-math.inf, 0.0, [Off[k], X[avail]], [1.0, -1.0])
+            m.row(-math.inf, 0.0, [P[k], Off[k]], [1.0, -1.0])  # (4)
         for i in range(1, length):
             b = b_pos(length, i + 1)
             m.row(0.0, math.inf, [P[b], X[last], X[i - 1]], [1.0, -1.0, 1.0])
-        m.row(0.0, 0.0, [O[n], X[last]], [1.0, -1.0])
+        m.row(0.0, 0.0, [Off[n], X[last]], [1.0, -1.0])
         m.row(0.0, 0.0, [P[n], X[last]], [1.0, -1.0])
         cum_sv = np.concatenate([[0.0], np.cumsum(sv[:last])])  # cum_sv[i] = sum_{j <= i} sv_j
         for k in range(n):
@@ -394,7 +394,7 @@ def _solve_fluid_lp(chain: Chain, platform: Platform, solver: str, time_limit: f
             j = min(k - 1, last) if k >= 1 else 0
             avail = min(int(nz[k]), last)
             if rhs < 0:
-                m.row(-math.inf, rhs, [P[k], O[k]], [1.0, -1.0])
+                m.row(-math.inf, rhs, [P[k], Off[k]], [1.0, -1.0])
             if rhs < cum_sv[max(avail, j)] - cum_sv[j]:
                 m.row(-math.inf, rhs, [P[k], X[j]], [1.0, -1.0])
 
@@ -406,7 +406,7 @@ def _solve_fluid_lp(chain: Chain, platform: Platform, solver: str, time_limit: f
         inv_h = 1.0 / bw_h if math.isfinite(bw_h) else 0.0
         per_byte = [inv_d, inv_h] if platform.duplex else [inv_d + inv_h]
         per_unit = [lat, lat] if platform.duplex else [2.0 * lat]
-        sides = [(b, u) for b, u in zip(per_byte, per_unit) if b > 0 or u > 0]
+        sides = [(b, u) for b, u in zip(per_byte, per_unit, strict=True) if b > 0 or u > 0]
         if sides and last >= 1:
             W = [None] * (length + 1)
             for i in range(last, 0, -1):

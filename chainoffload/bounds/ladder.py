@@ -52,11 +52,16 @@ import dataclasses
 import math
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from ..chain import Chain
 from ..platform import Platform
 
+if TYPE_CHECKING:
+    from . import milp
+
 __all__ = [
+    "stronger_bound",
     "FLUID_LP_MAX_STAGES",
     "LADDER",
     "UNIT_MILP_NODE_WORK",
@@ -322,3 +327,57 @@ def problem_bound(
     if not value >= chain.compute_time:  # no rung ran (a rung added before trivial failed)
         value, name = chain.compute_time, "trivial"
     return ProblemBound(value, name, tuple(tried), tuple(notes))
+
+
+def stronger_bound(chain: Chain, platform: Platform, *, time_limit: float = 10.0) -> milp.Bound:
+    """The best proven lower bound within ``time_limit`` seconds: the bound ladder
+    (:func:`chainoffload.bounds.ladder.climb`, the one way bounds are combined) against a clock.
+
+    Each rung runs when the ladder's size rule admits the instance and its estimated cost fits
+    what is left of ``time_limit``, and gets what is left as its own limit: the fluid LP (free
+    when cached) up to ``FLUID_LP_MAX_STAGES`` stages, then the whole-move relaxation
+    (:func:`unit_milp`, ``NOTE [ unit MILP lower bound ]``), which keeps what the fluid LP
+    loses (a move is freed only when its whole offload has ended and comes back whole when its
+    prefetch starts), up to ``UNIT_MILP_WORK_SIZE`` and its node limit. ``cpsat`` states this
+    bound in its model; ``solve`` reports :func:`chainoffload.bounds.problem_bound`, the same
+    ladder without a clock.
+
+    Parameters
+    ----------
+    chain, platform
+        The instance.
+    time_limit
+        Seconds for the whole call (> 0).
+
+    Returns
+    -------
+    Bound
+        The largest value reached, and which rung gave it (``compute time``, ``volume``,
+        ``fluid LP``, ``unit MILP`` or ``unit MILP, optimal``, or an added rung's name).
+
+    Raises
+    ------
+    ValueError
+        If ``time_limit`` is not a number of seconds > 0.
+    """
+    from . import milp
+    from ._common import _check_pair, _check_time_limit
+
+    _check_pair(chain, platform, "stronger_bound")
+    _check_time_limit(time_limit)
+    # One way to combine bounds (NOTE [ bound ladder ]): this is the ladder, climbed against a
+    # wall-clock limit.
+    t0 = time.perf_counter()
+    value, rung, _ = climb(chain, platform, float(time_limit))
+    if not value >= chain.compute_time:
+        value, rung = chain.compute_time, "trivial"
+    kind = _KINDS.get(rung, rung)
+    if rung == "unit-milp":
+        hit = milp._MILP_CACHE.get((id(chain), platform, unit_milp_nodes(milp._unit_milp_size(chain, platform))))
+        if hit is not None and hit[0] is chain and hit[1].status == "optimal":
+            kind = "unit MILP, optimal"
+    return milp.Bound(value, kind, time.perf_counter() - t0)
+
+
+#: The ladder's rung names as :class:`Bound` names them.
+_KINDS = {"trivial": "compute time", "volume": "volume", "fluid-lp": "fluid LP", "unit-milp": "unit MILP"}

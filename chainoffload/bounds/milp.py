@@ -1,5 +1,5 @@
-"""The whole-move relaxation (``NOTE [ unit MILP lower bound ]``), solved by SCIP, and
-:func:`stronger_bound`, the best of every bound within a time limit.
+"""The whole-move relaxation (``NOTE [ unit MILP lower bound ]``), solved by SCIP;
+:func:`~chainoffload.bounds.ladder.stronger_bound` climbs it with the other rungs against a clock.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from ._common import _check_pair, _check_time_limit
 from .floor import keep_all_start_memory
 from .fluid import _LPBuilder
 
-__all__ = ["UNIT_MILP_MAX_SIZE", "Bound", "UnitMILP", "moves_of", "stronger_bound", "unit_milp", "unit_milp_seconds"]
+__all__ = ["UNIT_MILP_MAX_SIZE", "Bound", "UnitMILP", "moves_of", "unit_milp", "unit_milp_seconds"]
 
 # NOTE [ unit MILP lower bound ]
 # ------------------------------
@@ -302,7 +302,7 @@ def _solve_unit_milp(chain: Chain, platform: Platform, time_limit: float | None,
     if platform.duplex:
         out_both, back_both = out_t, back_t
     else:
-        out_both = back_both = [a + b for a, b in zip(out_t, back_t)]
+        out_both = back_both = [a + b for a, b in zip(out_t, back_t, strict=True)]
     of_stage: dict[int, list[int]] = {}
     for j, i in enumerate(stage):
         of_stage.setdefault(i, []).append(j)
@@ -474,57 +474,3 @@ def unit_milp_seconds(chain: Chain, platform: Platform) -> float:
     if size == 0:
         return 0.0
     return 0.5 + size / 20_000 if size <= UNIT_MILP_MAX_SIZE else math.inf
-
-
-def stronger_bound(chain: Chain, platform: Platform, *, time_limit: float = 10.0) -> Bound:
-    """The best proven lower bound within ``time_limit`` seconds: the bound ladder
-    (:func:`chainoffload.bounds.ladder.climb`, the one way bounds are combined) against a clock.
-
-    Each rung runs when the ladder's size rule admits the instance and its estimated cost fits
-    what is left of ``time_limit``, and gets what is left as its own limit: the fluid LP (free
-    when cached) up to ``FLUID_LP_MAX_STAGES`` stages, then the whole-move relaxation
-    (:func:`unit_milp`, ``NOTE [ unit MILP lower bound ]``), which keeps what the fluid LP
-    loses (a move is freed only when its whole offload has ended and comes back whole when its
-    prefetch starts), up to ``UNIT_MILP_WORK_SIZE`` and its node limit. ``cpsat`` states this
-    bound in its model; ``solve`` reports :func:`chainoffload.bounds.problem_bound`, the same
-    ladder without a clock.
-
-    Parameters
-    ----------
-    chain, platform
-        The instance.
-    time_limit
-        Seconds for the whole call (> 0).
-
-    Returns
-    -------
-    Bound
-        The largest value reached, and which rung gave it (``compute time``, ``volume``,
-        ``fluid LP``, ``unit MILP`` or ``unit MILP, optimal``, or an added rung's name).
-
-    Raises
-    ------
-    ValueError
-        If ``time_limit`` is not a number of seconds > 0.
-    """
-    _check_pair(chain, platform, "stronger_bound")
-    _check_time_limit(time_limit)
-    from . import ladder
-
-    # One way to combine bounds (NOTE [ bound ladder ]): this is the ladder, climbed against a
-    # wall-clock limit.
-    t0 = time.perf_counter()
-    value, rung, _ = ladder.climb(chain, platform, float(time_limit))
-    if not value >= chain.compute_time:
-        value, rung = chain.compute_time, "trivial"
-    kind = _KINDS.get(rung, rung)
-    if rung == "unit-milp":
-        hit = _MILP_CACHE.get((id(chain), platform, ladder.unit_milp_nodes(_unit_milp_size(chain, platform))))
-        if hit is not None and hit[0] is chain and hit[1].status == "optimal":
-            kind = "unit MILP, optimal"
-    return Bound(value, kind, time.perf_counter() - t0)
-
-
-#: The ladder's rung names as :class:`Bound` names them.
-_KINDS = {"trivial": "compute time", "volume": "volume", "fluid-lp": "fluid LP", "unit-milp": "unit MILP"}
-

@@ -33,7 +33,7 @@ These are estimates, not measurements; ``chainoffload_torch.profile`` measures a
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from ..chain import Chain
 

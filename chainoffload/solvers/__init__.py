@@ -14,10 +14,12 @@ from __future__ import annotations
 
 from ._front import MemorySearch, judge, memory_search, minimum_memory, solve
 from ._options import OptionError, check_keep, check_memory_floor, check_time_limit
-from ._registry import _REGISTRY, DEFAULT_METHOD, SolverSpec, methods, register, spec
+from ._registry import DEFAULT_METHOD, SolverSpec, methods, register, spec
 
 __all__ = [
     "solve",
+    "judge",
+    "spec",
     "methods",
     "register",
     "SolverSpec",

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 

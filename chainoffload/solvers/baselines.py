@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 from ..chain import Chain
 from ..platform import Platform

@@ -253,8 +253,7 @@ def improve(
     """
     from .cpsat.grid import TimeGrid
     from .cpsat.hint import in_model_space
-    from .cpsat.model import CPModel
-    from .cpsat.solve import model_estimate
+    from .cpsat.model import CPModel, model_estimate
 
     if not (isinstance(work, (int, float)) and not isinstance(work, bool) and work > 0 and math.isfinite(work)):
         raise ValueError(f"work: {work!r} must be a number of deterministic seconds > 0")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from ..chain import Chain
 from ..platform import Platform
@@ -49,7 +49,7 @@ def sqrt_checkpoint_schedule(length: int, segment: int | None = None) -> Schedul
     return Schedule(tuple(ops), ())
 
 
-def checkpoint_all_schedule(length: int) -> Schedule:
+def checkpoint_all_schedule(length: int, whole: Iterable[int] = ()) -> Schedule:
     """Checkpoint every block: keep each stage's input, recompute each stage just before its backward.
 
     What Hugging Face's ``model.gradient_checkpointing_enable()`` and Megatron's "full"
@@ -64,8 +64,29 @@ def checkpoint_all_schedule(length: int) -> Schedule:
     In this model that would be Fck_L at once followed by F_L over its lone a_L: the same F_L
     holds unit L whole as well, so the re-run frees nothing and costs one more forward. So the
     last stage (which holds the head and the loss in the PyTorch adapter's chain) runs F_L once.
+
+    ``whole``: stages that run F_all in the forward and are never recomputed (their whole unit
+    is kept until their backward), as a checkpointing library leaves the embeddings unwrapped:
+    the PyTorch adapter's prefix stage, or a stage its executor cannot run again.
+
+    Raises
+    ------
+    ValueError
+        A stage of ``whole`` is not in 1..``length``.
     """
-    return sqrt_checkpoint_schedule(length, 1)
+    whole = set(whole)
+    if not whole:
+        return sqrt_checkpoint_schedule(length, 1)
+    bad = sorted(i for i in whole if isinstance(i, bool) or not isinstance(i, int) or not 1 <= i <= length)
+    if bad:
+        raise ValueError(f"whole: stage(s) {bad} are not in 1..{length}")
+    ops: list[tuple[str, int]] = [("F" if i in whole else "Fck", i) for i in range(1, length)]
+    ops += [("F", length), ("B", length)]
+    for i in range(length - 1, 0, -1):
+        if i not in whole:
+            ops.append(("F", i))
+        ops.append(("B", i))
+    return Schedule(tuple(ops), ())
 
 
 def recompute_all_schedule(length: int) -> Schedule:

@@ -247,7 +247,7 @@ class RotorTable:
         return self._count
 
     @property
-    def choice(self) -> "_Choice":
+    def choice(self) -> _Choice:
         """``choice[s, t, m]`` as :func:`emit_segment` reads it."""
         return _Choice(self)
 

@@ -7,7 +7,6 @@ method, the figure and both values.
 from __future__ import annotations
 
 import math
-from typing import Union
 
 from ..chain import Chain
 from ..platform import Platform
@@ -32,7 +31,7 @@ def _close(a: float, b: float, rel_tol: float) -> bool:
 
 
 def assert_feasible(
-    result_or_timeline: Union[Result, Timeline, Schedule],
+    result_or_timeline: Result | Timeline | Schedule,
     chain: Chain | None = None,
     platform: Platform | None = None,
     *,
@@ -133,7 +132,7 @@ def assert_feasible(
 
 def assert_no_better_than_optimal(
     result: Result,
-    optimum_or_bound: Union[Result, float],
+    optimum_or_bound: Result | float,
     *,
     rel_tol: float = REL_TOL,
     abs_tol: float = 0.0,

@@ -16,14 +16,15 @@ one rule, each labelled with what the simulator must say (:data:`BROKEN_KINDS`).
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable, NamedTuple
+from collections.abc import Iterable
+from typing import Any, NamedTuple
 
 from hypothesis import strategies as st
 from hypothesis.strategies import SearchStrategy
 
 from ..chain import MAX_TOTAL_BYTES, Chain
-from ..platform import Platform
 from ..order import f_pos, fixed_order, prefetch_deadline, transfer_events, trigger
+from ..platform import Platform
 from ..schedule import Schedule, Transfer
 from ..simulate import keep_all_peak
 

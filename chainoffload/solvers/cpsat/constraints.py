@@ -9,6 +9,7 @@ no timeline.
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import numpy as np
@@ -134,7 +135,7 @@ class Constraints:
         for op in ops:
             md.add(op.end == op.start + op.duration)
         md.add(ops[0].start == 0)
-        for prev, op in zip(ops, ops[1:]):
+        for prev, op in itertools.pairwise(ops):
             md.add(op.start >= prev.end + 1).only_enforce_if(op.gap)
             md.add(op.start == prev.end).only_enforce_if(~op.gap)
 

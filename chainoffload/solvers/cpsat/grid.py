@@ -78,7 +78,7 @@ class TimeGrid:
     slack: float
 
     @classmethod
-    def build(cls, chain: Chain, platform: Platform, scale: float | None = None) -> "TimeGrid":
+    def build(cls, chain: Chain, platform: Platform, scale: float | None = None) -> TimeGrid:
         """Round ``chain``'s and ``platform``'s durations at ``scale`` (default: compute time = 10^6 units)."""
         if scale is None:
             base = chain.compute_time
@@ -113,7 +113,7 @@ class TimeGrid:
                     transfers.append(None)
                     continue
                 row = []
-                for s, t in zip(sizes, times):
+                for s, t in zip(sizes, times, strict=True):
                     if not t * scale <= MAX_UNITS:
                         # A finite time can still overflow once scaled (latency 1e308 s): the model
                         # counts in integers, and a float beyond 2^53 is no longer a whole count.

@@ -161,7 +161,7 @@ def canonical(grid: TimeGrid, length: int, schedule: Schedule, duplex: bool, *, 
     rows.sort(key=lambda r: r[0])
     canon = Schedule(schedule.compute, tuple(tr for _, tr in rows))
     again = integer_replay(grid, length, canon, duplex)
-    same = again["op_start"] == rep["op_start"] and sorted(zip(again["start"], again["end"])) == sorted(zip(rep["start"], rep["end"]))
+    same = again["op_start"] == rep["op_start"] and sorted(zip(again["start"], again["end"], strict=True)) == sorted(zip(rep["start"], rep["end"], strict=True))
     return canon if same else merged
 
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ..._interrupt import run_stoppable
 from ...chain import Chain
@@ -15,7 +16,19 @@ from .hint import hint_values
 from .objective import Objective
 from .variables import Variables
 
-__all__ = ["CPModel", "import_cp_model"]
+__all__ = ["CPModel", "import_cp_model", "model_estimate"]
+
+
+def model_estimate(length: int) -> dict[str, float]:
+    """Estimated size of the CP-SAT model of a chain of ``length`` stages (NOTE [ cpsat: model size ]):
+    ``variables``, ``constraints``, ``bytes`` and ``seconds`` to build here."""
+    cons = 43.7 * length**2
+    return {
+        "variables": 12.1 * length**2,
+        "constraints": cons,
+        "bytes": 0.3e9 + 1000.0 * cons,
+        "seconds": 10.1 * (length / 100.0) ** 2.5,
+    }
 
 
 def import_cp_model():

@@ -11,19 +11,20 @@ from __future__ import annotations
 import math
 import os
 import time
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
+from ..._progress import enabled as progress_enabled
+from ..._progress import progress
 from ...chain import Chain
 from ...platform import Platform
 from ...result import Result, Status
 from ...schedule import Schedule
-from ..._progress import enabled as progress_enabled
-from ..._progress import progress
 from ...simulate import simulate
 from .._options import OptionError
 from .grid import TimeGrid
 from .hint import in_model_space
-from .model import CPModel, import_cp_model
+from .model import CPModel, import_cp_model, model_estimate
 
 __all__ = ["cpsat", "default_workers"]
 
@@ -49,18 +50,6 @@ WARM_SHARE = 0.25
 # takes more than BUILD_SHARE of the time limit, or more memory than the machine has free, is
 # refused before any work, with the estimate in the message.
 BUILD_SHARE = 0.3
-
-
-def model_estimate(length: int) -> dict[str, float]:
-    """Estimated size of the CP-SAT model of a chain of ``length`` stages (NOTE [ cpsat: model size ]):
-    ``variables``, ``constraints``, ``bytes`` and ``seconds`` to build here."""
-    cons = 43.7 * length**2
-    return {
-        "variables": 12.1 * length**2,
-        "constraints": cons,
-        "bytes": 0.3e9 + 1000.0 * cons,
-        "seconds": 10.1 * (length / 100.0) ** 2.5,
-    }
 
 
 def _refusal(length: int, time_limit: float) -> str | None:

@@ -9,7 +9,7 @@ timings ] in :mod:`.constraints`). Only variables live here; :mod:`.constraints`
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Union
+from typing import Any
 
 from ...chain import Chain
 from ...order import fixed_order, transfer_events, wait_ops
@@ -22,7 +22,7 @@ __all__ = ["OpVar", "TransferVar", "UnitVar", "Variables", "TransferKey", "Cause
 TransferKey = tuple[str, int]
 #: What a start may equal: "trigger", "offload" (a prefetch's own offload's end), "previous"
 #: (an op's predecessor's end), or a transfer's key (that transfer's end).
-Cause = Union[str, TransferKey]
+Cause = str | TransferKey
 
 
 @dataclasses.dataclass(frozen=True)
