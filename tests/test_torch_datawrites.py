@@ -13,12 +13,12 @@ import warnings
 import pytest
 
 torch = pytest.importorskip("torch")
-from torch import nn
+from torch import nn  # noqa: E402
 
-import chainoffload_torch as ct
-from chainoffload_torch._recorder import WRITTEN
-from chainoffload_torch.plans import _recomputed
-from chainoffload_torch.testing import BlockSpec, ModelCase, ModelSpec, differential_check
+import chainoffload_torch as ct  # noqa: E402
+from chainoffload_torch._recorder import WRITTEN  # noqa: E402
+from chainoffload_torch.plans import _recomputed  # noqa: E402
+from chainoffload_torch.testing import BlockSpec, ModelCase, ModelSpec, differential_check  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
