@@ -194,6 +194,10 @@ class _Recorder:
         return p
 
     def stage_start(self, p: _RecordedPass, idx: int, hidden: Any, args: tuple, kwargs: dict) -> None:
+        if self.check_writes and isinstance(hidden, torch.Tensor):
+            start = time.perf_counter()
+            self._check_between(p, hidden)
+            p.checks[idx] = p.checks.get(idx, 0.0) + time.perf_counter() - start
         start = time.perf_counter()
         p.versions[idx] = p.ledger.stage_start(idx, hidden, (args, kwargs))
         p.bookkeeping += time.perf_counter() - start
@@ -222,6 +226,15 @@ class _Recorder:
         p.act[idx] = _nbytes(hidden_out)
         if idx < self.n:
             p.marks[("f", idx)] = self.timer.mark()
+
+    def _check_between(self, p: _RecordedPass, hidden: torch.Tensor) -> None:
+        """Compare the storage of a block's output, as the next block reads it, with its
+        fingerprint at the end of its own block, when no version counter moved in between: the
+        code between the two blocks wrote it through .data (NOTE [ writes no version counter sees ])."""
+        entry = p.ledger.owner(hidden)
+        end = self._at_end.get(id(entry)) if entry is not None else None
+        if end is not None and end[2]._version == end[3]:
+            self._compares.append((end[0], end[1], _fingerprint(_storage_bytes(hidden))))
 
     def forward_end(self, p: _RecordedPass, outputs: Any) -> None:
         p.marks[("f", self.n)] = self.timer.mark()
@@ -549,6 +562,11 @@ def _measure(
                 kept = _kept_steps(steps, reference, warmup, repeats)
                 if kept is not None or len(steps) == limit:
                     break
+            if not timed and rec.check_writes:
+                # A pass with no backward (a new shape's sizes): the checks between blocks need
+                # none (NOTE [ writes no version counter sees ]).
+                rec.checked_writes()
+                written = rec.written
             if timed:
                 for step in steps:  # transients: the most any step saw, warm-up included
                     for field in ("fwd_tmp", "bwd_tmp"):
@@ -587,10 +605,20 @@ WRITTEN = "tensor written after it was saved, where no version counter sees it (
 # (two integer sums of its bit patterns, on its device, no copy) and again when the backward
 # reads it; the two are compared after the backward (one sync). A unit read back with other
 # bytes is kept resident (Sizes.unmovable, shown in the table), where the backward reads what
-# plain training reads. What it cannot see: a write that happens only in some steps (drawn at
-# random, or after the profiled ones); a model that writes through .data in its forward only now
-# and then must keep those blocks resident with keep=. The fingerprints cost one read of what
-# the step saves, twice, in one profiling step.
+# plain training reads, and is never recomputed (plans.not_recomputable). The saved tensors
+# alone miss a written a_i that nothing saves (the next block saves tanh(a_i), not a_i): a
+# recomputation of F_i and then F_{i+1} from the recomputed a_i reads the unwritten bytes (the
+# fuzz's rotor plans: gradients off, silently). So a_i's storage is also fingerprinted at the
+# end of F_i and again when F_{i+1} starts with it as its hidden input; bytes that changed with
+# no version counter moving mark unit i written. That check needs no backward, so it runs in the
+# forward that measures a new shape's sizes too (measure_call_sizes: a shape whose plan is
+# borrowed from a larger one's, whose profile may have seen the write change no byte, as an
+# all-zero output scaled), and a borrowed schedule that moves or recomputes a unit found written
+# at the new shape is not used (_Planner.reuse). What it cannot see: a write that happens only
+# in some steps (drawn at random, or after the profiled ones), or that leaves the checked bytes
+# as they were; a model that writes through .data in its forward only now and then must keep
+# those blocks resident with keep=. The fingerprints cost one read of what the step saves,
+# twice, and two of each a_i, in one profiling step (and one forward per new shape).
 
 
 def _forward_times(timer: Timer, p: _RecordedPass, n: int) -> list[float]:

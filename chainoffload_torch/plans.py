@@ -277,6 +277,9 @@ class _Planner:
         keep = co.solvers.check_keep(chain, self.keep)
         if resident_units(chain, sizes, keep) & set(ref.schedule.offloaded_units):
             return None  # a unit the schedule moves cannot move at these shapes
+        written = {u for u, why in sizes.unmovable.items() if WRITTEN in why}
+        if written & _recomputed(ref.schedule):
+            return None  # a write found at these shapes that a recomputation would miss (NOTE [ writes no version counter sees ])
         resident = sizes.resident_bytes
         platform = self.link.with_memory(max(0, self.budget.bytes_for(chain, resident, step_peak(chain, sizes)) - resident))
         try:
@@ -472,6 +475,19 @@ class _Unsafe:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.blocks, name)
+
+
+def _recomputed(schedule: co.Schedule) -> set[int]:
+    """The stages ``schedule`` recomputes: a first forward op that saves nothing, or a later one."""
+    seen: set[int] = set()
+    redone: set[int] = set()
+    for kind, i in schedule.compute:
+        if kind == "B":
+            continue
+        if kind != "F" or i in seen:
+            redone.add(i)
+        seen.add(i)
+    return redone
 
 
 # NOTE [ blocks a recomputation would get wrong ]

@@ -240,6 +240,20 @@ class DataWrites(Net):
         return self.head(h)
 
 
+def train_sgd_equal(model, ref, steps=3):
+    """Train both side by side with SGD, the same seed before each forward; gradients equal."""
+    opt_a, opt_b = torch.optim.SGD(model.parameters(), lr=0.1), torch.optim.SGD(ref.parameters(), lr=0.1)
+    for k in range(steps):
+        for m in (model, ref):
+            torch.manual_seed(k)
+            m(batch(6, k)).square().mean().backward()
+        for p, q in zip(model.parameters(), ref.parameters(), strict=True):
+            assert torch.equal(p.grad, q.grad)
+        for opt in (opt_a, opt_b):
+            opt.step()
+            opt.zero_grad()
+
+
 def test_a_unit_written_through_data_after_it_was_saved_stays_resident_and_training_is_equal():
     seed_all(0)
     model = DataWrites()
@@ -252,16 +266,7 @@ def test_a_unit_written_through_data_after_it_was_saved_stays_resident_and_train
     assert handle.schedule.offloaded_units and not units & set(handle.schedule.offloaded_units)
     rows = {r["stage"]: r["decision"] for r in handle.decisions()}
     assert "through .data" in rows[2] and "through .data" in rows[5]
-    opt_a, opt_b = torch.optim.SGD(model.parameters(), lr=0.1), torch.optim.SGD(ref.parameters(), lr=0.1)
-    for k in range(3):
-        for m, _opt in ((model, opt_a), (ref, opt_b)):
-            torch.manual_seed(k)
-            m(batch(6, k)).square().mean().backward()
-        for p, q in zip(model.parameters(), ref.parameters(), strict=True):
-            assert torch.equal(p.grad, q.grad)
-        for opt in (opt_a, opt_b):
-            opt.step()
-            opt.zero_grad()
+    train_sgd_equal(model, ref)
     assert handle.last_step.offloaded_bytes > 0
 
 
@@ -279,16 +284,7 @@ def test_a_unit_written_through_data_is_never_recomputed_and_training_is_equal(m
     again = [s for k, (kind, s) in enumerate(handle.schedule.compute) if kind != "B" and (kind != "F" or s in
              {t for kd, t in handle.schedule.compute[:k] if kd != "B"})]
     assert not {2, 5} & set(again)
-    opt_a, opt_b = torch.optim.SGD(model.parameters(), lr=0.1), torch.optim.SGD(ref.parameters(), lr=0.1)
-    for k in range(3):
-        for m in (model, ref):
-            torch.manual_seed(k)
-            m(batch(6, k)).square().mean().backward()
-        for p, q in zip(model.parameters(), ref.parameters(), strict=True):
-            assert torch.equal(p.grad, q.grad)
-        for opt in (opt_a, opt_b):
-            opt.step()
-            opt.zero_grad()
+    train_sgd_equal(model, ref)
     if method == "rotor":
         assert handle.last_step.recomputed_ops > 0  # it recomputes, just not the written stages
 
