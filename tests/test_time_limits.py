@@ -325,3 +325,41 @@ def test_the_cli_limit_counts_loading_the_kernels(tmp_path, monkeypatch, capsys)
     code = cli_module.main(["solve", str(tmp_path / "c.json"), "--memory", "1KiB", "--method", "keep-all", "--time-limit", "3"])
     assert code == 0 and given[-1] > 3.0 - 0.6  # reading, a late wake-up and the table's reserve only
     capsys.readouterr()
+
+
+def test_the_cli_says_when_loading_took_the_whole_limit(tmp_path, monkeypatch, capsys):
+    """Three solves at once on a 2-core machine: reading and loading the kernels took more than
+    --time-limit 1 and `best` found nothing; the only message spoke of "0.001 s left" and an
+    estimate of "0.0 s". The command now says where the limit went and what to give instead."""
+    import contextlib
+    import time as time_module
+
+    from chainoffload import _compile
+    from chainoffload import cli as cli_module
+    from chainoffload.examples import tiny
+    from chainoffload.solvers import _front
+
+    tiny().save(tmp_path / "c.json")
+
+    @contextlib.contextmanager
+    def slow_load(method, length):
+        time_module.sleep(1.2)
+        yield _compile._Meter()
+
+    real_solve = _front.solve
+    given = []
+
+    def spy(chain, platform, method=None, **options):
+        # What the CLI gives is the floor of 1 ms; a tiny chain might still be solved in that on a
+        # fast machine, so the search is handed no time at all to keep the check deterministic.
+        given.append(options["time_limit"])
+        return real_solve(chain, platform, method, **{**options, "time_limit": 1e-12})
+
+    monkeypatch.setattr(_compile, "prepare", slow_load)
+    monkeypatch.setattr("chainoffload.solvers.solve", spy)
+    code = cli_module.main(["solve", str(tmp_path / "c.json"), "--memory", "1KiB", "--time-limit", "1", "--out", str(tmp_path / "s.json")])
+    err = capsys.readouterr().err
+    assert given == [1e-3]
+    assert code == 1 and not (tmp_path / "s.json").exists()
+    assert "--time-limit 1: reading the input and loading the solver kernels took 1." in err
+    assert "leaving no time for the search; give a longer limit (--time-limit 3 or more) or none" in err

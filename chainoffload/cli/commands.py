@@ -86,15 +86,25 @@ def _solve_command(args: argparse.Namespace, out: Output, stack: Any) -> int:
     from .._compile import prepare
 
     ready = stack.enter_context(prepare(args.method or DEFAULT_METHOD, chain.length))
+    spent, left = 0.0, math.inf
     if args.time_limit is not None:
         # What reading and loading took counts; the table printed after the solve is kept room for.
         spent = time.perf_counter() - started - ready.seconds
-        options["time_limit"] = max(args.time_limit - spent - report_seconds(chain.length), 1e-3)
+        left = args.time_limit - spent - report_seconds(chain.length)
+        options["time_limit"] = max(left, 1e-3)
         if args.min_memory:
             # One limit for the whole command: the solve gets half, the bisection what is left.
             options["time_limit"] *= 0.5
     finish = None if args.time_limit is None else started + ready.seconds + args.time_limit - report_seconds(chain.length)
     result = solve(chain, platform, args.method, **options)
+    if left <= 0 and not result.feasible:
+        # Under contention, reading and loading the kernels can take the whole limit; the
+        # method's own message then speaks of a sliver of time the user never chose.
+        out.note(
+            f"--time-limit {args.time_limit:g}: reading the input and loading the solver kernels took "
+            f"{spent:.2f} s of it on this machine now (it may be busy), leaving no time for the search; "
+            f"give a longer limit (--time-limit {max(math.ceil(2 * spent), math.ceil(args.time_limit) + 1)} or more) or none"
+        )
     if ready.seconds > 0 and not result.info.get("compile_time"):
         result = result.replace(info={**result.info, "compile_time": ready.seconds})
     least = floor = search = None

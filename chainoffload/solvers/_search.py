@@ -42,6 +42,7 @@ import numpy as np
 from ..chain import Chain
 from ..planner import Candidate, check_units, fixed_arrays, plan_units, saved_table, score
 from ..platform import Platform
+from ..units import format_seconds
 
 __all__ = ["Candidate", "Evaluator", "boundary", "well_formed", "fixed_arrays"]
 
@@ -165,11 +166,11 @@ class Evaluator:
         """Why ``method`` ends with no ``what`` that fits under ``time_limit`` (its share of the
         user's limit): the time ran out, or, nothing evaluated, one evaluation was estimated not
         to end within it (NOTE [ clock ]), which a longer limit cures and a retry does not."""
-        left = "" if time_limit is None else f" ({time_limit:.3g} s of it left for the search)"
+        left = "" if time_limit is None else f" ({format_seconds(time_limit)} of it left for the search)"
         if self.evals == 0 and self.short is not None:
             return (
                 f"{method}: the time limit{left} is shorter than one evaluation of {self.chain.length:,} stages "
-                f"with its schedule built, estimated at {self.short:.1f} s at this load: nothing was tried; "
+                f"with its schedule built, estimated at {format_seconds(self.short)} at this load: nothing was tried; "
                 "give a longer time limit or none"
             )
         return f"{method}: the time limit{left} ran out before {what} that fits was found"
