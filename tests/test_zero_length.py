@@ -97,3 +97,22 @@ def test_min_memory_is_the_least_memory_any_schedule_needs(capsys, tmp_path):
     replayed(solve(CHAIN, at, "best"), CHAIN, at)
     below = Platform(memory=155, bandwidth_d2h=20.0, bandwidth_h2d=40.0, latency=0.5)
     assert solve(CHAIN, below, "cpsat", time_limit=60.0, workers=1).status == Status.INFEASIBLE
+
+
+def test_best_asks_cpsat_where_its_search_finds_nothing():
+    # A half-duplex chain of the zero-length benchmark (benchmarks/zero_length.py, instance 242 of
+    # seed 33) where no unit set the planner writes fits, but CP-SAT finds a 7.95 s schedule.
+    chain = Chain(fwd=[0.0, 0.75, 0.875, 1.625], bwd=[0.0, 2.0, 0.5, 0.0], act=[3, 10, 31, 15, 9], saved=[18, 71, 41, 35])
+    platform = Platform(memory=162, bandwidth_d2h=40.0, bandwidth_h2d=40.0, latency=0.25, duplex=False)
+    assert solve(chain, platform, "best", cpsat_work=0).status == Status.INFEASIBLE
+    result = solve(chain, platform, "best", cpsat_work=2.0)
+    replayed(result, chain, platform)
+    assert result.info["found_by"] == "cpsat" and result.info["lns"]["mode"] == "find"
+
+
+def test_best_says_when_cpsat_proves_that_nothing_fits():
+    # 155 B: above the offload memory floor (148 B), below the least peak of any schedule (156 B).
+    below = Platform(memory=155, bandwidth_d2h=20.0, bandwidth_h2d=40.0, latency=0.5)
+    result = solve(CHAIN, below, "best", cpsat_work=2.0)
+    assert result.status == Status.INFEASIBLE and "CP-SAT proved that no schedule fits" in result.message
+    assert result.info["lns"]["whole"] == "INFEASIBLE"
