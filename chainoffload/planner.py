@@ -22,7 +22,14 @@ timing rules as it goes:
   at the last boundary before B_{u+1}, which reads it. GPU copies whose offload may still be
   in flight when the backward begins are counted present in each B_j that could start before
   they are freed (start times are bounded below by running the backward with no waits); the
-  first B_j that cannot run beside such a copy waits (``before``) for its offload.
+  first B_j that cannot run beside such a copy waits (``before``) for its offload, and the
+  copies counted before it leave B_j and the phases after it (``NOTE [ a wait frees the copies
+  before it ]`` in the kernel).
+* **Zero-length ops.** A copy that starts at the instant a zero-length op starts allocates
+  before that op does (docs/model.md, "One instant"), so it is counted at that op's allocation
+  too, and where only that instant is short a later unit's prefetch is queued ahead of it
+  (``NOTE [ prefetch at a zero-length instant ]`` in the kernel); prefetches are listed in the
+  order the H2D queue serves them.
 * Memory checks use the same accounting as the simulator, so the plan is feasible whenever
   every check passes; the caller still simulates it (the simulator is the only judge).
 
@@ -173,7 +180,7 @@ def _kernel_arrays(
     optimistic: bool,
     moved: np.ndarray,
 ) -> tuple[np.ndarray, ...]:
-    off_before, pre_op, _fits, _makespan = _kplan.plan_kernel(
+    off_before, pre_op, pre_seq, _fits, _makespan = _kplan.plan_kernel(
         chain.fwd,
         chain.bwd,
         chain.act,
@@ -189,10 +196,10 @@ def _kernel_arrays(
         moved,
     )
     m = chosen.shape[0]
-    # Decreasing stage order within one trigger: the H2D queue serves them in need order.
-    down = chosen[::-1]
-    order = np.argsort(pre_op[down], kind="stable")
-    pre_units = down[order]
+    # The order the sweep sent them in, which the H2D queue serves: by trigger, decreasing stage
+    # within one, but for a lead sent ahead of a copy that would start at a zero-length
+    # instant (NOTE [ prefetch at a zero-length instant ] in the kernel).
+    pre_units = chosen[np.argsort(pre_seq[chosen], kind="stable")]
     kind = np.concatenate([np.zeros(m, dtype=np.int64), np.ones(m, dtype=np.int64)])
     unit = np.concatenate([chosen, pre_units])
     op = np.concatenate([chosen - 1, pre_op[pre_units]])

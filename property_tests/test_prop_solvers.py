@@ -13,7 +13,7 @@ feasibility and bound properties but not compared with the pure-offloading optim
 import math
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from _budget import examples
@@ -202,3 +202,38 @@ def test_cpsat_equals_brute_force_with_zero_length_ops(instance):
     if oracle.status == Status.OPTIMAL:
         tol = 3 * float(result.info.get("tolerance", 0.0) or 0.0) + 1e-9 * max(1.0, chain.compute_time)
         assert abs(result.makespan - oracle.makespan) <= tol
+
+
+# Chains of 2-4 stages on a half-second grid, at least one op of 0 s (issue 33).
+ZERO_LENGTH = chains(min_length=2, max_length=4, max_bytes=64, min_time=0.0, max_time=2.0, time_resolution=0.5).filter(
+    lambda c: min(float(c.fwd.min()), float(c.bwd.min())) == 0.0
+)
+# The issue's chain: every pure-offloading method said "no schedule" at 167 B.
+ISSUE_33 = (
+    Chain(fwd=[0, 0, 0, 1], bwd=[1, 0, 2, 0], act=[0, 8, 21, 29, 12], saved=[8, 55, 43, 34]),
+    Platform(memory=167, bandwidth_d2h=20.0, bandwidth_h2d=40.0, latency=0.5),
+)
+
+
+@settings(max_examples=examples(0.2), deadline=None)
+@given(instances(chains=ZERO_LENGTH, inf_bandwidth=False))
+@example(ISSUE_33)
+def test_best_finds_a_schedule_wherever_one_exists_with_zero_length_ops(instance):
+    """Issue 33: on chains with zero-length ops every pure-offloading method said "no schedule"
+    where one existed. Whenever CP-SAT or (up to 3 stages: 4 take minutes) the brute force over
+    every fixed-order schedule finds one, ``best`` (its default exact work) finds one too; every
+    method's figures are the simulator's."""
+    from chainoffload.exact import brute_force
+
+    chain, platform = instance
+    exact = solve(chain, platform, "cpsat", time_limit=30.0, workers=1)
+    oracle = brute_force(chain, platform) if chain.length <= 3 else exact
+    result = solve(chain, platform, "best", cpsat_work=2.0)
+    check_result(result, chain, platform)
+    if oracle.status.has_schedule or exact.status.has_schedule:
+        assert result.feasible, (result.message, oracle.status, exact.status)
+    if oracle.status == Status.OPTIMAL:
+        assert result.makespan >= oracle.makespan * (1 - 1e-9) - 3 * float(exact.info.get("tolerance", 0.0) or 0.0)
+    for method in PURE:
+        if method not in ("best", "cpsat"):
+            check_result(run(chain, platform, method), chain, platform)

@@ -110,6 +110,83 @@ def _slack_last_below(vals, badd, bmin, width, a, b, s):
     return -1
 
 
+# NOTE [ a wait frees the copies before it ]
+# --------------------------------------------
+# The backward's start times are bounded below by running it without waits, so a copy whose
+# offload ends after the forward is counted in every phase that could start before it is freed.
+# Once the sweep makes B_j wait for O_v, B_j and every phase after it start after O_v ends, and
+# every copy counted before v is freed by then: its offload ended earlier in the D2H queue
+# (stage order) and its reader F_{w+1} ended before F_v did. So those copies are given back to
+# the phases up to B_j. Counting them there anyway made the planner hold back prefetches that
+# fit; it shows most where the backward's first ops take no time (issue 33's chain: B_4, of 0 s,
+# waits for O_3, and unit 2's copy, freed long before, was still counted in B_4 and B_3). The
+# copies released at a wait merge into one entry (they all leave the same phases from then
+# on), so a wait costs one block update per entry alive, not per copy ever counted.
+
+# NOTE [ prefetch at a zero-length instant ]
+# ------------------------------------------
+# docs/model.md orders one instant: the frees at the end of ops that took time, then the
+# prefetch allocations (order -1), then each op's start allocation, a zero-length op's frees
+# after its own allocation. So a copy whose transfer starts at the instant a zero-length op
+# starts counts at that op's allocation, and at the allocation of every op starting then,
+# before its trigger in the sequence or not; "memory counted from the trigger" would be below
+# the truth there. The sweep keeps each phase's start (B_j's, and F_k's for a run that reaches
+# the forward) and, for a copy starting at ``st``, checks and reserves the phases above the
+# trigger whose op starts at ``st`` too: B_{j+1}, B_{j+2}, ... while they start then, then
+# F_L, F_{L-1}, ... (a zero-length run has no waits inside it, so those phases are contiguous).
+#
+# Where only that instant is short (issue 33's chain: O_2 ends as the zero-length B_4 starts,
+# which waits for it, so P_2, which B_3 needs and which cannot start before O_2 ends, would
+# allocate with B_4), the one lever left is the channel: a later unit's prefetch queued ahead
+# of it (its copy takes time) moves its start past the instant. The sweep tries the next
+# LEAD_TRIES units not yet sent, in stage order down, and sends the first whose own copy fits
+# (at its trigger and at any instant it starts in) and whose end moves u's start; then u is
+# placed again behind it. Prefetches are listed in the order the sweep sends them, which is
+# the FIFO channel's order. Without zero-length ops no phase above the trigger starts when a
+# copy does, and the plan is what it was.
+
+#: Later units the sweep tries as a lead (NOTE [ prefetch at a zero-length instant ]).
+LEAD_TRIES = 8
+
+
+@njit
+def _first_phase(optimistic, t, st, u, j, cum_b):
+    """First phase a copy of unit ``u`` triggered at boundary ``j`` (time ``t``) and starting at
+    ``st`` is counted in: ``j``, or (optimistic) the one its start falls in if the backward runs
+    on without waiting; never after B_{u+1}."""
+    first = j
+    if optimistic and first > u + 1:
+        # The smallest f in u+1..j with t + bwd_f + ... + bwd_{j-1} <= st (bisection on
+        # prefix sums of bwd; a phase-by-phase walk made the sweep O(L^2)).
+        lo = u + 1
+        hi = j
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if t + (cum_b[j] - cum_b[mid]) <= st:
+                hi = mid
+            else:
+                lo = mid + 1
+        first = lo
+    return first
+
+
+@njit
+def _instant(j, n, st, bstart, beq_top, fstart, feq_low):
+    """The phases above boundary ``j`` whose op starts at ``st`` (NOTE [ prefetch at a
+    zero-length instant ]): backward phases j+1..bh, forward phases fl..fh (empty: bh = j, fl > fh)."""
+    bh = j
+    fl = n + 1
+    fh = n
+    reach_fwd = j == n
+    if j < n and bstart[j + 1] == st:
+        bh = beq_top[j + 1]
+        reach_fwd = bh == n
+    if reach_fwd and fstart[n] == st:
+        fl = feq_low[n]
+        fh = n
+    return bh, fl, fh
+
+
 @njit
 def plan_kernel(fwd, bwd, act, saved, fwd_tmp, bwd_tmp, memory, d_time, h_time, duplex, offload, optimistic, moved):
     """Plan the transfers of the units ``offload[i] != 0`` (index i = stage, 1..L; index 0 unused).
@@ -126,16 +203,22 @@ def plan_kernel(fwd, bwd, act, saved, fwd_tmp, bwd_tmp, memory, d_time, h_time, 
     Returns
     -------
     tuple
-        ``(off_before, pre_op, fits, makespan)``: per stage, the compute op (0-based) that waits
-        for its offload (-1: none) and the compute op whose end triggers its prefetch (-1: not
-        offloaded); whether every memory check passed; and the makespan the plan gives under
-        the simulator's timing rules.
+        ``(off_before, pre_op, pre_seq, fits, makespan)``: per stage, the compute op (0-based)
+        that waits for its offload (-1: none), the compute op whose end triggers its prefetch
+        (-1: not offloaded) and the prefetch's place in the H2D queue (the order to list them
+        in: NOTE [ prefetch at a zero-length instant ]); whether every memory check passed; and
+        the makespan the plan gives under the simulator's timing rules.
     """
     n = fwd.shape[0]
     off_before = np.full(n + 1, -1, dtype=np.int64)
     pre_op = np.full(n + 1, -1, dtype=np.int64)
     oend = np.zeros(n + 1)
     fend = np.zeros(n + 2)
+    # Start of F_k and what is on the GPU at its allocation, for NOTE [ prefetch at a zero-length
+    # instant ]; feq_low[k] is the first stage of the run of forwards that start when F_k does.
+    fstart = np.zeros(n + 2)
+    fneed = np.zeros(n + 2)
+    feq_low = np.zeros(n + 2, dtype=np.int64)
     fits = True
 
     # Offloaded units in stage order: the D2H channel serves them in this order.
@@ -174,6 +257,9 @@ def plan_kernel(fwd, bwd, act, saved, fwd_tmp, bwd_tmp, memory, d_time, h_time, 
             fits = False
         if wait_on > 0:
             off_before[wait_on] = k - 1
+        fstart[k] = s
+        fneed[k] = need
+        feq_low[k] = feq_low[k - 1] if k > 1 and fstart[k - 1] == s else k
         e = s + fwd[k - 1]
         fend[k] = e
         t = e
@@ -197,9 +283,10 @@ def plan_kernel(fwd, bwd, act, saved, fwd_tmp, bwd_tmp, memory, d_time, h_time, 
     kept = act[0]
     for j in range(1, n + 1):
         kept += saved[j - 1] if offload[j] == 0 else saved[j - 1] - moved[j - 1]
+        # g_j (B_{j+1}'s, or for j = L the loss gradient B_L allocates: act[L] either way) and
+        # the g_{j-1} B_j allocates (counting act[L] a second time at B_L made the planner
+        # hold back prefetches that fit there).
         need_b = kept + act[j] + act[j - 1] + bwd_tmp[j - 1]
-        if j == n:
-            need_b += act[n]
         slack[j] = memory - need_b
     slack[0] = np.inf
     slack[n + 1] = np.inf
@@ -211,6 +298,11 @@ def plan_kernel(fwd, bwd, act, saved, fwd_tmp, bwd_tmp, memory, d_time, h_time, 
     for j in range(n, 0, -1):
         lb_start[j] = acc
         acc += bwd[j - 1]
+    # Copies counted so far, as (first phase counted, bytes); a wait at B_j gives each back to
+    # the phases up to j (NOTE [ a wait frees the copies before it ]).
+    ent_lo = np.zeros(n_off + 1, dtype=np.int64)
+    ent_bytes = np.zeros(n_off + 1)
+    n_ent = 0
     for q in range(n_off):
         v = off_units[q]
         free_v = oend[v]
@@ -236,15 +328,55 @@ def plan_kernel(fwd, bwd, act, saved, fwd_tmp, bwd_tmp, memory, d_time, h_time, 
             if oend[v] > bwait[j]:
                 bwait[j] = oend[v]
             _slack_add(slack, badd, bmin, width, j + 1, n, -float(moved[v - 1]))
+            # B_j and every phase after it start after O_v ends, so after every copy counted
+            # before this one is freed: they leave phases ..j, and merge into one entry.
+            merged = 0.0
+            keep_n = 0
+            for e in range(n_ent):
+                if ent_lo[e] <= j:
+                    _slack_add(slack, badd, bmin, width, ent_lo[e], j, ent_bytes[e])
+                    merged += ent_bytes[e]
+                else:
+                    ent_lo[keep_n] = ent_lo[e]
+                    ent_bytes[keep_n] = ent_bytes[e]
+                    keep_n += 1
+            n_ent = keep_n
+            if merged > 0 and j < n:
+                ent_lo[n_ent] = j + 1
+                ent_bytes[n_ent] = merged
+                n_ent += 1
         else:
             _slack_add(slack, badd, bmin, width, lo, n, -float(moved[v - 1]))
+            ent_lo[n_ent] = lo
+            ent_bytes[n_ent] = float(moved[v - 1])
+            n_ent += 1
 
     # ---- backward: prefetches in decreasing stage order on the H2D channel, each triggered at
     # the earliest boundary (end of F_L, then end of B_{j+1}) where its memory fits up to B_u;
-    # the latest boundary is the one before B_{u+1}, which reads it.
+    # the latest boundary is the one before B_{u+1}, which reads it. NOTE [ prefetch at a
+    # zero-length instant ]: a copy that starts when the zero-length ops before its trigger
+    # start also counts at their allocations, and may be queued behind a lead to leave it.
     cum_b = np.zeros(n + 1)  # cum_b[x] = bwd[0] + ... + bwd[x-1]
     for x in range(n):
         cum_b[x + 1] = cum_b[x] + bwd[x]
+    # The forward's phases as a second slack structure (F_k's allocation; only a copy that
+    # starts at a zero-length F_L's instant reaches them).
+    fsl = np.full(n + 2, np.inf)
+    for k in range(1, n + 1):
+        fsl[k] = memory - fneed[k]
+    fwidth = 1
+    while fwidth * fwidth < n + 2:
+        fwidth += 1
+    f_blk = (n + 2 + fwidth - 1) // fwidth
+    fbadd = np.zeros(f_blk)
+    fbmin = np.zeros(f_blk)
+    for blk in range(f_blk):
+        _slack_fix(fsl, fbadd, fbmin, fwidth, blk)
+    bstart = np.zeros(n + 2)
+    beq_top = np.zeros(n + 2, dtype=np.int64)
+    issued = np.zeros(n + 1, dtype=np.bool_)
+    pre_seq = np.full(n + 1, -1, dtype=np.int64)
+    seq = 0
     chan_h = 0.0 if duplex else chan_d
     pend = np.zeros(n + 2)
     nxt = n_off - 1
@@ -253,36 +385,73 @@ def plan_kernel(fwd, bwd, act, saved, fwd_tmp, bwd_tmp, memory, d_time, h_time, 
         trig_op = n - 1 if j == n else 2 * n - j - 1  # F_L, or B_{j+1}
         while nxt >= 0:
             u = off_units[nxt]
+            if issued[u]:  # sent earlier as a lead
+                nxt -= 1
+                continue
             mandatory = u >= j - 1
             st = t
             if chan_h > st:
                 st = chan_h
             if oend[u] > st:
                 st = oend[u]
-            # First phase the copy is present in: the trigger's, or (optimistic) the one its
-            # start falls in if the backward runs on without waiting; never after B_{u+1}.
-            first = j
-            if optimistic and first > u + 1:
-                # The smallest f in u+1..j with t + bwd_f + ... + bwd_{j-1} <= st (bisection on
-                # prefix sums of bwd; a phase-by-phase walk made the sweep O(L^2)).
-                lo = u + 1
-                hi = j
-                while lo < hi:
-                    mid = (lo + hi) // 2
-                    if t + (cum_b[j] - cum_b[mid]) <= st:
-                        hi = mid
-                    else:
-                        lo = mid + 1
-                first = lo
-            ok = _slack_min(slack, badd, bmin, width, u, first) >= moved[u - 1]
+            first = _first_phase(optimistic, t, st, u, j, cum_b)
+            need_u = float(moved[u - 1])
+            ok_run = _slack_min(slack, badd, bmin, width, u, first) >= need_u
+            bh, fl, fh = _instant(j, n, st, bstart, beq_top, fstart, feq_low)
+            ok_inst = (_slack_min(slack, badd, bmin, width, j + 1, bh) >= need_u
+                       and _slack_min(fsl, fbadd, fbmin, fwidth, fl, fh) >= need_u)
+            if ok_run and not ok_inst:
+                # Only the instant is short: queue the first later unit that fits ahead of u
+                # (its copy takes time, so u's starts after the instant), if that moves u's.
+                q2 = nxt - 1
+                tries = 0
+                lead = -1
+                while q2 >= 0 and tries < LEAD_TRIES:
+                    v = off_units[q2]
+                    q2 -= 1
+                    if issued[v]:
+                        continue
+                    tries += 1
+                    stv = t
+                    if chan_h > stv:
+                        stv = chan_h
+                    if oend[v] > stv:
+                        stv = oend[v]
+                    if not (stv + h_time[v - 1] > st and stv + h_time[v - 1] > oend[u]):
+                        continue
+                    fv = _first_phase(optimistic, t, stv, v, j, cum_b)
+                    need_v = float(moved[v - 1])
+                    vbh, vfl, vfh = _instant(j, n, stv, bstart, beq_top, fstart, feq_low)
+                    if (_slack_min(slack, badd, bmin, width, v, fv) >= need_v
+                            and _slack_min(slack, badd, bmin, width, j + 1, vbh) >= need_v
+                            and _slack_min(fsl, fbadd, fbmin, fwidth, vfl, vfh) >= need_v):
+                        lead = v
+                        _slack_add(slack, badd, bmin, width, v, fv, -need_v)
+                        _slack_add(slack, badd, bmin, width, j + 1, vbh, -need_v)
+                        _slack_add(fsl, fbadd, fbmin, fwidth, vfl, vfh, -need_v)
+                        pre_op[v] = trig_op
+                        pend[v] = stv + h_time[v - 1]
+                        chan_h = pend[v]
+                        issued[v] = True
+                        pre_seq[v] = seq
+                        seq += 1
+                        break
+                if lead > 0:
+                    continue  # u again, behind its lead
+            ok = ok_run and ok_inst
             if not ok and not mandatory:
                 break
             if not ok:
                 fits = False
-            _slack_add(slack, badd, bmin, width, u, first, -float(moved[u - 1]))
+            _slack_add(slack, badd, bmin, width, u, first, -need_u)
+            _slack_add(slack, badd, bmin, width, j + 1, bh, -need_u)
+            _slack_add(fsl, fbadd, fbmin, fwidth, fl, fh, -need_u)
             pre_op[u] = trig_op
             pend[u] = st + h_time[u - 1]
             chan_h = pend[u]
+            issued[u] = True
+            pre_seq[u] = seq
+            seq += 1
             nxt -= 1
         s = t
         if bwait[j] > s:
@@ -291,7 +460,11 @@ def plan_kernel(fwd, bwd, act, saved, fwd_tmp, bwd_tmp, memory, d_time, h_time, 
             s = pend[j]
         if j >= 2 and offload[j - 1] != 0 and pend[j - 1] > s:
             s = pend[j - 1]
+        bstart[j] = s
+        beq_top[j] = beq_top[j + 1] if j < n and bstart[j + 1] == s else j
         t = s + bwd[j - 1]
     if _slack_min(slack, badd, bmin, width, 1, n) < 0:
         fits = False
-    return off_before, pre_op, fits, t
+    if _slack_min(fsl, fbadd, fbmin, fwidth, 1, n) < 0:
+        fits = False
+    return off_before, pre_op, pre_seq, fits, t

@@ -409,6 +409,42 @@ def _exact(chain: Chain, platform: Platform, result: Result, work: float, kept: 
                           status=Status.OPTIMAL if imp.optimal else Status.FEASIBLE)
 
 
+# NOTE [ best when the search finds nothing ]
+# -------------------------------------------
+# The local search only ever holds schedules the planner writes (NOTE [ transfer planner ]) and
+# their trigger moves, and those start only from a feasible candidate. Where no unit set the
+# planner tries fits, schedules may still exist that hinge on a timing its rules never write:
+# issue 33's chains with zero-length ops, where a copy must be queued behind another so that it
+# starts just after an instant. On chains CP-SAT solves whole (at most ``WHOLE_MAX_STAGES``
+# stages), ``best`` then asks it, on the same deterministic work budget as the exact improver,
+# first fit or not: a schedule it finds (replayed by the simulator) is the answer, and when it
+# proves that none fits, the answer is ``infeasible``, proven. So on those chains ``best`` finds a
+# schedule wherever CP-SAT does within that work, and ``--min-memory``'s bisection with it.
+
+
+def _find(chain: Chain, platform: Platform, result: Result, work: float, kept: frozenset[int], deadline: float,
+          info: dict, t0: float) -> Result:
+    """``result`` (infeasible) replaced by CP-SAT's schedule when it finds one (NOTE [ best when
+    the search finds nothing ]), or marked proven when CP-SAT proves that nothing fits."""
+    from . import lns
+
+    found = lns.find(chain, platform, work=work, keep=kept, deadline=deadline)
+    if found is None:
+        return result
+    info = {**result.info, "lns": found.info}
+    if found.schedule is None:
+        return result.replace(info=info, message=f"{result.message}; CP-SAT proved that no schedule fits",
+                              runtime=time.perf_counter() - t0)
+    info.pop("least_peak", None)
+    info.update(units=list(found.schedule.offloaded_units),
+                alone=[t.unit for t in found.schedule.transfers if t.kind == "offload" and t.moves == "act"],
+                found_by="cpsat")
+    bound = max(found.lower_bound, info.get("lp_bound", -math.inf))
+    return Result("best", Status.OPTIMAL if found.optimal else Status.FEASIBLE, found.schedule,
+                  makespan=found.makespan, lower_bound=bound if math.isfinite(bound) else math.nan,
+                  runtime=time.perf_counter() - t0, info=info)
+
+
 def default_time_limit(length: int) -> float:
     """5 s plus 0.5 ms per stage: a wall-clock cap for callers that run ``best`` under a clock
     of their own (``cpsat``'s warm start); ``best`` itself has no default time limit."""
@@ -487,7 +523,9 @@ def best(
         ``restart`` (the restart point whose walk won, or ``None``: ``NOTE [ local improvement ]``),
         ``evals``, ``evals_per_s`` (of the search), ``stopped`` (``converged``, ``evals``,
         ``time`` or ``first fit``), ``units``, ``alone`` (those of them that move a_i alone), each start's makespan, ``starts_skipped`` (those the time
-        limit left out), and ``lns`` (what the exact improver did: ``Improvement.info``).
+        limit left out), ``lns`` (what the exact improver did: ``Improvement.info``), and
+        ``found_by`` (``"cpsat"`` when the search found nothing and CP-SAT found the schedule:
+        NOTE [ best when the search finds nothing ]).
         Status ``optimal`` when CP-SAT proved the schedule optimal.
     """
     timed = time_limit is not None
@@ -588,7 +626,10 @@ def best(
                 else f"best: no schedule found fits in {platform.memory} B (least peak seen {current.peak} B)"
             ),
         )
-    if cpsat_work > 0 and result.feasible and not first_fit and chain.length <= lns.WINDOW_MAX_STAGES:
+    if cpsat_work > 0 and result.status == Status.INFEASIBLE and chain.length <= lns.WHOLE_MAX_STAGES and platform.can_transfer:
+        # NOTE [ best when the search finds nothing ]
+        result = _find(chain, platform, result, float(cpsat_work), kept, deadline, info, t0)
+    elif cpsat_work > 0 and result.feasible and not first_fit and chain.length <= lns.WINDOW_MAX_STAGES:
         result = _exact(chain, platform, result, float(cpsat_work), kept, deadline, info)
     if remat:
         from .joint import joint

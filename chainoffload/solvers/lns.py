@@ -68,6 +68,7 @@ __all__ = [
     "WINDOW_WORK",
     "Improvement",
     "default_work",
+    "find",
     "improve",
 ]
 
@@ -126,7 +127,8 @@ class Improvement:
     Attributes
     ----------
     schedule, makespan
-        The best schedule (the incumbent when nothing better was found) and its simulated makespan.
+        The best schedule (the incumbent when nothing better was found) and its simulated makespan;
+        ``None`` and ``inf`` only from :func:`find`, when CP-SAT proved that nothing fits.
     lower_bound
         A lower bound CP-SAT proved for every schedule of the model's space (seconds, less the
         rounding slack of NOTE [ cpsat: time scale ]); ``-inf`` when no whole solve ran.
@@ -139,7 +141,7 @@ class Improvement:
         a guard or the deadline stopped a call).
     """
 
-    schedule: Schedule
+    schedule: Schedule | None
     makespan: float
     lower_bound: float
     optimal: bool
@@ -350,3 +352,64 @@ def improve(
     if runner.stopped is not None:
         info["guard"] = runner.stopped
     return Improvement(best_sched, best_span, lb, optimal, info)
+
+
+def find(
+    chain: Chain,
+    platform: Platform,
+    *,
+    work: float = CPSAT_WORK,
+    keep: frozenset[int] = frozenset(),
+    deadline: float = math.inf,
+) -> Improvement | None:
+    """A schedule for a chain on which ``best``'s search found none: CP-SAT on the whole model.
+
+    The planner's fixed rules can miss every schedule that fits (issue 33: with zero-length ops,
+    the only schedules may hinge on a copy queued so that it starts just after one instant);
+    on chains of at most ``WHOLE_MAX_STAGES`` stages CP-SAT searches the model's whole space
+    with ``work`` deterministic seconds, one worker and a fixed seed, so the answer is the same
+    on any machine. Below the offload memory floor nothing is searched (nothing fits, proven).
+
+    Returns
+    -------
+    Improvement or None
+        The schedule CP-SAT found, replayed by the simulator (``optimal`` when CP-SAT proved
+        it, ``lower_bound`` its proven bound); with ``info["whole"]`` ``"INFEASIBLE"`` and no
+        schedule when CP-SAT proved that none fits (``schedule`` ``None``); ``None`` when it
+        was not run or found nothing within its work.
+    """
+    from ..bounds import offload_memory_floor
+    from .cpsat.grid import TimeGrid
+    from .cpsat.model import CPModel, model_estimate
+
+    if not (isinstance(work, (int, float)) and not isinstance(work, bool) and work > 0 and math.isfinite(work)):
+        raise ValueError(f"work: {work!r} must be a number of deterministic seconds > 0")
+    length = chain.length
+    if length > WHOLE_MAX_STAGES or offload_memory_floor(chain) > platform.memory:
+        return None
+    if math.isfinite(deadline) and time.perf_counter() + 2 * model_estimate(length)["seconds"] > deadline:
+        return None
+    try:
+        grid = TimeGrid.build(chain, platform)
+    except ValueError:  # a time grid CP-SAT cannot hold: the local search's answer stands
+        return None
+    model = CPModel(chain, platform, grid, keep)
+    runner = _Runner(work, deadline)
+    solver, status = runner.solve(model.model, runner.left, gap_units=grid.slack)
+    info: dict[str, Any] = {"mode": "find", "work": runner.spent, "whole": status}
+    if runner.stopped is not None:
+        info["guard"] = runner.stopped
+    if status == "INFEASIBLE":
+        return Improvement(None, math.inf, math.inf, False, info)
+    if status not in ("OPTIMAL", "FEASIBLE"):
+        return None
+    cand = model.schedule_from(solver)
+    tl = simulate(chain, platform, cand)
+    if not tl.feasible:  # a coincidence in integers (NOTE [ cpsat: time scale ]): not taken
+        return None
+    lb = -math.inf
+    bound_units = float(solver.best_objective_bound)
+    if math.isfinite(bound_units):
+        lb = min((bound_units - grid.slack) / grid.scale, tl.makespan)
+    optimal = status == "OPTIMAL" and tl.makespan <= (float(solver.objective_value) + 3 * grid.slack) / grid.scale
+    return Improvement(cand, tl.makespan, lb, optimal, info)

@@ -1,0 +1,118 @@
+"""Issue 33: chains whose forward or backward ops take 0 s.
+
+The pure-offloading methods said "no schedule" on the issue's chain, where CP-SAT finds a
+6.625 s schedule: the planner counted a prefetch that starts at a zero-length op's instant
+after that op's allocation (docs/model.md orders it before), counted the loss gradient twice at
+B_L, and kept counting copies whose offload a wait in the backward had already seen end
+(NOTE [ prefetch at a zero-length instant ] and NOTE [ a wait frees the copies before it ] in
+the planner's kernel). Every schedule here is replayed by the simulator.
+"""
+
+import json
+
+import numpy as np
+import pytest
+
+from chainoffload import Chain, Platform, Status, simulate, solve
+from chainoffload.cli import main
+from chainoffload.planner import plan_arrays, plan_transfers
+from chainoffload.testing import assert_feasible
+
+CHAIN = Chain(name="issue33", fwd=[0, 0, 0, 1], bwd=[1, 0, 2, 0], act=[0, 8, 21, 29, 12], saved=[8, 55, 43, 34])
+PLATFORM = Platform(memory=167, bandwidth_d2h=20.0, bandwidth_h2d=40.0, latency=0.5)
+PURE = ("offload-all", "first-k", "largest-first", "lp", "dp", "best")
+
+
+def replayed(result, chain, platform):
+    """The result's schedule fits, and the simulator gives the makespan and peak it reports."""
+    assert result.feasible, result.message
+    assert_feasible(result, chain, platform)
+    tl = simulate(chain, platform, result.schedule)
+    assert tl.feasible and tl.makespan == result.makespan and tl.peak_memory == result.peak_memory
+    return tl
+
+
+@pytest.mark.parametrize("method", PURE)
+def test_every_pure_offloading_method_finds_a_schedule(method):
+    replayed(solve(CHAIN, PLATFORM, method), CHAIN, PLATFORM)
+
+
+def test_keep_all_still_does_not_fit():
+    result = solve(CHAIN, PLATFORM, "keep-all")
+    assert result.status == Status.INFEASIBLE and result.min_memory == 181
+
+
+def test_best_reaches_the_cpsat_optimum():
+    # CP-SAT proves 6.625 s optimal here; best's search alone ends at 7.175 s (P_1 sent behind
+    # B_4 as P_2's lead) and its exact improver (the default work) closes the gap.
+    alone = solve(CHAIN, PLATFORM, "best", cpsat_work=0)
+    replayed(alone, CHAIN, PLATFORM)
+    result = solve(CHAIN, PLATFORM, "best", cpsat_work=2.0)
+    replayed(result, CHAIN, PLATFORM)
+    assert result.makespan == 6.625 and result.makespan <= alone.makespan
+
+
+def test_prefetch_starting_at_a_zero_length_instant_is_queued_behind_a_lead():
+    # O_2 ends as the zero-length B_4 starts (B_4 waits for it); P_2, which B_3 needs, cannot
+    # start earlier, so starting at once it would allocate with B_4 (173 B). Queued behind
+    # P_1 it starts 0.7 s later and the plan fits.
+    schedule = plan_transfers(CHAIN, PLATFORM, [1, 2])
+    tl = simulate(CHAIN, PLATFORM, schedule)
+    assert tl.feasible and tl.peak_memory <= 167
+    prefetches = [t for t in schedule.transfers if t.kind == "prefetch"]
+    # both at the end of B_4, P_1 first in the list: the H2D queue serves it first
+    assert [(t.unit, t.op, t.at) for t in prefetches] == [(1, 4, "end"), (2, 4, "end")]
+
+
+def test_a_wait_in_the_backward_frees_the_copies_counted_before_it():
+    # B_4 waits for O_3, which ends after O_2: unit 2's copy is gone by then, and P_2 fits.
+    tl = simulate(CHAIN, PLATFORM, plan_transfers(CHAIN, PLATFORM, [1, 2, 3]))
+    assert tl.feasible and tl.peak_memory <= 167
+
+
+def test_the_loss_gradient_counts_once_at_b_l():
+    # At 110 B, P_1 fits beside B_3 (units 2 and 3: 50 B, g_3 = 30 B, g_2 = 10 B, unit 1: 20 B):
+    # the safe sweep sends it at the end of F_3 (op 2). Counting g_3 twice (140 B) held it back
+    # to the end of B_3 (op 3). (The eager timing hid this from the plan kept: P_1 at B_3's start.)
+    chain = Chain(fwd=[1, 1, 1], bwd=[1, 1, 1], act=[0, 10, 10, 30], saved=[20, 20, 30])
+    platform = Platform(memory=110, bandwidth_d2h=20.0, bandwidth_h2d=20.0)
+    kind, unit, op, at, before = plan_arrays(chain, platform, np.array([1], dtype=np.int64))[0]
+    assert op[kind == 1].tolist() == [2]
+    tl = simulate(chain, platform, plan_transfers(chain, platform, [1]))
+    assert tl.feasible and tl.makespan == 6.0
+
+
+def test_min_memory_is_the_least_memory_any_schedule_needs(capsys, tmp_path):
+    # The brute force over every fixed-order schedule of this chain (3,728,037 of them, ~8 min)
+    # finds none with a peak below 156 B: the bisection's 156 B is exact. (The issue's 160 B is
+    # the peak of CP-SAT's fastest schedule at 167 B, not the least memory.)
+    path = tmp_path / "issue33.json"
+    CHAIN.save(str(path))
+    code = main(["solve", str(path), "--memory", "167", "--bandwidth-d2h", "20", "--bandwidth-h2d", "40",
+                 "--latency", "0.5", "--min-memory", "--json"])
+    res = json.loads(capsys.readouterr().out)
+    assert code == 0 and res["status"] in ("optimal", "feasible")
+    assert res["min_memory"] == 156
+    at = Platform(memory=156, bandwidth_d2h=20.0, bandwidth_h2d=40.0, latency=0.5)
+    replayed(solve(CHAIN, at, "best"), CHAIN, at)
+    below = Platform(memory=155, bandwidth_d2h=20.0, bandwidth_h2d=40.0, latency=0.5)
+    assert solve(CHAIN, below, "cpsat", time_limit=60.0, workers=1).status == Status.INFEASIBLE
+
+
+def test_best_asks_cpsat_where_its_search_finds_nothing():
+    # A half-duplex chain of the zero-length benchmark (benchmarks/zero_length.py, instance 242 of
+    # seed 33) where no unit set the planner writes fits, but CP-SAT finds a 7.95 s schedule.
+    chain = Chain(fwd=[0.0, 0.75, 0.875, 1.625], bwd=[0.0, 2.0, 0.5, 0.0], act=[3, 10, 31, 15, 9], saved=[18, 71, 41, 35])
+    platform = Platform(memory=162, bandwidth_d2h=40.0, bandwidth_h2d=40.0, latency=0.25, duplex=False)
+    assert solve(chain, platform, "best", cpsat_work=0).status == Status.INFEASIBLE
+    result = solve(chain, platform, "best", cpsat_work=2.0)
+    replayed(result, chain, platform)
+    assert result.info["found_by"] == "cpsat" and result.info["lns"]["mode"] == "find"
+
+
+def test_best_says_when_cpsat_proves_that_nothing_fits():
+    # 155 B: above the offload memory floor (148 B), below the least peak of any schedule (156 B).
+    below = Platform(memory=155, bandwidth_d2h=20.0, bandwidth_h2d=40.0, latency=0.5)
+    result = solve(CHAIN, below, "best", cpsat_work=2.0)
+    assert result.status == Status.INFEASIBLE and "CP-SAT proved that no schedule fits" in result.message
+    assert result.info["lns"]["whole"] == "INFEASIBLE"
