@@ -22,7 +22,8 @@ step computes the same gradients) of ``--steps`` steps after ``--warmup``, the s
 time, every one on the same profile (the probe's: two profiles of one model on a loaded CPU
 differ by up to 45 %, so makespans from two profiles are not compared): the keep-all compute
 time for plain training, the checkpointing schedule's makespan for (b), the plan's schedule
-simulated on the probe's chain for (c) and (d); what the plan does per block (from
+simulated on the probe's chain for (c) and (d), its copies counted inline with compute as
+``offload()`` predicts on CPU (``Plan.overlap``, ``Timeline.serial_makespan``); what the plan does per block (from
 ``handle.decisions()``), and whether the gradients are ``torch.equal`` to plain training's
 (the same seed before every forward).
 
@@ -52,6 +53,7 @@ import chainoffload_torch as ct  # noqa: E402
 from chainoffload.solvers.remat_baselines import checkpoint_all_schedule  # noqa: E402
 from chainoffload.tradeoff import policy_peak  # noqa: E402
 from chainoffload.units import format_bytes  # noqa: E402
+from chainoffload_torch.plans import step_time  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 MODELS = ("llama", "bert", "t5")
@@ -163,9 +165,10 @@ def run(name: str, steps: int, warmup: int) -> list[dict]:
             )
     simulated = {VARIANTS[0]: chain.compute_time, VARIANTS[1]: ck.makespan}
     for v, h in handles.items():
-        # The plan's schedule on the probe's profile (the same stages: the layout is the model's).
+        # The plan's schedule on the probe's profile (the same stages: the layout is the model's),
+        # its step as the adapter predicts it: on CPU its copies inline with compute (Plan.overlap).
         same = h.plan.chain.length == chain.length
-        simulated[v] = co.simulate(chain, unlimited, h.plan.schedule).makespan if same else h.plan.result.makespan
+        simulated[v] = step_time(co.simulate(chain, unlimited, h.plan.schedule), h.plan.overlap) if same else h.plan.makespan
     memory = {VARIANTS[0]: keep_all, VARIANTS[1]: memory_ck, VARIANTS[2]: memory_ck, VARIANTS[3]: memory_half}
     ck_does = f"every block but the last recomputed once ({chain.length} stages{', the prefix stage kept' if whole else ''})"
     if core_peak != ck_chain_peak:

@@ -3,7 +3,9 @@
 :func:`measure_link` times pinned-host copies on a side stream on CUDA (a host memcpy on CPU),
 each direction alone at two sizes, then both at once; :func:`link_of` measures once per device
 in a process, since the link is the machine's, not the model's. What they return is the
-:class:`chainoffload.Platform`'s link, less its memory.
+:class:`chainoffload.Platform`'s link, less its memory. :func:`copies_overlap` says whether the
+executor's copies on a device run beside compute, as the simulator's channels do (NOTE [ copies
+on CPU ]).
 """
 
 from __future__ import annotations
@@ -14,9 +16,10 @@ from typing import Any
 
 import torch
 
+from ._engine_choice import engine_for
 from ._stages import canonical_device
 
-__all__ = ["measure_link", "link_of"]
+__all__ = ["measure_link", "link_of", "copies_overlap"]
 
 
 def measure_link(device: torch.device | str, *, nbytes: int | None = None, small: int = 4096, repeats: int = 5) -> dict[str, Any]:
@@ -123,3 +126,31 @@ def link_of(device: torch.device | str, *, nbytes: int | None = None, repeats: i
     if key not in _LINKS:
         _LINKS[key] = measure_link(dev, nbytes=nbytes, repeats=repeats)
     return dict(_LINKS[key])
+
+
+# NOTE [ copies on CPU ]
+# On a GPU the executor's copies run on side streams, beside the kernels, as the simulator's
+# channels run beside compute. On CPU the "device" is host memory and the copy engine is the
+# immediate one (_engines.py): a copy is a memcpy on the compute thread at its trigger, so it
+# hides behind nothing. The link measure_link times there is that memcpy, and taken as a
+# platform of the core model it would claim copies that overlap compute, and offload() would
+# predict (and choose by) step times its plans cannot reach. So the adapter asks the copy engine
+# (copies_overlap) and, where copies do not overlap, predicts a plan's step as compute and
+# copies one after another, Timeline.serial_makespan (NOTE [ copies that do not overlap compute ]
+# in chainoffload/simulate.py): offload() chooses among its methods by that time (so on CPU it
+# prefers recomputation wherever a copy costs more than the forward it spares), Plan.makespan is
+# that time, and handle.table() says that copies do not overlap compute. The solvers still plan
+# as if they did (their models have no such mode); only the choice between their plans and the
+# figures shown are serial. On CUDA nothing changes: copies_overlap is True there.
+
+
+def copies_overlap(device: torch.device | str) -> bool:
+    """Whether the executor's copies on ``device`` run beside compute (CUDA's side streams) or
+    inline on the compute thread (CPU's immediate copy engine): NOTE [ copies on CPU ].
+
+    Parameters
+    ----------
+    device
+        ``cuda:N`` or ``cpu``.
+    """
+    return bool(engine_for(torch.device(device)).overlaps)

@@ -32,7 +32,7 @@ from chainoffload.units import format_bytes, parse_bytes
 from ._copy import Copier
 from ._discovery import Blocks, find_blocks_warm, resolve_blocks
 from ._instrument import COMPILE_REFUSAL, CONCURRENT_REFUSAL, Instrument, check_not_instrumented
-from ._link import link_of
+from ._link import copies_overlap, link_of
 from ._pool import HostPool
 from ._recompute import RematPlan
 from ._recorder import profiling_steps
@@ -118,7 +118,11 @@ class Offloader:
         clash = sorted(kept & set(schedule.offloaded_units))
         if clash:
             raise ValueError(f"schedule: offloads unit(s) {clash}, which keep says must stay resident")
-        plan = Plan(None, chain, platform, schedule, keep=kept)
+        param = next(model.parameters(), None)
+        where = device if device is not None else (param.device if param is not None else None)
+        # Copies overlap compute or not by the device's copy engine, whatever link the platform
+        # states (NOTE [ copies on CPU ] in _link.py).
+        plan = Plan(None, chain, platform, schedule, keep=kept, overlap=where is None or copies_overlap(where))
         self._setup(model, blks, device, None, "error", 1, None)
         try:
             self._use(plan)
@@ -595,9 +599,15 @@ class Offloader:
             if self.measured_peak is not None:
                 peak += f", {format_bytes(self.measured_peak)} measured"
             tail.append(peak)
-            tail.append(
-                f"simulated makespan: {self._run.timeline.makespan:.6g} s (compute alone {chain.compute_time:.6g} s)"
-            )
+            tl = self._run.timeline
+            if plan.overlap:
+                tail.append(f"simulated makespan: {tl.makespan:.6g} s (compute alone {chain.compute_time:.6g} s)")
+            else:
+                tail.append(
+                    f"simulated step: {tl.serial_makespan:.6g} s with every copy inline (on this device a copy does not "
+                    f"overlap compute: it runs on the compute thread); compute alone {chain.compute_time:.6g} s, "
+                    f"{tl.makespan:.6g} s if copies overlapped"
+                )
         if plan.host_bytes is not None:
             tail.append(f"host buffers: {format_bytes(plan.host_bytes)} for this plan, {format_bytes(self.pool.total_bytes)} held")
         return "\n".join(lines + [""] + tail)
@@ -978,7 +988,8 @@ def budget_curve(
 
     repeats, warmup = profiling_steps(repeats, warmup, 3)
     # No fwd_nosave, as offload() (NOTE [ how many profiling steps ]): the executor's Fck / Fn
-    # run with autograd and cost what F costs, the chain's default.
+    # cost what F costs in the forward, the chain's default (NOTE [ what an Fck or Fn costs ] in
+    # _recompute.py).
     prof = profile_full(
         model, sample, blocks=blocks, device=device, repeats=repeats, warmup=warmup, measure_platform=platform is None,
         nosave=False,
