@@ -140,7 +140,8 @@ def link_of(device: torch.device | str, *, nbytes: int | None = None, repeats: i
 # copies one after another, Timeline.serial_makespan (NOTE [ copies that do not overlap compute ]
 # in chainoffload/simulate.py): offload() chooses among its methods by that time (so on CPU it
 # prefers recomputation wherever a copy costs more than the forward it spares), Plan.makespan is
-# that time, and handle.table() says that copies do not overlap compute. The solvers still plan
+# that time, budget_curve's overheads are, and handle.table() says that copies do not overlap
+# compute. The solvers still plan
 # as if they did (their models have no such mode); only the choice between their plans and the
 # figures shown are serial. On CUDA nothing changes: copies_overlap is True there.
 # The CPU link is timed on 64 MiB copies, as CUDA's: the executor copies a step's units from

@@ -969,8 +969,9 @@ def budget_curve(
     -------
     chainoffload.tradeoff.Tradeoff
         ``keep_all_peak``, ``offload_floor`` and ``stage_floor`` (proven), ``memories``, per
-        method ``overheads(name)`` (``makespan / compute - 1``, ``nan`` where nothing fits) and
-        ``min_memory(name)``, the pure-offloading ``lower_bound`` per memory, ``policy_peaks``
+        method ``overheads(name)`` (``makespan / compute - 1``, ``nan`` where nothing fits; on
+        CPU the makespan counts every copy inline with compute, as :func:`offload` predicts
+        there) and ``min_memory(name)``, the pure-offloading ``lower_bound`` per memory, ``policy_peaks``
         (the memory each fixed recomputing policy holds); ``.plot(path)``
         draws it, ``.to_dict()`` is the JSON table. Pass one of its memories to :func:`offload`.
 
@@ -1029,7 +1030,22 @@ def budget_curve(
                 clocked=curve.clocked + part.clocked, policy_peaks=curve.policy_peaks | part.policy_peaks,
             )
     curve = dataclasses.replace(curve, curves={n: curve.curves[n] for n in names})  # the order given
+    if not copies_overlap(prof.device):
+        curve = _inline(curve)  # NOTE [ copies on CPU ] in _link.py: as offload() predicts there
     return _shifted(curve, resident)
+
+
+def _inline(curve: Any) -> Any:
+    """``curve`` with every point's makespan and overhead counting its copies one after another
+    with compute (``Timeline.serial_makespan``), as :func:`offload` predicts where copies do not
+    overlap compute; the lower bounds stay (a serial step is never below the makespan)."""
+    def point(p: Any) -> Any:
+        if p.result is None or p.result.timeline is None or not p.feasible:
+            return p
+        t = p.result.timeline.serial_makespan
+        return dataclasses.replace(p, makespan=t, overhead=t / curve.compute_time - 1.0 if curve.compute_time > 0 else 0.0)
+
+    return dataclasses.replace(curve, curves={k: tuple(point(p) for p in v) for k, v in curve.curves.items()})
 
 
 def _shifted(curve: Any, r: int) -> Any:
