@@ -15,14 +15,18 @@ one process, the steps interleaved (round robin, so that the machine's load fall
     first block (the embeddings, when the chain makes it a stage) kept, the last stage (the
     last block with the head and the loss) run once (NOTE [ the last stage is not recomputed ]
     in chainoffload/solvers/remat_baselines.py) -- plus the bytes resident outside the chain;
-(d) ``ct.offload(model, batch, memory=(M_ck + keep-all peak) / 2)``.
+(d) ``ct.offload(model, batch, memory=(M_ck + keep-all peak) / 2)``;
+(e) ``ct.offload(model, batch)`` (the keep-all peak: nothing moved or recomputed, so the
+    executor stays passive): the same work as plain training, a control whose gap to (a) is the
+    run's noise.
 
 For each: the median step time (forward, the model's loss, backward; no optimizer step, so every
 step computes the same gradients) of ``--steps`` steps after ``--warmup``, the simulated step
 time, every one on the same profile (the probe's: two profiles of one model on a loaded CPU
 differ by up to 45 %, so makespans from two profiles are not compared): the keep-all compute
 time for plain training, the checkpointing schedule's makespan for (b), the plan's schedule
-simulated on the probe's chain for (c) and (d); what the plan does per block (from
+simulated on the probe's chain for (c) and (d), its copies counted inline with compute as
+``offload()`` predicts on CPU (``Plan.overlap``, ``Timeline.serial_makespan``); what the plan does per block (from
 ``handle.decisions()``), and whether the gradients are ``torch.equal`` to plain training's
 (the same seed before every forward).
 
@@ -52,10 +56,14 @@ import chainoffload_torch as ct  # noqa: E402
 from chainoffload.solvers.remat_baselines import checkpoint_all_schedule  # noqa: E402
 from chainoffload.tradeoff import policy_peak  # noqa: E402
 from chainoffload.units import format_bytes  # noqa: E402
+from chainoffload_torch.plans import step_time  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 MODELS = ("llama", "bert", "t5")
-VARIANTS = ("plain", "HF checkpointing", "offload() at checkpointing's memory", "offload() halfway to keep-all")
+VARIANTS = (
+    "plain", "HF checkpointing", "offload() at checkpointing's memory", "offload() halfway to keep-all",
+    "offload() at the keep-all peak",
+)
 
 
 def build(name: str) -> tuple[nn.Module, dict]:
@@ -140,7 +148,7 @@ def run(name: str, steps: int, warmup: int) -> list[dict]:
     handles, refused = {}, {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        for v, memory in ((VARIANTS[2], memory_ck), (VARIANTS[3], memory_half)):
+        for v, memory in ((VARIANTS[2], memory_ck), (VARIANTS[3], memory_half), (VARIANTS[4], None)):
             try:
                 handles[v] = ct.offload(models[v], batch, memory=memory)
             except ValueError as err:  # the row says so, with offload()'s reason
@@ -163,10 +171,11 @@ def run(name: str, steps: int, warmup: int) -> list[dict]:
             )
     simulated = {VARIANTS[0]: chain.compute_time, VARIANTS[1]: ck.makespan}
     for v, h in handles.items():
-        # The plan's schedule on the probe's profile (the same stages: the layout is the model's).
+        # The plan's schedule on the probe's profile (the same stages: the layout is the model's),
+        # its step as the adapter predicts it: on CPU its copies inline with compute (Plan.overlap).
         same = h.plan.chain.length == chain.length
-        simulated[v] = co.simulate(chain, unlimited, h.plan.schedule).makespan if same else h.plan.result.makespan
-    memory = {VARIANTS[0]: keep_all, VARIANTS[1]: memory_ck, VARIANTS[2]: memory_ck, VARIANTS[3]: memory_half}
+        simulated[v] = step_time(co.simulate(chain, unlimited, h.plan.schedule), h.plan.overlap) if same else h.plan.makespan
+    memory = {VARIANTS[0]: keep_all, VARIANTS[1]: memory_ck, VARIANTS[2]: memory_ck, VARIANTS[3]: memory_half, VARIANTS[4]: keep_all}
     ck_does = f"every block but the last recomputed once ({chain.length} stages{', the prefix stage kept' if whole else ''})"
     if core_peak != ck_chain_peak:
         ck_does += f"; the core's checkpoint-all, which also recomputes the prefix stage, holds {format_bytes(core_peak + resident)}"
@@ -220,11 +229,18 @@ def verdicts(rows: list[dict]) -> list[str]:
             out.append(f"- {name}: offload() refused " + " and ".join(
                 x["variant"].removeprefix("offload() ") for x in (c, d) if x["measured"] is None) + " (the table says why).")
             continue
-        out.append(
+        text = (
             f"- {name}: at checkpointing's memory offload() takes {c['measured'] / ck['measured']:.3f}x checkpointing's "
             f"measured step ({c['simulated'] / ck['simulated']:.3f}x simulated); halfway to keep-all "
             f"{d['measured'] / ck['measured']:.3f}x measured ({d['simulated'] / ck['simulated']:.3f}x simulated)."
         )
+        e, plain = by.get(VARIANTS[4]), by[VARIANTS[0]]
+        if e is not None and e["measured"] is not None:
+            text += (
+                f" Control: offload() at the keep-all peak, plain training's work, measured {e['measured'] / plain['measured']:.3f}x "
+                "plain training's step (the noise of this run; simulated 1.000x)."
+            )
+        out.append(text)
     return out
 
 
@@ -248,7 +264,7 @@ def main(argv: list[str]) -> int:
     end = open("/proc/loadavg").read().split()[:3] if os.path.exists("/proc/loadavg") else ["?"]
     text = "\n".join([
         table(rows), "", "Verdicts:", "", *verdicts(rows), "",
-        f"Median of {opts.steps} steps after {opts.warmup} warm-up steps per run, the four runs of a model interleaved "
+        f"Median of {opts.steps} steps after {opts.warmup} warm-up steps per run, the runs of a model interleaved "
         f"step by step; CPU, torch.set_num_threads(1), torch {torch.__version__}; load average (/proc/loadavg) "
         f"{' '.join(load)} at the start, {' '.join(end)} at the end.",
     ])

@@ -120,6 +120,19 @@ class Timeline:
         return self.violation is None
 
     @property
+    def serial_makespan(self) -> float:
+        """The step time where copies do not overlap compute: every compute op's duration plus
+        every transfer's, one after another (NOTE [ copies that do not overlap compute ]).
+
+        Each term is this timeline's own (``op_end - op_start``, ``transfer_end -
+        transfer_start``), so it is what the simulator timed, summed in schedule order. It is
+        never below :attr:`makespan`: compute only ever waits while a transfer runs.
+        """
+        compute = float(np.sum(self.op_end - self.op_start))
+        moved = float(np.sum(self.transfer_end - self.transfer_start)) if self.transfer_end.shape[0] else 0.0
+        return compute + moved
+
+    @property
     def overhead(self) -> float:
         """makespan / (sum(fwd) + sum(bwd)) - 1: the time lost to transfers not hidden."""
         base = self.chain.compute_time
@@ -147,6 +160,20 @@ class Timeline:
         from .plot import plot_timeline
 
         return plot_timeline(self, path, **kwargs)
+
+
+# NOTE [ copies that do not overlap compute ]
+# The model of docs/model.md runs transfers on channels of their own, beside compute: what a GPU's
+# copy engines do. A host whose "device" memory is host memory (PyTorch on CPU) has no such
+# engine: the PyTorch adapter's copies there run inline on the compute thread, at their trigger,
+# so a step takes the compute ops' time plus every copy's. Timeline.serial_makespan is that time,
+# summed from the same simulation (the same op and transfer durations), not from a second
+# simulator: the solvers keep planning for overlapped copies, and a caller that knows its copies
+# do not overlap (the adapter, from its copy engine) compares and reports this figure instead of
+# the makespan. The memory curve is the simulator's as it is: inline, a copy starts at its
+# trigger, which is where the simulator starts it whenever its channel is free, and a channel
+# here is busy for a copy's duration only (the CPU link's memcpy), so the two curves differ only
+# where copies queue, which a CPU memcpy link seldom makes them do.
 
 
 def _describe(schedule: Schedule, code: int) -> str:

@@ -76,6 +76,9 @@ class CopyEngine:
     """
 
     name = "engine"
+    #: Whether a copy runs beside compute (on a stream or thread of its own), as the simulator's
+    #: channels do, or inline on the compute thread (NOTE [ copies on CPU ] in _link.py).
+    overlaps = True
 
     def stream(self, device: torch.device, direction: str) -> Any:
         """A new copy stream for ``direction``: ``"d2h"``, ``"h2d"`` or ``"both"`` (half duplex)."""
@@ -130,6 +133,7 @@ class ImmediateEngine(CopyEngine):
     """CPU: a copy happens when it is queued, every event is already complete."""
 
     name = "immediate"
+    overlaps = False  # the copy is a memcpy on the compute thread, at its trigger
 
     def stream(self, device: torch.device, direction: str) -> Any:
         return None

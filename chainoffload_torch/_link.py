@@ -3,7 +3,9 @@
 :func:`measure_link` times pinned-host copies on a side stream on CUDA (a host memcpy on CPU),
 each direction alone at two sizes, then both at once; :func:`link_of` measures once per device
 in a process, since the link is the machine's, not the model's. What they return is the
-:class:`chainoffload.Platform`'s link, less its memory.
+:class:`chainoffload.Platform`'s link, less its memory. :func:`copies_overlap` says whether the
+executor's copies on a device run beside compute, as the simulator's channels do (NOTE [ copies
+on CPU ]).
 """
 
 from __future__ import annotations
@@ -14,9 +16,10 @@ from typing import Any
 
 import torch
 
+from ._engine_choice import engine_for
 from ._stages import canonical_device
 
-__all__ = ["measure_link", "link_of"]
+__all__ = ["measure_link", "link_of", "copies_overlap"]
 
 
 def measure_link(device: torch.device | str, *, nbytes: int | None = None, small: int = 4096, repeats: int = 5) -> dict[str, Any]:
@@ -28,7 +31,8 @@ def measure_link(device: torch.device | str, *, nbytes: int | None = None, small
         ``cuda:N`` or ``cpu``.
     nbytes, small
         Sizes of the large and small copies; latency + size / bandwidth is fitted through the
-        medians at these two sizes. ``nbytes`` defaults to 64 MiB on CUDA, 8 MiB on CPU.
+        medians at these two sizes. ``nbytes`` defaults to 64 MiB: on CPU too, where a copy
+        that fits the cache is timed at cache speed (NOTE [ copies on CPU ]).
     repeats
         Copies per size and direction (after one warm-up copy).
 
@@ -40,7 +44,7 @@ def measure_link(device: torch.device | str, *, nbytes: int | None = None, small
     """
     device = torch.device(device)
     if nbytes is None:
-        nbytes = 64 * 2**20 if device.type == "cuda" else 8 * 2**20
+        nbytes = 64 * 2**20
     for name, v in (("nbytes", nbytes), ("small", small), ("repeats", repeats)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"{name}: {v!r} must be a positive integer")
@@ -123,3 +127,37 @@ def link_of(device: torch.device | str, *, nbytes: int | None = None, repeats: i
     if key not in _LINKS:
         _LINKS[key] = measure_link(dev, nbytes=nbytes, repeats=repeats)
     return dict(_LINKS[key])
+
+
+# NOTE [ copies on CPU ]
+# On a GPU the executor's copies run on side streams, beside the kernels, as the simulator's
+# channels run beside compute. On CPU the "device" is host memory and the copy engine is the
+# immediate one (_engines.py): a copy is a memcpy on the compute thread at its trigger, so it
+# hides behind nothing. The link measure_link times there is that memcpy, and taken as a
+# platform of the core model it would claim copies that overlap compute, and offload() would
+# predict (and choose by) step times its plans cannot reach. So the adapter asks the copy engine
+# (copies_overlap) and, where copies do not overlap, predicts a plan's step as compute and
+# copies one after another, Timeline.serial_makespan (NOTE [ copies that do not overlap compute ]
+# in chainoffload/simulate.py): offload() chooses among its methods by that time (so on CPU it
+# prefers recomputation wherever a copy costs more than the forward it spares), Plan.makespan is
+# that time, budget_curve's overheads are, and handle.table() says that copies do not overlap
+# compute. The solvers still plan
+# as if they did (their models have no such mode); only the choice between their plans and the
+# figures shown are serial. On CUDA nothing changes: copies_overlap is True there.
+# The CPU link is timed on 64 MiB copies, as CUDA's: the executor copies a step's units from
+# memory the forward wrote long before, not from cache, and an 8 MiB copy repeated between the
+# same buffers stays in the cache (on the project's 2-core machine, one thread: 13.8 GB/s device
+# to host and 25.6 GB/s back at 8 MiB, 3.35 and 4.22 GB/s at 64 MiB; by cProfile, the executor's
+# copies in a step of benchmarks/checkpointing.py's Llama, 43.6 MB both ways, took 6.5 ms).
+
+
+def copies_overlap(device: torch.device | str) -> bool:
+    """Whether the executor's copies on ``device`` run beside compute (CUDA's side streams) or
+    inline on the compute thread (CPU's immediate copy engine): NOTE [ copies on CPU ].
+
+    Parameters
+    ----------
+    device
+        ``cuda:N`` or ``cpu``.
+    """
+    return bool(engine_for(torch.device(device)).overlaps)

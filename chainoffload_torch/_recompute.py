@@ -23,7 +23,9 @@ from torch import nn
 
 import chainoffload as co
 
-__all__ = ["FORWARD_KINDS", "Act", "CallRecord", "RematPlan", "Slot", "arguments_state", "stateful_argument"]
+__all__ = [
+    "FORWARD_KINDS", "Act", "CallRecord", "RematPlan", "Slot", "arguments_state", "stateful_argument", "recomputes_without_grad",
+]
 
 FORWARD_KINDS = ("F", "Fck", "Fn")
 
@@ -42,10 +44,11 @@ FORWARD_KINDS = ("F", "Fck", "Fn")
 # recomputed F saves through the executor's pack (so its unit is a whole unit again, which the
 # schedule may offload), and its k-th saved tensor fills the k-th Slot of the original call: the
 # original graph's backward nodes read them through autograd's unpack, as torch.utils.checkpoint's
-# non-reentrant mode does. A recomputed Fck / Fn also runs with autograd (a forward without grad
-# may take other kernels, and the numbers must be the original's bit for bit) and keeps nothing:
-# its saved tensors are dropped as they are packed and its output is detached. It therefore costs
-# what F costs (the graph is built), which is why offload()'s chain takes fwd_nosave = fwd.
+# non-reentrant mode does. A recomputed Fck / Fn keeps nothing: only its output's values are read
+# (by the next recomputation, as its hidden input; the gradient flows through the original
+# graph), so it needs no graph, and on CPU it runs under torch.no_grad(); on CUDA it runs with
+# autograd, its saved tensors dropped as they are packed and its output detached (NOTE [ what an
+# Fck or Fn costs ] says why, and what the chain charges for it).
 # A block that can be re-run this way is a block the forward calls as a module whose output is the
 # next block's hidden input (a linked block): not the code before the first block when it is a
 # stage, not a block whose a_i is made by the code after it, not stage L (which holds the head and
@@ -280,6 +283,33 @@ def arguments_state(obj: Any, depth: int = 0) -> Any:
     return ("o", id(obj))
 
 
+# NOTE [ what an Fck or Fn costs ]
+# No autograd, only where the numbers stay the original's bit for bit. A forward without grad may
+# take other kernels where a kernel is chosen by requires_grad, which no_grad turns off for every
+# tensor the block makes. The known cases: CUDA's scaled_dot_product_attention picks its backend
+# (flash, memory-efficient, cuDNN, math) partly on whether q, k, v require grad, and those
+# backends give different bits; ATen's matmul folds a batched operand into one mm when the other
+# operand requires grad and runs bmm otherwise. On CPU the attention choice reads no
+# requires_grad, and mm and bmm give the same bits (tests/test_torch_recompute.py checks that
+# fold, dropout, batch norm and Hugging Face blocks with torch.equal), so a recomputed Fck / Fn
+# runs under no_grad there. On a GPU the folded and batched products are different cuBLAS
+# kernels, and no GPU has checked them here: it runs with autograd.
+# What the chain charges: the core model costs every Fck_i and Fn_i fwd_nosave[i], the first run
+# in the forward as much as a recomputation. The executor's first run is the model's own forward
+# with autograd (its graph carries the gradient; NOTE [ recomputation ]): it costs fwd[i], and
+# more for the slots it packs. So offload()'s chain keeps fwd_nosave = fwd: exact for the
+# forward's Fck / Fn, an upper bound for a recomputed one on CPU (the forward without autograd
+# that profile() measures as fwd_nosave: 55 ms against 68.6 ms of fwd summed over the 8 stages of
+# benchmarks/checkpointing.py's Llama on CPU, one profile). A measured fwd_nosave would predict
+# every plan that runs stages without saving in its forward faster than it runs.
+
+
+def recomputes_without_grad(device: torch.device | str) -> bool:
+    """Whether the executor runs a recomputed ``Fck`` / ``Fn`` (after the forward) under
+    ``torch.no_grad()`` on ``device``: on CPU, not on CUDA (NOTE [ what an Fck or Fn costs ])."""
+    return torch.device(device).type == "cpu"
+
+
 def _plain_attrs(module: nn.Module) -> list[tuple[nn.Module, str, Any]]:
     out = []
     for m in module.modules():
@@ -358,8 +388,12 @@ class CallRecord:
         without moving the version counter)."""
         return [b for _, b, v, c in self.buffers if c is not None and (b._version != v or not torch.equal(b, c))]
 
-    def call(self, hidden: torch.Tensor, hooks: Any) -> Any:
-        """Run the block again on ``hidden`` under the original call's states; return its output."""
+    def call(self, hidden: torch.Tensor, hooks: Any, grad: bool = True) -> Any:
+        """Run the block again on ``hidden`` under the original call's states; return its output.
+
+        ``grad=False`` runs it under ``torch.no_grad()`` (a recomputed ``Fck`` / ``Fn`` on CPU:
+        NOTE [ what an Fck or Fn costs ]); otherwise under the original call's grad mode.
+        """
         where, key = self.hidden_at
         args, kwargs = self.args, self.kwargs
         if arguments_state((args, kwargs)) != self.arguments:
@@ -373,7 +407,7 @@ class CallRecord:
             args = tuple(hidden if j == key else a for j, a in enumerate(args))
         else:
             kwargs = {**kwargs, key: hidden}
-        with self._state(), hooks:
+        with self._state(), hooks, torch.set_grad_enabled(self.grad and grad):
             return self.module(*args, **kwargs)
 
     @contextlib.contextmanager

@@ -671,7 +671,8 @@ def _kept_steps(steps: list[dict[str, list]], reference: float | None, warmup: i
 # * Times: per stage, to a precision that matters to the solver (when a transfer hides behind
 #   compute), and not inflated by one-time costs (lazy initialisation, the first call of a
 #   kernel, the allocator growing its pools).
-# * fwd_nosave: only a rematerializing method reads it, and the executor runs pure offloading:
+# * fwd_nosave: only a rematerializing method reads it, and the executor's Fck / Fn in the
+#   forward run with autograd, at fwd (NOTE [ what an Fck or Fn costs ] in _recompute.py):
 #   offload() and budget_curve() skip that forward (nosave=False); profile() keeps it.
 # A reference forward before the first step warms up the forward: block discovery's, run with
 # autograd as a step's forward runs (NOTE [ discovery as the warm-up ]), and timed. So with

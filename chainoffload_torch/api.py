@@ -32,7 +32,7 @@ from chainoffload.units import format_bytes, parse_bytes
 from ._copy import Copier
 from ._discovery import Blocks, find_blocks_warm, resolve_blocks
 from ._instrument import COMPILE_REFUSAL, CONCURRENT_REFUSAL, Instrument, check_not_instrumented
-from ._link import link_of
+from ._link import copies_overlap, link_of
 from ._pool import HostPool
 from ._recompute import RematPlan
 from ._recorder import profiling_steps
@@ -118,7 +118,11 @@ class Offloader:
         clash = sorted(kept & set(schedule.offloaded_units))
         if clash:
             raise ValueError(f"schedule: offloads unit(s) {clash}, which keep says must stay resident")
-        plan = Plan(None, chain, platform, schedule, keep=kept)
+        param = next(model.parameters(), None)
+        where = device if device is not None else (param.device if param is not None else None)
+        # Copies overlap compute or not by the device's copy engine, whatever link the platform
+        # states (NOTE [ copies on CPU ] in _link.py).
+        plan = Plan(None, chain, platform, schedule, keep=kept, overlap=where is None or copies_overlap(where))
         self._setup(model, blks, device, None, "error", 1, None)
         try:
             self._use(plan)
@@ -595,9 +599,15 @@ class Offloader:
             if self.measured_peak is not None:
                 peak += f", {format_bytes(self.measured_peak)} measured"
             tail.append(peak)
-            tail.append(
-                f"simulated makespan: {self._run.timeline.makespan:.6g} s (compute alone {chain.compute_time:.6g} s)"
-            )
+            tl = self._run.timeline
+            if plan.overlap:
+                tail.append(f"simulated makespan: {tl.makespan:.6g} s (compute alone {chain.compute_time:.6g} s)")
+            else:
+                tail.append(
+                    f"simulated step: {tl.serial_makespan:.6g} s with every copy inline (on this device a copy does not "
+                    f"overlap compute: it runs on the compute thread); compute alone {chain.compute_time:.6g} s, "
+                    f"{tl.makespan:.6g} s if copies overlapped"
+                )
         if plan.host_bytes is not None:
             tail.append(f"host buffers: {format_bytes(plan.host_bytes)} for this plan, {format_bytes(self.pool.total_bytes)} held")
         return "\n".join(lines + [""] + tail)
@@ -959,8 +969,9 @@ def budget_curve(
     -------
     chainoffload.tradeoff.Tradeoff
         ``keep_all_peak``, ``offload_floor`` and ``stage_floor`` (proven), ``memories``, per
-        method ``overheads(name)`` (``makespan / compute - 1``, ``nan`` where nothing fits) and
-        ``min_memory(name)``, the pure-offloading ``lower_bound`` per memory, ``policy_peaks``
+        method ``overheads(name)`` (``makespan / compute - 1``, ``nan`` where nothing fits; on
+        CPU the makespan counts every copy inline with compute, as :func:`offload` predicts
+        there) and ``min_memory(name)``, the pure-offloading ``lower_bound`` per memory, ``policy_peaks``
         (the memory each fixed recomputing policy holds); ``.plot(path)``
         draws it, ``.to_dict()`` is the JSON table. Pass one of its memories to :func:`offload`.
 
@@ -978,7 +989,8 @@ def budget_curve(
 
     repeats, warmup = profiling_steps(repeats, warmup, 3)
     # No fwd_nosave, as offload() (NOTE [ how many profiling steps ]): the executor's Fck / Fn
-    # run with autograd and cost what F costs, the chain's default.
+    # cost what F costs in the forward, the chain's default (NOTE [ what an Fck or Fn costs ] in
+    # _recompute.py).
     prof = profile_full(
         model, sample, blocks=blocks, device=device, repeats=repeats, warmup=warmup, measure_platform=platform is None,
         nosave=False,
@@ -1018,7 +1030,22 @@ def budget_curve(
                 clocked=curve.clocked + part.clocked, policy_peaks=curve.policy_peaks | part.policy_peaks,
             )
     curve = dataclasses.replace(curve, curves={n: curve.curves[n] for n in names})  # the order given
+    if not copies_overlap(prof.device):
+        curve = _inline(curve)  # NOTE [ copies on CPU ] in _link.py: as offload() predicts there
     return _shifted(curve, resident)
+
+
+def _inline(curve: Any) -> Any:
+    """``curve`` with every point's makespan and overhead counting its copies one after another
+    with compute (``Timeline.serial_makespan``), as :func:`offload` predicts where copies do not
+    overlap compute; the lower bounds stay (a serial step is never below the makespan)."""
+    def point(p: Any) -> Any:
+        if p.result is None or p.result.timeline is None or not p.feasible:
+            return p
+        t = p.result.timeline.serial_makespan
+        return dataclasses.replace(p, makespan=t, overhead=t / curve.compute_time - 1.0 if curve.compute_time > 0 else 0.0)
+
+    return dataclasses.replace(curve, curves={k: tuple(point(p) for p in v) for k, v in curve.curves.items()})
 
 
 def _shifted(curve: Any, r: int) -> Any:

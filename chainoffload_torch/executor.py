@@ -47,7 +47,16 @@ from ._copy import Copier
 from ._discovery import Blocks
 from ._instrument import Instrument, recomputing
 from ._pool import HostPool
-from ._recompute import FORWARD_KINDS, Act, CallRecord, RematPlan, Slot, rebuild_act, stateful_argument
+from ._recompute import (
+    FORWARD_KINDS,
+    Act,
+    CallRecord,
+    RematPlan,
+    Slot,
+    rebuild_act,
+    recomputes_without_grad,
+    stateful_argument,
+)
 from ._saved import Kept, Packed, check_version, rebuild, root_of, version_probe
 from ._stages import Entry, EntryState, UnitLedger, canonical_device, resident_storages
 from ._tree import first_tensor, tensors_in
@@ -796,7 +805,8 @@ class ScheduleRun:
         current, step.current = step.current, i
         try:
             with recomputing():
-                out = rec.call(x, hooks)
+                # Fck / Fn keep nothing: on CPU without autograd (NOTE [ what an Fck or Fn costs ]).
+                out = rec.call(x, hooks, grad=kind == "F" or not recomputes_without_grad(self.device))
         except Exception as exc:
             if str(exc).startswith("chainoffload_torch:"):
                 raise

@@ -24,12 +24,13 @@ from chainoffload.units import format_bytes, parse_bytes
 
 from ._coverage import Coverage, coverage, step_peak
 from ._instrument import Instrument
+from ._link import copies_overlap
 from ._recorder import WRITTEN, Sizes, chain_of, measure_call_sizes, measure_chain
 from ._tree import describe_key
 
 __all__ = [
     "Budget", "Plan", "solve_for", "resident_units", "nothing_fits", "exact_bytes", "Coverage", "coverage", "step_peak",
-    "EXECUTABLE_METHODS", "not_recomputable", "recompute_chain",
+    "EXECUTABLE_METHODS", "not_recomputable", "recompute_chain", "step_time",
 ]
 
 #: What :func:`~chainoffload_torch.offload` solves with when no method is named: every method whose
@@ -114,6 +115,10 @@ class Plan:
     not_recomputable
         The stages no plan of a method that recomputes may recompute, each with why
         (NOTE [ one call chooses ]); empty when no such method was solved with.
+    overlap
+        Whether the executor's copies run beside compute on the plan's device (False on CPU,
+        where they run inline: NOTE [ copies on CPU ] in _link.py); :attr:`makespan` counts
+        them one after another with compute where they do not.
     """
 
     key: tuple | None
@@ -126,6 +131,7 @@ class Plan:
     host_bytes: int | None = None
     reused_from: tuple | None = None
     not_recomputable: dict[int, str] = dataclasses.field(default_factory=dict)
+    overlap: bool = True
 
     @property
     def resident_bytes(self) -> int:
@@ -151,10 +157,12 @@ class Plan:
 
     @property
     def makespan(self) -> float | None:
-        """The simulator's time of one step under the schedule (needs a platform)."""
+        """The simulator's time of one step under the schedule (needs a platform): its makespan
+        where copies overlap compute, else compute and copies one after another
+        (``Timeline.serial_makespan``; NOTE [ copies on CPU ] in _link.py)."""
         if self.platform is None:
             return None
-        return co.simulate(self.chain, self.platform, self.schedule).makespan
+        return step_time(co.simulate(self.chain, self.platform, self.schedule), self.overlap)
 
     @property
     def offloaded_bytes(self) -> int:
@@ -214,10 +222,13 @@ class _Planner:
         #: Whether the first plan may make the prefix a stage (NOTE [ the prefix as a stage ]);
         #: the chain's layout is the handle's, so later plans keep it.
         self.may_split_prefix = True
+        #: Whether the executor's copies overlap compute here (NOTE [ copies on CPU ] in _link.py).
+        self.overlap = copies_overlap(device)
 
     def plan(self, instrument: Instrument, args: tuple, kwargs: dict, key: tuple) -> Plan:
         # No fwd_nosave (NOTE [ how many profiling steps ]): the chain's default, fwd, is what the
-        # executor's Fck / Fn cost (NOTE [ recomputation ] in _recompute.py: they run with autograd).
+        # executor's Fck / Fn cost in the forward, where they run with autograd, and at most what
+        # a recomputed one costs (NOTE [ what an Fck or Fn costs ] in _recompute.py).
         remat = self.method is None or co.solvers.spec(self.method).remat
         with _watch_blocks(instrument.blocks) as unsafe:
             chain, sizes = measure_chain(
@@ -232,7 +243,7 @@ class _Planner:
         # NOTE [ resident outside the chain ]: the solver gets the budget less what stays resident.
         platform = self.link.with_memory(max(0, self.budget.bytes_for(chain, resident, step_peak(chain, sizes)) - resident))
         try:
-            result = solve_for(chain, platform, self.method, keep, sizes, self.options, key, blocks=blocks)
+            result = solve_for(chain, platform, self.method, keep, sizes, self.options, key, blocks=blocks, overlap=self.overlap)
         except ValueError as exc:
             # NOTE [ what would help ]: the coverage and the blocks= to paste.
             raise ValueError(f"{exc}; {what_would_help(chain, sizes, instrument.blocks)}") from None
@@ -244,7 +255,7 @@ class _Planner:
                 f"buffers, above host_memory={format_bytes(self.host_memory)}; give more GPU memory or more host memory"
             )
         banned = not_recomputable(chain, sizes, blocks) if remat else {}
-        return Plan(key, chain, platform, result.schedule, result, sizes, keep, host, not_recomputable=banned)
+        return Plan(key, chain, platform, result.schedule, result, sizes, keep, host, not_recomputable=banned, overlap=self.overlap)
 
 
     def measure(self, instrument: Instrument, args: tuple, kwargs: dict, like: Plan | None = None) -> Sizes:
@@ -293,7 +304,7 @@ class _Planner:
             return None
         return Plan(
             key, chain, platform, ref.schedule, None, sizes, frozenset(keep), host, reused_from=ref.key,
-            not_recomputable=ref.not_recomputable,
+            not_recomputable=ref.not_recomputable, overlap=self.overlap,
         )
 
 
@@ -328,13 +339,16 @@ def solve_for(
     options: dict[str, Any],
     key: tuple | None = None,
     blocks: Any = None,
+    overlap: bool = True,
 ) -> co.Result:
     """Solve keeping resident the user's units, the ones that cannot move, and unit L.
 
     ``method=None`` with ``blocks`` solves with every method of :data:`EXECUTABLE_METHODS` and
-    returns the result of least makespan (ties: the first); a method that recomputes is solved on
+    returns the result of least step time (ties: the first); a method that recomputes is solved on
     :func:`recompute_chain` (never recomputing what the executor cannot run again) and its
-    result holds the simulator's figures on ``chain`` itself.
+    result holds the simulator's figures on ``chain`` itself. The step time is the makespan, or
+    with ``overlap=False`` (copies inline with compute, as on CPU) compute and copies one after
+    another (:func:`step_time`).
 
     Raises
     ------
@@ -348,6 +362,7 @@ def solve_for(
     else:
         methods = (method,)
     best: co.Result | None = None
+    best_time = math.inf
     last: co.Result | None = None
     refused: str | None = None
     for name in methods:
@@ -357,11 +372,14 @@ def solve_for(
             opts = {k: v for k, v in options.items() if k == "time_limit" or takes is None or k in takes}
         else:
             opts = options
-        result, why = _solve_one(chain, platform, name, resident, sizes, opts, blocks)
+        result, why = _solve_one(chain, platform, name, resident, sizes, opts, blocks, overlap)
         last = result if result is not None else last
         refused = why or refused
-        if result is not None and result.feasible and (best is None or result.makespan < best.makespan):
-            best = result
+        if result is None or not result.feasible:
+            continue
+        mine = _result_time(chain, platform, result, overlap)
+        if best is None or mine < best_time:
+            best, best_time = result, mine
     if best is not None:
         return best
     if len(methods) == 1:
@@ -374,7 +392,7 @@ def solve_for(
 
 def _solve_one(
     chain: co.Chain, platform: co.Platform, method: str | None, resident: set[int], sizes: Sizes,
-    options: dict[str, Any], blocks: Any,
+    options: dict[str, Any], blocks: Any, overlap: bool = True,
 ) -> tuple[co.Result | None, str | None]:
     """``method``'s result (``None`` when it has none the executor can carry out) and, then, why."""
     remat = method is not None and co.solvers.spec(method).remat
@@ -386,7 +404,7 @@ def _solve_one(
     except co.PlatformError:
         return None, None
     if solved_on is not chain:
-        result = _checkpointing_if_faster(chain, platform, result, not_recomputable(chain, sizes, blocks))
+        result = _checkpointing_if_faster(chain, platform, result, not_recomputable(chain, sizes, blocks), overlap)
     if not result.feasible:
         return result, None
     moved = sorted(set(result.schedule.offloaded_units) & resident)
@@ -423,8 +441,11 @@ def _solve_one(
 # executor can recompute, at any memory where that fits.
 
 
-def _checkpointing_if_faster(chain: co.Chain, platform: co.Platform, result: co.Result, banned: dict[int, str]) -> co.Result:
-    """``result``, or checkpoint-all keeping ``banned`` stages whole where it fits and is faster."""
+def _checkpointing_if_faster(
+    chain: co.Chain, platform: co.Platform, result: co.Result, banned: dict[int, str], overlap: bool = True,
+) -> co.Result:
+    """``result``, or checkpoint-all keeping ``banned`` stages whole where it fits and is faster
+    (by :func:`step_time`: ``overlap=False`` counts ``result``'s copies inline)."""
     from chainoffload.solvers.remat_baselines import checkpoint_all_schedule
 
     whole = {i for i in banned if i < chain.length}
@@ -434,13 +455,27 @@ def _checkpointing_if_faster(chain: co.Chain, platform: co.Platform, result: co.
         return result
     if result.feasible:
         mine = co.simulate(chain, platform, result.schedule)
-        if mine.feasible and mine.makespan <= timeline.makespan:
+        if mine.feasible and step_time(mine, overlap) <= timeline.makespan:
             return result
     info = {**(result.info or {}), "source": "checkpoint-all of the blocks the executor can recompute"}
     return dataclasses.replace(
         result, status=co.Status.FEASIBLE, schedule=schedule, makespan=timeline.makespan,
         peak_memory=timeline.peak_memory, timeline=timeline, offloaded_bytes=0, min_memory=None, info=info, message="",
     )
+
+
+def step_time(timeline: co.Timeline, overlap: bool = True) -> float:
+    """A step's predicted time under ``timeline``'s schedule: its makespan where copies overlap
+    compute, else ``timeline.serial_makespan`` (compute and copies one after another, as the
+    executor's copies run on CPU: NOTE [ copies on CPU ] in _link.py)."""
+    return timeline.makespan if overlap else timeline.serial_makespan
+
+
+def _result_time(chain: co.Chain, platform: co.Platform, result: co.Result, overlap: bool) -> float:
+    """``result``'s step time on ``chain`` (:func:`step_time`); its own makespan where copies overlap."""
+    if overlap:
+        return result.makespan
+    return step_time(co.simulate(chain, platform, result.schedule), overlap)
 
 
 def _takes(method: str | None) -> set[str] | None:
@@ -457,7 +492,9 @@ def _takes(method: str | None) -> set[str] | None:
 # NOTE [ one call chooses ]
 # offload(model, batch, memory=...) with no method solves with pure offloading (best), with
 # recomputation (rotor) and with both (joint), each on the same profile, and keeps the plan of
-# least simulated step time that fits (ties: pure offloading first, which recomputes nothing).
+# least simulated step time that fits (ties: pure offloading first, which recomputes nothing);
+# where copies do not overlap compute (CPU) that time counts every copy inline (NOTE [ copies on
+# CPU ] in _link.py), so a plan that copies more than it would recompute loses there.
 # A method that recomputes is solved on the chain with a prohibitive fwd_nosave for the stages
 # the executor cannot call again (not_recomputable): the code before the first block when it is
 # a stage, a block whose a_i the code after it makes, the last block (head and loss), a block

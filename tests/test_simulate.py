@@ -385,3 +385,45 @@ def test_array_level_replay_equals_simulate(chain3):
     empty = [_read_only(np.zeros(0, dtype=np.int64))] * 5
     with pytest.raises(ScheduleError, match=r"compute\[1\] \(B_2\): B_2 needs unit 2 whole"):
         resolve(2, bad_kind, bad_stage, *empty)
+
+
+# -- copies that do not overlap compute (Timeline.serial_makespan) -----------------------------
+
+
+def test_serial_makespan_is_compute_plus_every_transfer_in_schedule_order(chain3):
+    """By hand: offload unit 1 at F_1's end, prefetch it at B_3's start, over 25 B/s with
+    latency 0.5 s: overlapped, the copies hide (makespan 12); inline, they add 2 x (25 / 25 + 0.5)."""
+    s = sched(Transfer("offload", 1, F1, "end"), Transfer("prefetch", 1, B3, "start"))
+    tl = simulate(chain3, plat(latency=0.5), s)
+    assert tl.feasible and tl.makespan == 12.0
+    assert tl.serial_makespan == 12.0 + 2 * (25 / 25.0 + 0.5)
+    # No transfer: the two are the same figure.
+    keep = simulate(chain3, plat(), Schedule.keep_all(3))
+    assert keep.serial_makespan == keep.makespan == 12.0
+
+
+def test_serial_makespan_sums_the_schedule_ops_and_transfers_of_random_schedules():
+    """On random chains and well-formed schedules (recomputing ones too): the serial time is the
+    durations of the schedule's ops (fwd, bwd, fwd_nosave by kind) plus each transfer's
+    latency + bytes / bandwidth, added in schedule order, and never below the makespan."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from chainoffload.testing import strategies as cst
+
+    @settings(max_examples=60, deadline=None)
+    @given(st.data())
+    def check(data):
+        chain = data.draw(cst.chains(min_length=1, max_length=6))
+        platform = data.draw(cst.platforms(chain=chain))
+        schedule = data.draw(cst.well_formed_schedules(chain))
+        tl = simulate(chain, platform, schedule)
+        expected = 0.0
+        for kind, i in schedule.compute:
+            expected += {"F": chain.fwd, "B": chain.bwd}.get(kind, chain.fwd_nosave)[i - 1]
+        for t, size in zip(schedule.transfers, schedule.transfer_bytes(chain), strict=True):
+            expected += platform.d2h_time(size) if t.kind == "offload" else platform.h2d_time(size)
+        assert math.isclose(tl.serial_makespan, expected, rel_tol=1e-9, abs_tol=1e-12)
+        assert tl.serial_makespan >= tl.makespan * (1 - 1e-12)
+
+    check()

@@ -6,6 +6,7 @@ gradient accumulation, evaluation, autocast; plus the refusals (torch.compile, a
 """
 
 import copy
+import math
 import os
 import time
 import warnings
@@ -422,6 +423,8 @@ def test_budget_curve_shows_what_each_budget_costs_and_its_memories_work_in_offl
     for point in curve.curves["best"]:
         if point.feasible:
             assert chain.length not in point.result.schedule.offloaded_units
+            # On CPU copies run inline: the step counts them, as offload() predicts there.
+            assert point.makespan == point.result.timeline.serial_makespan
     memory = curve.min_memory("best")
     assert memory is not None and memory < curve.keep_all_peak
     handle = ct.offload(model, x, memory=memory, repeats=1, warmup=0)
@@ -458,6 +461,33 @@ def test_budget_curve_shows_recomputation_below_the_offload_floor_and_offload_tr
     ref(x).sum().backward()
     assert same_grads(model, ref)
     handle.remove()
+
+
+def test_where_copies_do_not_overlap_the_curve_counts_them_inline():
+    """A slow link: every point that moves data costs its copies on top of compute (the timeline's
+    serial_makespan), one that moves nothing is unchanged, and the lower bounds stay below."""
+    from chainoffload.tradeoff import tradeoff
+    from chainoffload_torch.api import _inline
+
+    chain = co.Chain(fwd=[1.0] * 6, bwd=[2.0] * 6, act=[1] * 7, saved=[100] * 6)
+    link = co.Platform(memory=1, bandwidth_d2h=100 / 0.9, bandwidth_h2d=100 / 0.9)
+    curve = tradeoff(chain, link, ["best", "rotor"], None, points=4)
+    inline = _inline(curve)
+    moved = 0
+    for name in curve.methods:
+        for p, q in zip(curve.curves[name], inline.curves[name], strict=True):
+            if not p.feasible:
+                assert q is p
+                continue
+            assert q.makespan == p.result.timeline.serial_makespan >= p.makespan
+            assert q.overhead == q.makespan / curve.compute_time - 1.0
+            assert math.isnan(q.lower_bound) or q.lower_bound <= q.makespan
+            if p.result.schedule.transfers:
+                moved += 1
+                assert q.makespan > p.makespan
+            else:
+                assert q.makespan == p.makespan
+    assert moved
 
 
 def test_a_shifted_curve_shifts_the_policy_peaks():

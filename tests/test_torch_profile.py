@@ -232,3 +232,20 @@ def test_the_outputs_own_storages_count_in_unit_L_and_every_earlier_backward():
     assert all(b >= prof.sizes.output_bytes for b in chain.bwd_tmp[:-1])
     # A model whose output is saved by its own suffix (exp) has none.
     assert ct.measure_sizes(WithPrefixAndSuffix(), torch.randn(5, 4)).output_bytes == 0
+
+
+def test_copies_on_cpu_do_not_overlap_compute_and_the_engine_says_so():
+    """On CPU the executor's copy engine copies inline on the compute thread; the link it measures
+    there is a memcpy, not a channel beside compute, and copies_overlap says so. The test engine,
+    which copies on a thread of its own, overlaps; so do CUDA's side streams."""
+    from chainoffload_torch._engine_choice import use_engine
+    from chainoffload_torch._engines import CudaEngine, ImmediateEngine
+    from chainoffload_torch._link import copies_overlap
+    from chainoffload_torch.testing_engine import ThreadedEngine
+
+    assert copies_overlap("cpu") is False
+    assert ImmediateEngine.overlaps is False and CudaEngine.overlaps is True
+    with use_engine(ThreadedEngine(delay=(0.0, 0.0), seed=0)):
+        assert copies_overlap("cpu") is True
+    assert copies_overlap(torch.device("cpu")) is False
+    assert copies_overlap("cuda:0") is True  # the engine is chosen by the device's type, no GPU needed

@@ -662,3 +662,137 @@ def test_checkpointing_what_the_executor_can_recompute_is_a_candidate_of_every_r
     roomy = free.with_memory(co.keep_all_peak(chain))
     assert _checkpointing_if_faster(chain, roomy, fast, banned) is fast
     assert _checkpointing_if_faster(chain, free.with_memory(tl.peak_memory - 1), nothing, banned) is nothing
+
+
+# -- a recomputed Fck / Fn runs without autograd on CPU (NOTE [ what an Fck or Fn costs ]) --------
+
+
+def _grad_modes(model):
+    """Hooks that log, per block call, (block, whether grad mode was on)."""
+    log = []
+    handles = [
+        m.register_forward_hook(lambda mod, a, out, b=b: log.append((b, torch.is_grad_enabled())))
+        for b, m in enumerate(model, start=1)
+    ]
+    return log, handles
+
+
+def _reforwards(schedule, length):
+    """Per step: the Fck / Fn ops after the forward (recomputations that keep nothing), and the F ones."""
+    seen, nosave, saving = set(), 0, 0
+    for kind, i in schedule.compute:
+        if kind == "B":
+            continue
+        if i in seen:
+            nosave += kind != "F"
+            saving += kind == "F"
+        seen.add(i)
+    return nosave, saving
+
+
+def test_a_recomputed_fck_or_fn_runs_without_autograd_on_cpu_and_trains_bitwise_equal():
+    """recompute-all re-runs every block from a_0 before each backward: the Fck / Fn among those
+    re-runs keep nothing and run under no_grad on CPU, the F ones with autograd; dropout masks,
+    batch norm statistics, losses, gradients and AdamW's parameters stay plain PyTorch's."""
+    model, x = blocks_model(n=6)
+    ref = copy.deepcopy(model)
+    prof = ct.profile_full(model, x, repeats=1, warmup=0)
+    chain = prof.chain
+    schedule = schedule_for(chain, prof.platform, "recompute-all", offload_memory_floor(chain) - 1)
+    nosave, saving = _reforwards(schedule, chain.length)
+    assert nosave > 0 and saving > 0
+    handle = ct.Offloader(model, chain, schedule, platform=prof.platform.with_memory(offload_memory_floor(chain) - 1))
+    log, hooks = _grad_modes(model)
+    train_equal(model, ref, x, handle)
+    for h in hooks:
+        h.remove()
+    steps = 3
+    # The forward's own calls (one per block per step) run with autograd; so do the recomputed F.
+    assert sum(1 for _, on in log if not on) == steps * nosave
+    assert sum(1 for _, on in log if on) == steps * (chain.length + saving)
+    handle.remove()
+
+
+class FoldsByRequiresGrad(nn.Module):
+    """ATen's matmul folds a batched operand into one mm when the other operand requires grad and
+    runs bmm otherwise, and scaled_dot_product_attention picks its kernel from its inputs: under
+    no_grad the activations here require no grad, so the recomputation takes the other path. On
+    CPU the bits must not change (NOTE [ what an Fck or Fn costs ])."""
+
+    def __init__(self, d, t):
+        super().__init__()
+        self.mix = nn.Linear(d, t)
+        self.qkv = nn.Linear(d, 3 * d)
+        self.dp = nn.Dropout(0.2)
+        self.out = nn.Linear(d, d)
+
+    def forward(self, x):  # x: (batch, t, d)
+        w = torch.tanh(self.mix(x.mean(0)))  # (t, t): an activation, requires grad with autograd on
+        h = torch.matmul(x.transpose(1, 2), w)  # (batch, d, t) non-contiguous @ (t, t)
+        h = h.transpose(1, 2)
+        q, k, v = self.qkv(h).chunk(3, dim=-1)
+        a = nn.functional.scaled_dot_product_attention(q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1)).squeeze(1)
+        return x + self.out(self.dp(a))
+
+
+def test_a_no_grad_recomputation_is_bitwise_where_kernels_are_chosen_by_requires_grad():
+    torch.manual_seed(0)
+    d, t = 24, 10
+    model = nn.Sequential(nn.Linear(d, d), *[FoldsByRequiresGrad(d, t) for _ in range(5)], nn.Linear(d, 3))
+    x = torch.randn(4, t, d)
+    ref = copy.deepcopy(model)
+    prof = ct.profile_full(model, x, repeats=1, warmup=0)
+    chain = prof.chain
+    schedule = schedule_for(chain, prof.platform, "recompute-all", offload_memory_floor(chain) - 1)
+    assert _reforwards(schedule, chain.length)[0] > 0
+    handle = ct.Offloader(model, chain, schedule, platform=prof.platform.with_memory(offload_memory_floor(chain) - 1))
+    train_equal(model, ref, x, handle)
+    assert handle.last_step.recomputed_ops > 0
+    handle.remove()
+
+
+# -- copies that do not overlap compute (NOTE [ copies on CPU ]) -------------------------------
+
+
+def test_where_copies_do_not_overlap_compute_offload_chooses_by_compute_plus_copies():
+    """A chain whose units are large beside a slow link: overlapped, offloading hides its copies
+    (best or joint wins); counted inline, as on CPU, the same copies cost more than recomputing,
+    and rotor, which moves nothing, wins. The step time chosen by is the simulator's either way."""
+    import types
+
+    from chainoffload_torch.plans import solve_for, step_time
+
+    L = 6
+    chain = co.Chain(fwd=[1.0] * L, bwd=[2.0] * L, act=[1] * (L + 1), saved=[100] * L)
+    sizes = types.SimpleNamespace(resident=set(), aliased=(), unmovable={}, held=set(), held_why={}, resident_bytes=0)
+    blocks = types.SimpleNamespace(modules=[None] * L, prefix=False, is_linked=lambda b: True, unsafe={})
+    for share in (0.4, 0.6, 0.75):
+        platform = co.Platform(memory=int(share * co.keep_all_peak(chain)), bandwidth_d2h=100 / 0.9, bandwidth_h2d=100 / 0.9)
+        over = solve_for(chain, platform, None, (), sizes, {}, blocks=blocks, overlap=True)
+        inline = solve_for(chain, platform, None, (), sizes, {}, blocks=blocks, overlap=False)
+        t_over, t_inline = co.simulate(chain, platform, over.schedule), co.simulate(chain, platform, inline.schedule)
+        assert over.schedule.offloaded_units and not inline.schedule.offloaded_units, share
+        assert inline.method == "rotor" and inline.schedule.has_remat
+        # Overlapped, the offloading plan is faster; inline, it is slower than what was chosen.
+        assert step_time(t_over, True) < step_time(t_inline, True)
+        assert step_time(t_inline, False) < step_time(t_over, False) == t_over.serial_makespan
+        assert t_over.serial_makespan > t_over.makespan  # its copies, counted
+
+
+def test_on_cpu_the_plan_predicts_compute_plus_copies_and_the_table_says_copies_do_not_overlap():
+    model, x = blocks_model()
+    probe = ct.offload(model, x, memory=1.0, repeats=1, warmup=0)
+    peak = probe.plan.keep_all_peak
+    probe.remove()
+    handle = ct.offload(model, x, memory=int(0.6 * peak), method="best", repeats=1, warmup=0)
+    plan = handle.plan
+    assert plan.overlap is False and plan.schedule.offloaded_units
+    timeline = co.simulate(plan.chain, plan.platform, plan.schedule)
+    assert plan.makespan == timeline.serial_makespan > timeline.makespan
+    table = handle.table()
+    assert "a copy does not overlap compute" in table and f"simulated step: {timeline.serial_makespan:.6g} s" in table
+    handle.remove()
+    # A plan given by hand on CPU predicts the same way, whatever link its platform states.
+    hand = ct.Offloader(model, plan.chain, plan.schedule, platform=plan.platform)
+    assert hand.plan.overlap is False and hand.plan.makespan == timeline.serial_makespan
+    hand.remove()
