@@ -211,6 +211,7 @@ class Offloader:
             resident_bytes=plan.resident_bytes,
             names=self.blocks.names,
             blocks=self.blocks,
+            model=self.model,
             # A plan of offload()'s own came from a profile: what it did not see is warned of,
             # not refused mid-training; a schedule given by hand is the user's word, refused.
             strict=self._planner is None,
