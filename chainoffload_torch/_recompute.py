@@ -50,9 +50,10 @@ FORWARD_KINDS = ("F", "Fck", "Fn")
 # its saved tensors are dropped as they are packed and its output is detached. It therefore costs
 # what F costs (the graph is built), which is why offload()'s chain takes fwd_nosave = fwd.
 # A block that can be re-run this way is a block the forward calls as a module whose output is the
-# next block's hidden input (a linked block): not the code before the first block when it is a
-# stage, not a block whose a_i is made by the code after it, not stage L (which holds the head and
-# the loss); a schedule that recomputes one of those is refused.
+# next block's hidden input (a linked block), or the code before the first block when it is a
+# stage (NOTE [ recomputing the code before the first block ]): not a block whose a_i is made by
+# the code after it, not stage L (which holds the head and the loss); a schedule that recomputes
+# one of those is refused.
 
 
 class Slot:

@@ -233,3 +233,20 @@ def test_fuzz_1105_recomputes_its_prefix_and_a_later_shape_is_refused_only_for_t
     # offload()'s own choice at the same memory trains every shape equal.
     out = _check(FUZZ_1105, 0.77, None)
     assert out.kind == "equal", out.detail
+
+
+def test_the_prediction_holds_at_every_op_of_a_plan_that_recomputes_the_stem():
+    """The storages alive at the start of every op (the forward, the stem's recomputation, every
+    backward op) are at most the simulated memory then plus what stays resident outside the chain."""
+    from test_torch_coverage import _live_at_every_op
+
+    model, x = narrow()
+    handle = ct.offload(model, x, memory=0.6, repeats=1, warmup=0)
+    assert handle.decisions()[0]["decision"].startswith("recompute (")
+    model(x).square().mean().backward()  # the .grad of every weight exists from here on
+    seen = _live_at_every_op(model, x, handle)
+    assert len(seen) == len(handle.schedule.compute)
+    over = [(op, live, predicted) for op, live, predicted in seen if live > predicted]
+    assert not over, over
+    assert max(live / predicted for _, live, predicted in seen if predicted) > 0.5
+    handle.remove()
