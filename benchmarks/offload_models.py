@@ -366,7 +366,7 @@ def splice(text: str, rows: list[dict], note: str) -> str:
     body = [ln for ln in lines if not ln.startswith("- ")]
     if notes:
         at = body.index("What offload() said:") + 2
-        body[at:at] = notes + [""]
+        body[at:at] = notes
     cells = [ln.split("|")[1:-1] for ln in body if ln.startswith("| ") and ln.split("|")[1].strip() in NAMES]
     within = sum("(within 2 %)" in c[9] for c in cells)
     parts = [f"Least memory with recomputation within 2 % of the floor for any schedule: {within} of {len(cells)} rows."]
@@ -427,7 +427,9 @@ def main(argv: list[str]) -> int:
             f"Rows rerun at {head or 'this tree'} (after the code before the first block became recomputable): "
             f"{', '.join(r['model'] for r in rows)}; `{' ; '.join(d['command'] for d in dumped)}`. "
             + " ".join(d["timing"] for d in dumped)
-            + " The other rows are the run above, as it was."
+            + " The other rows are the run above, as it was (made before the cache merge, after which a decoder block given"
+            " a key/value cache is never recomputed: falcon's and whisper's rows, rerun here, no longer raise and recompute"
+            " less)."
         )
         out = RESULTS / "offload_models.md"
         out.write_text(splice(out.read_text(), rows, note))
