@@ -526,14 +526,20 @@ def _watch_blocks(blocks: Any, model: nn.Module | None = None) -> Iterator[dict[
             found.setdefault(0, f"the model's call {why}")
         state["root"] = ((a, kw), arguments_state((a, kw)))
 
+    def root_post(module: nn.Module, a: tuple, kw: dict, out: Any) -> None:
+        # Changed anywhere in the step's forward (a loss that fills labels in place): a
+        # recomputation in the backward would read other arguments than the forward did.
+        root = state["root"]
+        state["root"] = None
+        if root is not None and arguments_state(root[0]) != root[1]:
+            found.setdefault(0, "the model's forward changes an argument it is given, so a recomputation would read other values")
+
     def pre(module: nn.Module, a: tuple, kw: dict) -> None:
         b = calls[0] % n + 1
         calls[0] += 1
         root = state["root"]
-        if b == 1 and root is not None:
-            state["root"] = None
-            if arguments_state(root[0]) != root[1]:
-                found.setdefault(0, "it changes an argument the model is given: a recomputation would change it again")
+        if b == 1 and root is not None and arguments_state(root[0]) != root[1]:
+            found.setdefault(0, "it changes an argument the model is given: a recomputation would change it again")
         hidden = blocks.hidden_of(b, a, kw)
         last = state["last"]
         if last is not None and last[0] == b - 1 and last[1] is hidden and hidden._version != last[2]:
@@ -577,6 +583,7 @@ def _watch_blocks(blocks: Any, model: nn.Module | None = None) -> Iterator[dict[
             found.setdefault(0, "its first block has forward pre-hooks of its own (a recomputation would stop before them)")
         # First among the model's pre-hooks: it sees the arguments as the model's call got them.
         handles.append(model.register_forward_pre_hook(root_pre, with_kwargs=True, prepend=True))
+        handles.append(model.register_forward_hook(root_post, with_kwargs=True))
     for module in {id(m): m for m in blocks.modules}.values():
         handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
         handles.append(module.register_forward_hook(post, with_kwargs=True))

@@ -154,6 +154,9 @@ def test_a_schedule_that_recomputes_the_stem_of_a_model_given_a_pre_hook_later_i
     model.register_forward_pre_hook(lambda m, a: None)
     with pytest.raises(RuntimeError, match="code before the first block.*pre-hooks"):
         model(x).square().mean().backward()
+    # Refused before anything was left behind: no saved-tensor hooks, no step in flight.
+    assert torch._C._autograd._top_saved_tensors_default_hooks(False) is None
+    assert handle.live_entries() == 0
     handle.remove()
 
 
@@ -249,4 +252,23 @@ def test_the_prediction_holds_at_every_op_of_a_plan_that_recomputes_the_stem():
     over = [(op, live, predicted) for op, live, predicted in seen if live > predicted]
     assert not over, over
     assert max(live / predicted for _, live, predicted in seen if predicted) > 0.5
+    handle.remove()
+
+
+class ChangesItsArgument(NarrowResNet):
+    """Its forward counts its calls in a tensor argument, in place, after the blocks ran (as a
+    loss may fill its labels): the stem, recomputed in the backward, would see other values."""
+
+    def forward(self, x, count):
+        out = super().forward(x)
+        count.add_(1)
+        return out
+
+
+def test_the_stem_is_never_recomputed_when_the_forward_changes_an_argument_in_place():
+    torch.manual_seed(0)
+    model, x, count = ChangesItsArgument(), torch.randn(2, 3, 32, 32), torch.zeros((), dtype=torch.int64)
+    handle = ct.offload(model, (x, count), memory=0.9, method="rotor", repeats=1, warmup=0)
+    assert handle.plan.not_recomputable[1].startswith("the model's forward changes an argument")
+    assert ("Fn", 1) not in handle.schedule.compute and ("Fck", 1) not in handle.schedule.compute
     handle.remove()
