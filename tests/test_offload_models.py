@@ -64,3 +64,33 @@ def test_splice_puts_rerun_rows_in_place_and_counts_the_summary_from_the_table()
     assert "At 30 %: 1 trained torch.equal with the plan's bytes moved (1 of them recomputing), 2 refused, 0 raised." in new
     assert "- bert: new note of bert" in new and "- bert: note of bert" not in new
     assert new.count("| gpt2 |") == new.count("| bert |") == 1 and "\n\nrerun: bert\n\ntiming\n" in new
+
+
+def _bench(name):
+    sys.path.insert(0, str(BENCH))
+    try:
+        spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(BENCH))
+    return module
+
+
+def test_never_recomputed_names_every_block_under_a_parent_side_residual():
+    line = _bench("never_recomputed").row("parent-residual")
+    assert line.startswith("- parent-residual (8 stages): its a_i is made by the code after the block: stages 1, 2, 3, 4, 5, 6, 7 (")
+    assert "the last block, with the head and the loss: stage 8 (" in line
+
+
+def test_fuzz_recomputed_stages_counts_a_plan_that_recomputes_the_prefix(tmp_path, capsys):
+    import json
+
+    from test_torch_prefix import FUZZ_4579
+
+    record = {"kind": "equal", "recomputations": 5, "memory": 0.42, "method": "recompute-all", "spec": repr(FUZZ_4579)}
+    path = tmp_path / "fuzz.jsonl"
+    path.write_text(json.dumps(record) + "\n" + json.dumps({**record, "kind": "refused"}) + "\n")
+    assert _bench("fuzz_recomputed_stages").main([str(path)]) == 0
+    out = capsys.readouterr().out
+    assert out.strip() == "1 models trained equal with a recomputing plan; 1 of them recompute stage 1, the code before the first block"
