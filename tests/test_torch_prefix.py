@@ -272,3 +272,26 @@ def test_the_stem_is_never_recomputed_when_the_forward_changes_an_argument_in_pl
     assert handle.plan.not_recomputable[1].startswith("the model's forward changes an argument")
     assert ("Fn", 1) not in handle.schedule.compute and ("Fck", 1) not in handle.schedule.compute
     handle.remove()
+
+
+def test_the_stem_recomputed_under_the_autocast_of_the_step_trains_equal():
+    """The step runs under CPU autocast (bfloat16): the stem's recomputation in the backward runs
+    under it too, although the backward itself does not."""
+    model, x = narrow()
+    ref = copy.deepcopy(model)
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # bfloat16 stem: below its pure-offloading floor, 83 %
+        handle = ct.offload(model, x, memory=0.75, repeats=1, warmup=0)
+    assert handle.decisions()[0]["decision"].startswith("recompute (")
+    for step in range(2):
+        outs = []
+        for m in (model, ref):
+            torch.manual_seed(step)
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = m(x).float().square().mean()
+            loss.backward()
+            outs.append(loss)
+        assert torch.equal(*outs), step
+        assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(), ref.parameters(), strict=True)), step
+        assert all(torch.equal(p, q) for p, q in zip(model.buffers(), ref.buffers(), strict=True)), step
+    assert handle.last_step.recomputed_ops >= 1
+    handle.remove()
