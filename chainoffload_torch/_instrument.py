@@ -313,7 +313,15 @@ class Instrument:
         if self.blocks.prefix:
             # NOTE [ the prefix as a stage ]: stage 1 starts with the forward; its input is the
             # model's arguments, which the listener already holds as the call's (never owned).
-            listener.stage_start(step, 1, None, (), {})
+            try:
+                listener.stage_start(step, 1, None, (), {})
+            except BaseException:
+                # Refused (a recomputation it cannot carry out): no pass is open to close later.
+                if p.saved_hooks is not None:
+                    p.saved_hooks.__exit__(None, None, None)
+                    p.saved_hooks = None
+                listener.forward_failed(step)
+                raise
         return p
 
     def _close(self, p: _HookedPass, out: Any, failed: bool) -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -24,7 +24,8 @@ from torch import nn
 import chainoffload as co
 
 __all__ = [
-    "FORWARD_KINDS", "Act", "CallRecord", "RematPlan", "Slot", "arguments_state", "stateful_argument", "recomputes_without_grad",
+    "FORWARD_KINDS", "Act", "CallRecord", "PrefixRecord", "RematPlan", "Slot", "arguments_state", "prefix_state",
+    "stateful_argument", "recomputes_without_grad",
 ]
 
 FORWARD_KINDS = ("F", "Fck", "Fn")
@@ -50,9 +51,10 @@ FORWARD_KINDS = ("F", "Fck", "Fn")
 # autograd, its saved tensors dropped as they are packed and its output detached (NOTE [ what an
 # Fck or Fn costs ] says why, and what the chain charges for it).
 # A block that can be re-run this way is a block the forward calls as a module whose output is the
-# next block's hidden input (a linked block): not the code before the first block when it is a
-# stage, not a block whose a_i is made by the code after it, not stage L (which holds the head and
-# the loss); a schedule that recomputes one of those is refused.
+# next block's hidden input (a linked block), or the code before the first block when it is a
+# stage (NOTE [ recomputing the code before the first block ]): not a block whose a_i is made by
+# the code after it, not stage L (which holds the head and the loss); a schedule that recomputes
+# one of those is refused.
 
 
 class Slot:
@@ -251,10 +253,10 @@ def _argument_name(module: nn.Module, k: int) -> str:
 
 def stateful_argument(module: nn.Module, args: tuple, kwargs: dict, hidden_at: tuple[str, Any]) -> str | None:
     """Why ``module`` called on ``args`` / ``kwargs`` must not be recomputed, or ``None``: the
-    first argument other than the hidden state (at ``hidden_at``) that holds an object other
+    first argument other than the hidden state (at ``hidden_at``; ``None``: none) that holds an object other
     than a tensor, a value or a container of those (NOTE [ arguments a recomputation would
     change again ])."""
-    where, key = hidden_at
+    where, key = hidden_at if hidden_at is not None else (None, None)
     named = [(_argument_name(module, j), a) for j, a in enumerate(args) if not (where == "arg" and j == key)]
     named += [(k, v) for k, v in kwargs.items() if not (where == "kw" and k == key)]
     for name, value in named:
@@ -310,9 +312,9 @@ def recomputes_without_grad(device: torch.device | str) -> bool:
     return torch.device(device).type == "cpu"
 
 
-def _plain_attrs(module: nn.Module) -> list[tuple[nn.Module, str, Any]]:
+def _plain_attrs(modules: Iterable[nn.Module]) -> list[tuple[nn.Module, str, Any]]:
     out = []
-    for m in module.modules():
+    for m in modules:
         for k, v in vars(m).items():
             if type(v) in _PLAIN and not k.startswith("_"):
                 out.append((m, k, v))
@@ -332,13 +334,16 @@ class CallRecord:
         Its arguments; the hidden state at ``hidden_at`` is left out (read again at each
         recomputation from the a_{i-1} instance the schedule names).
     hidden_at
-        ``("arg", k)`` or ``("kw", name)``.
+        ``("arg", k)`` or ``("kw", name)``; ``None`` for :class:`PrefixRecord` (no hidden input).
     hidden
         The hidden input as the call got it (for its version and ``requires_grad``; not kept).
     device
         The device of the step (for its RNG state and autocast).
     mutable
         ids of buffers known to change in a forward (cloned); ``None``: clone every buffer.
+    state
+        The modules whose buffers and plain attributes the call may change (each without its
+        submodules); by default ``module`` and all its submodules.
     """
 
     def __init__(
@@ -347,24 +352,25 @@ class CallRecord:
         stage: int,
         args: tuple,
         kwargs: dict,
-        hidden_at: tuple[str, Any],
-        hidden: torch.Tensor,
+        hidden_at: tuple[str, Any] | None,
+        hidden: torch.Tensor | None,
         device: torch.device,
         mutable: set[int] | None,
+        state: Sequence[nn.Module] | None = None,
     ) -> None:
-        where, key = hidden_at
+        where, key = hidden_at if hidden_at is not None else (None, None)
         if where == "arg":
             self.args = tuple(None if j == key else a for j, a in enumerate(args))
             self.kwargs = dict(kwargs)
         else:
             self.args = tuple(args)
-            self.kwargs = {k: (None if k == key else v) for k, v in kwargs.items()}
+            self.kwargs = {k: (None if where == "kw" and k == key else v) for k, v in kwargs.items()}
         self.module = module
         self.stage = stage
         self.hidden_at = hidden_at
         self.arguments = arguments_state((self.args, self.kwargs))
-        self.hidden_version = hidden._version
-        self.hidden_requires_grad = hidden.requires_grad
+        self.hidden_version = hidden._version if hidden is not None else None
+        self.hidden_requires_grad = hidden.requires_grad if hidden is not None else False
         self.device = device
         self.cpu_rng = torch.get_rng_state()
         self.cuda_rng = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
@@ -376,11 +382,36 @@ class CallRecord:
             if torch.amp.is_autocast_available(dt)
         }
         self.autocast_cache = torch.is_autocast_cache_enabled()
-        self.attrs = _plain_attrs(module)
+        owners = list(module.modules()) if state is None else list(state)
+        self.attrs = _plain_attrs(owners)
         self.buffers: list[tuple[str, torch.Tensor, int, torch.Tensor | None]] = []
-        for name, b in module.named_buffers():
+        named = module.named_buffers() if state is None else ((n, b) for m in owners for n, b in m.named_buffers(recurse=False))
+        for name, b in named:
             clone = b.detach().clone() if mutable is None or id(b) in mutable else None
             self.buffers.append((name, b, b._version, clone))
+        #: Set by :meth:`ended`: the buffers' versions were checked at the end of the call.
+        self.checked = False
+
+    def ended(self) -> None:
+        """The original call returned: refuse now if it moved the version of a buffer it holds
+        no snapshot of (NOTE [ state changes happen once ]). Checked here, not at the
+        recomputation, when code that runs later (the blocks after the code before the first
+        block, the head) moves the versions of buffers the record covers."""
+        self._check_versions()
+        self.checked = True
+
+    def _check_versions(self) -> None:
+        for name, b, v, snap in self.buffers:
+            if snap is None and b._version != v:
+                raise RuntimeError(
+                    f"chainoffload_torch: {self._what()}'s forward changed its buffer {name!r} in this step, which no "
+                    "earlier step did, so the executor holds no copy of its value before the change and cannot "
+                    "recompute it as it ran; train this model with method='best' (no recomputation), or "
+                    "profile again (handle.remove(), then offload())"
+                )
+
+    def _what(self) -> str:
+        return f"block {self.stage}"
 
     def changed_buffers(self) -> list[torch.Tensor]:
         """The buffers the call changed, of those it holds a snapshot of: their version moved,
@@ -412,14 +443,8 @@ class CallRecord:
 
     @contextlib.contextmanager
     def _state(self) -> Iterator[None]:
-        for name, b, v, snap in self.buffers:
-            if snap is None and b._version != v:
-                raise RuntimeError(
-                    f"chainoffload_torch: block {self.stage}'s forward changed its buffer {name!r} in this step, which no "
-                    "earlier step did, so the executor holds no copy of its value before the change and cannot "
-                    "recompute the block as it ran; train this model with method='best' (no recomputation), or "
-                    "profile again (handle.remove(), then offload())"
-                )
+        if not self.checked:
+            self._check_versions()
         now_attrs = [(m, k, getattr(m, k, None)) for m, k, _ in self.attrs]
         restore = [(b, snap) for _, b, _, snap in self.buffers if snap is not None]
         now_bufs = [(b, b.detach().clone()) for b, _ in restore]
@@ -447,3 +472,105 @@ class CallRecord:
                     with torch.no_grad():
                         for b, v in now_bufs:
                             b.data.copy_(v)
+
+
+# NOTE [ recomputing the code before the first block ]
+# When the code before the first block (embeddings, a CNN stem) is stage 1 (NOTE [ the prefix as
+# a stage ] in _instrument.py), it is no module call: it is the start of the model's own forward,
+# up to the first block's call. Its inputs are the model's arguments, which the executor records
+# as it records a block's (the caller holds them; a_0 is 0 bytes). A recomputation therefore runs
+# the model's forward again, model.forward(*args, **kwargs) -- the root module's hooks are not
+# run: the instrument's would start a step, and a model with forward pre-hooks of its own is not
+# recomputed -- and stops it at the first block's call, by a forward pre-hook put first on that
+# block which raises _PrefixEnd (a BaseException: the forward's own `except Exception` cannot
+# swallow it) with the block's hidden input: a_1. Everything the forward ran until then is the
+# prefix's code, run under the RNG states, autocast state and grad mode the original forward
+# started with, so its saved tensors and a_1 are the original's bit for bit, and what it saved
+# fills the original's slots in order (NOTE [ recomputation ]). The state put back and restored
+# (NOTE [ state changes happen once ]) is that of the model's modules outside the blocks (the
+# stem's batch norm, a step counter of the root module): the blocks' own do not run in it. It is
+# not recomputed (and the profile says so in the table) when the model has forward pre-hooks of
+# its own, when its first block has (a pre-hook put first would see other arguments than the
+# instrument saw), or when the model's call takes an object that may hold state (a cache) or the
+# prefix changes one of the model's arguments; the executor checks again at every step.
+
+
+class _PrefixEnd(BaseException):
+    """Raised at the first block's call to stop a recomputation of the code before it."""
+
+    def __init__(self, hidden: Any) -> None:
+        super().__init__()
+        self.hidden = hidden
+
+
+def prefix_state(model: nn.Module, blocks: Iterable[nn.Module]) -> list[nn.Module]:
+    """The modules of ``model`` outside every block: the state the code before the first block
+    may change (NOTE [ recomputing the code before the first block ])."""
+    inside = {id(m) for b in blocks for m in b.modules()}
+    return [m for m in model.modules() if id(m) not in inside]
+
+
+class PrefixRecord(CallRecord):
+    """The original call of the code before the first block, when it is stage 1: the model's
+    arguments, and the state it started from (NOTE [ recomputing the code before the first block ]).
+
+    Parameters
+    ----------
+    model
+        The model whose forward is the step.
+    first
+        The first block (its call ends the prefix).
+    hidden_of
+        Where the first block's call holds its hidden state: ``hidden_of(args, kwargs)``.
+    args, kwargs, device, mutable, state
+        The model's call and as for :class:`CallRecord`.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        first: nn.Module,
+        hidden_of: Any,
+        args: tuple,
+        kwargs: dict,
+        device: torch.device,
+        mutable: set[int] | None,
+        state: Sequence[nn.Module],
+    ) -> None:
+        super().__init__(model, 1, args, kwargs, None, None, device, mutable, state=state)
+        self.first = first
+        self.hidden_of = hidden_of
+
+    def _what(self) -> str:
+        return "the code before the first block"
+
+    def call(self, hidden: Any, hooks: Any, grad: bool = True) -> Any:
+        """Run the model's forward again, up to its first block's call; return that call's
+        hidden input (a_1). ``hidden`` is unused (the prefix has no hidden input).
+
+        ``grad`` is ignored: the prefix always reruns under the original call's grad mode. It is
+        the model's own code, not a block's, and may read the grad mode where a block's layers do
+        not; the no_grad evidence of NOTE [ what an Fck or Fn costs ] covers blocks only."""
+        if arguments_state((self.args, self.kwargs)) != self.arguments:
+            raise RuntimeError(
+                "chainoffload_torch: the model's arguments changed after its forward read them (a list or dict "
+                "modified, a tensor among them modified in place), so a recomputation of the code before the first "
+                "block would not run it as it ran; train this model with method='best' (no recomputation)"
+            )
+
+        def stop(module: nn.Module, args: tuple, kwargs: dict) -> None:
+            raise _PrefixEnd(self.hidden_of(args, kwargs))
+
+        handle = self.first.register_forward_pre_hook(stop, with_kwargs=True, prepend=True)
+        try:
+            with self._state(), hooks:
+                self.module.forward(*self.args, **self.kwargs)
+        except _PrefixEnd as end:
+            return end.hidden
+        finally:
+            handle.remove()
+        raise RuntimeError(
+            "chainoffload_torch: the model's forward, run again on the same arguments to recompute the code before "
+            "its first block, returned without calling that block; train this model with method='best' (no "
+            "recomputation)"
+        )

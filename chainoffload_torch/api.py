@@ -215,6 +215,7 @@ class Offloader:
             resident_bytes=plan.resident_bytes,
             names=self.blocks.names,
             blocks=self.blocks,
+            model=self.model,
             # A plan of offload()'s own came from a profile: what it did not see is warned of,
             # not refused mid-training; a schedule given by hand is the user's word, refused.
             strict=self._planner is None,
@@ -955,8 +956,10 @@ def budget_curve(
         that recompute (``"rotor"``, ``"joint"``, the fixed policies ``"checkpoint-all"``,
         ``"sqrt-checkpoint"``) are solved as :func:`offload` solves them: on the chain with a
         prohibitive ``fwd_nosave`` for the stages the executor cannot recompute (the last block,
-        the code before the first block when it is a stage, ...), so a point where such a
-        method fits only by recomputing one of them shows a prohibitive overhead.
+        a block whose a_i the code after it makes, ...; also the code before the first block
+        when it is a stage: this sweep's profile does not watch the model's own calls, which
+        :func:`offload` does before it recomputes that code), so a point where such a method
+        fits only by recomputing one of them shows a prohibitive overhead.
     time_limit
         Seconds per solve for the methods that take one. ``None`` (default): none, each
         method stops by its own work budget, so the same chain gives the same curve on any

@@ -32,6 +32,7 @@ How a schedule becomes actions (see docs/model.md, "The schedule"):
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 import warnings
 import weakref
@@ -51,8 +52,10 @@ from ._recompute import (
     FORWARD_KINDS,
     Act,
     CallRecord,
+    PrefixRecord,
     RematPlan,
     Slot,
+    prefix_state,
     rebuild_act,
     recomputes_without_grad,
     stateful_argument,
@@ -134,6 +137,7 @@ class _Step:
         self.acts: dict[int, tuple[int, Act]] = {}  # a_i instances held for a recomputation: (maker op, act)
         self.inst: dict[int, str] = {}  # per unit, its instance on the device: "a" (lone a_i) or "whole"
         self.outputs: dict[int, tuple[int, int]] = {}  # a recomputed block's output: (address, version)
+        self.call: tuple[tuple, dict] = ((), {})  # the model's arguments (a recomputed prefix's inputs)
 
 
 class ScheduleRun:
@@ -175,14 +179,18 @@ class ScheduleRun:
     blocks
         The chain's stages in the model; needed by a rematerializing schedule (the blocks it
         recomputes are called again).
+    model
+        The model whose forward is the step; needed by a rematerializing schedule that
+        recomputes the code before the first block when it is stage 1 (NOTE [ recomputing the
+        code before the first block ] in _recompute.py).
 
     Raises
     ------
     ValueError
         The schedule does not fit the chain, offloads an instance before the op that makes it
-        ends, or recomputes what cannot be called again (the code before the first block, a
-        block whose output is not the next block's hidden input, the last block) or has no
-        ``blocks``.
+        ends, or recomputes what cannot be called again (the code before the first block
+        without ``model``, a block whose output is not the next block's hidden input, the last
+        block) or has no ``blocks``.
     """
 
     def __init__(
@@ -200,6 +208,7 @@ class ScheduleRun:
         resident_bytes: int = 0,
         strict: bool = True,
         blocks: Blocks | None = None,
+        model: nn.Module | None = None,
     ) -> None:
         if not isinstance(chain, co.Chain):
             raise TypeError(f"chain: expected a chainoffload.Chain, got {type(chain).__name__}")
@@ -210,6 +219,7 @@ class ScheduleRun:
         schedule.validate(chain)
         self.remat = RematPlan.of(schedule, chain.length) if schedule.has_remat else None
         self.blocks = blocks
+        self.model = model
         if self.remat is not None:
             self._check_recomputable(blocks, chain.length)
         self.chain = chain
@@ -235,6 +245,7 @@ class ScheduleRun:
         #: (NOTE [ state changes happen once ] in _recompute.py).
         self._mutable: set[int] = set()
         self._learned = False
+        self._prefix_state: list[nn.Module] | None = None  # the modules outside the blocks
         #: Per stage (index i - 1), the op the model's own forward runs: its first forward op.
         self._orig = self.remat.orig if self.remat is not None else tuple(range(chain.length))
         self._build_events()
@@ -298,9 +309,11 @@ class ScheduleRun:
         for i in sorted(need):
             b = i - off
             if b < 1:
+                if self.model is not None:
+                    continue  # NOTE [ recomputing the code before the first block ] in _recompute.py
                 raise ValueError(
                     f"schedule: recomputes stage {i}, the code before the first block ({blocks.names[0]}), which is no "
-                    "module call the executor can run again"
+                    "module call the executor can run again without the model (model=)"
                 )
             if not blocks.is_linked(b):
                 raise ValueError(
@@ -412,6 +425,7 @@ class ScheduleRun:
         ledger.add_resident((args, kwargs))
         step = _Step(ledger)
         step.passive = passive
+        step.call = (args, kwargs)
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
             step.mem_base = torch.cuda.memory_allocated(device)
@@ -462,7 +476,9 @@ class ScheduleRun:
                 f"between them changed it, in place or not), so a recomputed a_{idx - 1} would not be its input; the "
                 "schedule recomputes from it. Train with method='best' (no recomputation), or let offload() plan"
             )
-        if idx in remat.recomputed:
+        if idx == 1 and idx in remat.recomputed and self.blocks.prefix:
+            step.records[1] = self._record_prefix(step)
+        elif idx in remat.recomputed:
             if not isinstance(hidden, torch.Tensor):
                 raise RuntimeError(f"chainoffload_torch: block {idx} got no tensor as its hidden state; it cannot be recomputed")
             b = idx - int(self.blocks.prefix)
@@ -488,6 +504,32 @@ class ScheduleRun:
         if remat.first[idx - 1] != "F":
             step.dropping = idx
             step.slots[idx] = []
+
+    def _record_prefix(self, step: _Step) -> PrefixRecord:
+        """The record of the code before the first block, stage 1, which the schedule recomputes
+        (NOTE [ recomputing the code before the first block ] in _recompute.py)."""
+        model, first = self.model, self.blocks.modules[0]
+        mine = [h for h in model._forward_pre_hooks.values() if not _is_instrument_hook(h)]
+        mine += [h for h in first._forward_pre_hooks.values() if not _is_instrument_hook(h)]
+        if mine or nn.modules.module._global_forward_pre_hooks:
+            raise RuntimeError(
+                "chainoffload_torch: the schedule recomputes the code before the first block, and the model or its "
+                f"first block ({self.blocks.names[0]}) has forward pre-hooks of its own; a recomputation would not "
+                "run that code as it ran. Remove them, or train with method='best' (no recomputation)"
+            )
+        args, kwargs = step.call
+        why = stateful_argument(model, args, kwargs, None)
+        if why is not None:
+            raise RuntimeError(
+                f"chainoffload_torch: the schedule recomputes the code before the first block, and the model {why}. "
+                "Train with method='best' (no recomputation), or let offload() plan (it never recomputes it then)"
+            )
+        if self._prefix_state is None:
+            self._prefix_state = prefix_state(model, self.blocks.modules)
+        return PrefixRecord(
+            model, first, functools.partial(self.blocks.hidden_of, 1), args, kwargs, self.device,
+            self._mutable if self._learned else None, self._prefix_state,
+        )
 
     def stage_end(self, step: _Step, idx: int, hidden_in: Any, hidden_out: Any) -> None:
         """F_idx ends (for the last block, F_L goes on until the model's forward returns)."""
@@ -517,6 +559,7 @@ class ScheduleRun:
                     "or make the block leave its input alone"
                 )
             self._mutable.update(id(b) for b in rec.changed_buffers())
+            rec.ended()
         step.inst[idx] = "whole" if self.remat.first[idx - 1] == "F" else "a"
         if idx in self.remat.recomputed and idx + 1 in self.remat.recomputed and isinstance(hidden_out, torch.Tensor):
             step.outputs[idx] = (hidden_out.untyped_storage().data_ptr(), hidden_out._version)
@@ -775,23 +818,28 @@ class ScheduleRun:
         rec = step.records.get(i)
         if rec is None:
             raise RuntimeError(f"chainoffload_torch: {kind}_{i} recomputes block {i}, whose call was not recorded in this step")
-        maker = self.remat.maker_of_read[k]
-        held = step.acts.get(i - 1)
-        if held is None or held[0] != maker:
-            raise RuntimeError(
-                f"chainoffload_torch: {kind}_{i} (op {k}) reads the a_{i - 1} that op {maker} made, which the executor "
-                "does not hold"
-            )
-        x = self._read_act(step, held[1], rec)
-        x = x.detach()
-        if rec.hidden_requires_grad:
-            x.requires_grad_(True)
+        what = f"block {i}"
+        if isinstance(rec, PrefixRecord):
+            what = "the code before the first block"
+            x = None  # its inputs are the model's arguments, in the record
+        else:
+            maker = self.remat.maker_of_read[k]
+            held = step.acts.get(i - 1)
+            if held is None or held[0] != maker:
+                raise RuntimeError(
+                    f"chainoffload_torch: {kind}_{i} (op {k}) reads the a_{i - 1} that op {maker} made, which the "
+                    "executor does not hold"
+                )
+            x = self._read_act(step, held[1], rec)
+            x = x.detach()
+            if rec.hidden_requires_grad:
+                x.requires_grad_(True)
         ledger = step.ledger
         if i in ledger.units or i in ledger.output:
             self._drop_unit(step, i)  # F over a lone a_i replaces it
         ledger._seen[i] = 0  # the same storages in the same order: pins apply as in the forward
         step.offload_issued.discard(i)  # an offload moves the instance its maker made, not this one
-        for t in list(tensors_in((rec.args, rec.kwargs))) + [x]:
+        for t in list(tensors_in((rec.args, rec.kwargs))) + ([x] if x is not None else []):
             if t.device == self.device and t.layout == torch.strided:
                 ledger._borrow(t)  # the caller's, or unit i-1's: never unit i's
         step.inst[i] = "whole" if kind == "F" else "a"
@@ -813,7 +861,7 @@ class ScheduleRun:
             # Never train on: say which block failed and what to do (NOTE [ arguments a
             # recomputation would change again ] in _recompute.py names the usual cause).
             raise RuntimeError(
-                f"chainoffload_torch: recomputing block {i} ({kind}_{i}, op {k}) in the backward failed: "
+                f"chainoffload_torch: recomputing {what} ({kind}_{i}, op {k}) failed: "
                 f"{type(exc).__name__}: {exc}. A block that is recomputed must compute the same thing when called "
                 "again on the same arguments; one that updates state it is given (a key/value cache: call the model "
                 "with use_cache=False) or keeps state of its own cannot. Train with method='best' (no recomputation)"
@@ -822,12 +870,12 @@ class ScheduleRun:
             step.current = current
         a = first_tensor(out)
         if not isinstance(a, torch.Tensor):
-            raise RuntimeError(f"chainoffload_torch: block {i} returned no tensor when recomputed")
+            raise RuntimeError(f"chainoffload_torch: {what} returned no tensor when recomputed")
         if kind == "F":
             slots = step.slots.pop(i, None)
             if slots is None or len(slots) != len(records):
                 raise RuntimeError(
-                    f"chainoffload_torch: block {i} saved {len(records)} tensors when recomputed but "
+                    f"chainoffload_torch: {what} saved {len(records)} tensors when recomputed but "
                     f"{'none' if slots is None else len(slots)} in its forward; a block that is recomputed must run "
                     "the same operations each time (no data-dependent control flow over what it saves, no state it "
                     "updates: a key/value cache, for which call the model with use_cache=False). Train with "

@@ -230,12 +230,12 @@ class _Planner:
         # executor's Fck / Fn cost in the forward, where they run with autograd, and at most what
         # a recomputed one costs (NOTE [ what an Fck or Fn costs ] in _recompute.py).
         remat = self.method is None or co.solvers.spec(self.method).remat
-        with _watch_blocks(instrument.blocks) as unsafe:
+        with _watch_blocks(instrument.blocks, self.model) as unsafe:
             chain, sizes = measure_chain(
                 instrument, self.model, args, kwargs, self.device, repeats=self.repeats, warmup=self.warmup,
                 name=type(self.model).__name__, nosave=False, split_prefix=self.may_split_prefix, reference=self.reference,
             )
-        blocks = _Unsafe(instrument.blocks, unsafe)
+        blocks = _Unsafe(instrument.blocks, unsafe, prefix_watched=True)
         self.may_split_prefix = False
         self.reference = None
         keep = co.solvers.check_keep(chain, self.keep)
@@ -504,11 +504,14 @@ def _takes(method: str | None) -> set[str] | None:
 
 
 class _Unsafe:
-    """The chain's blocks, with the blocks a profile saw to be unsafe to recompute."""
+    """The chain's blocks, with the blocks a profile saw to be unsafe to recompute (key 0: the
+    code before the first block) and whether the profile watched the model's own calls
+    (``prefix_watched``: only then may the code before the first block be recomputed)."""
 
-    def __init__(self, blocks: Any, unsafe: dict[int, str]) -> None:
+    def __init__(self, blocks: Any, unsafe: dict[int, str], prefix_watched: bool = False) -> None:
         self.blocks = blocks
         self.unsafe = unsafe
+        self.prefix_watched = prefix_watched
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.blocks, name)
@@ -541,20 +544,39 @@ def _recomputed(schedule: co.Schedule) -> set[int]:
 
 
 @contextlib.contextmanager
-def _watch_blocks(blocks: Any) -> Iterator[dict[int, str]]:
+def _watch_blocks(blocks: Any, model: nn.Module | None = None) -> Iterator[dict[int, str]]:
     """Watch the blocks' calls while profiling; yield {block index (1-based): why it must not
-    be recomputed}, filled when the context exits."""
+    be recomputed}, filled when the context exits. With ``model``, its calls are watched too,
+    for the code before the first block (key 0: NOTE [ recomputing the code before the first
+    block ] in _recompute.py)."""
     from ._instrument import _Hook
     from ._recompute import arguments_state, stateful_argument
 
     found: dict[int, str] = {}
     n = len(blocks.modules)
     calls = [0]
-    state: dict[str, Any] = {"open": [], "last": None}
+    state: dict[str, Any] = {"open": [], "last": None, "root": None}
+
+    def root_pre(module: nn.Module, a: tuple, kw: dict) -> None:
+        why = stateful_argument(module, a, kw, None)
+        if why is not None:
+            found.setdefault(0, f"the model's call {why}")
+        state["root"] = ((a, kw), arguments_state((a, kw)))
+
+    def root_post(module: nn.Module, a: tuple, kw: dict, out: Any) -> None:
+        # Changed anywhere in the step's forward (a loss that fills labels in place): a
+        # recomputation in the backward would read other arguments than the forward did.
+        root = state["root"]
+        state["root"] = None
+        if root is not None and arguments_state(root[0]) != root[1]:
+            found.setdefault(0, "the model's forward changes an argument it is given, so a recomputation would read other values")
 
     def pre(module: nn.Module, a: tuple, kw: dict) -> None:
         b = calls[0] % n + 1
         calls[0] += 1
+        root = state["root"]
+        if b == 1 and root is not None and arguments_state(root[0]) != root[1]:
+            found.setdefault(0, "it changes an argument the model is given: a recomputation would change it again")
         hidden = blocks.hidden_of(b, a, kw)
         last = state["last"]
         if last is not None and last[0] == b - 1 and last[1] is hidden and hidden._version != last[2]:
@@ -591,6 +613,14 @@ def _watch_blocks(blocks: Any) -> Iterator[dict[int, str]]:
     for b, module in enumerate(blocks.modules, start=1):
         if any(not isinstance(h, _Hook) for h in module._forward_pre_hooks.values()):
             found.setdefault(b, "has forward pre-hooks of its own (a recomputation would run them again)")
+    if model is not None:
+        if any(not isinstance(h, _Hook) for h in model._forward_pre_hooks.values()) or nn.modules.module._global_forward_pre_hooks:
+            found.setdefault(0, "the model has forward pre-hooks of its own (a recomputation would not run them)")
+        if 1 in found and "pre-hooks" in found[1]:
+            found.setdefault(0, "its first block has forward pre-hooks of its own (a recomputation would stop before them)")
+        # First among the model's pre-hooks: it sees the arguments as the model's call got them.
+        handles.append(model.register_forward_pre_hook(root_pre, with_kwargs=True, prepend=True))
+        handles.append(model.register_forward_hook(root_post, with_kwargs=True))
     for module in {id(m): m for m in blocks.modules}.values():
         handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
         handles.append(module.register_forward_hook(post, with_kwargs=True))
@@ -611,12 +641,14 @@ def not_recomputable(chain: co.Chain, sizes: Sizes | None, blocks: Any) -> dict[
     """The stages the executor cannot recompute, each with why (NOTE [ one call chooses ])."""
     length = chain.length
     out: dict[int, str] = {length: "the last block, with the head and the loss"}
-    off0 = int(getattr(blocks, "prefix", False))
-    for b, why in getattr(blocks, "unsafe", {}).items():
-        out.setdefault(b + off0, why)
     off = int(getattr(blocks, "prefix", False))
-    if off:
-        out.setdefault(1, "the code before the first block")
+    for b, why in getattr(blocks, "unsafe", {}).items():
+        if b + off >= 1:  # key 0 is the code before the first block, a stage only with the prefix
+            out.setdefault(b + off, why)
+    if off and not getattr(blocks, "prefix_watched", False):
+        # NOTE [ recomputing the code before the first block ] in _recompute.py: only where the
+        # profile watched the model's calls (its hooks, its arguments).
+        out.setdefault(1, "the code before the first block, whose model calls the profile did not watch")
     if blocks is not None:
         for b in range(1, len(blocks.modules)):
             if not blocks.is_linked(b):
