@@ -498,9 +498,20 @@ def _recomputed(schedule: co.Schedule) -> set[int]:
 # would start from is gone), a block whose output the code after it modifies in place before the
 # next block reads it (a recomputed a_i would miss the change), a block with forward pre-hooks
 # of its own (a recomputation would run them again on arguments they already changed), a block
-# given an object that may hold state its forward changes (a transformers Cache) and a block
+# given an object that may hold state its forward changes (a transformers Cache), a block
 # that changes an argument it is given (appends to a list): NOTE [ arguments a recomputation
-# would change again ] in _recompute.py.
+# would change again ] in _recompute.py, and a block whose output is a view that is modified in
+# place after the block returns (by the next block, the code between, or any later code).
+#
+# That last one: the executor's recomputation of block i runs at the start of B_i, marked by a
+# tensor hook on a_i, and fills the slots of the graph the no-save forward made. An in-place op
+# on a view rebases the view's history onto its base (CopySlices on the base, whose next edge is
+# the base's own node in block i's graph), so the gradient enters block i's graph around a_i's
+# node: a_i's hook never fires, and block i's saved tensors are unpacked before anything
+# recomputed them (the executor then raises; the fuzz found it with a transpose block's
+# reshaped output and a next block starting with relu_). An in-place op on a_i itself, or on a
+# view of an a_i that is no view, keeps a_i's node on the path and its hook fires. Such a block
+# is kept, not recomputed; offloading it stays safe (a read before its prefetch fetches it).
 
 
 @contextlib.contextmanager
@@ -509,15 +520,29 @@ def _watch_blocks(blocks: Any) -> Iterator[dict[int, str]]:
     be recomputed}, filled when the context exits."""
     from ._instrument import _Hook
     from ._recompute import arguments_state, stateful_argument
+    from ._saved import version_probe
 
     found: dict[int, str] = {}
     n = len(blocks.modules)
     calls = [0]
-    state: dict[str, Any] = {"open": [], "last": None}
+    # "views": per block of this pass whose output is a view, (block, a probe of the output's
+    # version counter that holds none of its storage, the version at the block's end).
+    state: dict[str, Any] = {"open": [], "last": None, "views": []}
+
+    def views_modified() -> None:
+        for b, probe, ver in state["views"]:
+            if probe._version != ver:
+                found.setdefault(
+                    b, "its output is a view that later code modifies in place, so the backward reaches the block "
+                    "around its output, before a recomputation could run"
+                )
 
     def pre(module: nn.Module, a: tuple, kw: dict) -> None:
         b = calls[0] % n + 1
         calls[0] += 1
+        views_modified()
+        if b == 1:
+            state["views"] = []  # a new pass: the last one's outputs were checked up to here
         hidden = blocks.hidden_of(b, a, kw)
         last = state["last"]
         if last is not None and last[0] == b - 1 and last[1] is hidden and hidden._version != last[2]:
@@ -547,8 +572,11 @@ def _watch_blocks(blocks: Any) -> Iterator[dict[int, str]]:
                 b, "changes an argument it is given (appends to a list, modifies a tensor in place): a recomputation "
                 "would change it again"
             )
+        views_modified()
         first = next(iter(t for t in _tensors(out)), None)
         state["last"] = (b, first, first._version) if first is not None else None
+        if first is not None and first.requires_grad and first._is_view():
+            state["views"].append((b, version_probe(first), first._version))
 
     handles = []
     for b, module in enumerate(blocks.modules, start=1):
@@ -560,6 +588,8 @@ def _watch_blocks(blocks: Any) -> Iterator[dict[int, str]]:
     try:
         yield found
     finally:
+        views_modified()  # the last pass's outputs, modified by the code after the last block
+        state["views"] = []
         for h in handles:
             h.remove()
 
