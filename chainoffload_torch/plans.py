@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import warnings
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -114,6 +115,10 @@ class Plan:
     not_recomputable
         The stages no plan of a method that recomputes may recompute, each with why
         (NOTE [ one call chooses ]); empty when no such method was solved with.
+    fallback
+        For shapes met after offload() whose budget fits no plan of the method asked: what the
+        plan does instead (another method, or more memory for a fraction), as the warning said
+        (NOTE [ a later shape that fits no plan ]); ``None`` otherwise.
     """
 
     key: tuple | None
@@ -126,6 +131,7 @@ class Plan:
     host_bytes: int | None = None
     reused_from: tuple | None = None
     not_recomputable: dict[int, str] = dataclasses.field(default_factory=dict)
+    fallback: str | None = None
 
     @property
     def resident_bytes(self) -> int:
@@ -214,6 +220,9 @@ class _Planner:
         #: Whether the first plan may make the prefix a stage (NOTE [ the prefix as a stage ]);
         #: the chain's layout is the handle's, so later plans keep it.
         self.may_split_prefix = True
+        #: Whether offload()'s own plan was made: a later shape that fits no plan falls back
+        #: (NOTE [ a later shape that fits no plan ]) where offload() itself refuses.
+        self.planned = False
 
     def plan(self, instrument: Instrument, args: tuple, kwargs: dict, key: tuple) -> Plan:
         # No fwd_nosave (NOTE [ how many profiling steps ]): the chain's default, fwd, is what the
@@ -231,11 +240,16 @@ class _Planner:
         resident = sizes.resident_bytes
         # NOTE [ resident outside the chain ]: the solver gets the budget less what stays resident.
         platform = self.link.with_memory(max(0, self.budget.bytes_for(chain, resident, step_peak(chain, sizes)) - resident))
+        fallback = None
         try:
             result = solve_for(chain, platform, self.method, keep, sizes, self.options, key, blocks=blocks)
         except ValueError as exc:
             # NOTE [ what would help ]: the coverage and the blocks= to paste.
-            raise ValueError(f"{exc}; {what_would_help(chain, sizes, instrument.blocks)}") from None
+            refusal = f"{exc}; {what_would_help(chain, sizes, instrument.blocks)}"
+            if not self.planned:
+                raise ValueError(refusal) from None
+            result, platform, fallback = self._later_shape(chain, platform, keep, sizes, key, blocks, refusal)
+        self.planned = True
         host = sizes.host_bytes(result.schedule.offloaded_units)
         if self.host_memory is not None and host > self.host_memory:
             raise ValueError(
@@ -244,7 +258,76 @@ class _Planner:
                 f"buffers, above host_memory={format_bytes(self.host_memory)}; give more GPU memory or more host memory"
             )
         banned = not_recomputable(chain, sizes, blocks) if remat else {}
-        return Plan(key, chain, platform, result.schedule, result, sizes, keep, host, not_recomputable=banned)
+        return Plan(key, chain, platform, result.schedule, result, sizes, keep, host, not_recomputable=banned, fallback=fallback)
+
+    def _later_shape(
+        self, chain: co.Chain, platform: co.Platform, keep: set[int], sizes: Sizes, key: tuple, blocks: Any, refusal: str,
+    ) -> tuple[co.Result, co.Platform, str]:
+        """A plan for shapes met after offload() whose budget fits no plan of the method asked
+        (NOTE [ a later shape that fits no plan ]): the result, its platform and what was done,
+        after a warning; raises ``ValueError`` (``refusal`` and what to do) for a budget in bytes."""
+        resident = sizes.resident_bytes
+        asked = exact_bytes(int(platform.memory) + resident)
+        shapes = describe_key(key)
+
+        def default(memory: int) -> co.Result | None:
+            try:
+                return solve_for(chain, platform.with_memory(memory), None, keep, sizes, self.options, key, blocks=blocks)
+            except ValueError:
+                return None
+
+        if self.method is not None:
+            result = default(int(platform.memory))
+            if result is not None:
+                done = (
+                    f"method={self.method!r} finds no schedule in {asked} for {shapes}, which offload() did not plan "
+                    f"for; offload()'s own choice among {', '.join(EXECUTABLE_METHODS)} fits (method {result.method!r}), "
+                    "so these shapes train with its plan: the same numbers, other copies or recomputations"
+                )
+                _warn(f"{done}. Pass method=None to offload() to let it choose for every shape, or plan the shapes you "
+                      "will train with up front with handle.prepare(sample) to see what each gets")
+                return result, platform, done
+        if not isinstance(self.budget.value, float):
+            raise ValueError(
+                f"{refusal}. These shapes came after offload() planned for others, and memory= in bytes caps every "
+                "shape: give at least the least memory known to work above, give memory= as a fraction of each "
+                "shape's keep-all peak, or train with shapes that fit (handle.prepare(sample) tells before training)"
+            ) from None
+        # A fraction: the least memory a plan of offload()'s own choice is found to fit in, by
+        # bisection from the proven floor of any schedule up to a pure-offloading schedule known
+        # to fit (largest-first's least memory), or the keep-all peak.
+        resident_u = resident_units(chain, sizes, keep)
+        lo = max(int(platform.memory), int(chain.stage_memory_floor()) - 1)
+        top = int(co.keep_all_peak(chain))
+        works = co.minimum_memory(chain, platform, "largest-first", keep=sorted(resident_u))
+        best, hi = None, top
+        if works is not None and lo < int(works) < top:
+            best = default(int(works))
+            hi = int(works) if best is not None else top
+        if best is None:
+            best = default(top)
+            if best is None:
+                raise ValueError(refusal) from None
+        for _ in range(_BISECTIONS):
+            if hi - lo <= max(1, hi // 200):
+                break
+            mid = (lo + hi) // 2
+            result = default(mid)
+            if result is not None:
+                best, hi = result, mid
+            else:
+                lo = mid
+        peak = step_peak(chain, sizes)
+        given = hi + resident
+        done = (
+            f"memory={self.budget.value:g} of the keep-all peak is {asked} for {shapes}, which offload() did not plan "
+            f"for, and no schedule fits in it; these shapes train with a plan for {exact_bytes(given)} "
+            f"({given / peak:.3g} of their keep-all peak {exact_bytes(peak)}, the least memory a plan was found to fit "
+            "in): more than asked, less than plain PyTorch's keep-all peak, the same numbers"
+        )
+        _warn(f"{done}. Give a larger fraction, or memory= in bytes to cap every shape (a shape that fits no plan is "
+              "then refused); handle.prepare(sample) plans a shape before training")
+        return best, platform.with_memory(hi), done
 
 
     def measure(self, instrument: Instrument, args: tuple, kwargs: dict, like: Plan | None = None) -> Sizes:
@@ -295,6 +378,32 @@ class _Planner:
             key, chain, platform, ref.schedule, None, sizes, frozenset(keep), host, reused_from=ref.key,
             not_recomputable=ref.not_recomputable,
         )
+
+
+#: Solves the search for a later shape's least memory may take (NOTE [ a later shape that fits no plan ]).
+_BISECTIONS = 8
+
+
+def _warn(text: str) -> None:
+    warnings.warn(f"chainoffload_torch: {text}", RuntimeWarning, stacklevel=5)
+
+
+# NOTE [ a later shape that fits no plan ]
+# offload() refuses up front a budget that fits no plan: the user chooses again before training.
+# A shape met later (on_new_shape="replan", or handle.prepare) is planned inside training, where
+# a refusal stops a run that plain PyTorch would carry on, so the planner tries, in order:
+# * a method named by the user that finds nothing (a heuristic such as largest-first can miss a
+#   schedule that exists: the fuzz's model 4457 at 781 B, floors at 592 B): offload()'s own
+#   choice among EXECUTABLE_METHODS at the same budget, after a warning;
+# * a budget given as a fraction: the fraction is of each shape's keep-all peak, and the floors
+#   are not the same fraction of it at every shape (the fuzz's model 4991: 0.34 fit at a batch
+#   of 2, the floor of any schedule is 0.344 of the peak at a batch of 4). The plan is made at
+#   the least memory offload()'s own choice is found to fit in, by a bisection of at most
+#   _BISECTIONS solves, after a warning that names both figures: more memory than asked, never
+#   more than the keep-all peak plain PyTorch needs;
+# * a budget in bytes is a cap the user set for every shape: refused, with what to do.
+# The numbers trained are the same in every case; the plan's `fallback` and handle.table() say
+# what was done. docs/model.md states the rule ("Budgets at later shapes").
 
 
 # NOTE [ resident outside the chain ]
