@@ -93,9 +93,58 @@ SPEC_4457 = ModelSpec(
 )
 
 
+# Models 1105 and 4579 of the seed-43 recomputing run (method recompute-all): at a later shape
+# recompute-all fits only by recomputing the code before the first block, which the executor
+# cannot call again; pure offloading fits the same budget.
+SPEC_1105 = ModelSpec(
+    blocks=(
+        BlockSpec(('linear',)),
+        BlockSpec(('linear',)),
+        BlockSpec(('linear',)),
+        BlockSpec(('mul_', 'no_grad', 'linear', 'residual')),
+        BlockSpec(('tanh', 'no_grad', 'residual')),
+        BlockSpec(('bfloat16',)),
+        BlockSpec(('linear',)),
+        BlockSpec(('conj', 'no_grad')),
+        BlockSpec(('index', 'gain')),
+        BlockSpec(('residual',)),
+    ),
+    seed=46813,
+    width=6,
+    batch=1,
+    dtype='float64',
+    data_writes=(8,),
+    batches=(1, 5, 4, 1),
+)
+
+SPEC_4579 = ModelSpec(
+    blocks=(
+        BlockSpec(('complex', 'neg_view', 'narrow', 'neg_view')),
+        BlockSpec(('sigmoid', 'complex', 'neg_view')),
+        BlockSpec(('linear',)),
+        BlockSpec(('residual', 'expand', 'transpose')),
+        BlockSpec(('sigmoid', 'narrow', 'gain')),
+        BlockSpec(('batchnorm',)),
+        BlockSpec(('narrow', 'narrow')),
+        BlockSpec(('expand', 'residual', 'complex', 'linear')),
+        BlockSpec(('complex', 'complex')),
+        BlockSpec(('gelu', 'gelu')),
+    ),
+    seed=48573,
+    width=4,
+    batch=1,
+    batches=(2, 5, 4, 2),
+)
+
+
 @pytest.mark.parametrize(
     "spec, memory, method",
-    [pytest.param(SPEC_4991, 0.34, None, id="recompute-4991"), pytest.param(SPEC_4457, 0.45, "largest-first", id="4457")],
+    [
+        pytest.param(SPEC_4991, 0.34, None, id="recompute-4991"),
+        pytest.param(SPEC_4457, 0.45, "largest-first", id="4457"),
+        pytest.param(SPEC_1105, 0.77, "recompute-all", id="recompute-1105"),
+        pytest.param(SPEC_4579, 0.42, "recompute-all", id="recompute-4579"),
+    ],
 )
 def test_fuzz_later_shapes_whose_budget_fits_no_plan_train_equal(spec, memory, method):
     out = _check(spec, memory, method)
