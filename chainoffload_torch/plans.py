@@ -319,11 +319,12 @@ class _Planner:
                 lo = mid
         peak = step_peak(chain, sizes)
         given = hi + resident
+        other = f" of offload()'s own choice (method {best.method!r}, not {self.method!r})" if self.method is not None else ""
         done = (
             f"memory={self.budget.value:g} of the keep-all peak is {asked} for {shapes}, which offload() did not plan "
-            f"for, and no schedule fits in it; these shapes train with a plan for {exact_bytes(given)} "
+            f"for, and no schedule fits in it; these shapes train with a plan{other} for {exact_bytes(given)} "
             f"({given / peak:.3g} of their keep-all peak {exact_bytes(peak)}, the least memory a plan was found to fit "
-            "in): more than asked, less than plain PyTorch's keep-all peak, the same numbers"
+            "in): more than asked, no more than plain PyTorch's keep-all peak, the same numbers"
         )
         _warn(f"{done}. Give a larger fraction, or memory= in bytes to cap every shape (a shape that fits no plan is "
               "then refused); handle.prepare(sample) plans a shape before training")
