@@ -588,6 +588,8 @@ class Offloader:
                 f"proven floors {exact_bytes(offload_memory_floor(chain) + r)} (pure offloading), "
                 f"{exact_bytes(chain.stage_memory_floor() + r)} (any schedule)"
             )
+        if plan.fallback:
+            tail.append(f"fallback: {plan.fallback}")
         if plan.sizes is not None:
             tail.append(coverage(chain, plan.sizes, self.blocks).describe())
         moved = f"offloaded per step: {format_bytes(plan.offloaded_bytes)} predicted"

@@ -709,7 +709,9 @@ class ScheduleRun:
                 raise RuntimeError(
                     f"chainoffload_torch: the backward of block {packed.stage} needs what its recomputation saves, and "
                     "the recomputation has not run (a backward that reaches this block before the schedule's point: a "
-                    "second backward through the step, or a gradient that does not pass through the block's output)"
+                    "second backward through the step, or a gradient that does not pass through the block's output, as "
+                    "when the output is a view that later code modifies in place). Train with method='best' (no "
+                    "recomputation), or let offload() plan (it never recomputes a block whose output view is modified)"
                 )
             return self.unpack(packed.record)
         if isinstance(packed, Kept):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import warnings
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -119,6 +120,10 @@ class Plan:
         Whether the executor's copies run beside compute on the plan's device (False on CPU,
         where they run inline: NOTE [ copies on CPU ] in _link.py); :attr:`makespan` counts
         them one after another with compute where they do not.
+    fallback
+        For shapes met after offload() whose budget fits no plan of the method asked: what the
+        plan does instead (another method, or more memory for a fraction), as the warning said
+        (NOTE [ a later shape that fits no plan ]); ``None`` otherwise.
     """
 
     key: tuple | None
@@ -132,6 +137,7 @@ class Plan:
     reused_from: tuple | None = None
     not_recomputable: dict[int, str] = dataclasses.field(default_factory=dict)
     overlap: bool = True
+    fallback: str | None = None
 
     @property
     def resident_bytes(self) -> int:
@@ -224,6 +230,9 @@ class _Planner:
         self.may_split_prefix = True
         #: Whether the executor's copies overlap compute here (NOTE [ copies on CPU ] in _link.py).
         self.overlap = copies_overlap(device)
+        #: Whether offload()'s own plan was made: a later shape that fits no plan falls back
+        #: (NOTE [ a later shape that fits no plan ]) where offload() itself refuses.
+        self.planned = False
 
     def plan(self, instrument: Instrument, args: tuple, kwargs: dict, key: tuple) -> Plan:
         # No fwd_nosave (NOTE [ how many profiling steps ]): the chain's default, fwd, is what the
@@ -242,11 +251,16 @@ class _Planner:
         resident = sizes.resident_bytes
         # NOTE [ resident outside the chain ]: the solver gets the budget less what stays resident.
         platform = self.link.with_memory(max(0, self.budget.bytes_for(chain, resident, step_peak(chain, sizes)) - resident))
+        fallback = None
         try:
             result = solve_for(chain, platform, self.method, keep, sizes, self.options, key, blocks=blocks, overlap=self.overlap)
         except ValueError as exc:
             # NOTE [ what would help ]: the coverage and the blocks= to paste.
-            raise ValueError(f"{exc}; {what_would_help(chain, sizes, instrument.blocks)}") from None
+            refusal = f"{exc}; {what_would_help(chain, sizes, instrument.blocks)}"
+            if not self.planned:
+                raise ValueError(refusal) from None
+            result, platform, fallback = self._later_shape(chain, platform, keep, sizes, key, blocks, refusal)
+        self.planned = True
         host = sizes.host_bytes(result.schedule.offloaded_units)
         if self.host_memory is not None and host > self.host_memory:
             raise ValueError(
@@ -255,7 +269,80 @@ class _Planner:
                 f"buffers, above host_memory={format_bytes(self.host_memory)}; give more GPU memory or more host memory"
             )
         banned = not_recomputable(chain, sizes, blocks) if remat else {}
-        return Plan(key, chain, platform, result.schedule, result, sizes, keep, host, not_recomputable=banned, overlap=self.overlap)
+        return Plan(
+            key, chain, platform, result.schedule, result, sizes, keep, host, not_recomputable=banned,
+            overlap=self.overlap, fallback=fallback,
+        )
+
+    def _later_shape(
+        self, chain: co.Chain, platform: co.Platform, keep: set[int], sizes: Sizes, key: tuple, blocks: Any, refusal: str,
+    ) -> tuple[co.Result, co.Platform, str]:
+        """A plan for shapes met after offload() whose budget fits no plan of the method asked
+        (NOTE [ a later shape that fits no plan ]): the result, its platform and what was done,
+        after a warning; raises ``ValueError`` (``refusal`` and what to do) for a budget in bytes."""
+        resident = sizes.resident_bytes
+        asked = exact_bytes(int(platform.memory) + resident)
+        shapes = describe_key(key)
+
+        def default(memory: int) -> co.Result | None:
+            try:
+                return solve_for(chain, platform.with_memory(memory), None, keep, sizes, self.options, key, blocks=blocks, overlap=self.overlap)
+            except ValueError:
+                return None
+
+        if self.method is not None:
+            result = default(int(platform.memory))
+            if result is not None:
+                done = (
+                    f"method={self.method!r} finds no schedule in {asked} for {shapes}, which offload() did not plan "
+                    f"for; offload()'s own choice among {', '.join(EXECUTABLE_METHODS)} fits (method {result.method!r}), "
+                    "so these shapes train with its plan: the same numbers, other copies or recomputations"
+                )
+                _warn(f"{done}. Pass method=None to offload() to let it choose for every shape, or plan the shapes you "
+                      "will train with up front with handle.prepare(sample) to see what each gets")
+                return result, platform, done
+        if not isinstance(self.budget.value, float):
+            raise ValueError(
+                f"{refusal}. These shapes came after offload() planned for others, and memory= in bytes caps every "
+                "shape: give at least the least memory known to work above, give memory= as a fraction of each "
+                "shape's keep-all peak, or train with shapes that fit (handle.prepare(sample) tells before training)"
+            ) from None
+        # A fraction: the least memory a plan of offload()'s own choice is found to fit in, by
+        # bisection from the proven floor of any schedule up to a pure-offloading schedule known
+        # to fit (largest-first's least memory), or the keep-all peak.
+        resident_u = resident_units(chain, sizes, keep)
+        lo = max(int(platform.memory), int(chain.stage_memory_floor()) - 1)
+        top = int(co.keep_all_peak(chain))
+        works = co.minimum_memory(chain, platform, "largest-first", keep=sorted(resident_u))
+        best, hi = None, top
+        if works is not None and lo < int(works) < top:
+            best = default(int(works))
+            hi = int(works) if best is not None else top
+        if best is None:
+            best = default(top)
+            if best is None:
+                raise ValueError(refusal) from None
+        for _ in range(_BISECTIONS):
+            if hi - lo <= max(1, hi // 200):
+                break
+            mid = (lo + hi) // 2
+            result = default(mid)
+            if result is not None:
+                best, hi = result, mid
+            else:
+                lo = mid
+        peak = step_peak(chain, sizes)
+        given = hi + resident
+        other = f" of offload()'s own choice (method {best.method!r}, not {self.method!r})" if self.method is not None else ""
+        done = (
+            f"memory={self.budget.value:g} of the keep-all peak is {asked} for {shapes}, which offload() did not plan "
+            f"for, and no schedule fits in it; these shapes train with a plan{other} for {exact_bytes(given)} "
+            f"({given / peak:.3g} of their keep-all peak {exact_bytes(peak)}, the least memory a plan was found to fit "
+            "in): more than asked, no more than plain PyTorch's keep-all peak, the same numbers"
+        )
+        _warn(f"{done}. Give a larger fraction, or memory= in bytes to cap every shape (a shape that fits no plan is "
+              "then refused); handle.prepare(sample) plans a shape before training")
+        return best, platform.with_memory(hi), done
 
 
     def measure(self, instrument: Instrument, args: tuple, kwargs: dict, like: Plan | None = None) -> Sizes:
@@ -306,6 +393,32 @@ class _Planner:
             key, chain, platform, ref.schedule, None, sizes, frozenset(keep), host, reused_from=ref.key,
             not_recomputable=ref.not_recomputable, overlap=self.overlap,
         )
+
+
+#: Solves the search for a later shape's least memory may take (NOTE [ a later shape that fits no plan ]).
+_BISECTIONS = 8
+
+
+def _warn(text: str) -> None:
+    warnings.warn(f"chainoffload_torch: {text}", RuntimeWarning, stacklevel=5)
+
+
+# NOTE [ a later shape that fits no plan ]
+# offload() refuses up front a budget that fits no plan: the user chooses again before training.
+# A shape met later (on_new_shape="replan", or handle.prepare) is planned inside training, where
+# a refusal stops a run that plain PyTorch would carry on, so the planner tries, in order:
+# * a method named by the user that finds nothing (a heuristic such as largest-first can miss a
+#   schedule that exists: the fuzz's model 4457 at 781 B, floors at 592 B): offload()'s own
+#   choice among EXECUTABLE_METHODS at the same budget, after a warning;
+# * a budget given as a fraction: the fraction is of each shape's keep-all peak, and the floors
+#   are not the same fraction of it at every shape (the fuzz's model 4991: 0.34 fit at a batch
+#   of 2, the floor of any schedule is 0.344 of the peak at a batch of 4). The plan is made at
+#   the least memory offload()'s own choice is found to fit in, by a bisection of at most
+#   _BISECTIONS solves, after a warning that names both figures: more memory than asked, never
+#   more than the keep-all peak plain PyTorch needs;
+# * a budget in bytes is a cap the user set for every shape: refused, with what to do.
+# The numbers trained are the same in every case; the plan's `fallback` and handle.table() say
+# what was done. docs/model.md states the rule ("Budgets at later shapes").
 
 
 # NOTE [ resident outside the chain ]
@@ -538,9 +651,20 @@ def _recomputed(schedule: co.Schedule) -> set[int]:
 # would start from is gone), a block whose output the code after it modifies in place before the
 # next block reads it (a recomputed a_i would miss the change), a block with forward pre-hooks
 # of its own (a recomputation would run them again on arguments they already changed), a block
-# given an object that may hold state its forward changes (a transformers Cache) and a block
+# given an object that may hold state its forward changes (a transformers Cache), a block
 # that changes an argument it is given (appends to a list): NOTE [ arguments a recomputation
-# would change again ] in _recompute.py.
+# would change again ] in _recompute.py, and a block whose output is a view that is modified in
+# place after the block returns (by the next block, the code between, or any later code).
+#
+# That last one: the executor's recomputation of block i runs at the start of B_i, marked by a
+# tensor hook on a_i, and fills the slots of the graph the no-save forward made. An in-place op
+# on a view rebases the view's history onto its base (CopySlices on the base, whose next edge is
+# the base's own node in block i's graph), so the gradient enters block i's graph around a_i's
+# node: a_i's hook never fires, and block i's saved tensors are unpacked before anything
+# recomputed them (the executor then raises; the fuzz found it with a transpose block's
+# reshaped output and a next block starting with relu_). An in-place op on a_i itself, or on a
+# view of an a_i that is no view, keeps a_i's node on the path and its hook fires. Such a block
+# is kept, not recomputed; offloading it stays safe (a read before its prefetch fetches it).
 
 
 @contextlib.contextmanager
@@ -551,6 +675,7 @@ def _watch_blocks(blocks: Any, model: nn.Module | None = None) -> Iterator[dict[
     block ] in _recompute.py)."""
     from ._instrument import _Hook
     from ._recompute import arguments_state, stateful_argument
+    from ._saved import version_probe
 
     found: dict[int, str] = {}
     n = len(blocks.modules)
@@ -570,6 +695,17 @@ def _watch_blocks(blocks: Any, model: nn.Module | None = None) -> Iterator[dict[
         state["root"] = None
         if root is not None and arguments_state(root[0]) != root[1]:
             found.setdefault(0, "the model's forward changes an argument it is given, so a recomputation would read other values")
+    # "views": per block of this pass whose output is a view, (block, a probe of the output's
+    # version counter that holds none of its storage, the version at the block's end).
+    state: dict[str, Any] = {"open": [], "last": None, "views": []}
+
+    def views_modified() -> None:
+        for b, probe, ver in state["views"]:
+            if probe._version != ver:
+                found.setdefault(
+                    b, "its output is a view that later code modifies in place, so the backward reaches the block "
+                    "around its output, before a recomputation could run"
+                )
 
     def pre(module: nn.Module, a: tuple, kw: dict) -> None:
         b = calls[0] % n + 1
@@ -577,6 +713,9 @@ def _watch_blocks(blocks: Any, model: nn.Module | None = None) -> Iterator[dict[
         root = state["root"]
         if b == 1 and root is not None and arguments_state(root[0]) != root[1]:
             found.setdefault(0, "it changes an argument the model is given: a recomputation would change it again")
+        views_modified()
+        if b == 1:
+            state["views"] = []  # a new pass: the last one's outputs were checked up to here
         hidden = blocks.hidden_of(b, a, kw)
         last = state["last"]
         if last is not None and last[0] == b - 1 and last[1] is hidden and hidden._version != last[2]:
@@ -606,8 +745,11 @@ def _watch_blocks(blocks: Any, model: nn.Module | None = None) -> Iterator[dict[
                 b, "changes an argument it is given (appends to a list, modifies a tensor in place): a recomputation "
                 "would change it again"
             )
+        views_modified()
         first = next(iter(t for t in _tensors(out)), None)
         state["last"] = (b, first, first._version) if first is not None else None
+        if first is not None and first.requires_grad and first._is_view():
+            state["views"].append((b, version_probe(first), first._version))
 
     handles = []
     for b, module in enumerate(blocks.modules, start=1):
@@ -627,6 +769,8 @@ def _watch_blocks(blocks: Any, model: nn.Module | None = None) -> Iterator[dict[
     try:
         yield found
     finally:
+        views_modified()  # the last pass's outputs, modified by the code after the last block
+        state["views"] = []
         for h in handles:
             h.remove()
 

@@ -796,3 +796,52 @@ def test_on_cpu_the_plan_predicts_compute_plus_copies_and_the_table_says_copies_
     hand = ct.Offloader(model, plan.chain, plan.schedule, platform=plan.platform)
     assert hand.plan.overlap is False and hand.plan.makespan == timeline.serial_makespan
     hand.remove()
+class ViewOut(nn.Module):
+    """Returns a view of its linear's output; ``inplace``: starts with ``relu_`` on its input, so
+    the view the block before returned is modified in place (its history rebased on its base)."""
+
+    def __init__(self, d, inplace):
+        super().__init__()
+        self.lin = nn.Linear(d, d)
+        self.inplace = inplace
+
+    def forward(self, x):
+        if self.inplace:
+            x = x.relu_()
+        return self.lin(x).view(x.shape)
+
+
+def test_a_block_whose_output_view_a_later_block_modifies_in_place_is_never_recomputed():
+    # An in-place op on a view sends the gradient to the base's node in the block's graph, around
+    # the output's node and the tensor hook on it that marks when the recomputation runs: the
+    # backward would read the block's saved tensors before any recomputation filled them.
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 16), *[ViewOut(16, inplace=i == 4) for i in range(9)], nn.Linear(16, 4))
+    x = torch.randn(4, 16)
+    ref = copy.deepcopy(model)
+    handle = ct.offload(model, x, memory=0.7, method="rotor", repeats=1, warmup=0)
+    banned = handle.plan.not_recomputable
+    why = "its output is a view that later code modifies in place"
+    off = int(handle.blocks.prefix)
+    mods = handle.blocks.modules
+    # The block before the one that starts with relu_ (1-based block b, stage b + off).
+    viewed = {b + off for b in range(1, len(mods)) if getattr(mods[b], "inplace", False)}
+    assert len(viewed) == 1 and {s for s, w in banned.items() if why in w} == viewed
+    assert handle.schedule.has_remat  # the others are recomputed
+    assert why in handle.table()
+    train_equal(model, ref, x, handle)
+    handle.remove()
+
+
+def test_a_hand_given_schedule_that_recomputes_such_a_block_raises_and_says_what_to_do():
+    torch.manual_seed(0)
+    model = nn.Sequential(*[ViewOut(8, inplace=i == 4) for i in range(8)])
+    x = torch.randn(4, 8)
+    chain = co.Chain(fwd=[1.0] * 8, bwd=[1.0] * 8, act=[128] * 9, saved=[256] * 8, name="hand")
+    L = 8
+    # Block 4, whose output view block 5 modifies in place, runs as Fck and is recomputed at B_4.
+    comp = [("F", 1), ("F", 2), ("F", 3), ("Fck", 4)] + [("F", i) for i in range(5, L + 1)]
+    comp += [("B", i) for i in range(L, 4, -1)] + [("F", 4), ("B", 4), ("B", 3), ("B", 2), ("B", 1)]
+    ct.Offloader(model, chain, co.Schedule(tuple(comp)))
+    with pytest.raises(RuntimeError, match="view that later code modifies in place.*let offload\\(\\) plan"):
+        model(x).square().mean().backward()
