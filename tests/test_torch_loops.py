@@ -151,7 +151,7 @@ def offloaded_and_plain(mode, lengths, memory=0.6, in_hooks=False, **kw):
 def test_an_optimizer_stepped_from_gradient_hooks_takes_no_step_while_profiling():
     """The issue's loss 4.26 plain against 18.27 offloaded at step 0: every profiling backward
     stepped AdamW. Three steps, then a new shape (a replan inside the step), then two more."""
-    handle, model, _ = offloaded_and_plain("plain", [6, 6, 6, 9, 6, 9], in_hooks=True)
+    handle, model, _ = offloaded_and_plain("plain", [6, 6, 6, 13, 6, 13], in_hooks=True)  # 13: over twice the volume, profiled
     assert handle.replans == 1
     assert handle.schedule.offloaded_units
 
@@ -176,7 +176,9 @@ def test_randomness_and_state_of_the_model_are_as_plain_training_has_them(mode):
     """Stochastic depth drawn with random, a NumPy mask, a counter-driven forward, a module's own
     generator, dropout: step 0 and the steps after a replan draw what plain training draws."""
     handle, model, ref = offloaded_and_plain(mode, [6, 6, 9, 6, 9, 5])
-    assert handle.replans + handle.reuses == 2  # 9 profiled; 5 runs a larger shape's schedule or its own
+    # 9 solved on its measured sizes (within twice the volume of 6: no profile); 5 runs a larger
+    # shape's schedule or its own.
+    assert handle.replans + handle.reuses + handle.rescaled == 2
     assert model.steps == ref.steps == 6
     assert [b.calls for b in model.blocks] == [b.calls for b in ref.blocks]
     assert [b.sched.t for b in model.blocks] == [b.sched.t for b in ref.blocks]
@@ -445,6 +447,27 @@ def test_dynamic_padding_over_many_lengths_profiles_a_few_times_and_trains_equal
     reused = [p for p in handle.plans if p.reused_from is not None]
     assert reused and all(p.schedule.offloaded_units for p in reused)
     assert "running a larger shape's schedule" in handle.table() and "-> schedule of arg0=(4, " in handle.table()
+
+
+def test_a_longer_shape_close_to_a_profiled_one_is_solved_on_its_measured_sizes_without_a_profile():
+    """A new longest length within twice a profiled shape's volume: its sizes measured (one
+    forward), the profiled shape's times scaled, a solve; further away, a profile again."""
+    handle, model, ref = offloaded_and_plain("dropout", [8, 8, 12, 8, 12, 21, 12])
+    assert handle.rescaled == 1 and handle.replans == 1  # 12 solved on 8's times; 21 profiled (12 is no source)
+    by_len = {p.key[2][1][0][1][1]: p for p in handle.plans}
+    first, solved, far = by_len[8], by_len[12], by_len[21]
+    assert solved.times_from == first.key and solved.reused_from is None and far.times_from is None
+    assert solved.result is not None and solved.schedule.offloaded_units
+    # Its sizes are the shape's own, as a profile of it measures them.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        own = ct.measure_sizes(copy.deepcopy(ref), batch(12, 0))
+    assert tuple(solved.sizes.act) == tuple(own.act) and tuple(solved.sizes.saved) == tuple(own.saved)
+    assert tuple(solved.chain.saved[:-1]) == tuple(own.saved[:-1]) and solved.sizes.act != first.sizes.act
+    for plan in handle.plans:
+        assert plan.predicted_peak <= plan.memory, plan.shapes
+    assert "solved on a close shape's times scaled" in handle.table()
+    assert "-> its own, on times of arg0=(4, 8, " in handle.table()
 
 
 class Scaled(Net):
