@@ -54,7 +54,7 @@ def training_state(modules: Sequence[nn.Module]) -> Iterator[None]:
     py_state = random.getstate()
     np_random = sys.modules.get("numpy.random")
     np_state = np_random.get_state() if np_random is not None else None
-    with model_state(list(modules)), _hooks_held_back(params, mods):
+    with model_state(list(modules)), _hooks_held_back(params, mods), _forward_hooks_kept(mods):
         try:
             yield
         finally:
@@ -118,6 +118,36 @@ def _hooks_held_back(params: list[torch.Tensor], mods: list[nn.Module]) -> Itera
             d.clear()
             d.update(saved)
             d.update(added)
+
+
+#: The forward hook dictionaries of a module, and those keyed by the same hook ids.
+_FORWARD_HOOKS = (
+    ("_forward_pre_hooks", ("_forward_pre_hooks_with_kwargs",)),
+    ("_forward_hooks", ("_forward_hooks_with_kwargs", "_forward_hooks_always_called")),
+)
+
+
+@contextlib.contextmanager
+def _forward_hooks_kept(mods: list[nn.Module]) -> Iterator[None]:
+    """Remove the forward hooks the passes registered on the modules (NOTE [ profiling leaves no
+    trace ]): a model that installs hooks lazily at its first forward and marks it with an
+    attribute (transformers' output capturing) gets its attribute removed with the other
+    attributes the passes added, and would install its hooks again at the next forward, twice."""
+    before = [(m, {name: set(getattr(m, name, {})) for name, _ in _FORWARD_HOOKS}) for m in mods]
+    try:
+        yield
+    finally:
+        for m, had in before:
+            for name, keyed in _FORWARD_HOOKS:
+                d = getattr(m, name, None)
+                if not d:
+                    continue
+                for k in [k for k in d if k not in had[name]]:
+                    del d[k]
+                    for other in keyed:
+                        extra = getattr(m, other, None)
+                        if extra is not None:
+                            extra.pop(k, None)
 
 
 # -- attributes -------------------------------------------------------------------------------
@@ -242,6 +272,12 @@ _MISSING = object()
 #   levels down (a counter in a config object the module holds). Tensors are put back as
 #   objects, not as data: a tensor attribute written in place is a buffer's job (registered
 #   buffers are restored by value);
+# * forward hooks the passes registered on the modules: transformers installs its output
+#   capturing hooks at a model's first forward and marks it with _output_capturing_hooks_installed;
+#   with that attribute removed and the hooks left, the first training forward installed them
+#   again and a SegFormer's decode head got every stage's output twice (a shape error). Hooks
+#   added during the passes are removed with the attribute, and plain training's first forward
+#   installs them, as it would have without offload();
 # * hooks that act on parameters from a backward: an optimizer stepped from gradient hooks
 #   (register_post_accumulate_grad_hook: torchtune's optimizer-in-backward, which took hidden
 #   AdamW steps in every profiling backward: loss 4.26 plain against 18.27 at step 0), gradient

@@ -184,6 +184,43 @@ def test_randomness_and_state_of_the_model_are_as_plain_training_has_them(mode):
     assert [b.sched.t for b in model.blocks] == [b.sched.t for b in ref.blocks]
 
 
+class LazyHooks(Net):
+    """Installs a forward hook on every block at its first forward and marks it with an attribute
+    (transformers' output capturing does): the hook doubles each block's output into a list."""
+
+    def forward(self, x):
+        if not getattr(self, "_hooks_installed", False):
+            for b in self.blocks:
+                hook = b.register_forward_hook(lambda m, a, out: self.captured.append(out))
+                hook.lazy = True
+            self._hooks_installed = True
+        self.captured = []
+        out = super().forward(x)
+        return out + 0.01 * sum(c.sum() for c in self.captured)
+
+
+def test_forward_hooks_a_model_installs_at_its_first_forward_are_not_left_behind_by_the_passes():
+    """The passes' attributes were removed but not the hooks they installed: the first training
+    forward installed them again (a SegFormer's decode head got each stage twice)."""
+    seed_all(0)
+    model = LazyHooks()
+    ref = copy.deepcopy(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ct.offload(model, batch(6, 0), memory=0.6)
+    assert not hasattr(model, "_hooks_installed")
+    assert all(len(a._forward_hooks) == len(b._forward_hooks) + 1 for a, b in zip(model.blocks, ref.blocks, strict=True))  # the instrument's
+    for k in range(2):
+        outs, seen = [], []
+        for m in (model, ref):
+            torch.manual_seed(k)
+            outs.append(m(batch(6, k)))
+            seen.append(len(m.captured))  # after the forward (a recomputation runs the hooks again)
+            outs[-1].square().mean().backward()
+        assert torch.equal(*outs) and seen == [8, 8]
+    assert grads_equal(model, ref)
+
+
 def test_attributes_the_passes_add_are_removed_and_containers_restored_in_place():
     class Logging(Net):
         def __init__(self):
