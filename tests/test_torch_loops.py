@@ -246,6 +246,48 @@ def test_attributes_the_passes_add_are_removed_and_containers_restored_in_place(
     assert log == [9] and seen == {9: 1} and model.last == 9 and model.steps == 1
 
 
+def test_an_object_every_block_holds_is_restored_once_and_whole():
+    """A transformers-style config every block keeps (snapshotted once for all its holders): a
+    counter in it and a list it holds are as plain training has them after offload()."""
+
+    class Config:
+        def __init__(self):
+            self.calls = 0
+            self.trace = []
+
+    class Shared(Net):
+        def __init__(self):
+            super().__init__()
+            self.config = Config()
+            for b in self.blocks:
+                b.config = self.config
+
+        def forward(self, x):
+            for b in self.blocks:
+                b.config.calls += 1
+            self.config.trace.append(x.shape[1])
+            return super().forward(x) * (1.0 + 0.01 * (self.config.calls % 5))
+
+    seed_all(0)
+    model = Shared()
+    ref = copy.deepcopy(model)
+    config, trace = model.config, model.config.trace
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ct.offload(model, batch(6, 0), memory=0.6)
+    assert model.config is config and config.calls == 0 and config.trace is trace and trace == []
+    assert all(b.config is config for b in model.blocks)
+    for k, t in enumerate([6, 9, 6]):
+        outs = []
+        for m in (model, ref):
+            torch.manual_seed(k)
+            outs.append(m(batch(t, k)))
+            outs[-1].square().mean().backward()
+        assert torch.equal(*outs)
+    assert config.calls == ref.config.calls == 24 and trace == ref.config.trace == [6, 9, 6]
+    assert grads_equal(model, ref)
+
+
 def test_a_hook_that_writes_the_weights_in_a_forward_is_refused_not_trained_on():
     seed_all(0)
     model = Net()
