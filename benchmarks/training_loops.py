@@ -293,6 +293,9 @@ def hf_loop(steps: int) -> list[str]:
     return _row(name, steps, equal, handle, moved, plain_s, off_s, setup)
 
 
+#: Said of a Trainer-like run shorter than the issue's 200 steps.
+SHORT = "The run is short on this shared 2-core machine (the issue asks 200 Trainer steps; pass `--hf-steps 200`). "
+
 LOOPS = ("plain", "optimizer_in_hooks", "python_random", "numpy_mask", "counter", "data_write", "remove_mid_step", "layerdrop", "siamese")
 
 
@@ -344,9 +347,8 @@ def main() -> None:
         f"{HF_SPLIT['new'][2]} steps at a new length {HF_SPLIT['new'][1]:.1f} s against {HF_SPLIT['new'][0]:.1f} s "
         f"({HF_SPLIT['new'][1] / max(HF_SPLIT['new'][0], 1e-9):.2f}x: the measuring forward and the plan).",
         "",
-        ("The run is short on this shared 2-core machine (the issue asks 200 Trainer steps; pass `--hf-steps 200`). "
-         if args.hf_steps < 200 else "")
-        + "LayerDrop is not carried out (the executor runs every block once per step): `offload()` refuses when its "
+        f"{SHORT if args.hf_steps < 200 else ''}"
+        "LayerDrop is not carried out (the executor runs every block once per step): `offload()` refuses when its "
         "profiling forward skips a block, and a step that skips one is refused. Two forwards before one backward "
         "(siamese): the second runs outside the plan, what it saves resident.",
     ]
