@@ -173,6 +173,9 @@ class _Recorder:
         #: Fingerprint what the passes save, and compare at unpack, until one backward has run
         #: (NOTE [ writes no version counter sees ]).
         self.check_writes = True
+        #: Fingerprint what is saved, for the backward to compare (False in a pass that runs no
+        #: backward: only the checks between blocks can see a write there).
+        self.check_saved = True
         self._prints: dict[int, tuple[int, torch.Tensor]] = {}
         self._compares: list[tuple[int, torch.Tensor, torch.Tensor]] = []
         #: Per entry of an output a_i: (i, fingerprint of its storage at the end of F_i, a
@@ -272,7 +275,7 @@ class _Recorder:
         entry = p.ledger.pack(t, p.current)
         kept = Kept(t, p.current)
         checked = 0.0
-        if self.check_writes and entry is not None and 1 <= entry.unit <= self.n:
+        if self.check_writes and self.check_saved and entry is not None and 1 <= entry.unit <= self.n:
             fp_start = time.perf_counter()
             fp = _fingerprint(t)
             if fp is not None:
@@ -501,6 +504,7 @@ def _measure(
         with training_state([root]), torch.enable_grad():
             n = instrument.blocks.stages
             rec = instrument.listener = _Recorder(n, device, (root,))
+            rec.check_saved = timed  # no backward reads a fingerprint of what is saved
             probed = None  # what the probe found on this layout, once it ran
             steps: list[dict[str, list]] = []
             limit = (warmup + repeats) if repeats is not None else AUTO_MAX_STEPS
@@ -519,6 +523,7 @@ def _measure(
                         instrument.blocks = dataclasses.replace(instrument.blocks, prefix=True)
                         n = instrument.blocks.stages
                         rec = instrument.listener = _Recorder(n, device, (root,))
+                        rec.check_saved = timed
                         probed = None
                         continue
                     if reference is None and timed and repeats is None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["dominates", "leaves", "numbers_apart", "strip_numbers", "volume"]
+__all__ = ["dominates", "leaves", "numbers_apart", "same_layout", "strip_numbers", "volume"]
 
 Path = tuple
 
@@ -94,6 +94,22 @@ def dominates(big: Any, small: Any) -> bool:
         elif x != y:
             return False
     return smaller
+
+
+def same_layout(a: Any, b: Any) -> bool:
+    """Whether ``a`` and ``b`` differ only in the lengths of their tensors' dimensions (same
+    ranks, dtypes, devices, everything else equal): calls of one model at other batch sizes or
+    sequence lengths."""
+    la, lb = list(leaves(a)), list(leaves(b))
+    if [p for p, _ in la] != [p for p, _ in lb]:
+        return False
+    for (_, x), (_, y) in zip(la, lb, strict=True):
+        if _is_tensor(x) and _is_tensor(y):
+            if x[2:] != y[2:] or len(x[1]) != len(y[1]):
+                return False
+        elif x != y:
+            return False
+    return True
 
 
 def volume(key: Any) -> int:

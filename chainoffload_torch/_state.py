@@ -48,13 +48,16 @@ def training_state(modules: Sequence[nn.Module]) -> Iterator[None]:
         A parameter was modified in place during the passes (by a hook not held back).
     """
     mods = _unique_modules(modules)
-    params = _unique(p for m in mods for p in m.parameters())
+    # Each module's own (mods holds every submodule): recursing from each would walk the tree
+    # once per module, a cost paid at every new shape's measuring forward.
+    params = _unique(p for m in mods for p in m.parameters(recurse=False))
     versions = [p._version for p in params]
-    attrs = [(m, _snapshot(vars(m), _MODULE_INTERNALS)) for m in mods]
+    memo: dict[int, int] = {}  # plain objects snapshotted, and at what depth
+    attrs = [(m, _snapshot(vars(m), _MODULE_INTERNALS, memo=memo)) for m in mods]
     py_state = random.getstate()
     np_random = sys.modules.get("numpy.random")
     np_state = np_random.get_state() if np_random is not None else None
-    with model_state(list(modules)), _hooks_held_back(params, mods):
+    with model_state(list(modules)), _hooks_held_back(params, mods), _forward_hooks_kept(mods):
         try:
             yield
         finally:
@@ -63,8 +66,10 @@ def training_state(modules: Sequence[nn.Module]) -> Iterator[None]:
                 np_random.set_state(np_state)
             for m, snap in attrs:
                 _restore(vars(m), snap)
-    changed = [name for (name, p), v in zip(_named(mods, params), versions, strict=True) if p._version != v]
-    if changed:
+    moved = [k for k, (p, v) in enumerate(zip(params, versions, strict=True)) if p._version != v]
+    if moved:
+        named = _named(mods, params)  # names only for the message
+        changed = [named[k][0] for k in moved]
         raise ProfilingSideEffect(
             f"chainoffload_torch: profiling changed {len(changed)} parameter(s) of the model in place "
             f"({', '.join(changed[:3])}{', ...' if len(changed) > 3 else ''}), so it is no longer as plain training would "
@@ -120,6 +125,36 @@ def _hooks_held_back(params: list[torch.Tensor], mods: list[nn.Module]) -> Itera
             d.update(added)
 
 
+#: The forward hook dictionaries of a module, and those keyed by the same hook ids.
+_FORWARD_HOOKS = (
+    ("_forward_pre_hooks", ("_forward_pre_hooks_with_kwargs",)),
+    ("_forward_hooks", ("_forward_hooks_with_kwargs", "_forward_hooks_always_called")),
+)
+
+
+@contextlib.contextmanager
+def _forward_hooks_kept(mods: list[nn.Module]) -> Iterator[None]:
+    """Remove the forward hooks the passes registered on the modules (NOTE [ profiling leaves no
+    trace ]): a model that installs hooks lazily at its first forward and marks it with an
+    attribute (transformers' output capturing) gets its attribute removed with the other
+    attributes the passes added, and would install its hooks again at the next forward, twice."""
+    before = [(m, {name: set(getattr(m, name, {})) for name, _ in _FORWARD_HOOKS}) for m in mods]
+    try:
+        yield
+    finally:
+        for m, had in before:
+            for name, keyed in _FORWARD_HOOKS:
+                d = getattr(m, name, None)
+                if not d:
+                    continue
+                for k in [k for k in d if k not in had[name]]:
+                    del d[k]
+                    for other in keyed:
+                        extra = getattr(m, other, None)
+                        if extra is not None:
+                            extra.pop(k, None)
+
+
 # -- attributes -------------------------------------------------------------------------------
 
 _CONTAINERS = (list, dict, set, bytearray)
@@ -153,7 +188,7 @@ def _set_generator_state(v: Any, state: Any) -> None:
         v.set_state(s)
 
 
-def _value(v: Any, depth: int) -> Any:
+def _value(v: Any, depth: int, memo: dict[int, int] | None = None) -> Any:
     """What restoring ``v`` in place needs: a container's items, a generator's state, a plain
     object's attributes (one level down); ``None`` when its binding alone is restored (and for
     the adapter's own objects, such as a handle kept as a module attribute, whose plans a replan
@@ -164,20 +199,27 @@ def _value(v: Any, depth: int) -> Any:
     if gen is not None:
         return ("gen", gen)
     if isinstance(v, list):
-        return ("list", list(v), [_value(x, depth - 1) for x in v] if depth else None)
+        return ("list", list(v), [_value(x, depth - 1, memo) for x in v] if depth else None)
     if isinstance(v, dict):
-        return ("dict", dict(v), {k: _value(x, depth - 1) for k, x in v.items()} if depth else None)
+        return ("dict", dict(v), {k: _value(x, depth - 1, memo) for k, x in v.items()} if depth else None)
     if isinstance(v, set):
         return ("set", set(v), None)
     if isinstance(v, bytearray):
         return ("bytes", bytes(v), None)
     if depth and not isinstance(v, _OPAQUE) and isinstance(getattr(v, "__dict__", None), dict):
-        return ("obj", _snapshot(vars(v), frozenset(), depth - 1), None)
+        if memo is not None:
+            # An object many modules hold (a transformers config: every layer's attention and
+            # MLP keep it) is snapshotted once, as deep as any holder asks; the first holder's
+            # restore puts back its contents, the others' their bindings.
+            if memo.get(id(v), -1) >= depth:
+                return None
+            memo[id(v)] = depth
+        return ("obj", _snapshot(vars(v), frozenset(), depth - 1, memo), None)
     return None
 
 
-def _snapshot(d: dict, skip: frozenset, depth: int = 2) -> dict:
-    return {k: (v, _value(v, depth)) for k, v in d.items() if k not in skip}
+def _snapshot(d: dict, skip: frozenset, depth: int = 2, memo: dict[int, int] | None = None) -> dict:
+    return {k: (v, _value(v, depth, memo)) for k, v in d.items() if k not in skip}
 
 
 def _restore_value(v: Any, how: Any) -> None:
@@ -242,6 +284,12 @@ _MISSING = object()
 #   levels down (a counter in a config object the module holds). Tensors are put back as
 #   objects, not as data: a tensor attribute written in place is a buffer's job (registered
 #   buffers are restored by value);
+# * forward hooks the passes registered on the modules: transformers installs its output
+#   capturing hooks at a model's first forward and marks it with _output_capturing_hooks_installed;
+#   with that attribute removed and the hooks left, the first training forward installed them
+#   again and a SegFormer's decode head got every stage's output twice (a shape error). Hooks
+#   added during the passes are removed with the attribute, and plain training's first forward
+#   installs them, as it would have without offload();
 # * hooks that act on parameters from a backward: an optimizer stepped from gradient hooks
 #   (register_post_accumulate_grad_hook: torchtune's optimizer-in-backward, which took hidden
 #   AdamW steps in every profiling backward: loss 4.26 plain against 18.27 at step 0), gradient

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import math
 import threading
 import warnings
 import weakref
@@ -36,7 +37,7 @@ from ._link import copies_overlap, link_of
 from ._pool import HostPool
 from ._recompute import RematPlan
 from ._recorder import profiling_steps
-from ._shapes import dominates, numbers_apart, strip_numbers, volume
+from ._shapes import dominates, numbers_apart, same_layout, strip_numbers, volume
 from ._stages import EntryState, canonical_device
 from ._tree import call_key, describe_key, held_tensors
 from .executor import ScheduleRun, StepStats
@@ -161,6 +162,9 @@ class Offloader:
         self._warned: set[Any] = set()
         self.replans = 0  #: plans profiled and solved after the first (new shapes)
         self.reuses = 0  #: plans that run a larger shape's schedule (NOTE [ one plan for many shapes ])
+        #: Plans solved for a new shape's measured sizes on a close shape's profiled times, scaled
+        #: (NOTE [ one plan for many shapes ]).
+        self.rescaled = 0
         #: Every plan made, by key (less the numbers known not to change sizes), oldest first.
         self._known: dict[Any, Plan] = {}
         #: Paths of number arguments found not to change what a step saves.
@@ -315,16 +319,19 @@ class Offloader:
 
     def _plan_for(self, args: tuple, kwargs: dict, raw: Any, count: bool = True) -> Plan:
         """A plan for a call of new shapes: a known plan when only numbers that change no size
-        differ, a larger shape's schedule when it fits these shapes' budget, else a new
-        profile and solve (NOTE [ one plan for many shapes ])."""
+        differ, a larger shape's schedule when it fits these shapes' budget, a solve on these
+        shapes' measured sizes and a close shape's profiled times, else a new profile and
+        solve (NOTE [ one plan for many shapes ])."""
         key = self._key(raw)
         plans = list(self._known.values())
         same = [(p, apart) for p in plans if (apart := numbers_apart(self._key(p.key), key))]
         larger = sorted(
             (p for p in plans if p.reused_from is None and dominates(self._key(p.key), key)), key=lambda p: volume(p.key)
         )
-        if same or larger:
-            sizes = self._planner.measure(self._instrument, args, kwargs, like=(same[0][0] if same else larger[0]))
+        timed = _times_source(plans, key, self._key)
+        if same or larger or timed is not None:
+            like = same[0][0] if same else larger[0] if larger else timed
+            sizes = self._planner.measure(self._instrument, args, kwargs, like=like)
             for p, apart in same:
                 if _same_sizes(p.sizes, sizes):
                     self._neutral |= apart
@@ -334,6 +341,11 @@ class Offloader:
                 plan = self._planner.reuse(p, sizes, raw)
                 if plan is not None:
                     self.reuses += 1
+                    return plan
+            if timed is not None:
+                plan = self._planner.rescale(self._instrument, timed, sizes, raw)
+                if plan is not None:
+                    self.rescaled += 1
                     return plan
         plan = self._planner.plan(self._instrument, args, kwargs, raw)
         self.replans += int(count)  # prepare()'s plans are not replans inside training
@@ -577,7 +589,12 @@ class Offloader:
                 f"{r['decision']} | {r['offload_at']} | {r['prefetch_at']} | {moved} |"
             )
         plan, chain = self._plan, self._plan.chain
-        tail = [f"plan for: {plan.shapes}" + (f" (runs the schedule solved for {describe_key(plan.reused_from)})" if plan.reused_from else "")]
+        how = ""
+        if plan.reused_from:
+            how = f" (runs the schedule solved for {describe_key(plan.reused_from)})"
+        elif plan.times_from:
+            how = f" (solved on its measured sizes and the times profiled at {describe_key(plan.times_from)}, scaled)"
+        tail = [f"plan for: {plan.shapes}{how}"]
         if len(self._known) > 1 or self._neutral:
             tail.append(self._shapes_line())
         if plan.platform is not None:
@@ -619,17 +636,24 @@ class Offloader:
         """Which plan each shape seen uses (NOTE [ one plan for many shapes ])."""
         known = list(self._known.values())
         own = sum(1 for p in known if p.reused_from is None)
+        scaled = sum(1 for p in known if p.times_from is not None)
         parts = []
         for p in known[-SHAPES_SHOWN:]:
-            parts.append(f"{p.shapes} -> " + (f"schedule of {describe_key(p.reused_from)}" if p.reused_from else "its own"))
+            if p.reused_from is not None:
+                how = f"schedule of {describe_key(p.reused_from)}"
+            elif p.times_from is not None:
+                how = f"its own, on times of {describe_key(p.times_from)}"
+            else:
+                how = "its own"
+            parts.append(f"{p.shapes} -> {how}")
         more = f" (the last {SHAPES_SHOWN})" if len(known) > SHAPES_SHOWN else ""
         neutral = ""
         if self._neutral:
             names = sorted(".".join(str(x) for x in path[1:]) or str(path) for path in self._neutral)
             neutral = f"; arguments that change no size (one plan for all their values): {', '.join(names)}"
         return (
-            f"plans: {len(known)} shape(s), {own} profiled and solved, {len(known) - own} running a larger shape's "
-            f"schedule{neutral}; shapes{more}: " + "; ".join(parts)
+            f"plans: {len(known)} shape(s), {own - scaled} profiled and solved, {scaled} solved on a close shape's "
+            f"times scaled, {len(known) - own} running a larger shape's schedule{neutral}; shapes{more}: " + "; ".join(parts)
         )
 
     def __repr__(self) -> str:
@@ -640,6 +664,29 @@ class Offloader:
 #: Plans remembered (beyond the cache of executors), and shapes the table lists.
 KNOWN_PLANS = 256
 SHAPES_SHOWN = 12
+
+
+#: How far (a ratio of the calls' tensor volumes, either way) a profile's times are scaled to
+#: another shape's plan before a new profile anchors them (NOTE [ one plan for many shapes ]).
+TIMES_SCALE = 2.0
+
+
+def _times_source(plans: list[Plan], key: Any, strip: Any) -> Plan | None:
+    """The plan whose profiled times a call of ``key`` is solved on: one profiled at its own
+    shapes, of the same layout (only tensor dimensions differ), its volume within
+    :data:`TIMES_SCALE` of the call's, the closest; ``None`` if none."""
+    v = volume(key)
+    best, gap = None, math.inf
+    for p in plans:
+        if p.reused_from is not None or p.times_from is not None or p.sizes is None or not same_layout(strip(p.key), key):
+            continue
+        w = volume(p.key)
+        if not v or not w or max(v / w, w / v) > TIMES_SCALE:
+            continue
+        d = abs(math.log(v / w))
+        if d < gap:
+            best, gap = p, d
+    return best
 
 
 def _same_sizes(a: Any, b: Any) -> bool:
@@ -672,9 +719,26 @@ def _same_sizes(a: Any, b: Any) -> bool:
 #   smallest dominating plan is tried first. It costs a forward and a simulation instead of a
 #   profile and a solve. What it gives up: the schedule is the larger shape's best, not this
 #   one's (it may offload more than this shape needs), and its times are estimates.
+# * A solve on the call's own sizes and a close shape's times: when no schedule can be borrowed
+#   (a new longest length), a plan profiled at its own shapes of the same layout (only tensor
+#   dimensions differ) whose tensor volume is within TIMES_SCALE (2x) of the call's lends its
+#   times: the call's chain has the sizes just measured (exact) and that profile's times and
+#   transients scaled by each stage's output size (as a borrowed schedule's are), and is solved
+#   for this call's budget (handle.rescaled, Plan.times_from). The memory the plan is checked
+#   against is the measured one; only the times, which decide how well transfers hide behind
+#   compute and never what the step holds, are estimates. It costs the measuring forward and a
+#   solve instead of a profile (two to four steps of the model plus that solve). The nearest
+#   profiled shape is the source, never a plan that was itself solved on scaled times, so the
+#   estimates do not drift from a measurement by more than TIMES_SCALE.
 # * Else a profile and a solve, as before (handle.replans counts them, handle.reuses the
-#   borrowed ones). A run over random lengths profiles at each new longest length only once a
-#   long one has been seen: a few times over hundreds of steps.
+#   borrowed ones). A run over random lengths profiles only when a new longest length is over
+#   twice the volume of every profiled one: a few times over hundreds of steps (the Trainer-like
+#   run of benchmarks/training_loops.py counts them).
+# What every new shape still costs is the measuring forward: its sizes are never guessed (a
+# prediction from the sizes of other shapes, affine in the sequence length, would be checked
+# only by the step that runs under it, after its memory was spent). On a CPU it is about 1.5x a
+# plain forward (the probe's ledger and the state it restores), and in a run where most steps
+# bring a new length it is the largest share of what offloading adds.
 # Plans made are remembered by key (KNOWN_PLANS); the executors of the most recent cache_size are
 # kept, and one evicted is rebuilt from its plan without a profile. handle.table() lists which
 # plan each shape seen uses.

@@ -113,6 +113,10 @@ class Plan:
     reused_from
         The shapes whose schedule this plan runs, checked against this call's own sizes
         (NOTE [ one plan for many shapes ] in api.py); ``None`` for a plan solved for its own.
+    times_from
+        For a plan solved for its own sizes (measured) on times scaled from another plan's
+        profile, that plan's shapes (NOTE [ one plan for many shapes ] in api.py); ``None`` when
+        its times were profiled at its own shapes.
     not_recomputable
         The stages no plan of a method that recomputes may recompute, each with why
         (NOTE [ one call chooses ]); empty when no such method was solved with.
@@ -138,6 +142,7 @@ class Plan:
     not_recomputable: dict[int, str] = dataclasses.field(default_factory=dict)
     overlap: bool = True
     fallback: str | None = None
+    times_from: tuple | None = None
 
     @property
     def resident_bytes(self) -> int:
@@ -233,6 +238,9 @@ class _Planner:
         #: Whether offload()'s own plan was made: a later shape that fits no plan falls back
         #: (NOTE [ a later shape that fits no plan ]) where offload() itself refuses.
         self.planned = False
+        #: The blocks any profile saw to be unsafe to recompute (NOTE [ blocks a recomputation
+        #: would get wrong ]), for plans solved without a profile of their own.
+        self.unsafe: dict[int, str] = {}
 
     def plan(self, instrument: Instrument, args: tuple, kwargs: dict, key: tuple) -> Plan:
         # No fwd_nosave (NOTE [ how many profiling steps ]): the chain's default, fwd, is what the
@@ -244,6 +252,8 @@ class _Planner:
                 instrument, self.model, args, kwargs, self.device, repeats=self.repeats, warmup=self.warmup,
                 name=type(self.model).__name__, nosave=False, split_prefix=self.may_split_prefix, reference=self.reference,
             )
+        for b, why in unsafe.items():
+            self.unsafe.setdefault(b, why)
         blocks = _Unsafe(instrument.blocks, unsafe, prefix_watched=True)
         self.may_split_prefix = False
         self.reference = None
@@ -360,18 +370,9 @@ class _Planner:
         """``ref``'s schedule as the plan of a call with ``sizes``, if it fits this call's budget
         when simulated on this call's chain (sizes measured, times scaled from ``ref``'s by the
         ratio of each stage's output): NOTE [ one plan for many shapes ] in api.py."""
-        chain0, sizes0 = ref.chain, ref.sizes
-        n = chain0.length
-        if sizes0 is None or len(sizes.saved) != n or ref.platform is None:
+        chain = scaled_chain(ref, sizes)
+        if chain is None or ref.platform is None:
             return None
-        ratio = [sizes.act[i] / sizes0.act[i] if sizes0.act[i] else 1.0 for i in range(1, n + 1)]
-        late0 = sizes0.late_tmp or (0,) * n
-        fwd_tmp = [int(max(0, int(chain0.fwd_tmp[i]) - int(late0[i])) * ratio[i]) for i in range(n)]
-        bwd_tmp = [int(max(0, int(chain0.bwd_tmp[i]) - (sizes0.output_bytes if i < n - 1 else 0)) * ratio[i]) for i in range(n)]
-        chain = chain_of(
-            sizes, [float(chain0.fwd[i]) * ratio[i] for i in range(n)], [float(chain0.bwd[i]) * ratio[i] for i in range(n)],
-            fwd_tmp, bwd_tmp, None, chain0.name,
-        )
         keep = co.solvers.check_keep(chain, self.keep)
         if resident_units(chain, sizes, keep) & set(ref.schedule.offloaded_units):
             return None  # a unit the schedule moves cannot move at these shapes
@@ -393,6 +394,49 @@ class _Planner:
             key, chain, platform, ref.schedule, None, sizes, frozenset(keep), host, reused_from=ref.key,
             not_recomputable=ref.not_recomputable, overlap=self.overlap,
         )
+
+    def rescale(self, instrument: Instrument, ref: Plan, sizes: Sizes, key: tuple) -> Plan | None:
+        """A plan solved for a call of measured ``sizes`` on times scaled from ``ref``'s profile
+        (NOTE [ one plan for many shapes ] in api.py); ``None`` when the chains do not match or
+        nothing fits (a profile then says why)."""
+        chain = scaled_chain(ref, sizes)
+        if chain is None:
+            return None
+        # Every profile watched the model's own calls, and what any of them saw unsafe (the code
+        # before the first block included, key 0) is in self.unsafe; the executor checks again.
+        blocks = _Unsafe(instrument.blocks, dict(self.unsafe), prefix_watched=True)
+        keep = co.solvers.check_keep(chain, self.keep)
+        resident = sizes.resident_bytes
+        platform = self.link.with_memory(max(0, self.budget.bytes_for(chain, resident, step_peak(chain, sizes)) - resident))
+        try:
+            result = solve_for(chain, platform, self.method, keep, sizes, self.options, key, blocks=blocks, overlap=self.overlap)
+        except ValueError:
+            return None
+        host = sizes.host_bytes(result.schedule.offloaded_units)
+        if self.host_memory is not None and host > self.host_memory:
+            return None
+        remat = self.method is None or co.solvers.spec(self.method).remat
+        banned = not_recomputable(chain, sizes, blocks) if remat else {}
+        return Plan(key, chain, platform, result.schedule, result, sizes, keep, host, not_recomputable=banned, overlap=self.overlap,
+                    times_from=ref.key)
+
+
+def scaled_chain(ref: Plan, sizes: Sizes) -> co.Chain | None:
+    """The chain of a call with measured ``sizes``, its times and transients ``ref``'s scaled
+    by the ratio of each stage's output size (NOTE [ one plan for many shapes ] in api.py);
+    ``None`` when ``ref`` has no profile or another number of stages."""
+    chain0, sizes0 = ref.chain, ref.sizes
+    n = chain0.length
+    if sizes0 is None or len(sizes.saved) != n:
+        return None
+    ratio = [sizes.act[i] / sizes0.act[i] if sizes0.act[i] else 1.0 for i in range(1, n + 1)]
+    late0 = sizes0.late_tmp or (0,) * n
+    fwd_tmp = [int(max(0, int(chain0.fwd_tmp[i]) - int(late0[i])) * ratio[i]) for i in range(n)]
+    bwd_tmp = [int(max(0, int(chain0.bwd_tmp[i]) - (sizes0.output_bytes if i < n - 1 else 0)) * ratio[i]) for i in range(n)]
+    return chain_of(
+        sizes, [float(chain0.fwd[i]) * ratio[i] for i in range(n)], [float(chain0.bwd[i]) * ratio[i] for i in range(n)],
+        fwd_tmp, bwd_tmp, None, chain0.name,
+    )
 
 
 #: Solves the search for a later shape's least memory may take (NOTE [ a later shape that fits no plan ]).

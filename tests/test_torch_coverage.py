@@ -729,3 +729,175 @@ def test_the_prediction_is_never_below_the_storages_alive_at_any_op_of_a_recompu
     assert not over, over
     assert max(live / predicted for _, live, predicted in seen if predicted) > 0.5
     handle.remove()
+
+
+# -- 7. stacks inside stages ------------------------------------------------------------------------
+
+
+def _floor_and_cover(model, batch, blocks=None):
+    """The pure-offloading floor as a share of the keep-all peak, and the coverage, of a chain."""
+    prof = ct.profile_full(model, batch, blocks=blocks, repeats=1, warmup=0, measure_platform=False)
+    peak = ct.plans.step_peak(prof.chain, prof.sizes)
+    return (offload_memory_floor(prof.chain) + prof.sizes.resident_bytes) / peak, prof.coverage.share
+
+
+def _segformer():
+    tf = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = tf.SegformerConfig(
+        num_encoder_blocks=4, depths=[2, 2, 2, 2], hidden_sizes=[8, 16, 24, 32], num_attention_heads=[1, 2, 3, 4],
+        decoder_hidden_size=32, num_labels=3,
+    )
+    model = tf.SegformerForSemanticSegmentation(config)
+    batch = {"pixel_values": torch.randn(2, 3, 64, 64), "labels": torch.randint(0, 3, (2, 64, 64))}
+    return model, batch
+
+
+def _mobilevit():
+    tf = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = tf.MobileViTConfig(
+        image_size=64, hidden_sizes=[16, 24, 32], neck_hidden_sizes=[8, 8, 12, 16, 20, 24, 32], num_attention_heads=2,
+        num_labels=3,
+    )
+    return tf.MobileViTForImageClassification(config), {"pixel_values": torch.randn(2, 3, 64, 64), "labels": torch.tensor([0, 2])}
+
+
+class ResBlock(nn.Module):
+    """A diffusers ResnetBlock2D in small: norm, act, conv twice, and its own shortcut."""
+
+    def __init__(self, cin, cout):
+        super().__init__()
+        self.norm1, self.conv1 = nn.GroupNorm(4, cin), nn.Conv2d(cin, cout, 3, padding=1)
+        self.norm2, self.conv2 = nn.GroupNorm(4, cout), nn.Conv2d(cout, cout, 3, padding=1)
+        self.shortcut = nn.Conv2d(cin, cout, 1) if cin != cout else nn.Identity()
+
+    def forward(self, x):
+        h = self.conv1(nn.functional.silu(self.norm1(x)))
+        h = self.conv2(nn.functional.silu(self.norm2(h)))
+        return self.shortcut(x) + h
+
+
+class DownBlock(nn.Module):
+    """diffusers' DownBlock2D: its resnets, then its downsampler; returns the hidden state and the
+    skips the up path reads."""
+
+    def __init__(self, cin, cout, down=True, layers=2):
+        super().__init__()
+        self.resnets = nn.ModuleList(ResBlock(cin if i == 0 else cout, cout) for i in range(layers))
+        self.downsamplers = nn.ModuleList([nn.Conv2d(cout, cout, 3, stride=2, padding=1)]) if down else None
+
+    def forward(self, h):
+        skips = ()
+        for r in self.resnets:
+            h = r(h)
+            skips += (h,)
+        if self.downsamplers is not None:
+            for d in self.downsamplers:
+                h = d(h)
+            skips += (h,)
+        return h, skips
+
+
+class UpBlock(nn.Module):
+    """diffusers' UpBlock2D: each resnet takes torch.cat([h, skip]); then its upsampler."""
+
+    def __init__(self, cin, cskips, cout, up=True):
+        super().__init__()
+        self.resnets = nn.ModuleList(ResBlock((cin if i == 0 else cout) + c, cout) for i, c in enumerate(cskips))
+        self.upsamplers = nn.ModuleList([nn.Conv2d(cout, cout, 3, padding=1)]) if up else None
+
+    def forward(self, h, skips):
+        for r in self.resnets:
+            h = r(torch.cat([h, skips[-1]], dim=1))
+            skips = skips[:-1]
+        if self.upsamplers is not None:
+            h = nn.functional.interpolate(h, scale_factor=2.0, mode="nearest")
+            for u in self.upsamplers:
+                h = u(h)
+        return h
+
+
+class DiffusersLike(nn.Module):
+    """A UNet2DModel-shaped network: conv_in, down blocks, a mid block, up blocks, conv_out."""
+
+    def __init__(self, c=8):
+        super().__init__()
+        self.conv_in = nn.Conv2d(3, c, 3, padding=1)
+        self.down_blocks = nn.ModuleList([DownBlock(c, c), DownBlock(c, 2 * c), DownBlock(2 * c, 2 * c, down=False)])
+        self.mid = ResBlock(2 * c, 2 * c)
+        self.up_blocks = nn.ModuleList([
+            UpBlock(2 * c, [2 * c, 2 * c, 2 * c], 2 * c), UpBlock(2 * c, [2 * c, 2 * c, c], 2 * c), UpBlock(2 * c, [c, c, c], c, up=False),
+        ])
+        self.conv_out = nn.Conv2d(c, 3, 3, padding=1)
+
+    def forward(self, x):
+        h = self.conv_in(x)
+        skips = (h,)
+        for d in self.down_blocks:
+            h, s = d(h)
+            skips += s
+        h = self.mid(h)
+        for u in self.up_blocks:
+            n = len(u.resnets)
+            h, skips = u(h, skips[-n:]), skips[:-n]
+        return self.conv_out(h)
+
+
+def test_a_segformer_s_stages_are_refined_into_their_layers_and_train_bitwise_equal():
+    """Each SegFormer stage embeds its patches, runs its layers, normalizes: as 4 stages the floor
+    was one whole stage's activations. Refined: 8 layers, a lower floor, the same coverage."""
+    model, batch = _segformer()
+    found = ct.find_blocks(model, (), batch)
+    assert found.names == tuple(f"segformer.stages.{s}.blocks.{i}" for s in range(4) for i in range(2))
+    refined, cover = _floor_and_cover(copy.deepcopy(model), batch)
+    whole, cover_whole = _floor_and_cover(copy.deepcopy(model), batch, blocks="segformer.stages")
+    assert refined < whole and cover >= cover_whole - 0.01, (refined, whole, cover, cover_whole)
+    ref = copy.deepcopy(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        handle = ct.offload(model, batch, memory=0.6, repeats=1, warmup=0)
+    assert handle.blocks.names == found.names and handle.schedule.offloaded_units
+    train_equal(model, ref, batch, handle)
+
+
+def test_mobilevit_s_transformer_layers_are_the_chain_and_train_bitwise_equal():
+    model, batch = _mobilevit()
+    found = ct.find_blocks(model, (), batch)
+    inner = [n for n in found.names if ".transformer.layer." in n]
+    assert len(inner) >= 6 and len(found) > len(model.mobilevit.encoder.layer), found.names
+    ref = copy.deepcopy(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        handle = ct.offload(model, batch, memory=0.6, repeats=1, warmup=0)
+    assert handle.schedule.offloaded_units
+    train_equal(model, ref, batch, handle)
+
+
+def test_a_diffusers_shaped_unet_s_down_and_up_blocks_are_refined_into_their_resnets():
+    """A down block runs its resnets, then its downsampler; an up block its resnets (each on
+    torch.cat([h, skip])), then its upsampler: the chain is the resnets, and trains bitwise equal."""
+    torch.manual_seed(0)
+    model = DiffusersLike()
+    ref = copy.deepcopy(model)
+    x, y = torch.randn(2, 3, 16, 16), torch.randint(0, 3, (2, 16, 16))
+    found = ct.find_blocks(model, (x,), {})
+    want = tuple(f"down_blocks.{b}.resnets.{i}" for b in range(3) for i in range(2))
+    want += tuple(f"up_blocks.{b}.resnets.{i}" for b in range(3) for i in range(3))
+    assert found.names == want, found.names
+    refined, cover = _floor_and_cover(copy.deepcopy(model), x)
+    whole, cover_whole = _floor_and_cover(copy.deepcopy(model), x, blocks=["down_blocks", "up_blocks"])
+    assert refined < whole and cover >= cover_whole - 0.01, (refined, whole, cover, cover_whole)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        handle = ct.offload(model, x, memory=0.6, repeats=1, warmup=0)
+    assert handle.schedule.offloaded_units
+    _unet_train_equal(model, ref, x, y, handle)
+
+
+def test_a_residual_around_a_stack_stays_one_block():
+    """HF ResNet's bottleneck layer adds its shortcut to its conv stack's output: refined, the
+    layer's input would be held to the add; the chain is the layers, not their convolutions."""
+    model, batch = family("resnet")
+    names = ct.find_blocks(model, (), batch).names
+    assert all(n.rsplit(".", 2)[-2] == "layers" for n in names), names

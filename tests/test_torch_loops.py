@@ -151,7 +151,7 @@ def offloaded_and_plain(mode, lengths, memory=0.6, in_hooks=False, **kw):
 def test_an_optimizer_stepped_from_gradient_hooks_takes_no_step_while_profiling():
     """The issue's loss 4.26 plain against 18.27 offloaded at step 0: every profiling backward
     stepped AdamW. Three steps, then a new shape (a replan inside the step), then two more."""
-    handle, model, _ = offloaded_and_plain("plain", [6, 6, 6, 9, 6, 9], in_hooks=True)
+    handle, model, _ = offloaded_and_plain("plain", [6, 6, 6, 13, 6, 13], in_hooks=True)  # 13: over twice the volume, profiled
     assert handle.replans == 1
     assert handle.schedule.offloaded_units
 
@@ -176,10 +176,49 @@ def test_randomness_and_state_of_the_model_are_as_plain_training_has_them(mode):
     """Stochastic depth drawn with random, a NumPy mask, a counter-driven forward, a module's own
     generator, dropout: step 0 and the steps after a replan draw what plain training draws."""
     handle, model, ref = offloaded_and_plain(mode, [6, 6, 9, 6, 9, 5])
-    assert handle.replans + handle.reuses == 2  # 9 profiled; 5 runs a larger shape's schedule or its own
+    # 9 solved on its measured sizes (within twice the volume of 6: no profile); 5 runs a larger
+    # shape's schedule or its own.
+    assert handle.replans + handle.reuses + handle.rescaled == 2
     assert model.steps == ref.steps == 6
     assert [b.calls for b in model.blocks] == [b.calls for b in ref.blocks]
     assert [b.sched.t for b in model.blocks] == [b.sched.t for b in ref.blocks]
+
+
+class LazyHooks(Net):
+    """Installs a forward hook on every block at its first forward and marks it with an attribute
+    (transformers' output capturing does): the hook doubles each block's output into a list."""
+
+    def forward(self, x):
+        if not getattr(self, "_hooks_installed", False):
+            for b in self.blocks:
+                hook = b.register_forward_hook(lambda m, a, out: self.captured.append(out))
+                hook.lazy = True
+            self._hooks_installed = True
+        self.captured = []
+        out = super().forward(x)
+        return out + 0.01 * sum(c.sum() for c in self.captured)
+
+
+def test_forward_hooks_a_model_installs_at_its_first_forward_are_not_left_behind_by_the_passes():
+    """The passes' attributes were removed but not the hooks they installed: the first training
+    forward installed them again (a SegFormer's decode head got each stage twice)."""
+    seed_all(0)
+    model = LazyHooks()
+    ref = copy.deepcopy(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ct.offload(model, batch(6, 0), memory=0.6)
+    assert not hasattr(model, "_hooks_installed")
+    assert all(len(a._forward_hooks) == len(b._forward_hooks) + 1 for a, b in zip(model.blocks, ref.blocks, strict=True))  # the instrument's
+    for k in range(2):
+        outs, seen = [], []
+        for m in (model, ref):
+            torch.manual_seed(k)
+            outs.append(m(batch(6, k)))
+            seen.append(len(m.captured))  # after the forward (a recomputation runs the hooks again)
+            outs[-1].square().mean().backward()
+        assert torch.equal(*outs) and seen == [8, 8]
+    assert grads_equal(model, ref)
 
 
 def test_attributes_the_passes_add_are_removed_and_containers_restored_in_place():
@@ -205,6 +244,48 @@ def test_attributes_the_passes_add_are_removed_and_containers_restored_in_place(
     assert not hasattr(model, "last") and model.steps == 0
     model(batch(9, 0)).sum().backward()  # a replan inside this call: only the call shows
     assert log == [9] and seen == {9: 1} and model.last == 9 and model.steps == 1
+
+
+def test_an_object_every_block_holds_is_restored_once_and_whole():
+    """A transformers-style config every block keeps (snapshotted once for all its holders): a
+    counter in it and a list it holds are as plain training has them after offload()."""
+
+    class Config:
+        def __init__(self):
+            self.calls = 0
+            self.trace = []
+
+    class Shared(Net):
+        def __init__(self):
+            super().__init__()
+            self.config = Config()
+            for b in self.blocks:
+                b.config = self.config
+
+        def forward(self, x):
+            for b in self.blocks:
+                b.config.calls += 1
+            self.config.trace.append(x.shape[1])
+            return super().forward(x) * (1.0 + 0.01 * (self.config.calls % 5))
+
+    seed_all(0)
+    model = Shared()
+    ref = copy.deepcopy(model)
+    config, trace = model.config, model.config.trace
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ct.offload(model, batch(6, 0), memory=0.6)
+    assert model.config is config and config.calls == 0 and config.trace is trace and trace == []
+    assert all(b.config is config for b in model.blocks)
+    for k, t in enumerate([6, 9, 6]):
+        outs = []
+        for m in (model, ref):
+            torch.manual_seed(k)
+            outs.append(m(batch(t, k)))
+            outs[-1].square().mean().backward()
+        assert torch.equal(*outs)
+    assert config.calls == ref.config.calls == 24 and trace == ref.config.trace == [6, 9, 6]
+    assert grads_equal(model, ref)
 
 
 def test_a_hook_that_writes_the_weights_in_a_forward_is_refused_not_trained_on():
@@ -445,6 +526,27 @@ def test_dynamic_padding_over_many_lengths_profiles_a_few_times_and_trains_equal
     reused = [p for p in handle.plans if p.reused_from is not None]
     assert reused and all(p.schedule.offloaded_units for p in reused)
     assert "running a larger shape's schedule" in handle.table() and "-> schedule of arg0=(4, " in handle.table()
+
+
+def test_a_longer_shape_close_to_a_profiled_one_is_solved_on_its_measured_sizes_without_a_profile():
+    """A new longest length within twice a profiled shape's volume: its sizes measured (one
+    forward), the profiled shape's times scaled, a solve; further away, a profile again."""
+    handle, model, ref = offloaded_and_plain("dropout", [8, 8, 12, 8, 12, 21, 12])
+    assert handle.rescaled == 1 and handle.replans == 1  # 12 solved on 8's times; 21 profiled (12 is no source)
+    by_len = {p.key[2][1][0][1][1]: p for p in handle.plans}
+    first, solved, far = by_len[8], by_len[12], by_len[21]
+    assert solved.times_from == first.key and solved.reused_from is None and far.times_from is None
+    assert solved.result is not None and solved.schedule.offloaded_units
+    # Its sizes are the shape's own, as a profile of it measures them.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        own = ct.measure_sizes(copy.deepcopy(ref), batch(12, 0))
+    assert tuple(solved.sizes.act) == tuple(own.act) and tuple(solved.sizes.saved) == tuple(own.saved)
+    assert tuple(solved.chain.saved[:-1]) == tuple(own.saved[:-1]) and solved.sizes.act != first.sizes.act
+    for plan in handle.plans:
+        assert plan.predicted_peak <= plan.memory, plan.shapes
+    assert "solved on a close shape's times scaled" in handle.table()
+    assert "-> its own, on times of arg0=(4, 8, " in handle.table()
 
 
 class Scaled(Net):

@@ -171,15 +171,16 @@ def test_batch_sizes_1_to_64_get_their_own_plans_cached_and_a_bounded_pool():
         assert pool.total_bytes <= plan.host_bytes <= cap and pool.high_water <= cap
         assert len(handle.plans) <= 4
         moved[b] = plan.offloaded_bytes
-    assert handle.replans == 63
+    # Each size its own plan: profiled, or solved on its measured sizes and a close size's times.
+    assert handle.replans + handle.rescaled == 63 and handle.rescaled > 0
     assert moved[64] > moved[8] > 0  # a plan per size, not the first one's bytes
     made = pool.made
     for b in (64, 63, 62, 61):  # cached: no new profile, buffers of the same classes reused
         model(torch.randn(b, 8)).sum().backward()
-    assert handle.replans == 63 and pool.made == made
+    assert handle.replans + handle.rescaled == 63 and pool.made == made
     # Its executor evicted long ago, its plan remembered (NOTE [ one plan for many shapes ]): no profile.
     model(torch.randn(1, 8)).sum().backward()
-    assert handle.replans == 63 and "(1, 8)" in handle.plan.shapes
+    assert handle.replans + handle.rescaled == 63 and "(1, 8)" in handle.plan.shapes
 
 
 def test_new_shapes_can_warn_or_be_refused():

@@ -123,9 +123,10 @@ def test_a_new_shape_without_a_discovery_before_it_takes_the_probe_forward_as_it
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(recorder, "_measure", spy)
-        # A new, larger batch size (no plan of a larger shape to lend its schedule: NOTE [ one
-        # plan for many shapes ]): a new plan, profiled at the first forward that sees it.
-        _, counts = counted(lambda m, b: m(b).sum().backward(), model, torch.randn(16, 8))
+        # A new batch size over twice the first (no plan of a larger shape to lend its schedule,
+        # none close enough to lend its times: NOTE [ one plan for many shapes ]): a new plan,
+        # profiled at the first forward that sees it.
+        _, counts = counted(lambda m, b: m(b).sum().backward(), model, torch.randn(17, 8))
     assert seen == [None]
     # The user's forward and backward; the probe's forward alone (no forward with autograd
     # ran just before: it is the reference), then one step.
