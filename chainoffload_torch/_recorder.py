@@ -12,7 +12,9 @@ and transients, per unit the storages it owns (:class:`Sizes`); :func:`chain_of`
 from __future__ import annotations
 
 import dataclasses
+import random
 import statistics
+import sys
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -22,7 +24,7 @@ from torch import nn
 
 import chainoffload as co
 
-from ._instrument import Instrument
+from ._instrument import Instrument, SkippedTail
 from ._pool import size_class
 from ._saved import Kept, check_version, version_probe
 from ._stages import UnitLedger, resident_storages
@@ -183,6 +185,9 @@ class _Recorder:
         #: Per stage, the seconds the backward spent on those checks (off B_i's time on CPU).
         self.bwd_checks: dict[int, float] = {}
 
+    #: Blocks a profiling forward skipped are called anyway (NOTE [ skipped stages ] in executor.py).
+    runs_skipped = True
+
     def wants(self) -> bool:
         return True
 
@@ -259,6 +264,11 @@ class _Recorder:
 
     def forward_failed(self, p: _RecordedPass) -> None:
         p.current = None
+        # No backward reads what this pass saved, and the ids of its records may come back in
+        # the next pass (one run again after it skipped its last blocks: NOTE [ skipped stages ]
+        # in executor.py).
+        self._prints.clear()
+        self._at_end.clear()
 
     def backward_mark(self, p: _RecordedPass, idx: int) -> None:
         if idx < self.n:
@@ -506,7 +516,7 @@ def _measure(
             limit = (warmup + repeats) if repeats is not None else AUTO_MAX_STEPS
             while True:
                 rec.probe = probed is None  # the first pass on a layout is the probe
-                out = root(*args, **kwargs)
+                out = _forward_every_block(root, args, kwargs)
                 p = rec.current
                 rec.current = None
                 if rec.probe:
@@ -553,7 +563,7 @@ def _measure(
                     step["fwd_tmp"], step["bwd_tmp"] = _tmp(p.marks, n, list(sizes.act))
                 if nosave:
                     with torch.no_grad():
-                        root(*args, **kwargs)
+                        _forward_every_block(root, args, kwargs)
                     rec.timer.sync()
                     step["nosave"] = _times(rec.timer, rec.current.marks, n)[0]
                     rec.current = None
@@ -619,6 +629,34 @@ WRITTEN = "tensor written after it was saved, where no version counter sees it (
 # as they were; a model that writes through .data in its forward only now and then must keep
 # those blocks resident with keep=. The fingerprints cost one read of what the step saves,
 # twice, and two of each a_i, in one profiling step (and one forward per new shape).
+
+
+#: Profiling forwards tried, under other random draws, when one skips its last blocks.
+SKIP_TRIES = 32
+
+
+def _forward_every_block(root: nn.Module, args: tuple, kwargs: dict) -> Any:
+    """A profiling forward of ``root`` that runs every block: the instrument calls the blocks
+    it skips between others; one that skips the last ones is run again under other random draws
+    (torch, Python and NumPy generators seeded afresh; ``training_state`` puts them back after
+    the passes), at most :data:`SKIP_TRIES` times (NOTE [ skipped stages ] in executor.py)."""
+    for attempt in range(SKIP_TRIES):
+        try:
+            return root(*args, **kwargs)
+        except SkippedTail as exc:
+            if attempt == SKIP_TRIES - 1:
+                raise RuntimeError(
+                    f"{exc} in each of {SKIP_TRIES} tries under other random draws, so the profile cannot measure "
+                    "them; profile with the skipping turned off (Hugging Face: config.layerdrop = 0), or give blocks= "
+                    "without the blocks the forward leaves out"
+                ) from None
+            seed = 0x5EED + attempt
+            torch.manual_seed(seed)
+            random.seed(seed)
+            np_random = sys.modules.get("numpy.random")
+            if np_random is not None:
+                np_random.seed(seed)
+    raise AssertionError("unreachable")
 
 
 def _forward_times(timer: Timer, p: _RecordedPass, n: int) -> list[float]:

@@ -125,6 +125,16 @@ class _Step:
         self.acts: dict[int, tuple[int, Act]] = {}  # a_i instances held for a recomputation: (maker op, act)
         self.inst: dict[int, str] = {}  # per unit, its instance on the device: "a" (lone a_i) or "whole"
         self.outputs: dict[int, tuple[int, int]] = {}  # a recomputed block's output: (address, version)
+        # Stages whose block this step did not call (NOTE [ skipped stages ]).
+        self.skipped: set[int] = set()
+        #: Per skipped stage, the unit its carried a_j came from (it goes back at the end of B_i).
+        self.carried: dict[int, int] = {}
+        #: The stage whose output is the hidden state now (what a skipped stage hands on).
+        self.last_out = 0
+        #: Entries saved between blocks into a unit whose offload was queued: sent at the next
+        #: block's start, or, when the forward skipped its last blocks, left to the last unit.
+        self.between: list[Entry] = []
+        self.ended = 0  # the last stage whose end the forward reported
 
 
 class ScheduleRun:
@@ -428,6 +438,7 @@ class ScheduleRun:
             step.a0_before = hidden.numel() * hidden.element_size()
         if step.passive:
             return
+        self._send_between(step)
         step.versions[idx] = ledger.stage_start(idx, hidden, (args, kwargs))
         self._refuse(ledger.held, "is held beyond its backward by a later block (a skip connection)")
         step.current = idx
@@ -486,6 +497,7 @@ class ScheduleRun:
             return
         ledger = step.ledger
         ledger.stage_end(idx, hidden_in, step.versions.pop(idx, None), hidden_out)
+        step.ended = step.last_out = idx
         self._refuse(ledger.aliased, "returns its input or a view of it, so units share storage")
         out = ledger.output.get(idx)
         if out is not None and idx in self.offloaded:
@@ -494,6 +506,62 @@ class ScheduleRun:
             self._end_call(step, idx, hidden_in, hidden_out)
         if idx < self.chain.length:
             self._advance(step, 2 * self._orig[idx - 1] + 1)
+
+    def stage_skipped(self, step: _Step, idx: int, hidden: Any) -> None:
+        """Stage ``idx``'s block was not called in this step (LayerDrop, an early exit): the stage
+        collapses, its a_i is the a_j the last block that ran made (NOTE [ skipped stages ]).
+
+        Called before the next block's start (``hidden``: its hidden input) or at the end of
+        the forward (``None``), before any event of the stage's ops fires.
+        """
+        if step is not self._step:
+            return
+        step.skipped.add(idx)
+        if step.passive:
+            return
+        j = step.last_out
+        if j and self.chain.act[j] > self.chain.act[idx]:
+            raise RuntimeError(
+                f"chainoffload_torch: this step skipped block {self._name(idx)}, whose input (a_{j}, {self.chain.act[j]} "
+                f"bytes in the profile) is larger than its output ({self.chain.act[idx]} bytes): a plan made with the "
+                "block run does not bound a step without it. Skip only blocks whose output is the size of their input "
+                "(LayerDrop's layers are), or turn the skipping off while offloading"
+            )
+        ledger = step.ledger
+        x = ledger.output.get(j) if j else None
+        if x is not None and x.unit == j and x.src is not None:
+            # The carried a_j takes the skipped unit's place: it moves with unit idx's transfers
+            # and is freed as unit idx would be; it goes back to unit j at the end of B_idx.
+            ledger.output.pop(j)
+            if x in ledger.units.get(j, ()):
+                ledger.units[j].remove(x)
+            x.unit = idx
+            ledger.units.setdefault(idx, []).append(x)
+            ledger.output[idx] = x
+            step.carried[idx] = j
+            step.last_out = idx
+        if self.remat is not None:
+            if idx == 1 and -1 in self.remat.last_read and isinstance(hidden, torch.Tensor):
+                step.acts[0] = (-1, Act(hidden, None, original=True))  # as the first block's call would
+            if j in step.outputs:
+                step.outputs[idx] = step.outputs.pop(j)
+            maker = self._orig[idx - 1]
+            held = step.acts.get(j) if j else step.acts.get(0)
+            if maker in self.remat.last_read and isinstance(hidden, torch.Tensor):
+                step.acts[idx] = (maker, Act(hidden, ledger.output.get(idx), original=True))
+            elif maker in self.remat.last_read and held is not None:
+                step.acts[idx] = (maker, held[1])
+
+    def _name(self, idx: int) -> str:
+        name = self.names[idx - 1] if self.names is not None and idx <= len(self.names) else None
+        return f"{idx} ({name})" if name else str(idx)
+
+    def _send_between(self, step: _Step) -> None:
+        """Send what was saved between two blocks into a unit whose offload was queued."""
+        for e in step.between:
+            if e.state is S.DEVICE and e.unit in step.offload_issued and self._moves(step, e):
+                self._offload_entry(step, e)
+        step.between.clear()
 
     def _end_call(self, step: _Step, idx: int, hidden_in: Any, hidden_out: Any) -> None:
         """The original call of stage ``idx`` ended (rematerializing schedules)."""
@@ -544,7 +612,18 @@ class ScheduleRun:
             step.current = None
             return
         ledger = step.ledger
-        ledger.forward_end(outputs, self.chain.length)
+        length = self.chain.length
+        if length in step.skipped and step.between:
+            # The code after the last block that ran was the head's (stage L): what it saved
+            # belongs to unit L, which never moves (NOTE [ skipped stages ]).
+            for e in step.between:
+                if e.unit != length and e in ledger.units.get(e.unit, ()):
+                    ledger.units[e.unit].remove(e)
+                    e.unit = length
+                    ledger.units.setdefault(length, []).append(e)
+            step.between.clear()
+        self._send_between(step)
+        ledger.forward_end(outputs, length)
         held = sorted((ledger.held & self.offloaded) - self._warned_held)
         if held:
             self._warned_held.update(held)
@@ -608,11 +687,20 @@ class ScheduleRun:
         return self._record(step, t, step.current)
 
     def _record(self, step: _Step, t: torch.Tensor, stage: int | None) -> Any:
+        between = not step.forward_done and stage is not None and stage == step.ended
+        known = len(step.ledger.units.get(stage, ())) if between else 0
         entry = step.ledger.pack(t, stage)
+        if between and entry is not None and entry.unit == stage and len(step.ledger.units.get(stage, ())) > known:
+            # Made by the code after block `stage` ended: the next block's start sends it if its
+            # unit's offload was queued; a forward that skips its last blocks gives it to the head
+            # (stage L), whose code it was (NOTE [ skipped stages ]).
+            step.between.append(entry)
         if entry is None or entry.unit not in self.offloaded:
             return Kept(t, stage)
         if entry.unit in step.offload_issued and self._moves(step, entry):
-            if entry.state is S.DEVICE:
+            if entry in step.between:
+                pass  # sent at the next block's start (_send_between)
+            elif entry.state is S.DEVICE:
                 # Saved after its unit's offload was queued (code between two blocks): send it too.
                 self._offload_entry(step, entry)
             elif entry.state is S.OFFLOADING:
@@ -741,6 +829,9 @@ class ScheduleRun:
             elif self.remat is not None and k in self.remat.maker_of_read:
                 self._recompute(step, k)
         if end and kind == "B":
+            j = step.carried.pop(stage, None)
+            if j is not None:
+                self._give_back(step, stage, j)
             self._drop_unit(step, stage)
             if self.remat is not None:
                 step.inst.pop(stage, None)
@@ -763,6 +854,13 @@ class ScheduleRun:
         """Run forward op ``k`` (after the forward) again: call its block on the a_{i-1}
         instance the schedule names, under the original call's states."""
         kind, i = self.schedule.compute[k]
+        if i in step.skipped:
+            # A skipped block is never called: the a_i this op makes is the a_{i-1} it reads
+            # (NOTE [ skipped stages ]).
+            held = step.acts.get(i - 1)
+            if k in self.remat.last_read and held is not None and held[0] == self.remat.maker_of_read[k]:
+                step.acts[i] = (k, held[1])
+            return
         rec = step.records.get(i)
         if rec is None:
             raise RuntimeError(f"chainoffload_torch: {kind}_{i} recomputes block {i}, whose call was not recorded in this step")
@@ -967,6 +1065,19 @@ class ScheduleRun:
             elif t.kind == "prefetch" and e.state is S.PREFETCHING:
                 self.copier.await_prefetch(e.h2d_event, e.dev)
                 e.state = S.RESTORED
+
+    def _give_back(self, step: _Step, stage: int, j: int) -> None:
+        """End of B_stage for a skipped stage: the a_j it carried goes back to unit j, whose own
+        backward may still read it (NOTE [ skipped stages ])."""
+        ledger = step.ledger
+        x = ledger.output.pop(stage, None)
+        if x is None:
+            return
+        if x in ledger.units.get(stage, ()):
+            ledger.units[stage].remove(x)
+        x.unit = j
+        ledger.units.setdefault(j, []).append(x)
+        ledger.output[j] = x
 
     def _drop_unit(self, step: _Step, unit: int) -> None:
         """End of B_unit: the executor lets go of the unit (autograd may still hold handles).
