@@ -422,6 +422,9 @@ class Instrument:
         hand block ``idx`` the last one's output (NOTE [ skipped stages ])."""
         h = self.blocks.hidden_of(idx, args, kwargs)
         at = self.blocks.hidden_in[idx - 1]
+        carrying = getattr(p.listener, "carrying", None)
+        if carrying is not None:
+            carrying(p.step, h)
         for k in range(p.expect, idx):
             if self.blocks.hidden_in[k - 1] != at or not self.blocks.is_linked(k) or not isinstance(h, torch.Tensor):
                 raise RuntimeError(

@@ -159,6 +159,10 @@ class _RecordedPass:
         #: and per boundary), which a reference forward does not run (NOTE [ how many
         #: profiling steps ]).
         self.bookkeeping = 0.0
+        #: Entries of hidden states the forward held while the instrument ran the blocks it
+        #: skipped in their place: not the forward's late release (NOTE [ skipped stages ] in
+        #: executor.py).
+        self.carried: set[Any] = set()
 
 
 class _Recorder:
@@ -255,12 +259,20 @@ class _Recorder:
         ledger = p.ledger
         for u in range(1, upto + 1):
             for e in ledger.units.get(u, ()):
-                if e in ledger.held_by or not _held_beyond_probe(p, e):
+                if e in ledger.held_by or e in p.carried or not _held_beyond_probe(p, e):
                     continue
                 if stage is None:
                     ledger.held_by[e] = "forward"
                 else:
                     p.alive_at[e] = stage
+
+    def carrying(self, p: _RecordedPass, hidden: Any) -> None:
+        """The forward holds ``hidden`` while the instrument runs the blocks it skipped in its
+        place (NOTE [ skipped stages ] in executor.py): its storage's holding is none of the
+        forward's own."""
+        entry = p.ledger.owner(hidden) if isinstance(hidden, torch.Tensor) else None
+        if entry is not None:
+            p.carried.add(entry)
 
     def forward_failed(self, p: _RecordedPass) -> None:
         p.current = None

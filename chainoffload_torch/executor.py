@@ -429,6 +429,46 @@ class ScheduleRun:
     # against 20 ms plain; an H200 showed 32 against 17 ms for a small conv chain.
     # The step's figures (wall time, the CUDA peak) are still recorded.
 
+    # NOTE [ skipped stages ]
+    # A training step may call a subset of the blocks: LayerDrop (HF Wav2Vec2 and HuBERT train
+    # with layerdrop=0.1 by default, BART and Whisper expose it) skips a drawn few, an early exit
+    # the last ones. The instrument learns it when a later block starts (or the forward returns)
+    # and tells the executor, before any event of the skipped stage's ops fires. Decision: the
+    # stage *collapses*. Its a_i is the a_j of the last stage that ran (the hidden state the
+    # model hands on unchanged); its ops are no-ops whose events still fire at their place in the
+    # sequence (transfers triggered there are queued as planned); a recomputation of it calls
+    # nothing and makes that same a_j its a_i instance; its unit saves nothing. The carried a_j
+    # (the output entry of unit j, when unit j is offloaded) is moved, for the step, into the
+    # skipped unit i: it is offloaded, released, prefetched and awaited with unit i's transfers
+    # (B_{i+1} reads it, as it would read a_i), and at the end of B_i it goes back to unit j,
+    # whose backward may read it too. A carried a_j of a kept unit stays resident (unit j holds
+    # it in the plan anyway).
+    # Why the plan's bound still holds: at every event of the step the executor holds a subset
+    # of what the plan holds, with the carried a_j in the place of unit i or of its a_i instance.
+    # From F_j to F_i both hold a_j in unit j; from F_i's start to unit i's release the plan also
+    # holds unit i (saved[i] >= act[i] bytes) and the step a_j alone; after it, a_j is where unit
+    # i's copy is (host, or back from P_i's start to the end of B_i); from P_j's start (before
+    # B_i) unit j is back in the plan too. The gradient B_{i+1} makes is g_j (act[j] bytes) where
+    # the plan's B_{i+1} makes g_i (act[i]) and B_i adds g_{i-1}. Every substitution needs
+    # act[j] <= act[i]: true of LayerDrop's layers, which keep the hidden size (the next block
+    # takes a_j where it took a_i); a step that skips a block whose profiled input is larger than
+    # its output is refused, naming it. tests/test_torch_layerdrop.py checks the bytes alive at
+    # every op of skipping steps (the first block, the last, runs of them; pure offloading,
+    # rotor and joint) against the plan's simulated memory. Bytes moved: unit i's own bytes
+    # never exist, a_j moves at most once, so a step moves at most the plan's bytes.
+    # The tail: a forward that skips its last blocks runs the head right after block j, so what
+    # the head saves first lands in unit j. The code between two blocks saves into the unit
+    # before; such entries (made after block j's end) are sent at the next block's start when
+    # unit j's offload is already queued, and when the forward returns without that block they
+    # go to unit L, the head's, which is never moved. An early exit is the same.
+    # The profile: its forwards must run every block. A profiling forward that skips blocks
+    # between others calls them itself (the instrument, for a listener with runs_skipped), each
+    # on the hidden state the one before returned and on the next block's other arguments, and
+    # hands the next block the result: a forward of the whole chain, measured, its numbers thrown
+    # away with the rest of the pass. One that skips the last blocks is run again under other
+    # seeds (SKIP_TRIES, generators put back after). Discovery retraces a forward that skipped
+    # most of a list (NOTE [ blocks a forward skipped ] in _discovery.py).
+
     def stage_start(self, step: _Step, idx: int, hidden: Any, args: tuple, kwargs: dict) -> None:
         """F_idx starts."""
         if step is not self._step:
