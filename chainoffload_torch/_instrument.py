@@ -27,7 +27,7 @@ from ._tree import first_tensor, tensors_in
 if TYPE_CHECKING:
     from ._discovery import Blocks
 
-__all__ = ["Instrument", "Listener", "SkippedTail", "COMPILE_REFUSAL", "CONCURRENT_REFUSAL", "check_not_instrumented", "recomputing"]
+__all__ = ["Instrument", "Listener", "SkippedBlocks", "COMPILE_REFUSAL", "CONCURRENT_REFUSAL", "check_not_instrumented", "recomputing"]
 
 
 #: Depth of recomputations in progress (the executor calling a block again): the blocks' hooks
@@ -72,9 +72,10 @@ CONCURRENT_REFUSAL = (
 )
 
 
-class SkippedTail(RuntimeError):
-    """A profiling pass whose forward did not call its last block(s): the profile runs it again
-    under other random draws (NOTE [ skipped stages ])."""
+class SkippedBlocks(RuntimeError):
+    """A profiling pass whose forward did not call its last block(s), or skipped blocks that a
+    call made up from the next block's arguments cannot run: the profile runs it again under
+    other random draws (NOTE [ skipped stages ])."""
 
 
 def _with_hidden(at: tuple[str, Any], args: tuple, kwargs: dict, h: Any) -> tuple[tuple, dict]:
@@ -96,7 +97,7 @@ class Listener(Protocol):
     ``stage_skipped`` says that stage ``idx``'s block was not called in this forward (``hidden``:
     the hidden state the next block that runs takes, ``None`` after the last); a listener with
     ``runs_skipped = True`` (the profiler's) gets the skipped blocks called instead, and a
-    forward whose last blocks it skipped raises :class:`SkippedTail` (NOTE [ skipped stages ]).
+    forward whose last blocks it skipped raises :class:`SkippedBlocks` (NOTE [ skipped stages ]).
     """
 
     def wants(self) -> bool: ...
@@ -123,7 +124,7 @@ class _HookedPass:
         self.expect = 1
         self.inputs: dict[int, Any] = {}
         self.running: dict[int, list[int]] = {}  # id(module) -> the stages it is running
-        self.pending: tuple[int, Any] | None = None  # a block whose end waits for the next one's input
+        self.pending: tuple[int, Any, Any] | None = None  # a block whose end waits for the next one's input
         self.saved_hooks: Any = None
         self.callback_queued = False
         self.done = False
@@ -342,15 +343,27 @@ class Instrument:
         if failed:
             p.listener.forward_failed(p.step)
             return
-        if p.expect != n + 1 and p.pending is None and (p.expect > 1 or not self.blocks.prefix):
-            # NOTE [ skipped stages ]: the last blocks were not called (LayerDrop, an early exit).
+        if p.expect != n + 1 and getattr(p.listener, "runs_skipped", False):
             first = ", ".join(self.blocks.names[p.expect - 1 :][:3]) + (", ..." if n - p.expect > 2 else "")
+            p.listener.forward_failed(p.step)
+            raise SkippedBlocks(f"chainoffload_torch: the forward skipped its last block(s) ({first}) in a profiling pass")
+        if p.expect != n + 1:
+            # NOTE [ skipped stages ]: the last blocks were not called (LayerDrop, an early exit).
+            pending = p.pending[0] + 1 if p.pending is not None else p.expect
+            first = ", ".join(self.blocks.names[pending - 1 :][:3]) + (", ..." if n - pending > 2 else "")
             if getattr(p.listener, "runs_skipped", False):
                 p.listener.forward_failed(p.step)
-                raise SkippedTail(
+                raise SkippedBlocks(
                     f"chainoffload_torch: the forward skipped its last block(s) ({first}) in a profiling pass"
                 )
-            if hasattr(p.listener, "stage_skipped"):
+            if hasattr(p.listener, "stage_skipped") and p.pending is not None:
+                # The block before the skipped ones hands its a_i to code the head runs: its own
+                # output stands for it (NOTE [ blocks not linked ]).
+                prev, prev_in, own = p.pending
+                p.pending = None
+                self._end(p, prev, prev_in, own)
+                del prev_in, own
+            if hasattr(p.listener, "stage_skipped") and p.expect != n + 1:
                 off = int(self.blocks.prefix)
                 for k in range(p.expect, n + 1):
                     p.listener.stage_skipped(p.step, k + off, None)
@@ -383,7 +396,7 @@ class Instrument:
         if p.pending is not None and p.pending[0] < idx:
             # NOTE [ blocks not linked ]: the pending block ends here, its a_i is this block's
             # input (blocks skipped in between hand it on unchanged).
-            prev, prev_in = p.pending
+            prev, prev_in, _ = p.pending
             p.pending = None
             self._end(p, prev, prev_in, self.blocks.hidden_of(idx, args, kwargs))
             del prev_in
@@ -424,17 +437,26 @@ class Instrument:
         at = self.blocks.hidden_in[idx - 1]
         carrying = getattr(p.listener, "carrying", None)
         if carrying is not None:
-            carrying(p.step, h)
+            off = int(self.blocks.prefix)
+            carrying(p.step, h, tuple(k + off for k in range(p.expect, idx)))
         for k in range(p.expect, idx):
             if self.blocks.hidden_in[k - 1] != at or not self.blocks.is_linked(k) or not isinstance(h, torch.Tensor):
-                raise RuntimeError(
-                    f"chainoffload_torch: block {idx} ({self.blocks.names[idx - 1]}) started while block {k} "
-                    f"({self.blocks.names[k - 1]}) was expected, and the profile cannot run the skipped block in its "
-                    "place (it takes its hidden state elsewhere, or the code between blocks changes it); profile with "
-                    "the skipping turned off (Hugging Face: config.layerdrop = 0), or give blocks= without it"
+                # The profile draws again (SkippedBlocks); after many draws it refuses.
+                raise SkippedBlocks(
+                    f"chainoffload_torch: the forward skipped block {k} ({self.blocks.names[k - 1]}) in a profiling pass, "
+                    "which the profile cannot run in its place (it takes its hidden state elsewhere than the next "
+                    "block, or the code between blocks changes it)"
                 )
             a, kw = _with_hidden(at, args, kwargs, h)
-            out = self.blocks.modules[k - 1](*a, **kw)
+            try:
+                out = self.blocks.modules[k - 1](*a, **kw)
+            except Exception as exc:
+                # A block that takes other arguments than the next one (an extra input of its
+                # own): this draw cannot be profiled; the profile draws again.
+                raise SkippedBlocks(
+                    f"chainoffload_torch: the forward skipped block {k} ({self.blocks.names[k - 1]}) in a profiling pass, "
+                    f"which cannot run on the next block's arguments ({type(exc).__name__}: {exc})"
+                ) from exc
             h = first_tensor(out)
             del out
         return _with_hidden(at, args, kwargs, h)
@@ -446,7 +468,7 @@ class Instrument:
         running = p.running.get(id(module))
         idx = running.pop() if running else idxs[0]
         if not self.blocks.is_linked(idx):
-            p.pending = (idx, p.inputs.pop(idx, None))
+            p.pending = (idx, p.inputs.pop(idx, None), first_tensor(out))
             p.expect = idx + 1
             return None
         self._end(p, idx, p.inputs.pop(idx, None), first_tensor(out))

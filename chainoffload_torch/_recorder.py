@@ -24,7 +24,7 @@ from torch import nn
 
 import chainoffload as co
 
-from ._instrument import Instrument, SkippedTail
+from ._instrument import Instrument, SkippedBlocks
 from ._pool import size_class
 from ._saved import Kept, check_version, version_probe
 from ._stages import UnitLedger, resident_storages
@@ -186,6 +186,10 @@ class _Recorder:
         self._at_end: dict[int, tuple[int, torch.Tensor, torch.Tensor, int]] = {}
         #: Units a tensor of which the backward read with other bytes than were saved.
         self.written: set[int] = set()
+        #: Per unit whose output a profiling pass handed on past skipped blocks, the stages of
+        #: those blocks: a write found on it may be the code after any of them (NOTE [ skipped
+        #: stages ] in executor.py).
+        self._also: dict[int, set[int]] = {}
         #: Per stage, the seconds the backward spent on those checks (off B_i's time on CPU).
         self.bwd_checks: dict[int, float] = {}
 
@@ -266,13 +270,17 @@ class _Recorder:
                 else:
                     p.alive_at[e] = stage
 
-    def carrying(self, p: _RecordedPass, hidden: Any) -> None:
-        """The forward holds ``hidden`` while the instrument runs the blocks it skipped in its
-        place (NOTE [ skipped stages ] in executor.py): its storage's holding is none of the
-        forward's own."""
+    def carrying(self, p: _RecordedPass, hidden: Any, stages: tuple[int, ...]) -> None:
+        """The forward holds ``hidden`` while the instrument runs the blocks of ``stages`` that
+        it skipped, in their place (NOTE [ skipped stages ] in executor.py): its storage's
+        holding is none of the forward's own, and the code the forward ran after those blocks'
+        places ran on it: a write found on it marks their units too (a training step that runs
+        them writes their outputs)."""
         entry = p.ledger.owner(hidden) if isinstance(hidden, torch.Tensor) else None
         if entry is not None:
             p.carried.add(entry)
+            if entry.unit >= 1:
+                self._also.setdefault(entry.unit, set()).update(stages)
 
     def forward_failed(self, p: _RecordedPass) -> None:
         p.current = None
@@ -335,6 +343,7 @@ class _Recorder:
         for unit, then, now in self._compares:
             if not torch.equal(then, now):
                 self.written.add(unit)
+                self.written |= self._also.get(unit, set())
         self._compares.clear()
         self._prints.clear()
         self._at_end.clear()
@@ -655,7 +664,7 @@ def _forward_every_block(root: nn.Module, args: tuple, kwargs: dict) -> Any:
     for attempt in range(SKIP_TRIES):
         try:
             return root(*args, **kwargs)
-        except SkippedTail as exc:
+        except SkippedBlocks as exc:
             if attempt == SKIP_TRIES - 1:
                 raise RuntimeError(
                     f"{exc} in each of {SKIP_TRIES} tries under other random draws, so the profile cannot measure "

@@ -235,7 +235,9 @@ class ScheduleRun:
         #: ids of buffers seen to change in a recomputed block's forward; None until a step ended
         #: (NOTE [ state changes happen once ] in _recompute.py).
         self._mutable: set[int] = set()
-        self._learned = False
+        #: Stages whose original call a completed step recorded (a block a step skipped was not
+        #: seen: NOTE [ skipped stages ]).
+        self._learned_at: set[int] = set()
         #: Per stage (index i - 1), the op the model's own forward runs: its first forward op.
         self._orig = self.remat.orig if self.remat is not None else tuple(range(chain.length))
         self._build_events()
@@ -525,7 +527,7 @@ class ScheduleRun:
                 )
             step.records[idx] = CallRecord(
                 module, idx, args, kwargs, self.blocks.hidden_in[b - 1], hidden, self.device,
-                self._mutable if self._learned else None,
+                self._mutable if idx in self._learned_at else None,
             )
         if remat.first[idx - 1] != "F":
             step.dropping = idx
@@ -568,17 +570,20 @@ class ScheduleRun:
                 "(LayerDrop's layers are), or turn the skipping off while offloading"
             )
         ledger = step.ledger
-        x = ledger.output.get(j) if j else None
-        if x is not None and x.unit == j and x.src is not None:
+        # The storage of the hidden state handed on (a_j, or a view of a storage a unit owns).
+        x = ledger.owner(hidden) if isinstance(hidden, torch.Tensor) else (ledger.output.get(j) if j else None)
+        u = x.unit if x is not None else 0
+        if x is not None and u >= 1 and x.src is not None and x in ledger.units.get(u, ()):
             # The carried a_j takes the skipped unit's place: it moves with unit idx's transfers
-            # and is freed as unit idx would be; it goes back to unit j at the end of B_idx.
-            ledger.output.pop(j)
-            if x in ledger.units.get(j, ()):
-                ledger.units[j].remove(x)
+            # and is freed as unit idx would be (kept if unit idx is); it goes back to unit u at
+            # the end of B_idx.
+            if ledger.output.get(u) is x:
+                ledger.output.pop(u)
+            ledger.units[u].remove(x)
             x.unit = idx
             ledger.units.setdefault(idx, []).append(x)
             ledger.output[idx] = x
-            step.carried[idx] = j
+            step.carried[idx] = u
             step.last_out = idx
         if self.remat is not None:
             if idx == 1 and -1 in self.remat.last_read and isinstance(hidden, torch.Tensor):
@@ -698,9 +703,8 @@ class ScheduleRun:
         self._advance(step, self._n_events - 1)
         for unit in list(step.ledger.units):
             self._drop_unit(step, unit)
+        self._learned_at.update(step.records)
         self._clear_remat(step)
-        if self.remat is not None:
-            self._learned = True
         stats = step.stats
         stats.wall_time = time.perf_counter() - step.t0
         if self.device is not None and self.device.type == "cuda":
