@@ -392,7 +392,18 @@ class Instrument:
         off = int(self.blocks.prefix)
         if off and p.expect == 1 and idx >= 1:
             # The prefix ends where the first block that runs starts; its output is that block's input.
-            self._end(p, 0, None, self.blocks.hidden_of(idx, args, kwargs))
+            a1 = self.blocks.hidden_of(idx, args, kwargs)
+            if idx > 1 and not isinstance(a1, torch.Tensor):
+                # Blocks skipped after the prefix, and the one that runs takes its hidden state
+                # elsewhere: a profiling pass draws again; a training step cannot be carried out.
+                error = SkippedBlocks if getattr(p.listener, "runs_skipped", False) else RuntimeError
+                raise error(
+                    f"chainoffload_torch: this step skipped the first block(s) ({', '.join(self.blocks.names[: idx - 1][:3])}) "
+                    f"and block {idx} ({self.blocks.names[idx - 1]}) takes its hidden state elsewhere, so the code before "
+                    "the blocks has no output to hand on; turn the skipping off while offloading (Hugging Face: "
+                    "config.layerdrop = 0)"
+                )
+            self._end(p, 0, None, a1)
         if p.pending is not None and p.pending[0] < idx:
             # NOTE [ blocks not linked ]: the pending block ends here, its a_i is this block's
             # input (blocks skipped in between hand it on unchanged).
