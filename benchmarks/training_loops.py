@@ -364,6 +364,8 @@ def rerun_rows(args: argparse.Namespace, load: list[str]) -> None:
     if unknown:
         raise SystemExit(f"--only: unknown loop(s) {unknown}; known: {', '.join(LOOPS)}")
     lines = args.out.read_text().splitlines()
+    while lines and (lines[-1].startswith("Row(s) ") or not lines[-1].strip()):
+        lines.pop()  # the note of an earlier rerun: replaced by this one's
     for name in names:
         row = "| " + " | ".join(loop_row(name, args.steps)) + " |"
         at = [k for k, line in enumerate(lines) if line.startswith(f"| {name} ")]
