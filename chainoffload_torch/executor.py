@@ -468,8 +468,16 @@ class ScheduleRun:
     # on the hidden state the one before returned and on the next block's other arguments, and
     # hands the next block the result: a forward of the whole chain, measured, its numbers thrown
     # away with the rest of the pass. One that skips the last blocks is run again under other
-    # seeds (SKIP_TRIES, generators put back after). Discovery retraces a forward that skipped
-    # most of a list (NOTE [ blocks a forward skipped ] in _discovery.py).
+    # seeds (SKIP_TRIES, generators put back after), and so is one whose made-up call cannot
+    # run (a block with an extra input of its own). In such a pass the code after a skipped
+    # block's place runs on the carried state before the instrument runs the block: a write
+    # through .data found on the carried a_j (NOTE [ writes no version counter sees ] in
+    # _recorder.py) marks the skipped blocks' units too, since a step that runs them writes their
+    # outputs; a write only some steps make stays unseen, as for any loop (the fuzz draws no
+    # .data writes with skipped blocks). Discovery retraces a forward that skipped most of a
+    # list (NOTE [ blocks a forward skipped ] in _discovery.py). A rematerializing plan that
+    # would recompute a block from a carried a_j that the code after a skipped block changed
+    # raises (the check of NOTE [ recomputation ] in _recompute.py), never trains on.
 
     def stage_start(self, step: _Step, idx: int, hidden: Any, args: tuple, kwargs: dict) -> None:
         """F_idx starts."""
