@@ -124,7 +124,11 @@ class Blocks:
 # where that one took its input. A forward that skipped more of a list than it called (LayerDrop
 # at 0.5 over 8 layers, a third of the draws) is traced again under other draws of the torch,
 # Python and NumPy generators (seeded inside the trace, restored after), at most RETRACES times,
-# and the trace that skipped least is kept. A training step that skips a block collapses its
+# and the trace that skipped least is kept. So is one that skipped a list's first or last child:
+# the call made up for it takes its link to its neighbour for granted (the first one's output is
+# the next one's input by construction), while the parent's code may make a new hidden state
+# there (h = h * s): an unlinked block taken for linked would be recomputed from its own output,
+# not from the state the next block took (the fuzz found that silent). A training step that skips a block collapses its
 # stage (NOTE [ skipped stages ] in executor.py).
 
 # NOTE [ finding the blocks ]
@@ -287,19 +291,24 @@ def _reseed(seed: int) -> None:
         np_random.seed(seed)
 
 
-#: Traces of discovery's forward at most, when one skips most of a module list's children.
-RETRACES = 8
+#: Traces of discovery's forward at most, when one skips most of a module list's children, or
+#: its first or last child.
+RETRACES = 16
 
 
-def _skipped_most(containers: Sequence[nn.Module], calls: dict[int, list[_Call]]) -> int:
-    """How many children of lists that a forward called in part it left out, where it left out
-    more than it called (LayerDrop's draw, which discovery does not take for a chain)."""
-    worst = 0
+def _skipped_most(containers: Sequence[nn.Module], calls: dict[int, list[_Call]]) -> tuple[int, int]:
+    """How a forward skipped children of lists it called in part: the most it left out of one
+    list where it left out more than it called (LayerDrop's draw, which discovery does not take
+    for a chain), and how many lists lost their first or last child (whose link to its
+    neighbour a made-up call cannot tell: NOTE [ blocks a forward skipped ]). (0, 0): none."""
+    worst = edges = 0
     for cont in containers:
         called = sum(1 for c in cont if calls.get(id(c)))
         if 0 < called < len(cont) and (len(cont) - called > called or called < 2):
             worst = max(worst, len(cont) - called)
-    return worst
+        if 0 < called < len(cont) and len(cont) > 1 and not (calls.get(id(cont[0])) and calls.get(id(cont[-1]))):
+            edges += 1
+    return worst, edges
 
 
 def _link(
@@ -540,7 +549,7 @@ def _find_blocks(
     calls, seconds = _trace(model, args, kwargs, children_all, timer)
     worst = _skipped_most([m for _, m in containers], calls)
     for attempt in range(RETRACES - 1):
-        if not worst:
+        if worst == (0, 0):
             break
         # NOTE [ blocks a forward skipped ]: the draw left out most of a list; trace again under
         # other draws (no autograd: the first trace's seconds stand) and keep the best trace.

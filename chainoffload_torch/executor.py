@@ -517,6 +517,16 @@ class ScheduleRun:
         if idx in remat.recomputed:
             if not isinstance(hidden, torch.Tensor):
                 raise RuntimeError(f"chainoffload_torch: block {idx} got no tensor as its hidden state; it cannot be recomputed")
+            held = step.acts.get(idx - 1)
+            if held is not None and held[1].original and held[1].tensor is not None and not _same_view(held[1].tensor, hidden):
+                # The a_{idx-1} the executor holds for this block's recomputation is not what the
+                # block took (the code between the blocks made a new hidden state): a
+                # recomputation would start from the wrong tensor.
+                raise RuntimeError(
+                    f"chainoffload_torch: block {idx} does not take block {idx - 1}'s output as it returned it (the code "
+                    "between them made a new hidden state), so a recomputation from it would start from another tensor; "
+                    "the schedule recomputes it. Train with method='best' (no recomputation), or let offload() plan"
+                )
             b = idx - int(self.blocks.prefix)
             module = self.blocks.modules[b - 1]
             others = [h for h in module._forward_pre_hooks.values() if not _is_instrument_hook(h)]
@@ -1167,6 +1177,17 @@ class ScheduleRun:
         """Entries the step in flight holds (0 between steps)."""
         step = self._step
         return 0 if step is None else sum(len(v) for v in step.ledger.units.values())
+
+
+def _same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether ``a`` and ``b`` view the same bytes the same way (one may be a detached alias)."""
+    return (
+        a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+        and a.storage_offset() == b.storage_offset()
+        and a.shape == b.shape
+        and a.stride() == b.stride()
+        and a.dtype == b.dtype
+    )
 
 
 def _pack_nothing(t: torch.Tensor) -> None:
