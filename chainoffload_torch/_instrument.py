@@ -409,8 +409,18 @@ class Instrument:
             # input (blocks skipped in between hand it on unchanged).
             prev, prev_in, _ = p.pending
             p.pending = None
-            self._end(p, prev, prev_in, self.blocks.hidden_of(idx, args, kwargs))
-            del prev_in
+            a_prev = self.blocks.hidden_of(idx, args, kwargs)
+            if idx > prev + 1 and not isinstance(a_prev, torch.Tensor):
+                # Skipped blocks in between, and the one that runs takes its hidden state
+                # elsewhere: a profiling pass draws again; a training step cannot be carried out.
+                error = SkippedBlocks if getattr(p.listener, "runs_skipped", False) else RuntimeError
+                raise error(
+                    f"chainoffload_torch: this step skipped block(s) {', '.join(self.blocks.names[prev : idx - 1][:3])} and "
+                    f"block {idx} ({self.blocks.names[idx - 1]}) takes its hidden state elsewhere, so block {prev} has no "
+                    "output to hand on; turn the skipping off while offloading (Hugging Face: config.layerdrop = 0)"
+                )
+            self._end(p, prev, prev_in, a_prev)
+            del prev_in, a_prev
         changed = None
         if idx > p.expect:
             # NOTE [ skipped stages ]: blocks expect..idx-1 were not called in this forward.
