@@ -82,9 +82,11 @@ class Net(nn.Module):
 
     def forward(self, x):
         h = self.inp(x)
+        self.skipped = 0
         for k, b in enumerate(self.blocks):
-            if self.mode == "layerdrop" and self.training and k and random.random() < 0.2:
-                continue  # LayerDrop: the block is skipped this step
+            if self.mode == "layerdrop" and self.training and random.random() < 0.2:
+                self.skipped += 1
+                continue  # LayerDrop: the block is skipped this step (the first and last too)
             h = b(h)
             if self.mode == "data_write" and k in (2, 5):
                 h.data.mul_(0.9)
@@ -112,12 +114,17 @@ def optimizer_in_backward(model: nn.Module) -> None:
         p.register_post_accumulate_grad_hook(step)
 
 
+#: Per side (offloaded or not): steps that skipped blocks, and the most bytes such a step moved.
+SKIPS: dict[bool, list[int]] = {}
+
+
 def train(model, steps, *, mode, offloaded):
     """(losses, seconds, handle or error, seconds of offload()): ``steps`` steps of ``mode``'s
     loop, offload() first when ``offloaded`` (in the time)."""
     seed_all(7)
     opt = None if mode == "optimizer_in_hooks" else torch.optim.AdamW(model.parameters(), lr=1e-3)
     losses, handle, setup = [], None, 0.0
+    SKIPS[offloaded] = [0, 0]
     start = time.perf_counter()
     try:
         if offloaded:
@@ -136,6 +143,10 @@ def train(model, steps, *, mode, offloaded):
                 handle.remove()  # the last step's backward runs under its plan
             loss.backward()
             losses.append(loss.detach())
+            if getattr(model, "skipped", 0):  # a LayerDrop step that skipped blocks
+                SKIPS[offloaded][0] += 1
+                if handle is not None and handle.last_step is not None:
+                    SKIPS[offloaded][1] = max(SKIPS[offloaded][1], handle.last_step.offloaded_bytes)
             if opt is not None:
                 opt.step()
                 opt.zero_grad()
@@ -159,6 +170,14 @@ def loop_row(mode: str, steps: int) -> list[str]:
     equal = len(got) == len(want) and all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
     equal = equal and all(torch.equal(p, q) for p, q in zip(model.parameters(), ref.parameters(), strict=True))
     moved = handle.last_step.offloaded_bytes if handle.last_step is not None else 0
+    if mode == "layerdrop":
+        skipping, most = SKIPS[True]
+        assert skipping == SKIPS[False][0]  # both sides skipped in the same steps
+        name = (
+            f"layerdrop ({skipping} of {steps} steps skip blocks; plan {handle.plan.offloaded_bytes / 2**20:.2f} MiB, "
+            f"a skipping step moved at most {most / 2**20:.2f} MiB)"
+        )
+        return _row(name, steps, equal, handle, moved, plain_s, off_s, setup)
     return _row(mode, steps, equal, handle, moved, plain_s, off_s, setup)
 
 
@@ -304,9 +323,15 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20, help="steps per loop (default 20)")
     parser.add_argument("--hf-steps", type=int, default=50, help="steps of the Trainer-like loop (default 50)")
     parser.add_argument("--out", type=Path, default=RESULTS / "training_loops.md")
+    parser.add_argument(
+        "--only", default="", help="comma-separated loops to rerun; their rows replace those of --out, the others stay"
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     load = open("/proc/loadavg").read().split()[:3] if os.path.exists("/proc/loadavg") else ["?"]
+    if args.only:
+        rerun_rows(args, load)
+        return
     rows = [loop_row(mode, args.steps) for mode in LOOPS]
     rows.append(threads_row())
     rows.append(hf_loop(args.hf_steps))
@@ -348,11 +373,50 @@ def main() -> None:
         f"({HF_SPLIT['new'][1] / max(HF_SPLIT['new'][0], 1e-9):.2f}x: the measuring forward and the plan).",
         "",
         f"{SHORT if args.hf_steps < 200 else ''}"
-        "LayerDrop is not carried out (the executor runs every block once per step): `offload()` refuses when its "
-        "profiling forward skips a block, and a step that skips one is refused. Two forwards before one backward "
-        "(siamese): the second runs outside the plan, what it saves resident.",
+        + LAYERDROP_NOTE
+        + " Two forwards before one backward (siamese): the second runs outside the plan, what it saves resident.",
     ]
     write_report(lines, args.out)
+
+
+#: What the results say of the LayerDrop loop.
+LAYERDROP_NOTE = (
+    "LayerDrop (each block skipped with probability 0.2, the first and the last too): a step that skips blocks "
+    "collapses their stages, moves nothing for them and never calls them (not even to recompute), so it moves at most "
+    "the plan's bytes."
+)
+
+
+def rerun_rows(args: argparse.Namespace, load: list[str]) -> None:
+    """Rerun the loops named by ``--only`` and put their rows in place of the old ones in
+    ``--out``, saying which rows were rerun, with what command and load."""
+    names = [n.strip() for n in args.only.split(",") if n.strip()]
+    unknown = [n for n in names if n not in LOOPS]
+    if unknown:
+        raise SystemExit(f"--only: unknown loop(s) {unknown}; known: {', '.join(LOOPS)}")
+    lines = args.out.read_text().splitlines()
+    while lines and (lines[-1].startswith("Row(s) ") or not lines[-1].strip()):
+        lines.pop()  # the note of an earlier rerun: replaced by this one's
+    for name in names:
+        row = "| " + " | ".join(loop_row(name, args.steps)) + " |"
+        at = [k for k, line in enumerate(lines) if line.startswith(f"| {name} ")]
+        if at:
+            lines[at[0]] = row
+        else:
+            raise SystemExit(f"--only: no row of {name} in {args.out} to replace")
+    load_after = open("/proc/loadavg").read().split()[:3] if os.path.exists("/proc/loadavg") else ["?"]
+    text = "\n".join(lines)
+    old_note = (
+        "LayerDrop is not carried out (the executor runs every block once per step): `offload()` refuses when its "
+        "profiling forward skips a block, and a step that skips one is refused."
+    )
+    text = text.replace(old_note, LAYERDROP_NOTE)
+    text += (
+        f"\n\nRow(s) {', '.join(names)} rerun alone with `python benchmarks/training_loops.py --only {args.only} "
+        f"--steps {args.steps}` (load average {' '.join(load)} before, {' '.join(load_after)} after); the other rows are "
+        "from the run above, not rerun."
+    )
+    write_report(text.splitlines(), args.out)
 
 
 if __name__ == "__main__":

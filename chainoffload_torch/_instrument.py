@@ -27,7 +27,7 @@ from ._tree import first_tensor, tensors_in
 if TYPE_CHECKING:
     from ._discovery import Blocks
 
-__all__ = ["Instrument", "Listener", "COMPILE_REFUSAL", "CONCURRENT_REFUSAL", "check_not_instrumented", "recomputing"]
+__all__ = ["Instrument", "Listener", "SkippedBlocks", "COMPILE_REFUSAL", "CONCURRENT_REFUSAL", "check_not_instrumented", "recomputing"]
 
 
 #: Depth of recomputations in progress (the executor calling a block again): the blocks' hooks
@@ -72,6 +72,20 @@ CONCURRENT_REFUSAL = (
 )
 
 
+class SkippedBlocks(RuntimeError):
+    """A profiling pass whose forward did not call its last block(s), or skipped blocks that a
+    call made up from the next block's arguments cannot run: the profile runs it again under
+    other random draws (NOTE [ skipped stages ])."""
+
+
+def _with_hidden(at: tuple[str, Any], args: tuple, kwargs: dict, h: Any) -> tuple[tuple, dict]:
+    """``args, kwargs`` with the hidden state at ``at`` replaced by ``h``."""
+    where, key = at
+    if where == "arg":
+        return args[:key] + (h,) + args[key + 1 :], kwargs
+    return args, {**kwargs, key: h}
+
+
 # -- hooks ----------------------------------------------------------------------------------
 
 
@@ -80,12 +94,17 @@ class Listener(Protocol):
 
     ``forward_start`` returns the listener's step object, which every later call of the same
     forward/backward gets back (so a late hook of an abandoned step can be told apart).
+    ``stage_skipped`` says that stage ``idx``'s block was not called in this forward (``hidden``:
+    the hidden state the next block that runs takes, ``None`` after the last); a listener with
+    ``runs_skipped = True`` (the profiler's) gets the skipped blocks called instead, and a
+    forward whose last blocks it skipped raises :class:`SkippedBlocks` (NOTE [ skipped stages ]).
     """
 
     def wants(self) -> bool: ...
     def forward_start(self, args: tuple, kwargs: dict) -> Any: ...
     def stage_start(self, step: Any, idx: int, hidden: Any, args: tuple, kwargs: dict) -> None: ...
     def stage_end(self, step: Any, idx: int, hidden_in: Any, hidden_out: Any) -> None: ...
+    def stage_skipped(self, step: Any, idx: int, hidden: Any) -> None: ...
     def forward_end(self, step: Any, outputs: Any) -> None: ...
     def forward_failed(self, step: Any) -> None: ...
     def backward_mark(self, step: Any, idx: int) -> None: ...
@@ -105,7 +124,7 @@ class _HookedPass:
         self.expect = 1
         self.inputs: dict[int, Any] = {}
         self.running: dict[int, list[int]] = {}  # id(module) -> the stages it is running
-        self.pending: tuple[int, Any] | None = None  # a block whose end waits for the next one's input
+        self.pending: tuple[int, Any, Any] | None = None  # a block whose end waits for the next one's input
         self.saved_hooks: Any = None
         self.callback_queued = False
         self.done = False
@@ -332,6 +351,31 @@ class Instrument:
         if failed:
             p.listener.forward_failed(p.step)
             return
+        if p.expect != n + 1 and getattr(p.listener, "runs_skipped", False):
+            first = ", ".join(self.blocks.names[p.expect - 1 :][:3]) + (", ..." if n - p.expect > 2 else "")
+            p.listener.forward_failed(p.step)
+            raise SkippedBlocks(f"chainoffload_torch: the forward skipped its last block(s) ({first}) in a profiling pass")
+        if p.expect != n + 1:
+            # NOTE [ skipped stages ]: the last blocks were not called (LayerDrop, an early exit).
+            pending = p.pending[0] + 1 if p.pending is not None else p.expect
+            first = ", ".join(self.blocks.names[pending - 1 :][:3]) + (", ..." if n - pending > 2 else "")
+            if getattr(p.listener, "runs_skipped", False):
+                p.listener.forward_failed(p.step)
+                raise SkippedBlocks(
+                    f"chainoffload_torch: the forward skipped its last block(s) ({first}) in a profiling pass"
+                )
+            if hasattr(p.listener, "stage_skipped") and p.pending is not None:
+                # The block before the skipped ones hands its a_i to code the head runs: its own
+                # output stands for it (NOTE [ blocks not linked ]).
+                prev, prev_in, own = p.pending
+                p.pending = None
+                self._end(p, prev, prev_in, own)
+                del prev_in, own
+            if hasattr(p.listener, "stage_skipped") and p.expect != n + 1:
+                off = int(self.blocks.prefix)
+                for k in range(p.expect, n + 1):
+                    p.listener.stage_skipped(p.step, k + off, None)
+                p.expect = n + 1
         if p.expect != n + 1:
             p.listener.forward_failed(p.step)
             raise RuntimeError(
@@ -354,15 +398,47 @@ class Instrument:
         # A module that is several stages (one per call) is the stage expected next, if it is one.
         idx = p.expect if p.expect in idxs else idxs[0]
         off = int(self.blocks.prefix)
-        if off and idx == 1 and p.expect == 1:
-            # The prefix ends where the first block starts; its output is that block's input.
-            self._end(p, 0, None, self.blocks.hidden_of(1, args, kwargs))
-        if p.pending is not None and p.pending[0] == idx - 1:
-            # NOTE [ blocks not linked ]: block idx - 1 ends here, its a_i is this block's input.
-            prev, prev_in = p.pending
+        if off and p.expect == 1 and idx >= 1:
+            # The prefix ends where the first block that runs starts; its output is that block's input.
+            a1 = self.blocks.hidden_of(idx, args, kwargs)
+            if idx > 1 and not isinstance(a1, torch.Tensor):
+                # Blocks skipped after the prefix, and the one that runs takes its hidden state
+                # elsewhere: a profiling pass draws again; a training step cannot be carried out.
+                error = SkippedBlocks if getattr(p.listener, "runs_skipped", False) else RuntimeError
+                raise error(
+                    f"chainoffload_torch: this step skipped the first block(s) ({', '.join(self.blocks.names[: idx - 1][:3])}) "
+                    f"and block {idx} ({self.blocks.names[idx - 1]}) takes its hidden state elsewhere, so the code before "
+                    "the blocks has no output to hand on; turn the skipping off while offloading (Hugging Face: "
+                    "config.layerdrop = 0)"
+                )
+            self._end(p, 0, None, a1)
+        if p.pending is not None and p.pending[0] < idx:
+            # NOTE [ blocks not linked ]: the pending block ends here, its a_i is this block's
+            # input (blocks skipped in between hand it on unchanged).
+            prev, prev_in, _ = p.pending
             p.pending = None
-            self._end(p, prev, prev_in, self.blocks.hidden_of(idx, args, kwargs))
-            del prev_in
+            a_prev = self.blocks.hidden_of(idx, args, kwargs)
+            if idx > prev + 1 and not isinstance(a_prev, torch.Tensor):
+                # Skipped blocks in between, and the one that runs takes its hidden state
+                # elsewhere: a profiling pass draws again; a training step cannot be carried out.
+                error = SkippedBlocks if getattr(p.listener, "runs_skipped", False) else RuntimeError
+                raise error(
+                    f"chainoffload_torch: this step skipped block(s) {', '.join(self.blocks.names[prev : idx - 1][:3])} and "
+                    f"block {idx} ({self.blocks.names[idx - 1]}) takes its hidden state elsewhere, so block {prev} has no "
+                    "output to hand on; turn the skipping off while offloading (Hugging Face: config.layerdrop = 0)"
+                )
+            self._end(p, prev, prev_in, a_prev)
+            del prev_in, a_prev
+        changed = None
+        if idx > p.expect:
+            # NOTE [ skipped stages ]: blocks expect..idx-1 were not called in this forward.
+            if getattr(p.listener, "runs_skipped", False):
+                changed = args, kwargs = self._run_skipped(p, idx, args, kwargs)
+            elif hasattr(p.listener, "stage_skipped"):
+                hidden = self.blocks.hidden_of(idx, args, kwargs)
+                for k in range(p.expect, idx):
+                    p.listener.stage_skipped(p.step, k + off, hidden)
+                p.expect = idx
         if idx != p.expect:
             if idx > p.expect:
                 skipped = ", ".join(self.blocks.names[p.expect - 1 : idx - 1][:4]) + (", ..." if idx - p.expect > 4 else "")
@@ -380,7 +456,39 @@ class Instrument:
         p.inputs[idx] = hidden
         p.running.setdefault(id(module), []).append(idx)
         p.listener.stage_start(p.step, idx + off, hidden, args, kwargs)
-        return None
+        return changed
+
+    def _run_skipped(self, p: _HookedPass, idx: int, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        """A profiling pass: call the blocks ``p.expect..idx-1`` that this forward skipped, each
+        on the hidden state the one before returned and on block ``idx``'s other arguments, and
+        hand block ``idx`` the last one's output (NOTE [ skipped stages ])."""
+        h = self.blocks.hidden_of(idx, args, kwargs)
+        at = self.blocks.hidden_in[idx - 1]
+        carrying = getattr(p.listener, "carrying", None)
+        if carrying is not None:
+            off = int(self.blocks.prefix)
+            carrying(p.step, h, tuple(k + off for k in range(p.expect, idx)))
+        for k in range(p.expect, idx):
+            if self.blocks.hidden_in[k - 1] != at or not self.blocks.is_linked(k) or not isinstance(h, torch.Tensor):
+                # The profile draws again (SkippedBlocks); after many draws it refuses.
+                raise SkippedBlocks(
+                    f"chainoffload_torch: the forward skipped block {k} ({self.blocks.names[k - 1]}) in a profiling pass, "
+                    "which the profile cannot run in its place (it takes its hidden state elsewhere than the next "
+                    "block, or the code between blocks changes it)"
+                )
+            a, kw = _with_hidden(at, args, kwargs, h)
+            try:
+                out = self.blocks.modules[k - 1](*a, **kw)
+            except Exception as exc:
+                # A block that takes other arguments than the next one (an extra input of its
+                # own): this draw cannot be profiled; the profile draws again.
+                raise SkippedBlocks(
+                    f"chainoffload_torch: the forward skipped block {k} ({self.blocks.names[k - 1]}) in a profiling pass, "
+                    f"which cannot run on the next block's arguments ({type(exc).__name__}: {exc})"
+                ) from exc
+            h = first_tensor(out)
+            del out
+        return _with_hidden(at, args, kwargs, h)
 
     def _block_post(self, idxs: tuple[int, ...], module: nn.Module, args: tuple, kwargs: dict, out: Any) -> None:
         p = self._current()
@@ -389,7 +497,7 @@ class Instrument:
         running = p.running.get(id(module))
         idx = running.pop() if running else idxs[0]
         if not self.blocks.is_linked(idx):
-            p.pending = (idx, p.inputs.pop(idx, None))
+            p.pending = (idx, p.inputs.pop(idx, None), first_tensor(out))
             p.expect = idx + 1
             return None
         self._end(p, idx, p.inputs.pop(idx, None), first_tensor(out))

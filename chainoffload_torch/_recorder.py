@@ -12,7 +12,9 @@ and transients, per unit the storages it owns (:class:`Sizes`); :func:`chain_of`
 from __future__ import annotations
 
 import dataclasses
+import random
 import statistics
+import sys
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -22,7 +24,7 @@ from torch import nn
 
 import chainoffload as co
 
-from ._instrument import Instrument
+from ._instrument import Instrument, SkippedBlocks
 from ._pool import size_class
 from ._saved import Kept, check_version, version_probe
 from ._stages import UnitLedger, resident_storages
@@ -157,6 +159,10 @@ class _RecordedPass:
         #: and per boundary), which a reference forward does not run (NOTE [ how many
         #: profiling steps ]).
         self.bookkeeping = 0.0
+        #: Entries of hidden states the forward held while the instrument ran the blocks it
+        #: skipped in their place: not the forward's late release (NOTE [ skipped stages ] in
+        #: executor.py).
+        self.carried: set[Any] = set()
 
 
 class _Recorder:
@@ -183,8 +189,15 @@ class _Recorder:
         self._at_end: dict[int, tuple[int, torch.Tensor, torch.Tensor, int]] = {}
         #: Units a tensor of which the backward read with other bytes than were saved.
         self.written: set[int] = set()
+        #: Per unit whose output a profiling pass handed on past skipped blocks, the stages of
+        #: those blocks: a write found on it may be the code after any of them (NOTE [ skipped
+        #: stages ] in executor.py).
+        self._also: dict[int, set[int]] = {}
         #: Per stage, the seconds the backward spent on those checks (off B_i's time on CPU).
         self.bwd_checks: dict[int, float] = {}
+
+    #: Blocks a profiling forward skipped are called anyway (NOTE [ skipped stages ] in executor.py).
+    runs_skipped = True
 
     def wants(self) -> bool:
         return True
@@ -253,15 +266,32 @@ class _Recorder:
         ledger = p.ledger
         for u in range(1, upto + 1):
             for e in ledger.units.get(u, ()):
-                if e in ledger.held_by or not _held_beyond_probe(p, e):
+                if e in ledger.held_by or e in p.carried or not _held_beyond_probe(p, e):
                     continue
                 if stage is None:
                     ledger.held_by[e] = "forward"
                 else:
                     p.alive_at[e] = stage
 
+    def carrying(self, p: _RecordedPass, hidden: Any, stages: tuple[int, ...]) -> None:
+        """The forward holds ``hidden`` while the instrument runs the blocks of ``stages`` that
+        it skipped, in their place (NOTE [ skipped stages ] in executor.py): its storage's
+        holding is none of the forward's own, and the code the forward ran after those blocks'
+        places ran on it: a write found on it marks their units too (a training step that runs
+        them writes their outputs)."""
+        entry = p.ledger.owner(hidden) if isinstance(hidden, torch.Tensor) else None
+        if entry is not None:
+            p.carried.add(entry)
+            if entry.unit >= 1:
+                self._also.setdefault(entry.unit, set()).update(stages)
+
     def forward_failed(self, p: _RecordedPass) -> None:
         p.current = None
+        # No backward reads what this pass saved, and the ids of its records may come back in
+        # the next pass (one run again after it skipped its last blocks: NOTE [ skipped stages ]
+        # in executor.py).
+        self._prints.clear()
+        self._at_end.clear()
 
     def backward_mark(self, p: _RecordedPass, idx: int) -> None:
         if idx < self.n:
@@ -316,6 +346,7 @@ class _Recorder:
         for unit, then, now in self._compares:
             if not torch.equal(then, now):
                 self.written.add(unit)
+                self.written |= self._also.get(unit, set())
         self._compares.clear()
         self._prints.clear()
         self._at_end.clear()
@@ -510,7 +541,7 @@ def _measure(
             limit = (warmup + repeats) if repeats is not None else AUTO_MAX_STEPS
             while True:
                 rec.probe = probed is None  # the first pass on a layout is the probe
-                out = root(*args, **kwargs)
+                out = _forward_every_block(root, args, kwargs)
                 p = rec.current
                 rec.current = None
                 if rec.probe:
@@ -558,7 +589,7 @@ def _measure(
                     step["fwd_tmp"], step["bwd_tmp"] = _tmp(p.marks, n, list(sizes.act))
                 if nosave:
                     with torch.no_grad():
-                        root(*args, **kwargs)
+                        _forward_every_block(root, args, kwargs)
                     rec.timer.sync()
                     step["nosave"] = _times(rec.timer, rec.current.marks, n)[0]
                     rec.current = None
@@ -624,6 +655,34 @@ WRITTEN = "tensor written after it was saved, where no version counter sees it (
 # as they were; a model that writes through .data in its forward only now and then must keep
 # those blocks resident with keep=. The fingerprints cost one read of what the step saves,
 # twice, and two of each a_i, in one profiling step (and one forward per new shape).
+
+
+#: Profiling forwards tried, under other random draws, when one skips its last blocks.
+SKIP_TRIES = 32
+
+
+def _forward_every_block(root: nn.Module, args: tuple, kwargs: dict) -> Any:
+    """A profiling forward of ``root`` that runs every block: the instrument calls the blocks
+    it skips between others; one that skips the last ones is run again under other random draws
+    (torch, Python and NumPy generators seeded afresh; ``training_state`` puts them back after
+    the passes), at most :data:`SKIP_TRIES` times (NOTE [ skipped stages ] in executor.py)."""
+    for attempt in range(SKIP_TRIES):
+        try:
+            return root(*args, **kwargs)
+        except SkippedBlocks as exc:
+            if attempt == SKIP_TRIES - 1:
+                raise RuntimeError(
+                    f"{exc} in each of {SKIP_TRIES} tries under other random draws, so the profile cannot measure "
+                    "them; profile with the skipping turned off (Hugging Face: config.layerdrop = 0), or give blocks= "
+                    "without the blocks the forward leaves out"
+                ) from None
+            seed = 0x5EED + attempt
+            torch.manual_seed(seed)
+            random.seed(seed)
+            np_random = sys.modules.get("numpy.random")
+            if np_random is not None:
+                np_random.seed(seed)
+    raise AssertionError("unreachable")
 
 
 def _forward_times(timer: Timer, p: _RecordedPass, n: int) -> list[float]:

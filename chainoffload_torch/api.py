@@ -393,6 +393,9 @@ class Offloader:
     def stage_end(self, step: Any, idx: int, hidden_in: Any, hidden_out: Any) -> None:
         self._run.stage_end(step, idx, hidden_in, hidden_out)
 
+    def stage_skipped(self, step: Any, idx: int, hidden: Any) -> None:
+        self._run.stage_skipped(step, idx, hidden)
+
     def forward_end(self, step: Any, outputs: Any) -> None:
         self._run.forward_end(step, outputs)
         if step is self._in_flight:

@@ -138,6 +138,16 @@ class _Step:
         self.inst: dict[int, str] = {}  # per unit, its instance on the device: "a" (lone a_i) or "whole"
         self.outputs: dict[int, tuple[int, int]] = {}  # a recomputed block's output: (address, version)
         self.call: tuple[tuple, dict] = ((), {})  # the model's arguments (a recomputed prefix's inputs)
+        # Stages whose block this step did not call (NOTE [ skipped stages ]).
+        self.skipped: set[int] = set()
+        #: Per skipped stage, the unit its carried a_j came from (it goes back at the end of B_i).
+        self.carried: dict[int, int] = {}
+        #: The stage whose output is the hidden state now (what a skipped stage hands on).
+        self.last_out = 0
+        #: Entries saved between blocks into a unit whose offload was queued: sent at the next
+        #: block's start, or, when the forward skipped its last blocks, left to the last unit.
+        self.between: list[Entry] = []
+        self.ended = 0  # the last stage whose end the forward reported
 
 
 class ScheduleRun:
@@ -244,8 +254,10 @@ class ScheduleRun:
         #: ids of buffers seen to change in a recomputed block's forward; None until a step ended
         #: (NOTE [ state changes happen once ] in _recompute.py).
         self._mutable: set[int] = set()
-        self._learned = False
         self._prefix_state: list[nn.Module] | None = None  # the modules outside the blocks
+        #: Stages whose original call a completed step recorded (a block a step skipped was not
+        #: seen: NOTE [ skipped stages ]).
+        self._learned_at: set[int] = set()
         #: Per stage (index i - 1), the op the model's own forward runs: its first forward op.
         self._orig = self.remat.orig if self.remat is not None else tuple(range(chain.length))
         self._build_events()
@@ -442,6 +454,54 @@ class ScheduleRun:
     # against 20 ms plain; an H200 showed 32 against 17 ms for a small conv chain.
     # The step's figures (wall time, the CUDA peak) are still recorded.
 
+    # NOTE [ skipped stages ]
+    # A training step may call a subset of the blocks: LayerDrop (HF Wav2Vec2 and HuBERT train
+    # with layerdrop=0.1 by default, BART and Whisper expose it) skips a drawn few, an early exit
+    # the last ones. The instrument learns it when a later block starts (or the forward returns)
+    # and tells the executor, before any event of the skipped stage's ops fires. Decision: the
+    # stage *collapses*. Its a_i is the a_j of the last stage that ran (the hidden state the
+    # model hands on unchanged); its ops are no-ops whose events still fire at their place in the
+    # sequence (transfers triggered there are queued as planned); a recomputation of it calls
+    # nothing and makes that same a_j its a_i instance; its unit saves nothing. The carried a_j
+    # (the output entry of unit j, when unit j is offloaded) is moved, for the step, into the
+    # skipped unit i: it is offloaded, released, prefetched and awaited with unit i's transfers
+    # (B_{i+1} reads it, as it would read a_i), and at the end of B_i it goes back to unit j,
+    # whose backward may read it too. A carried a_j of a kept unit stays resident (unit j holds
+    # it in the plan anyway).
+    # Why the plan's bound still holds: at every event of the step the executor holds a subset
+    # of what the plan holds, with the carried a_j in the place of unit i or of its a_i instance.
+    # From F_j to F_i both hold a_j in unit j; from F_i's start to unit i's release the plan also
+    # holds unit i (saved[i] >= act[i] bytes) and the step a_j alone; after it, a_j is where unit
+    # i's copy is (host, or back from P_i's start to the end of B_i); from P_j's start (before
+    # B_i) unit j is back in the plan too. The gradient B_{i+1} makes is g_j (act[j] bytes) where
+    # the plan's B_{i+1} makes g_i (act[i]) and B_i adds g_{i-1}. Every substitution needs
+    # act[j] <= act[i]: true of LayerDrop's layers, which keep the hidden size (the next block
+    # takes a_j where it took a_i); a step that skips a block whose profiled input is larger than
+    # its output is refused, naming it. tests/test_torch_layerdrop.py checks the bytes alive at
+    # every op of skipping steps (the first block, the last, runs of them; pure offloading,
+    # rotor and joint) against the plan's simulated memory. Bytes moved: unit i's own bytes
+    # never exist, a_j moves at most once, so a step moves at most the plan's bytes.
+    # The tail: a forward that skips its last blocks runs the head right after block j, so what
+    # the head saves first lands in unit j. The code between two blocks saves into the unit
+    # before; such entries (made after block j's end) are sent at the next block's start when
+    # unit j's offload is already queued, and when the forward returns without that block they
+    # go to unit L, the head's, which is never moved. An early exit is the same.
+    # The profile: its forwards must run every block. A profiling forward that skips blocks
+    # between others calls them itself (the instrument, for a listener with runs_skipped), each
+    # on the hidden state the one before returned and on the next block's other arguments, and
+    # hands the next block the result: a forward of the whole chain, measured, its numbers thrown
+    # away with the rest of the pass. One that skips the last blocks is run again under other
+    # seeds (SKIP_TRIES, generators put back after), and so is one whose made-up call cannot
+    # run (a block with an extra input of its own). In such a pass the code after a skipped
+    # block's place runs on the carried state before the instrument runs the block: a write
+    # through .data found on the carried a_j (NOTE [ writes no version counter sees ] in
+    # _recorder.py) marks the skipped blocks' units too, since a step that runs them writes their
+    # outputs; a write only some steps make stays unseen, as for any loop (the fuzz draws no
+    # .data writes with skipped blocks). Discovery retraces a forward that skipped most of a
+    # list (NOTE [ blocks a forward skipped ] in _discovery.py). A rematerializing plan that
+    # would recompute a block from a carried a_j that the code after a skipped block changed
+    # raises (the check of NOTE [ recomputation ] in _recompute.py), never trains on.
+
     def stage_start(self, step: _Step, idx: int, hidden: Any, args: tuple, kwargs: dict) -> None:
         """F_idx starts."""
         if step is not self._step:
@@ -451,6 +511,7 @@ class ScheduleRun:
             step.a0_before = hidden.numel() * hidden.element_size()
         if step.passive:
             return
+        self._send_between(step)
         step.versions[idx] = ledger.stage_start(idx, hidden, (args, kwargs))
         self._refuse(ledger.held, "is held beyond its backward by a later block (a skip connection)")
         step.current = idx
@@ -481,6 +542,16 @@ class ScheduleRun:
         elif idx in remat.recomputed:
             if not isinstance(hidden, torch.Tensor):
                 raise RuntimeError(f"chainoffload_torch: block {idx} got no tensor as its hidden state; it cannot be recomputed")
+            held = step.acts.get(idx - 1)
+            if held is not None and held[1].original and held[1].tensor is not None and not _same_view(held[1].tensor, hidden):
+                # The a_{idx-1} the executor holds for this block's recomputation is not what the
+                # block took (the code between the blocks made a new hidden state): a
+                # recomputation would start from the wrong tensor.
+                raise RuntimeError(
+                    f"chainoffload_torch: block {idx} does not take block {idx - 1}'s output as it returned it (the code "
+                    "between them made a new hidden state), so a recomputation from it would start from another tensor; "
+                    "the schedule recomputes it. Train with method='best' (no recomputation), or let offload() plan"
+                )
             b = idx - int(self.blocks.prefix)
             module = self.blocks.modules[b - 1]
             others = [h for h in module._forward_pre_hooks.values() if not _is_instrument_hook(h)]
@@ -499,7 +570,7 @@ class ScheduleRun:
                 )
             step.records[idx] = CallRecord(
                 module, idx, args, kwargs, self.blocks.hidden_in[b - 1], hidden, self.device,
-                self._mutable if self._learned else None,
+                self._mutable if idx in self._learned_at else None,
             )
         if remat.first[idx - 1] != "F":
             step.dropping = idx
@@ -528,7 +599,7 @@ class ScheduleRun:
             self._prefix_state = prefix_state(model, self.blocks.modules)
         return PrefixRecord(
             model, first, functools.partial(self.blocks.hidden_of, 1), args, kwargs, self.device,
-            self._mutable if self._learned else None, self._prefix_state,
+            self._mutable if 1 in self._learned_at else None, self._prefix_state,
         )
 
     def stage_end(self, step: _Step, idx: int, hidden_in: Any, hidden_out: Any) -> None:
@@ -537,6 +608,7 @@ class ScheduleRun:
             return
         ledger = step.ledger
         ledger.stage_end(idx, hidden_in, step.versions.pop(idx, None), hidden_out)
+        step.ended = step.last_out = idx
         self._refuse(ledger.aliased, "returns its input or a view of it, so units share storage")
         out = ledger.output.get(idx)
         if out is not None and idx in self.offloaded:
@@ -545,6 +617,65 @@ class ScheduleRun:
             self._end_call(step, idx, hidden_in, hidden_out)
         if idx < self.chain.length:
             self._advance(step, 2 * self._orig[idx - 1] + 1)
+
+    def stage_skipped(self, step: _Step, idx: int, hidden: Any) -> None:
+        """Stage ``idx``'s block was not called in this step (LayerDrop, an early exit): the stage
+        collapses, its a_i is the a_j the last block that ran made (NOTE [ skipped stages ]).
+
+        Called before the next block's start (``hidden``: its hidden input) or at the end of
+        the forward (``None``), before any event of the stage's ops fires.
+        """
+        if step is not self._step:
+            return
+        step.skipped.add(idx)
+        if step.passive:
+            return
+        j = step.last_out
+        if j and self.chain.act[j] > self.chain.act[idx]:
+            raise RuntimeError(
+                f"chainoffload_torch: this step skipped block {self._name(idx)}, whose input (a_{j}, {self.chain.act[j]} "
+                f"bytes in the profile) is larger than its output ({self.chain.act[idx]} bytes): a plan made with the "
+                "block run does not bound a step without it. Skip only blocks whose output is the size of their input "
+                "(LayerDrop's layers are), or turn the skipping off while offloading"
+            )
+        ledger = step.ledger
+        # The storage of the hidden state handed on (a_j, or a view of a storage a unit owns).
+        x = ledger.owner(hidden) if isinstance(hidden, torch.Tensor) else (ledger.output.get(j) if j else None)
+        u = x.unit if x is not None else 0
+        if x is not None and u >= 1 and x.src is not None and x in ledger.units.get(u, ()):
+            # The carried a_j takes the skipped unit's place: it moves with unit idx's transfers
+            # and is freed as unit idx would be (kept if unit idx is); it goes back to unit u at
+            # the end of B_idx.
+            if ledger.output.get(u) is x:
+                ledger.output.pop(u)
+            ledger.units[u].remove(x)
+            x.unit = idx
+            ledger.units.setdefault(idx, []).append(x)
+            ledger.output[idx] = x
+            step.carried[idx] = u
+            step.last_out = idx
+        if self.remat is not None:
+            if idx == 1 and -1 in self.remat.last_read and isinstance(hidden, torch.Tensor):
+                step.acts[0] = (-1, Act(hidden, None, original=True))  # as the first block's call would
+            if j in step.outputs:
+                step.outputs[idx] = step.outputs.pop(j)
+            maker = self._orig[idx - 1]
+            held = step.acts.get(j) if j else step.acts.get(0)
+            if maker in self.remat.last_read and isinstance(hidden, torch.Tensor):
+                step.acts[idx] = (maker, Act(hidden, ledger.output.get(idx), original=True))
+            elif maker in self.remat.last_read and held is not None:
+                step.acts[idx] = (maker, held[1])
+
+    def _name(self, idx: int) -> str:
+        name = self.names[idx - 1] if self.names is not None and idx <= len(self.names) else None
+        return f"{idx} ({name})" if name else str(idx)
+
+    def _send_between(self, step: _Step) -> None:
+        """Send what was saved between two blocks into a unit whose offload was queued."""
+        for e in step.between:
+            if e.state is S.DEVICE and e.unit in step.offload_issued and self._moves(step, e):
+                self._offload_entry(step, e)
+        step.between.clear()
 
     def _end_call(self, step: _Step, idx: int, hidden_in: Any, hidden_out: Any) -> None:
         """The original call of stage ``idx`` ended (rematerializing schedules)."""
@@ -596,7 +727,18 @@ class ScheduleRun:
             step.current = None
             return
         ledger = step.ledger
-        ledger.forward_end(outputs, self.chain.length)
+        length = self.chain.length
+        if length in step.skipped and step.between:
+            # The code after the last block that ran was the head's (stage L): what it saved
+            # belongs to unit L, which never moves (NOTE [ skipped stages ]).
+            for e in step.between:
+                if e.unit != length and e in ledger.units.get(e.unit, ()):
+                    ledger.units[e.unit].remove(e)
+                    e.unit = length
+                    ledger.units.setdefault(length, []).append(e)
+            step.between.clear()
+        self._send_between(step)
+        ledger.forward_end(outputs, length)
         held = sorted((ledger.held & self.offloaded) - self._warned_held)
         if held:
             self._warned_held.update(held)
@@ -631,9 +773,8 @@ class ScheduleRun:
         self._advance(step, self._n_events - 1)
         for unit in list(step.ledger.units):
             self._drop_unit(step, unit)
+        self._learned_at.update(step.records)
         self._clear_remat(step)
-        if self.remat is not None:
-            self._learned = True
         stats = step.stats
         stats.wall_time = time.perf_counter() - step.t0
         if self.device is not None and self.device.type == "cuda":
@@ -660,11 +801,20 @@ class ScheduleRun:
         return self._record(step, t, step.current)
 
     def _record(self, step: _Step, t: torch.Tensor, stage: int | None) -> Any:
+        between = not step.forward_done and stage is not None and stage == step.ended
+        known = len(step.ledger.units.get(stage, ())) if between else 0
         entry = step.ledger.pack(t, stage)
+        if between and entry is not None and entry.unit == stage and len(step.ledger.units.get(stage, ())) > known:
+            # Made by the code after block `stage` ended: the next block's start sends it if its
+            # unit's offload was queued; a forward that skips its last blocks gives it to the head
+            # (stage L), whose code it was (NOTE [ skipped stages ]).
+            step.between.append(entry)
         if entry is None or entry.unit not in self.offloaded:
             return Kept(t, stage)
         if entry.unit in step.offload_issued and self._moves(step, entry):
-            if entry.state is S.DEVICE:
+            if entry in step.between:
+                pass  # sent at the next block's start (_send_between)
+            elif entry.state is S.DEVICE:
                 # Saved after its unit's offload was queued (code between two blocks): send it too.
                 self._offload_entry(step, entry)
             elif entry.state is S.OFFLOADING:
@@ -795,6 +945,9 @@ class ScheduleRun:
             elif self.remat is not None and k in self.remat.maker_of_read:
                 self._recompute(step, k)
         if end and kind == "B":
+            j = step.carried.pop(stage, None)
+            if j is not None:
+                self._give_back(step, stage, j)
             self._drop_unit(step, stage)
             if self.remat is not None:
                 step.inst.pop(stage, None)
@@ -817,6 +970,13 @@ class ScheduleRun:
         """Run forward op ``k`` (after the forward) again: call its block on the a_{i-1}
         instance the schedule names, under the original call's states."""
         kind, i = self.schedule.compute[k]
+        if i in step.skipped:
+            # A skipped block is never called: the a_i this op makes is the a_{i-1} it reads
+            # (NOTE [ skipped stages ]).
+            held = step.acts.get(i - 1)
+            if k in self.remat.last_read and held is not None and held[0] == self.remat.maker_of_read[k]:
+                step.acts[i] = (k, held[1])
+            return
         rec = step.records.get(i)
         if rec is None:
             raise RuntimeError(f"chainoffload_torch: {kind}_{i} recomputes block {i}, whose call was not recorded in this step")
@@ -1028,6 +1188,19 @@ class ScheduleRun:
                 self.copier.await_prefetch(e.h2d_event, e.dev)
                 e.state = S.RESTORED
 
+    def _give_back(self, step: _Step, stage: int, j: int) -> None:
+        """End of B_stage for a skipped stage: the a_j it carried goes back to unit j, whose own
+        backward may still read it (NOTE [ skipped stages ])."""
+        ledger = step.ledger
+        x = ledger.output.pop(stage, None)
+        if x is None:
+            return
+        if x in ledger.units.get(stage, ()):
+            ledger.units[stage].remove(x)
+        x.unit = j
+        ledger.units.setdefault(j, []).append(x)
+        ledger.output[j] = x
+
     def _drop_unit(self, step: _Step, unit: int) -> None:
         """End of B_unit: the executor lets go of the unit (autograd may still hold handles).
 
@@ -1064,6 +1237,17 @@ class ScheduleRun:
         """Entries the step in flight holds (0 between steps)."""
         step = self._step
         return 0 if step is None else sum(len(v) for v in step.ledger.units.values())
+
+
+def _same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether ``a`` and ``b`` view the same bytes the same way (one may be a detached alias)."""
+    return (
+        a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+        and a.storage_offset() == b.storage_offset()
+        and a.shape == b.shape
+        and a.stride() == b.stride()
+        and a.dtype == b.dtype
+    )
 
 
 def _pack_nothing(t: torch.Tensor) -> None:

@@ -161,6 +161,7 @@ LOOP_FEATURES: tuple[str, ...] = (
     "optimizer_in_hooks",
     "varying_shapes",
     "several_forwards",
+    "skipped_blocks",
 )
 #: Every feature :func:`random_models` can switch on or off (``features=``). ``basic`` is always on.
 FEATURES: tuple[str, ...] = MODEL_FEATURES + LOOP_FEATURES
@@ -257,6 +258,10 @@ class ModelSpec:
     forwards
         Forwards per backward: the loss sums the model's outputs on ``forwards`` scaled copies
         of the batch, each run before the one backward (a Siamese or contrastive loss).
+    layerdrop
+        In training, each block is skipped with this chance, drawn with torch's generator
+        (``torch.rand``, as Hugging Face's LayerDrop; seeded before every forward): the parent
+        hands the hidden state on to the code after the block unchanged.
     """
 
     blocks: tuple[BlockSpec, ...]
@@ -272,6 +277,7 @@ class ModelSpec:
     optimizer: str = "sgd"
     batches: tuple[int, ...] = ()
     forwards: int = 1
+    layerdrop: float = 0.0
 
     def __post_init__(self) -> None:
         if len(self.blocks) < 2:
@@ -307,6 +313,8 @@ class ModelSpec:
             raise ValueError(f"batches: {self.batches} must be batch sizes >= 1")
         if isinstance(self.forwards, bool) or not isinstance(self.forwards, int) or self.forwards < 1:
             raise ValueError(f"forwards: {self.forwards!r} must be an integer >= 1")
+        if isinstance(self.layerdrop, bool) or not isinstance(self.layerdrop, (int, float)) or not 0 <= self.layerdrop < 1:
+            raise ValueError(f"layerdrop: {self.layerdrop!r} must be a chance in [0, 1)")
 
     @property
     def features(self) -> frozenset[str]:
@@ -339,6 +347,8 @@ class ModelSpec:
             used.add("varying_shapes")
         if self.forwards > 1:
             used.add("several_forwards")
+        if self.layerdrop:
+            used.add("skipped_blocks")
         used.discard("basic")
         return frozenset(used)
 
@@ -534,7 +544,10 @@ class FuzzModel(nn.Module):
                 extra["index"] = perm
             if "mask" in spec.ops:
                 extra["mask"] = mask
-            out = block(h, **extra)
+            if self.spec.layerdrop and self.training and torch.rand([]) < self.spec.layerdrop:
+                out = h  # LayerDrop: the block is skipped this step
+            else:
+                out = block(h, **extra)
             if isinstance(out, tuple):
                 h, mask = out
             else:
@@ -774,12 +787,19 @@ def _describe(src: Any, min_blocks: int, max_blocks: int, max_ops: int, features
         hidden_casts=casts,
     )
     # NOTE [ the loops the fuzz draws ]: after the model, so a seed draws the model it drew before.
-    loop = {f for f in LOOP_FEATURES if f in features and src.chance(1 / 4)}
+    loop = {f for f in LOOP_FEATURES if f in features and f != "skipped_blocks" and src.chance(1 / 4)}
+    side = random.Random(spec.seed * 1_000_003 + n)  # the model's own seed: src's draws stay
+    layerdrop = side.choice((0.1, 0.3, 0.5)) if "skipped_blocks" in features and side.random() < 1 / 4 else 0.0
+    spec = dataclasses.replace(spec, layerdrop=layerdrop)
     if not loop:
         return spec
     sources = tuple(s for s, f in (("python", "python_random"), ("numpy", "numpy_random"), ("counter", "counter")) if f in loop)
     draws = tuple((i, src.choice(sources)) for i in range(n) if sources and src.chance(0.2))
     writes = tuple(i for i in range(n - 1) if "data_write" in loop and src.chance(0.15))
+    if layerdrop and writes:
+        # A write through .data after a block a step skips lands on another block's output than
+        # the profile saw (a write that only some steps make: docs/model.md says keep= them).
+        writes = ()
     batches = tuple(src.integer(1, 5) for _ in range(4)) if "varying_shapes" in loop else ()
     return dataclasses.replace(
         spec,
@@ -880,6 +900,13 @@ def random_models(
 # may take two or three forwards before its one backward. Each side
 # of the check has its own Python and NumPy generators, seeded alike once before offload() and
 # never reseeded (_Globals): a profiling pass that drew from them would show in a later step.
+# LayerDrop ("skipped_blocks"): each block skipped in training with chance 0.1, 0.3 or 0.5,
+# drawn with torch's generator (seeded before every forward), so steps run a subset of the
+# blocks and the profile's forwards skip some too (NOTE [ skipped stages ] in executor.py); the
+# chance is drawn from the model's own seed, not from the description's stream, so that every
+# other draw of a seed stays what it was. Not with writes through .data: after a skipped block
+# the write lands on another block's output than the profile saw, a write only some steps make,
+# which the profile cannot see (docs/model.md: keep= those blocks); the fuzz found it silent.
 
 
 # -- the differential check -------------------------------------------------------------------

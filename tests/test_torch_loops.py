@@ -681,29 +681,30 @@ def test_discovery_finds_the_whole_list_whichever_blocks_one_forward_skipped():
     assert skipped_first and skipped_last  # the seeds covered both ends
 
 
-def test_a_step_that_skips_a_block_is_refused_with_what_to_do_and_without_skipping_trains_equal():
+def test_steps_that_skip_blocks_drawn_with_python_random_train_equal_the_profile_included():
+    """The profile's own forwards skip blocks (seed 4), and so do training steps: nothing is
+    refused, every step's gradients equal plain PyTorch's (NOTE [ skipped stages ] in
+    chainoffload_torch/executor.py), and the profile leaves Python's generator as it was."""
     torch.manual_seed(0)
     model = LayerDrop()
     ref = copy.deepcopy(model)
-    skips = r"this step skipped layers\.\d.*LayerDrop.*config\.layerdrop = 0"
-    random.seed(4)  # the profile's own forwards skip a block: refused up front
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        with pytest.raises(RuntimeError, match=skips):
-            ct.offload(model, batch(6, 0), memory=0.6)
-    assert not model._forward_hooks and not model.layers[0]._forward_pre_hooks  # nothing left behind
-    model.p = ref.p = 0.0
+    random.seed(4)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         handle = ct.offload(model, batch(6, 0), memory=0.6)
     assert len(handle.blocks) == 8
-    for m in (model, ref):
-        m(batch(6, 1)).square().mean().backward()
-    assert grads_equal(model, ref) and handle.last_step.offloaded_bytes > 0
-    model.p = 0.3  # LayerDrop back on in training: the first step that skips is refused
-    with pytest.raises(RuntimeError, match=skips):
-        for k in range(20):
-            model(batch(6, k)).square().mean().backward()
+    skipping = 0
+    for k in range(12):
+        state = random.getstate()
+        skipping += any(random.random() < model.p for _ in model.layers)
+        for m in (model, ref):
+            random.setstate(state)
+            m.zero_grad()
+            m(batch(6, k)).square().mean().backward()
+        pairs = list(zip(model.parameters(), ref.parameters(), strict=True))
+        assert all((p.grad is None and q.grad is None) or torch.equal(p.grad, q.grad) for p, q in pairs), k
+        assert handle.last_step.offloaded_bytes <= handle.plan.offloaded_bytes
+    assert skipping >= 3
 
 
 def hf_audio(kind, layerdrop):
@@ -722,13 +723,18 @@ def hf_audio(kind, layerdrop):
     return model, {"input_values": torch.randn(2, 1600, generator=g), "labels": torch.randint(1, 16, (2, 10), generator=g)}
 
 
+@pytest.mark.parametrize("layerdrop", [0.1, 0.5])
 @pytest.mark.parametrize("kind", ["wav2vec2", "hubert"])
-def test_hf_wav2vec2_and_hubert_with_layerdrop_find_their_encoder_layers_for_every_seed(kind):
+def test_hf_wav2vec2_and_hubert_with_layerdrop_find_their_encoder_layers_for_every_seed(kind, layerdrop):
+    """0.1 is the models' default; at 0.5 a third of the draws skip more layers than they run,
+    and discovery traces again under other draws (its generators put back after)."""
     for seed in range(4):
         torch.manual_seed(seed)
-        model, sample = hf_audio(kind, 0.1)  # the models' default LayerDrop
+        model, sample = hf_audio(kind, layerdrop)
+        state = torch.get_rng_state()
         blocks = ct.find_blocks(model, (), sample)
         assert blocks.names == tuple(f"{kind}.encoder.layers.{k}" for k in range(8)), (seed, blocks.names)
+        assert torch.equal(torch.get_rng_state(), state)
 
 
 # -- 5. several forwards per backward --------------------------------------------------------

@@ -1,0 +1,344 @@
+"""Steps that run a subset of the blocks (LayerDrop, an early exit), offloaded: bitwise equal to
+plain PyTorch, a skipped block never called (not even recomputed), nothing moved for it, and the
+plan's memory bound kept (NOTE [ skipped stages ] in chainoffload_torch/executor.py).
+
+Every comparison is against an untouched ``copy.deepcopy`` trained by the same loop, with
+``torch.manual_seed`` (and NumPy's, which Wav2Vec2's time masking draws from) set before each
+forward of both: the skip draws come from torch's generator, so both sides skip the same blocks.
+"""
+
+import copy
+import os
+import warnings
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+torch = pytest.importorskip("torch")
+import torch.utils._pytree as pytree  # noqa: E402
+from torch import nn  # noqa: E402
+from torch.multiprocessing.reductions import StorageWeakRef  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+
+import chainoffload as co  # noqa: E402
+import chainoffload_torch as ct  # noqa: E402
+from chainoffload.bounds import offload_memory_floor  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
+
+D = 32
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(D, 2 * D)
+        self.b = nn.Linear(2 * D, D)
+        self.norm = nn.LayerNorm(D)
+
+    def forward(self, x):
+        return self.norm(x + self.b(torch.tanh(self.a(x))))
+
+
+class Drop(nn.Module):
+    """A stem, ``n`` blocks each skipped with probability ``p`` in training (drawn with torch's
+    generator, as Hugging Face's LayerDrop), and a head; ``exit_after`` stops the loop early."""
+
+    def __init__(self, p=0.3, n=10, exit_after=None):
+        super().__init__()
+        self.p = p
+        self.exit_after = exit_after
+        self.stem = nn.Linear(8, D)
+        self.layers = nn.ModuleList(Block() for _ in range(n))
+        self.head = nn.Linear(D, 4)
+
+    def forward(self, x):
+        h = self.stem(x)
+        for k, layer in enumerate(self.layers):
+            if self.training and torch.rand([]) < self.p:
+                continue
+            h = layer(h)
+            if self.exit_after is not None and k + 1 >= self.exit_after:
+                break  # an early exit: the last blocks are not run
+        return self.head(h)
+
+
+def count_calls(layers):
+    """Per layer, how often it was called since the last ``clear()`` (forward hooks: a pre-hook
+    of its own would keep a block from being recomputed)."""
+    calls = {}
+    for k, layer in enumerate(layers):
+        layer.register_forward_hook(lambda m, a, o, k=k: calls.__setitem__(k, calls.get(k, 0) + 1))
+    return calls
+
+
+def train_side_by_side(model, ref, handle, batches, loss_of, layers, ref_layers, steps=10):
+    """``steps`` AdamW steps of both, the same seeds before each forward; every loss and weight
+    ``torch.equal``. Returns, per step, the layers the plain model skipped and the bytes the
+    offloaded one moved."""
+    calls, ref_calls = count_calls(layers), count_calls(ref_layers)
+    opts = [torch.optim.AdamW(m.parameters(), lr=1e-3) for m in (model, ref)]
+    seen = []
+    for s in range(steps):
+        calls.clear()
+        ref_calls.clear()
+        losses = []
+        for m, opt in zip((model, ref), opts, strict=True):
+            opt.zero_grad()
+            torch.manual_seed(s)
+            np.random.seed(s)
+            loss = loss_of(m, batches[s % len(batches)])
+            loss.backward()
+            opt.step()
+            losses.append(loss)
+        assert torch.equal(*losses), f"step {s}"
+        assert all(torch.equal(p, q) for p, q in zip(model.parameters(), ref.parameters(), strict=True)), f"step {s}"
+        skipped = [k for k in range(len(ref_layers)) if not ref_calls.get(k)]
+        # A skipped block is never called in the offloaded step, not even by a recomputation.
+        assert all(not calls.get(k) for k in skipped), (s, skipped, calls)
+        seen.append((skipped, handle.last_step.offloaded_bytes))
+    return seen
+
+
+def drop_loss(m, x):
+    return m(x).square().mean()
+
+
+@pytest.mark.parametrize("p", [0.1, 0.5])
+@pytest.mark.parametrize("method", ["best", "rotor", "joint"])
+def test_a_hand_written_layerdrop_model_trains_bitwise_equal_and_moves_nothing_for_a_skipped_block(p, method):
+    torch.manual_seed(0)
+    model = Drop(p=p)
+    ref = copy.deepcopy(model)
+    x = torch.randn(64, 8)
+    batches = [torch.randn(64, 8, generator=torch.Generator().manual_seed(k)) for k in range(3)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if method == "best":
+            handle = ct.offload(model, x, memory=0.6, repeats=1, warmup=0)
+        else:  # below the pure-offloading floor: the plan must recompute
+            probe = ct.offload(model, x, memory=1.0, method="best", repeats=1, warmup=0)
+            below = offload_memory_floor(probe.chain) + probe.plan.resident_bytes - 1
+            probe.remove()
+            handle = ct.offload(model, x, memory=below, method=method, repeats=1, warmup=0)
+    assert len(handle.blocks) == 10
+    assert handle.schedule.has_remat == (method != "best")
+    assert handle.plan.offloaded_bytes > 0 or handle.schedule.has_remat
+    seen = train_side_by_side(model, ref, handle, batches, drop_loss, model.layers, ref.layers)
+    skipping = [(sk, moved) for sk, moved in seen if sk]
+    assert len(skipping) >= 3, seen  # steps with skipped blocks did occur
+    assert all(moved <= handle.plan.offloaded_bytes for _, moved in seen), seen
+    if method == "best" and p == 0.5:
+        # Skipped offloaded units move nothing: some skipping step moved less than the plan.
+        assert any(moved < handle.plan.offloaded_bytes for _, moved in skipping), seen
+    handle.remove()
+
+
+def test_an_early_exit_trains_equal_and_its_head_is_never_moved():
+    """The forward stops after block 3 of 10 in training: the head's saved tensors are the last
+    stage's, which the plan never moves, and the stages after the exit collapse."""
+    torch.manual_seed(1)
+    model = Drop(p=0.0, exit_after=None)
+    ref = copy.deepcopy(model)
+    x = torch.randn(64, 8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        handle = ct.offload(model, x, memory=0.6, repeats=1, warmup=0)
+    full = handle.plan.offloaded_bytes
+    model.exit_after = ref.exit_after = 3
+    seen = train_side_by_side(model, ref, handle, [x], drop_loss, model.layers, ref.layers, steps=4)
+    assert all(sk == [3, 4, 5, 6, 7, 8, 9] for sk, _ in seen), seen
+    # Only the units of the blocks that ran move (block k is stage k + 1 when the stem is a stage).
+    off = int(handle.blocks.prefix)
+    assert handle.schedule.offloaded_units[-1] - off > 3  # the plan moves units after the exit
+    ran = sum(int(handle.plan.chain.saved[u - 1]) for u in handle.schedule.offloaded_units if u - off <= 3)
+    assert all(0 < moved <= ran < full for _, moved in seen), (seen, ran, full)
+    handle.remove()
+
+
+def test_a_skipped_block_whose_input_is_larger_than_its_output_is_refused():
+    """Block 3 halves the width; when it is skipped, the next block gets the wider hidden state,
+    which the plan (made with block 3 run) does not bound."""
+
+    class Halve(nn.Module):
+        def forward(self, x):
+            return x[:, : x.shape[1] // 2] * 2.0
+
+    class Scale(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.ones(()))
+
+        def forward(self, x):
+            return torch.tanh(x * self.w) + x
+
+    class Narrowing(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = nn.ModuleList([Scale(), Scale(), Halve(), Scale(), Scale(), Scale()])
+            self.skip = False
+
+        def forward(self, x):
+            for k, layer in enumerate(self.layers):
+                if self.skip and k == 2:
+                    continue
+                x = layer(x)
+            return x.sum(1)
+
+    model = Narrowing()
+    x = torch.randn(256, 64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        handle = ct.offload(model, x, memory=0.85, repeats=1, warmup=0)
+    assert handle.schedule.offloaded_units
+    model.skip = True
+    with pytest.raises(RuntimeError, match=r"skipped block .*larger than its output.*turn the skipping off"):
+        model(x).square().mean().backward()
+    model.skip = False
+    model(x).square().mean().backward()  # the next step runs as planned
+    handle.remove()
+
+
+# -- the memory bound ----------------------------------------------------------------------------
+
+
+class _Storages(TorchDispatchMode):
+    """Every storage an op allocates (an output over none of its inputs' storages), by weak reference."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        inputs = {t.untyped_storage().data_ptr() for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor) and t.layout == torch.strided}
+        for t in pytree.tree_leaves(out):
+            if isinstance(t, torch.Tensor) and t.layout == torch.strided:
+                st = t.untyped_storage()
+                if st.data_ptr() not in inputs and st.nbytes():
+                    ref = StorageWeakRef(st)
+                    self.seen[ref.cdata] = (ref, st.nbytes())
+        return out
+
+    def live(self):
+        return sum(n for ref, n in self.seen.values() if not ref.expired())
+
+
+def _memory_at(tl, t):
+    q = int(np.searchsorted(tl.memory_time, t, side="right")) - 1
+    return int(tl.memory_bytes[q]) if q >= 0 else 0
+
+
+def _live_at_every_op(model, x, handle, seed):
+    """At the start of every op of the plan's schedule in one step seeded ``seed``: (op, bytes
+    alive, the plan's simulated memory then plus what stays resident outside the chain)."""
+    plan = handle.plan
+    tl = co.simulate(plan.chain, plan.platform, plan.schedule)
+    run = handle._run
+    track = _Storages()
+    seen = []
+    fire = run._fire
+
+    def spy(step, event):
+        k, end = divmod(event, 2)
+        if not end:
+            seen.append((plan.schedule.op_name(k), track.live(), _memory_at(tl, float(tl.op_start[k])) + plan.resident_bytes))
+        fire(step, event)
+
+    run._fire = spy
+    try:
+        torch.manual_seed(seed)
+        with track:
+            loss = model(x).square().mean()
+            loss.backward()
+            del loss
+    finally:
+        del run._fire
+    return seen
+
+
+@pytest.mark.parametrize("method", ["best", "rotor", "joint"])
+def test_a_step_that_skips_blocks_never_holds_more_than_the_plan_at_any_op(method):
+    """CPU has no allocator to read: every storage an op allocates is followed by weak reference.
+    In steps that skip blocks (the first, the last, runs of them), the bytes alive at the start of
+    every op are at most the plan's simulated memory there plus what stays resident."""
+    torch.manual_seed(0)
+    model = Drop(p=0.4)
+    x = torch.randn(64, 8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if method == "best":
+            handle = ct.offload(model, x, memory=0.5, repeats=1, warmup=0)
+        else:
+            probe = ct.offload(model, x, memory=1.0, method="best", repeats=1, warmup=0)
+            below = offload_memory_floor(probe.chain) + probe.plan.resident_bytes - 1
+            probe.remove()
+            handle = ct.offload(model, x, memory=below, method=method, repeats=1, warmup=0)
+    model.p = 0.0  # every block runs once: every weight's .grad exists from here on (weights and
+    model(x).square().mean().backward()  # their gradients are outside the chain)
+    model.p = 0.4
+    draws = {}
+    for seed in range(40):
+        torch.manual_seed(seed)
+        skipped = tuple(k for k in range(10) if torch.rand([]) < model.p)
+        draws.setdefault(("first" if 0 in skipped else "") + ("last" if 9 in skipped else ""), seed)
+    checked = 0
+    for seed in draws.values():
+        seen = _live_at_every_op(model, x, handle, seed)
+        assert len(seen) == len(handle.schedule.compute)
+        over = [(op, live, predicted) for op, live, predicted in seen if live > predicted]
+        assert not over, (seed, over)
+        checked += 1
+    assert set(draws) >= {"first", "last", "firstlast"} and checked >= 3
+    handle.remove()
+
+
+# -- Hugging Face's LayerDrop --------------------------------------------------------------------
+
+
+def hf_audio(kind, layerdrop):
+    transformers = pytest.importorskip("transformers")
+    cfg_cls, model_cls = {
+        "wav2vec2": (transformers.Wav2Vec2Config, transformers.Wav2Vec2ForCTC),
+        "hubert": (transformers.HubertConfig, transformers.HubertForCTC),
+    }[kind]
+    cfg = cfg_cls(
+        hidden_size=32, num_hidden_layers=8, num_attention_heads=2, intermediate_size=64, conv_dim=(16, 16, 16),
+        conv_stride=(5, 2, 2), conv_kernel=(10, 3, 3), num_feat_extract_layers=3, vocab_size=16, layerdrop=layerdrop,
+    )
+    torch.manual_seed(0)
+    model = model_cls(cfg)
+    model.train()
+    g = torch.Generator().manual_seed(0)
+    return model, {"input_values": torch.randn(2, 1600, generator=g), "labels": torch.randint(1, 16, (2, 10), generator=g)}
+
+
+def hf_loss(m, batch):
+    return m(**batch).loss
+
+
+@pytest.mark.parametrize(
+    "kind, layerdrop, recompute",
+    [("wav2vec2", 0.1, False), ("wav2vec2", 0.5, False), ("hubert", 0.1, False), ("hubert", 0.5, False),
+     ("wav2vec2", 0.5, True), ("hubert", 0.5, True)],
+)
+def test_hf_wav2vec2_and_hubert_train_bitwise_equal_with_layerdrop(kind, layerdrop, recompute):
+    model, batch = hf_audio(kind, layerdrop)
+    ref = copy.deepcopy(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if recompute:  # below the pure-offloading floor
+            probe = ct.offload(model, batch, memory=1.0, method="best", repeats=1, warmup=0)
+            below = offload_memory_floor(probe.chain) + probe.plan.resident_bytes - 1
+            probe.remove()
+            handle = ct.offload(model, batch, memory=below, repeats=1, warmup=0)
+        else:
+            handle = ct.offload(model, batch, memory=0.6, repeats=1, warmup=0)
+    layers = model.base_model.encoder.layers
+    assert handle.blocks.names == tuple(f"{kind}.encoder.layers.{k}" for k in range(8))
+    assert handle.schedule.has_remat == recompute
+    seen = train_side_by_side(model, ref, handle, [batch], hf_loss, layers, ref.base_model.encoder.layers)
+    assert sum(1 for sk, _ in seen if sk) >= 3, seen  # steps with skipped layers did occur
+    assert all(moved <= handle.plan.offloaded_bytes for _, moved in seen), seen
+    handle.remove()
