@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import random
+import sys
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -321,6 +323,20 @@ def _plain_attrs(modules: Iterable[nn.Module]) -> list[tuple[nn.Module, str, Any
     return out
 
 
+def _host_rng_state() -> tuple[Any, Any]:
+    """Python's global generator state, and NumPy's where NumPy is imported (``None`` otherwise)."""
+    np_random = sys.modules.get("numpy.random")
+    return random.getstate(), (np_random.get_state() if np_random is not None else None)
+
+
+def _set_host_rng_state(state: tuple[Any, Any]) -> None:
+    py, np_state = state
+    random.setstate(py)
+    np_random = sys.modules.get("numpy.random")
+    if np_state is not None and np_random is not None:
+        np_random.set_state(np_state)
+
+
 class CallRecord:
     """The original call of a block the schedule recomputes: enough to call it again as it ran.
 
@@ -374,6 +390,10 @@ class CallRecord:
         self.device = device
         self.cpu_rng = torch.get_rng_state()
         self.cuda_rng = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+        # Python's and NumPy's global generators too: code that runs again draws from them (the
+        # code before the first block scaling by random.random(), a stochastic depth drawn with
+        # NumPy), and a recomputation must draw what the forward drew.
+        self.host_rng = _host_rng_state()
         self.grad = torch.is_grad_enabled()
         dev_type = device.type
         self.autocast = {
@@ -453,6 +473,8 @@ class CallRecord:
             torch.set_rng_state(self.cpu_rng)
             if self.cuda_rng is not None:
                 torch.cuda.set_rng_state(self.cuda_rng, self.device)
+            host_now = _host_rng_state()
+            _set_host_rng_state(self.host_rng)
             with contextlib.ExitStack() as stack:
                 for dt, (enabled, dtype) in self.autocast.items():
                     stack.enter_context(torch.amp.autocast(dt, enabled=enabled, dtype=dtype, cache_enabled=self.autocast_cache))
@@ -467,6 +489,7 @@ class CallRecord:
                 try:
                     yield
                 finally:
+                    _set_host_rng_state(host_now)
                     for m, k, v in now_attrs:
                         object.__setattr__(m, k, v)
                     with torch.no_grad():

@@ -724,7 +724,12 @@ def _watch_blocks(blocks: Any, model: nn.Module | None = None) -> Iterator[dict[
     found: dict[int, str] = {}
     n = len(blocks.modules)
     calls = [0]
-    state: dict[str, Any] = {"open": [], "last": None, "root": None}
+
+    # "root": the model's call and its arguments' state (NOTE [ recomputing the code before the
+    # first block ] in _recompute.py); "views": per block of this pass whose output is a view,
+    # (block, a probe of the output's version counter that holds none of its storage, the
+    # version at the block's end).
+    state: dict[str, Any] = {"open": [], "last": None, "root": None, "views": []}
 
     def root_pre(module: nn.Module, a: tuple, kw: dict) -> None:
         why = stateful_argument(module, a, kw, None)
@@ -739,9 +744,6 @@ def _watch_blocks(blocks: Any, model: nn.Module | None = None) -> Iterator[dict[
         state["root"] = None
         if root is not None and arguments_state(root[0]) != root[1]:
             found.setdefault(0, "the model's forward changes an argument it is given, so a recomputation would read other values")
-    # "views": per block of this pass whose output is a view, (block, a probe of the output's
-    # version counter that holds none of its storage, the version at the block's end).
-    state: dict[str, Any] = {"open": [], "last": None, "views": []}
 
     def views_modified() -> None:
         for b, probe, ver in state["views"]:
