@@ -544,9 +544,12 @@ class PrefixRecord(CallRecord):
     first
         The first block (its call ends the prefix).
     hidden_of
-        Where the first block's call holds its hidden state: ``hidden_of(args, kwargs)``.
+        Where block b's call holds its hidden state: ``hidden_of(b, args, kwargs)``.
     args, kwargs, device, mutable, state
         The model's call and as for :class:`CallRecord`.
+    blocks, skipped
+        Every block in order, and the set of stages the step skipped: the rerun stops at the
+        first block it calls, which must be the first one the step ran.
     """
 
     def __init__(
@@ -559,10 +562,17 @@ class PrefixRecord(CallRecord):
         device: torch.device,
         mutable: set[int] | None,
         state: Sequence[nn.Module],
+        blocks: Sequence[nn.Module] = (),
+        skipped: Any = None,
     ) -> None:
         super().__init__(model, 1, args, kwargs, None, None, device, mutable, state=state)
         self.first = first
         self.hidden_of = hidden_of
+        #: Every block, in order, and the stages the step skipped (a set the step fills as its
+        #: forward goes): a step that skipped its first blocks (LayerDrop) went from the code
+        #: before them to the first block it called, and the recomputation stops there too.
+        self.blocks = tuple(blocks) or (first,)
+        self.skipped = skipped if skipped is not None else set()
 
     def _what(self) -> str:
         return "the code before the first block"
@@ -581,17 +591,37 @@ class PrefixRecord(CallRecord):
                 "block would not run it as it ran; train this model with method='best' (no recomputation)"
             )
 
-        def stop(module: nn.Module, args: tuple, kwargs: dict) -> None:
-            raise _PrefixEnd(self.hidden_of(args, kwargs))
+        def stopper(b: int) -> Any:
+            def stop(module: nn.Module, args: tuple, kwargs: dict) -> None:
+                raise _PrefixEnd((b, self.hidden_of(b, args, kwargs)))
 
-        handle = self.first.register_forward_pre_hook(stop, with_kwargs=True, prepend=True)
+            return stop
+
+        # The first block the forward calls ends the code before the blocks: block 1, or, in a
+        # step that skipped its first blocks, the first one it ran (the same draws, restored, skip
+        # the same blocks again). One module may be several blocks (called again): its first call.
+        handles, seen = [], set()
+        for b, module in enumerate(self.blocks, start=1):
+            if id(module) not in seen:
+                seen.add(id(module))
+                handles.append(module.register_forward_pre_hook(stopper(b), with_kwargs=True, prepend=True))
         try:
             with self._state(), hooks:
                 self.module.forward(*self.args, **self.kwargs)
         except _PrefixEnd as end:
-            return end.hidden
+            b, hidden = end.hidden
+            # Stage b + 1 is block b; the step must have skipped stages 2..b as the rerun did, or
+            # the rerun did not run the code the forward ran.
+            if b == 1 or all(k in self.skipped for k in range(2, b + 1)):
+                return hidden
+            raise RuntimeError(
+                f"chainoffload_torch: the model's forward, run again on the same arguments to recompute the code before "
+                f"its first block, called block {b} first, which the step's forward did not; train this model with "
+                "method='best' (no recomputation)"
+            ) from None
         finally:
-            handle.remove()
+            for handle in handles:
+                handle.remove()
         raise RuntimeError(
             "chainoffload_torch: the model's forward, run again on the same arguments to recompute the code before "
             "its first block, returned without calling that block; train this model with method='best' (no "

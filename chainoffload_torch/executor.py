@@ -32,7 +32,6 @@ How a schedule becomes actions (see docs/model.md, "The schedule"):
 from __future__ import annotations
 
 import dataclasses
-import functools
 import time
 import warnings
 import weakref
@@ -598,8 +597,9 @@ class ScheduleRun:
         if self._prefix_state is None:
             self._prefix_state = prefix_state(model, self.blocks.modules)
         return PrefixRecord(
-            model, first, functools.partial(self.blocks.hidden_of, 1), args, kwargs, self.device,
+            model, first, self.blocks.hidden_of, args, kwargs, self.device,
             self._mutable if 1 in self._learned_at else None, self._prefix_state,
+            blocks=self.blocks.modules, skipped=step.skipped,
         )
 
     def stage_end(self, step: _Step, idx: int, hidden_in: Any, hidden_out: Any) -> None:

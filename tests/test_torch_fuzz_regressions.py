@@ -237,3 +237,32 @@ SPEC_373 = ModelSpec(
 def test_fuzz_373_a_numpy_draw_before_the_first_block_recomputed_draws_again_the_same(method):
     result = _check(SPEC_373, 0.5, method)
     assert result.kind in ("equal", "refused"), result.detail
+
+
+# Model 25 of the seed-43 recomputing run on the merged adapter (45 of its 46 one-sided raises
+# were this): the code before the first block recomputed in a step whose LayerDrop skipped the
+# first block. The rerun stopped only at the first block's call, ran the whole forward instead
+# and raised "returned without calling that block". It now stops at the first block it calls,
+# the one the step ran first.
+SPEC_25 = ModelSpec(
+    blocks=(
+        BlockSpec(('linear',)),
+        BlockSpec(('linear',)),
+        BlockSpec(('skip',), skip_from=0),
+        BlockSpec(('linear',)),
+        BlockSpec(('linear',)),
+        BlockSpec(('index', 'gelu')),
+        BlockSpec(('dropout', 'linear')),
+        BlockSpec(('residual', 'gelu')),
+        BlockSpec(('linear',)),
+    ),
+    seed=59176,
+    width=12,
+    batch=1,
+    layerdrop=0.3,
+)
+
+
+def test_fuzz_25_the_code_before_the_blocks_recomputed_when_layerdrop_skipped_the_first_block():
+    result = _check(SPEC_25, 0.38, None)
+    assert result.kind == "equal", result.detail
