@@ -95,8 +95,15 @@ def test_recomputing_plans_train_as_plain_training_or_are_refused(case, memory, 
     assert result.ok, f"{result.kind} at memory={memory}, method={method!r}: {result.detail}\n{case!r}"
 
 
+# Schedules drawn by the core's strategies do not skip blocks either: one that offloads a unit
+# right after its forward cannot hand that unit's a_i on when LayerDrop then skips the next
+# block, and the executor refuses that step ("held beyond its backward by a later block"; loud,
+# not up front). offload()'s own plans with LayerDrop are drawn by the test above and the fuzz.
+HAND_FEATURES = REMAT_FEATURES - {"skipped_blocks"}
+
+
 @settings(max_examples=examples(2))
-@given(random_models(min_blocks=8, max_blocks=10, max_ops=3, features=REMAT_FEATURES), st.data())
+@given(random_models(min_blocks=8, max_blocks=10, max_ops=3, features=HAND_FEATURES), st.data())
 def test_rematerializing_schedules_the_core_draws_train_as_plain_training_or_are_refused(case, data):
     from chainoffload.testing.strategies import well_formed_schedules
 
@@ -104,4 +111,9 @@ def test_rematerializing_schedules_the_core_draws_train_as_plain_training_or_are
         return data.draw(well_formed_schedules(chain, remat=True, max_offloads=3))
 
     result = differential_check(case, memory=1.0, steps=2, schedule=draw)
-    assert result.ok, f"{result.kind}: {result.detail}\n{case!r}"
+    # A schedule handed in by hand meets what the model holds only when its first step runs: a
+    # unit that a later block holds (a skip, a mask made from it) cannot move, and the executor
+    # refuses that first step, before any number is trained, naming the keep= to pass
+    # (offload() finds such units in its profile and keeps them). Any later raise still fails.
+    first_step_refusal = result.kind == "offloaded_only_raise" and result.step == 0 and "keep them resident" in result.detail
+    assert result.ok or first_step_refusal, f"{result.kind}: {result.detail}\n{case!r}"
