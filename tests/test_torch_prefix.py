@@ -334,14 +334,13 @@ def test_the_stem_recomputed_draws_what_the_forward_drew_from_python_and_numpy()
     oa = torch.optim.AdamW(model.parameters(), lr=1e-2)
     ob = torch.optim.AdamW(ref.parameters(), lr=1e-2)
     for step in range(3):
-        for m, opt in ((model, oa), (ref, ob)):
+        for m in (model, ref):
             torch.manual_seed(step)
             random.seed(step)
             np.random.seed(step)
             m(x).square().mean().backward()
         assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(), ref.parameters(), strict=True)), step
-        # What the step leaves the generators at is plain training's too.
-        for m, opt in ((model, oa), (ref, ob)):
+        for opt in (oa, ob):
             opt.step()
             opt.zero_grad()
     assert handle.last_step.recomputed_ops >= 1
