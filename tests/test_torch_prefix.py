@@ -5,7 +5,6 @@ restored; bitwise equal to plain training. Where it cannot (hooks on the model, 
 argument), it is never recomputed and the table says why."""
 
 import copy
-import warnings
 
 import pytest
 
@@ -15,7 +14,6 @@ from torch import nn  # noqa: E402
 import chainoffload as co  # noqa: E402
 import chainoffload_torch as ct  # noqa: E402
 from chainoffload.bounds import offload_memory_floor  # noqa: E402
-from chainoffload_torch.testing import BlockSpec, ModelCase, ModelSpec, differential_check  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
@@ -176,66 +174,8 @@ def test_the_stem_recomputed_in_the_forward_between_two_blocks():
     handle.remove()
 
 
-# The fuzz's loud refusals "fits only by recomputing stage 1, which the executor cannot: the code
-# before the first block" (benchmarks/torch_fuzz.py's recomputing run, models 1105 and 4579,
-# shrunk). The fuzz model's prefix advances a counter attribute and makes a mask the blocks read.
-FUZZ_1105 = ModelSpec(
-    blocks=(
-        BlockSpec(('linear',)),
-        BlockSpec(('linear',)),
-        BlockSpec(('linear',)),
-        BlockSpec(('mul_', 'no_grad', 'linear', 'residual')),
-        BlockSpec(('tanh', 'no_grad', 'residual')),
-        BlockSpec(('bfloat16',)),
-        BlockSpec(('linear',)),
-        BlockSpec(('conj', 'no_grad')),
-        BlockSpec(('index', 'gain')),
-        BlockSpec(('residual',)),
-    ),
-    seed=46813, width=6, batch=1, dtype='float64', data_writes=(8,), batches=(1, 5, 4, 1),
-)
-FUZZ_4579 = ModelSpec(
-    blocks=(
-        BlockSpec(('complex', 'neg_view', 'narrow', 'neg_view')),
-        BlockSpec(('sigmoid', 'complex', 'neg_view')),
-        BlockSpec(('linear',)),
-        BlockSpec(('residual', 'expand', 'transpose')),
-        BlockSpec(('sigmoid', 'narrow', 'gain')),
-        BlockSpec(('batchnorm',)),
-        BlockSpec(('narrow', 'narrow')),
-        BlockSpec(('expand', 'residual', 'complex', 'linear')),
-        BlockSpec(('complex', 'complex')),
-        BlockSpec(('gelu', 'gelu')),
-    ),
-    seed=48573, width=4, batch=1, batches=(2, 5, 4, 2),
-)
-
-
-def _check(spec, memory, method):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return differential_check(ModelCase(spec), memory=memory, method=method)
-
-
-def test_fuzz_4579_recomputes_its_prefix_and_trains_equal():
-    out = _check(FUZZ_4579, 0.42, "recompute-all")
-    assert out.kind == "equal", out.detail
-    assert out.recomputations > 0
-
-
-def test_fuzz_1105_recomputes_its_prefix_and_a_later_shape_is_refused_only_for_the_block_that_modifies_its_input():
-    # recompute-all forced: the first shape trains with the prefix recomputed; at batch 5 no plan
-    # of that method fits 77 % without recomputing block 4 (stage 5), which modifies its hidden
-    # input in place -- a loud refusal naming it, never the prefix any more.
-    out = _check(FUZZ_1105, 0.77, "recompute-all")
-    assert out.kind in ("equal", "refused", "offloaded_only_raise"), out.detail
-    if out.kind != "equal":
-        assert "stage 5" in out.detail and "modifies its hidden input in place" in out.detail, out.detail
-        assert out.step is not None and out.step >= 1, out.detail  # the first shape trained
-        assert "stage 1" not in out.detail, out.detail
-    # offload()'s own choice at the same memory trains every shape equal.
-    out = _check(FUZZ_1105, 0.77, None)
-    assert out.kind == "equal", out.detail
+# The fuzz's models 1105 and 4579 (refused before the code before the first block could be
+# recomputed) are regression tests in test_torch_fuzz_regressions.py.
 
 
 def test_the_prediction_holds_at_every_op_of_a_plan_that_recomputes_the_stem():
