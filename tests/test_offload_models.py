@@ -86,9 +86,9 @@ def test_never_recomputed_names_every_block_under_a_parent_side_residual():
 def test_fuzz_recomputed_stages_counts_a_plan_that_recomputes_the_prefix(tmp_path, capsys):
     import json
 
-    from test_torch_prefix import FUZZ_4579
+    from test_torch_fuzz_regressions import SPEC_4579
 
-    record = {"kind": "equal", "recomputations": 5, "memory": 0.42, "method": "recompute-all", "spec": repr(FUZZ_4579)}
+    record = {"kind": "equal", "recomputations": 5, "memory": 0.42, "method": "recompute-all", "spec": repr(SPEC_4579)}
     path = tmp_path / "fuzz.jsonl"
     path.write_text(json.dumps(record) + "\n" + json.dumps({**record, "kind": "refused"}) + "\n")
     assert _bench("fuzz_recomputed_stages").main([str(path)]) == 0
