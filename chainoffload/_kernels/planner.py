@@ -92,6 +92,28 @@ def _slack_min(vals, badd, bmin, width, a, b):
 
 
 @njit
+def _hold_prefetch(slack, badd, bmin, width, fsl, fbadd, fbmin, fwidth,
+                   run_a, run_b, back_a, back_b, fwd_a, fwd_b, need):
+    """Take a prefetch's ``need`` bytes from the slack it holds: backward phases run_a..run_b
+    (from its start on) and back_a..back_b, and forward phases fwd_a..fwd_b (the instant it
+    allocates at, zero-length ops included)."""
+    _slack_add(slack, badd, bmin, width, run_a, run_b, -need)
+    _slack_add(slack, badd, bmin, width, back_a, back_b, -need)
+    _slack_add(fsl, fbadd, fbmin, fwidth, fwd_a, fwd_b, -need)
+
+
+@njit
+def _mark_issued(unit, trig_op, end, seq, pre_op, pend, issued, pre_seq):
+    """Record ``unit``'s prefetch as issued at op ``trig_op``, ending at ``end``, ``seq``-th on its
+    channel; return the next sequence number."""
+    pre_op[unit] = trig_op
+    pend[unit] = end
+    issued[unit] = True
+    pre_seq[unit] = seq
+    return seq + 1
+
+
+@njit
 def _slack_last_below(vals, badd, bmin, width, a, b, s):
     """The largest phase j in a..b whose slack is below ``s``, or -1."""
     j = b
@@ -426,15 +448,10 @@ def plan_kernel(fwd, bwd, act, saved, fwd_tmp, bwd_tmp, memory, d_time, h_time, 
                             and _slack_min(slack, badd, bmin, width, j + 1, vbh) >= need_v
                             and _slack_min(fsl, fbadd, fbmin, fwidth, vfl, vfh) >= need_v):
                         lead = v
-                        _slack_add(slack, badd, bmin, width, v, fv, -need_v)
-                        _slack_add(slack, badd, bmin, width, j + 1, vbh, -need_v)
-                        _slack_add(fsl, fbadd, fbmin, fwidth, vfl, vfh, -need_v)
-                        pre_op[v] = trig_op
-                        pend[v] = stv + h_time[v - 1]
+                        _hold_prefetch(slack, badd, bmin, width, fsl, fbadd, fbmin, fwidth,
+                                       v, fv, j + 1, vbh, vfl, vfh, need_v)
+                        seq = _mark_issued(v, trig_op, stv + h_time[v - 1], seq, pre_op, pend, issued, pre_seq)
                         chan_h = pend[v]
-                        issued[v] = True
-                        pre_seq[v] = seq
-                        seq += 1
                         break
                 if lead > 0:
                     continue  # u again, behind its lead
@@ -443,15 +460,9 @@ def plan_kernel(fwd, bwd, act, saved, fwd_tmp, bwd_tmp, memory, d_time, h_time, 
                 break
             if not ok:
                 fits = False
-            _slack_add(slack, badd, bmin, width, u, first, -need_u)
-            _slack_add(slack, badd, bmin, width, j + 1, bh, -need_u)
-            _slack_add(fsl, fbadd, fbmin, fwidth, fl, fh, -need_u)
-            pre_op[u] = trig_op
-            pend[u] = st + h_time[u - 1]
+            _hold_prefetch(slack, badd, bmin, width, fsl, fbadd, fbmin, fwidth, u, first, j + 1, bh, fl, fh, need_u)
+            seq = _mark_issued(u, trig_op, st + h_time[u - 1], seq, pre_op, pend, issued, pre_seq)
             chan_h = pend[u]
-            issued[u] = True
-            pre_seq[u] = seq
-            seq += 1
             nxt -= 1
         s = t
         if bwait[j] > s:
