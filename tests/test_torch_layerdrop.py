@@ -16,10 +16,7 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch = pytest.importorskip("torch")
-import torch.utils._pytree as pytree  # noqa: E402
 from torch import nn  # noqa: E402
-from torch.multiprocessing.reductions import StorageWeakRef  # noqa: E402
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 import chainoffload as co  # noqa: E402
 import chainoffload_torch as ct  # noqa: E402
@@ -203,31 +200,8 @@ def test_a_skipped_block_whose_input_is_larger_than_its_output_is_refused():
 # -- the memory bound ----------------------------------------------------------------------------
 
 
-class _Storages(TorchDispatchMode):
-    """Every storage an op allocates (an output over none of its inputs' storages), by weak reference."""
-
-    def __init__(self):
-        super().__init__()
-        self.seen = {}
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        inputs = {t.untyped_storage().data_ptr() for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor) and t.layout == torch.strided}
-        for t in pytree.tree_leaves(out):
-            if isinstance(t, torch.Tensor) and t.layout == torch.strided:
-                st = t.untyped_storage()
-                if st.data_ptr() not in inputs and st.nbytes():
-                    ref = StorageWeakRef(st)
-                    self.seen[ref.cdata] = (ref, st.nbytes())
-        return out
-
-    def live(self):
-        return sum(n for ref, n in self.seen.values() if not ref.expired())
-
-
-def _memory_at(tl, t):
-    q = int(np.searchsorted(tl.memory_time, t, side="right")) - 1
-    return int(tl.memory_bytes[q]) if q >= 0 else 0
+# What a step holds, measured as test_torch_coverage measures it.
+from test_torch_coverage import _memory_at, _Storages  # noqa: E402
 
 
 def _live_at_every_op(model, x, handle, seed):

@@ -92,6 +92,16 @@ def _slack_min(vals, badd, bmin, width, a, b):
 
 
 @njit
+def _block_width(size):
+    """Width of the blocks a slack array of ``size`` phases is kept in (about its square root:
+    a range update or query touches O(sqrt(size)) entries) and how many blocks there are."""
+    width = 1
+    while width * width < size:
+        width += 1
+    return width, (size + width - 1) // width
+
+
+@njit
 def _hold_prefetch(slack, badd, bmin, width, fsl, fbadd, fbmin, fwidth,
                    run_a, run_b, back_a, back_b, fwd_a, fwd_b, need):
     """Take a prefetch's ``need`` bytes from the slack it holds: backward phases run_a..run_b
@@ -296,10 +306,7 @@ def plan_kernel(fwd, bwd, act, saved, fwd_tmp, bwd_tmp, memory, d_time, h_time, 
     # offload ends after the backward has begun (counted while B_j could start before the free:
     # start times are bounded below by running the backward without waits).
     slack = np.zeros(n + 2)
-    width = 1
-    while width * width < n + 2:
-        width += 1
-    n_blk = (n + 2 + width - 1) // width
+    width, n_blk = _block_width(n + 2)
     badd = np.zeros(n_blk)
     bmin = np.zeros(n_blk)
     kept = act[0]
@@ -386,10 +393,7 @@ def plan_kernel(fwd, bwd, act, saved, fwd_tmp, bwd_tmp, memory, d_time, h_time, 
     fsl = np.full(n + 2, np.inf)
     for k in range(1, n + 1):
         fsl[k] = memory - fneed[k]
-    fwidth = 1
-    while fwidth * fwidth < n + 2:
-        fwidth += 1
-    f_blk = (n + 2 + fwidth - 1) // fwidth
+    fwidth, f_blk = _block_width(n + 2)
     fbadd = np.zeros(f_blk)
     fbmin = np.zeros(f_blk)
     for blk in range(f_blk):
