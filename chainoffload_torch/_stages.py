@@ -312,6 +312,15 @@ class UnitLedger:
             self.units.setdefault(stage, []).append(entry)
         return entry
 
+    def move(self, entry: Entry, unit: int) -> None:
+        """Make ``entry`` unit ``unit``'s (a skipped stage's carried a_j, and back at the end of
+        its backward: NOTE [ skipped stages ] in executor.py)."""
+        held = self.units.get(entry.unit)
+        if held is not None and entry in held:
+            held.remove(entry)
+        entry.unit = unit
+        self.units.setdefault(unit, []).append(entry)
+
     def forget(self, entry: Entry) -> None:
         """Drop ``entry`` from the address map (its storage is freed; the address may return)."""
         if self.by_key.get(entry.key) is entry:

@@ -648,9 +648,7 @@ class ScheduleRun:
             # the end of B_idx.
             if ledger.output.get(u) is x:
                 ledger.output.pop(u)
-            ledger.units[u].remove(x)
-            x.unit = idx
-            ledger.units.setdefault(idx, []).append(x)
+            ledger.move(x, idx)
             ledger.output[idx] = x
             step.carried[idx] = u
             step.last_out = idx
@@ -733,9 +731,7 @@ class ScheduleRun:
             # belongs to unit L, which never moves (NOTE [ skipped stages ]).
             for e in step.between:
                 if e.unit != length and e in ledger.units.get(e.unit, ()):
-                    ledger.units[e.unit].remove(e)
-                    e.unit = length
-                    ledger.units.setdefault(length, []).append(e)
+                    ledger.move(e, length)
             step.between.clear()
         self._send_between(step)
         ledger.forward_end(outputs, length)
@@ -1195,10 +1191,7 @@ class ScheduleRun:
         x = ledger.output.pop(stage, None)
         if x is None:
             return
-        if x in ledger.units.get(stage, ()):
-            ledger.units[stage].remove(x)
-        x.unit = j
-        ledger.units.setdefault(j, []).append(x)
+        ledger.move(x, j)  # x.unit is stage: stage_skipped made it so
         ledger.output[j] = x
 
     def _drop_unit(self, step: _Step, unit: int) -> None:

@@ -612,7 +612,7 @@ def _checkpointing_if_faster(
         return result
     if result.feasible:
         mine = co.simulate(chain, platform, result.schedule)
-        if mine.feasible and step_time(mine, overlap) <= timeline.makespan:
+        if mine.feasible and step_time(mine, overlap) <= step_time(timeline, overlap):
             return result
     info = {**(result.info or {}), "source": "checkpoint-all of the blocks the executor can recompute"}
     return dataclasses.replace(
