@@ -323,7 +323,8 @@ def _trained(r: dict, label: str) -> str:
     if t is None:
         return "-"
     if t["refused"]:
-        return f"{t['memory']} B: refused"
+        below = t["memory"] < r["floor"]
+        return f"{t['memory']} B: refused" + (" (below the floor for any schedule)" if below else "")
     if "error" in t:
         return f"{t['method']}: RAISED {t['error'].splitlines()[0][:120]}"
     equal = "torch.equal" if t["equal"] else "NOT EQUAL"
@@ -338,14 +339,22 @@ def summary(rows: list[dict]) -> str:
     for label in ("30 %", "least + 5 %"):
         done = [r["trained"][label] for r in rows if label in r["trained"]]
         refused = sum(t["refused"] for t in done)
+        below = sum(r["trained"][label]["refused"] and r["trained"][label]["memory"] < r["floor"]
+                    for r in rows if label in r["trained"])
         raised = [r["model"] for r in rows if "error" in r["trained"].get(label, {})]
         equal = sum(not t["refused"] and "error" not in t and t["equal"] and t["moved_is_plan"] for t in done)
         recomputes = sum(not t["refused"] and "error" not in t and t["recomputes"] for t in done)
-        parts.append(
-            f"At {label}: {equal} trained torch.equal with the plan's bytes moved ({recomputes} of them recomputing), "
-            f"{refused} refused, {len(raised)} raised" + (f" ({', '.join(raised)})" if raised else "") + "."
-        )
+        parts.append(_counted(label, equal, recomputes, refused, below, raised))
     return " ".join(parts)
+
+
+def _counted(label: str, equal: int, recomputes: int, refused: int, below: int, raised: list[str]) -> str:
+    """One memory's sentence of the summary (the same whether counted from rows or from the table)."""
+    return (
+        f"At {label}: {equal} trained torch.equal with the plan's bytes moved ({recomputes} of them recomputing), "
+        f"{refused} refused ({below} of them below the floor for any schedule, where no schedule fits), "
+        f"{len(raised)} raised" + (f" ({', '.join(raised)})" if raised else "") + "."
+    )
 
 
 def splice(text: str, rows: list[dict], note: str) -> str:
@@ -376,10 +385,8 @@ def splice(text: str, rows: list[dict], note: str) -> str:
         equal = sum("torch.equal" in t and "(the plan's)" in t for t in trained)
         recomputes = sum("recomputes" in t and "torch.equal" in t for t in trained)
         refused = sum("refused" in t for t in trained)
-        parts.append(
-            f"At {label}: {equal} trained torch.equal with the plan's bytes moved ({recomputes} of them recomputing), "
-            f"{refused} refused, {len(raised)} raised" + (f" ({', '.join(raised)})" if raised else "") + "."
-        )
+        below = sum("below the floor for any schedule" in t for t in trained)
+        parts.append(_counted(label, equal, recomputes, refused, below, raised))
     at = next(i for i, ln in enumerate(body) if ln.startswith("Least memory with recomputation within 2 %"))
     body[at] = " ".join(parts) + " (Counted from the table's cells.)"
     body[at + 1:at + 1] = ["", note]
