@@ -54,6 +54,7 @@ from ._recompute import (
     PrefixRecord,
     RematPlan,
     Slot,
+    argument_state,
     prefix_state,
     rebuild_act,
     recomputes_without_grad,
@@ -561,7 +562,7 @@ class ScheduleRun:
                     "train with method='best' (no recomputation)"
                 )
             # NOTE [ arguments a recomputation would change again ] in _recompute.py.
-            why = stateful_argument(module, args, kwargs, self.blocks.hidden_in[b - 1])
+            objects, why = argument_state(module, args, kwargs, self.blocks.hidden_in[b - 1])
             if why is not None:
                 raise RuntimeError(
                     f"chainoffload_torch: the schedule recomputes block {idx} ({self.blocks.names[b - 1]}), which {why}. "
@@ -569,7 +570,7 @@ class ScheduleRun:
                 )
             step.records[idx] = CallRecord(
                 module, idx, args, kwargs, self.blocks.hidden_in[b - 1], hidden, self.device,
-                self._mutable if idx in self._learned_at else None,
+                self._mutable if idx in self._learned_at else None, objects=objects,
             )
         if remat.first[idx - 1] != "F":
             step.dropping = idx
@@ -1041,6 +1042,8 @@ class ScheduleRun:
                 )
             for slot, r in zip(slots, records, strict=True):
                 slot.record = r
+            if rec.twins:
+                _save_originals(rec, records, what)
         ledger.stage_end(i, x, None, a)
         if k in self.remat.last_read:
             step.acts[i] = (k, Act(a, ledger.output.get(i), original=False))
@@ -1230,6 +1233,51 @@ class ScheduleRun:
         """Entries the step in flight holds (0 between steps)."""
         step = self._step
         return 0 if step is None else sum(len(v) for v in step.ledger.units.values())
+
+
+def _save_originals(rec: CallRecord, records: list, what: str) -> None:
+    """Hand autograd the state objects' original tensors in place of the twins a recomputation
+    made and saved, after checking they hold the same bytes (NOTE [ state a recomputation puts
+    back ] in _recompute.py): the twins then die with the recomputation."""
+    twins: dict[int, tuple[torch.Tensor, torch.Tensor, int]] = {}
+    for t, o, v in rec.twins:
+        st = t.untyped_storage()
+        if st.nbytes():
+            twins.setdefault(st.data_ptr(), (t, o, v))
+    rec.twins = []
+    checked: set[int] = set()
+    for r in records:
+        if not isinstance(r, Kept) or r.tensor.layout != torch.strided:
+            continue
+        ptr = r.tensor.untyped_storage().data_ptr()
+        hit = twins.get(ptr)
+        if hit is None:
+            continue
+        twin, orig, version = hit
+        if ptr not in checked and orig._version == version:
+            same = torch.equal(_storage_bytes(twin), _storage_bytes(orig))
+            if not same:
+                raise RuntimeError(
+                    f"chainoffload_torch: recomputing {what} made other values than its forward in the tensors its state "
+                    "argument (a key/value cache) holds, so the recomputation did not compute what the forward did; "
+                    "train this model with method='best' (no recomputation)"
+                )
+            checked.add(ptr)
+        # A view of the original's storage with the saved tensor's geometry; a version moved since
+        # the call is autograd's in-place error, raised by the slot's check at unpack.
+        t = r.tensor
+        view = torch.empty(0, dtype=t.dtype, device=t.device).set_(orig.untyped_storage(), t.storage_offset(), t.size(), t.stride())
+        if t.is_neg():
+            view = torch._neg_view(view)
+        if t.is_conj():
+            view = view.conj()
+        r.tensor = view
+        r.version = view._version
+
+
+def _storage_bytes(t: torch.Tensor) -> torch.Tensor:
+    st = t.untyped_storage()
+    return torch.empty(0, dtype=torch.uint8, device=t.device).set_(st, 0, (st.nbytes(),), (1,))
 
 
 def _same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
