@@ -411,10 +411,10 @@ def _state_objects(value: Any, out: list, depth: int = 0) -> None:
     tuples, lists and dicts of those."""
     if isinstance(value, torch.Tensor) or isinstance(value, _VALUE_TYPES):
         return
-    if depth < 16 and type(value) in (tuple, list):
+    if depth < 16 and isinstance(value, (tuple, list)):  # a torch.Size, a named tuple too
         for v in value:
             _state_objects(v, out, depth + 1)
-    elif depth < 16 and type(value) is dict:
+    elif depth < 16 and isinstance(value, dict):  # a ModelOutput too
         for v in value.values():
             _state_objects(v, out, depth + 1)
     else:

@@ -1042,8 +1042,9 @@ class ScheduleRun:
                 )
             for slot, r in zip(slots, records, strict=True):
                 slot.record = r
-            if rec.twins:
-                _save_originals(rec, records, what)
+        twins, rec.twins = rec.twins, []
+        if twins:  # NOTE [ state a recomputation puts back ] in _recompute.py
+            _save_originals(twins, records, what)
         ledger.stage_end(i, x, None, a)
         if k in self.remat.last_read:
             step.acts[i] = (k, Act(a, ledger.output.get(i), original=False))
@@ -1235,36 +1236,32 @@ class ScheduleRun:
         return 0 if step is None else sum(len(v) for v in step.ledger.units.values())
 
 
-def _save_originals(rec: CallRecord, records: list, what: str) -> None:
-    """Hand autograd the state objects' original tensors in place of the twins a recomputation
-    made and saved, after checking they hold the same bytes (NOTE [ state a recomputation puts
-    back ] in _recompute.py): the twins then die with the recomputation."""
-    twins: dict[int, tuple[torch.Tensor, torch.Tensor, int]] = {}
-    for t, o, v in rec.twins:
-        st = t.untyped_storage()
-        if st.nbytes():
-            twins.setdefault(st.data_ptr(), (t, o, v))
-    rec.twins = []
-    checked: set[int] = set()
+def _save_originals(twins: list[tuple[torch.Tensor, torch.Tensor, int]], records: list, what: str) -> None:
+    """Check that the tensors a recomputation put into its state objects (a key/value cache) hold
+    the bytes of the originals at their places, and hand autograd views of the originals in place
+    of those it saved (NOTE [ state a recomputation puts back ] in _recompute.py): the twins then
+    die with the recomputation. ``twins``: (made, original, the original's version after its call)."""
+    by_storage: dict[int, torch.Tensor] = {}
+    for made, orig, version in twins:
+        st = made.untyped_storage()
+        if not st.nbytes() or made.layout != torch.strided:
+            continue
+        # A version moved since the call is autograd's in-place error, which the slot's check
+        # raises at unpack if the backward reads the tensor; the bytes are then not compared.
+        if orig._version == version and not torch.equal(_storage_bytes(made), _storage_bytes(orig)):
+            raise RuntimeError(
+                f"chainoffload_torch: recomputing {what} put other values than its forward did into the state object "
+                "it is given (a key/value cache), so the recomputation did not compute what the forward did; train "
+                "this model with method='best' (no recomputation)"
+            )
+        by_storage.setdefault(st.data_ptr(), orig)
     for r in records:
         if not isinstance(r, Kept) or r.tensor.layout != torch.strided:
             continue
-        ptr = r.tensor.untyped_storage().data_ptr()
-        hit = twins.get(ptr)
-        if hit is None:
+        orig = by_storage.get(r.tensor.untyped_storage().data_ptr()) if r.tensor.untyped_storage().nbytes() else None
+        if orig is None:
             continue
-        twin, orig, version = hit
-        if ptr not in checked and orig._version == version:
-            same = torch.equal(_storage_bytes(twin), _storage_bytes(orig))
-            if not same:
-                raise RuntimeError(
-                    f"chainoffload_torch: recomputing {what} made other values than its forward in the tensors its state "
-                    "argument (a key/value cache) holds, so the recomputation did not compute what the forward did; "
-                    "train this model with method='best' (no recomputation)"
-                )
-            checked.add(ptr)
-        # A view of the original's storage with the saved tensor's geometry; a version moved since
-        # the call is autograd's in-place error, raised by the slot's check at unpack.
+        # A view of the original's storage with the saved tensor's geometry.
         t = r.tensor
         view = torch.empty(0, dtype=t.dtype, device=t.device).set_(orig.untyped_storage(), t.storage_offset(), t.size(), t.stride())
         if t.is_neg():

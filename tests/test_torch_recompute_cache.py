@@ -465,6 +465,36 @@ def test_a_hand_given_schedule_recomputing_a_decoder_layer_with_its_cache_trains
         ref.zero_grad()
 
 
+class Drifting(CachedBlock):
+    """Appends keys scaled by a counter it keeps in a list, state no picture of the arguments sees:
+    a recomputation computes other keys than the forward did."""
+
+    def __init__(self, d, i):
+        super().__init__(d, i)
+        self.scale = [1.0]
+
+    def forward(self, x, cache):
+        k = self.k(x) * self.scale[0]
+        self.scale[0] += 1.0
+        cache.keys.append(k)
+        return x + self.mlp(torch.tanh(k) * x)
+
+
+def test_a_recomputation_that_puts_other_values_into_the_cache_raises_never_trains_on():
+    model, x = _cached("list")
+    torch.manual_seed(0)
+    model.blocks = nn.ModuleList(Drifting(32, i) for i in range(8))
+    probe = ct.offload(model, x, memory=1.0, method="best", repeats=1, warmup=0)
+    floor = offload_memory_floor(probe.chain) + probe.plan.resident_bytes
+    probe.remove()
+    handle = ct.offload(model, x, memory=floor - 1, method="rotor", repeats=1, warmup=0)
+    assert handle.schedule.has_remat
+    loss, _ = _loss(model, x, 0)
+    with pytest.raises(RuntimeError, match=r"recomputing block \d+ .*put other values than its forward did into the state object"):
+        loss.backward()
+    handle.remove()
+
+
 # -- 4. the picture itself --------------------------------------------------------------------------------
 
 
