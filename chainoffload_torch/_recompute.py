@@ -246,15 +246,22 @@ _PLAIN = (bool, int, float, str)
 # or whose call changed a tensor of it in place or dropped one, is never recomputed, with the
 # reason in handle.table(). What a picture cannot see -- state outside the arguments' graph --
 # is not restored (as for NOTE [ state changes happen once ]).
+# Sharing: every block is given the same cache, so a picture covers all of it; a recomputation
+# of block i puts the other layers back as they were at block i's call too, and the picture of
+# now restores them after. Objects are put back in place (the same objects, their contents
+# reassigned), so whoever else holds them (the model's output) sees exactly what it saw. The
+# pictures hold no tensor a plain step would not hold: they hold what the cache held at the
+# call's start, and a call that drops a tensor with bytes is refused.
 # Memory: a recomputation makes the keys and values again, twins of tensors the cache holds,
-# which the plan counts resident for the whole step (NOTE [ units held elsewhere ] in _stages.py).
-# The twins the recomputation saves for the backward would stay alive until B_i beside the
-# originals; the executor therefore hands autograd views of the originals' storages instead (the
-# plain step's own saved tensors), after checking that twin and original hold the same bytes (a
-# recomputation that made other keys raises), and the twins die with the recomputation. While it
-# runs they are alive, so the chain charges a stage whose call takes a state object the bytes of
-# its unit's pinned storages as fwd_tmp (Sizes.restore_tmp): what a recomputed F_i allocates
-# beyond its unit, counted (on the safe side) in the forward's F_i too.
+# which the plan counts resident for the whole step (NOTE [ what a state object holds ] in
+# _recorder.py). The twins the recomputation saves for the backward would stay alive until B_i
+# beside the originals; the executor therefore hands autograd views of the originals' storages
+# instead (the plain step's own saved tensors), after checking that every twin and its original
+# hold the same bytes (a recomputation that made other keys raises: state outside the picture
+# changed them), and the twins die with the recomputation. While it runs they are alive, so the
+# chain charges a stage whose call takes a state object the bytes its call put into the object
+# as fwd_tmp (Sizes.restore_tmp): what a recomputed F_i allocates beyond its unit, counted (on
+# the safe side) in the forward's F_i too.
 
 _VALUE_TYPES = (
     type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device, torch.layout, torch.memory_format,
