@@ -326,6 +326,9 @@ class ObjectState:
                 stack.extend((v, depth + 1) for v in reversed(tuple(obj)))
                 continue
             contents = self._picture(obj, seen)
+            if contents is not None and len(contents) > _STATE_OBJECTS:
+                self.why = f"it holds a graph of objects deeper than {_STATE_DEPTH} or larger than {_STATE_OBJECTS} objects"
+                break
             if contents is None:
                 what = "no attributes of its own to put back: a C object, __slots__, a module or a function"
                 self.why = what if depth == 0 else f"it holds {_a(type(obj).__name__)}: {what}"
@@ -400,8 +403,10 @@ def _structure(obj: Any, depth: int, numbers: dict[int, int], tensors: list[torc
     if id(obj) in numbers:
         return ("seen", numbers[id(obj)])
     numbers[id(obj)] = len(numbers)
-    if depth >= _STATE_DEPTH:
-        return ("deep", type(obj))
+    if depth >= _STATE_DEPTH or len(numbers) > _STATE_OBJECTS or len(getattr(obj, "__dict__", ())) > _STATE_OBJECTS or (
+        isinstance(obj, (tuple, list, dict, set, frozenset)) and len(obj) > _STATE_OBJECTS
+    ):
+        return ("big", type(obj))  # beyond what a picture takes (it refuses such a graph)
     parts: list = [type(obj)]
     if isinstance(obj, (tuple, list, frozenset, set)):
         items = sorted(obj, key=repr) if isinstance(obj, (set, frozenset)) else obj

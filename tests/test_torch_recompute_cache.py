@@ -535,6 +535,9 @@ def test_what_a_picture_cannot_put_back():
         node.append([])
         node = node[0]
     assert "deeper" in argument_state(lin, (x, deep), {}, ("arg", 0))[1]
+    wide = ListCache()
+    wide.keys.extend(range(70000))
+    assert "larger than" in argument_state(lin, (x, wide), {}, ("arg", 0))[1]
     state, why = argument_state(lin, (x, ListCache()), {"mask": None}, ("arg", 0))
     assert why is None and isinstance(state, ObjectState)
     assert argument_state(lin, (x,), {"mask": torch.ones(2), "sizes": [1, 2]}, ("arg", 0)) == (None, None)
