@@ -33,11 +33,17 @@ def step_peak(chain: co.Chain, sizes: Sizes | None) -> int:
 
 
 def keep_all_chain(chain: co.Chain, sizes: Sizes | None) -> co.Chain:
-    """``chain`` less the late-release bytes in its ``fwd_tmp`` (exact when nothing moves)."""
-    late = getattr(sizes, "late_tmp", ()) if sizes is not None else ()
-    if not any(late):
+    """``chain`` less the late-release bytes and the bytes a recomputation makes again of a
+    state object (NOTE [ state a recomputation puts back ] in _recompute.py) in its ``fwd_tmp``:
+    what plain training holds (exact when nothing moves)."""
+    n = chain.length
+    late = (getattr(sizes, "late_tmp", ()) or (0,) * n) if sizes is not None else (0,) * n
+    again = (getattr(sizes, "restore_tmp", ()) or (0,) * n) if sizes is not None else (0,) * n
+    if not any(late) and not any(again):
         return chain
-    return chain.replace(fwd_tmp=[max(0, int(f) - int(x)) for f, x in zip(chain.fwd_tmp, late, strict=True)])
+    return chain.replace(
+        fwd_tmp=[max(0, int(f) - int(x) - int(y)) for f, x, y in zip(chain.fwd_tmp, late, again, strict=True)]
+    )
 
 
 @dataclasses.dataclass(frozen=True)

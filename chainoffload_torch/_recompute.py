@@ -26,8 +26,8 @@ from torch import nn
 import chainoffload as co
 
 __all__ = [
-    "FORWARD_KINDS", "Act", "CallRecord", "PrefixRecord", "RematPlan", "Slot", "arguments_state", "prefix_state",
-    "stateful_argument", "recomputes_without_grad",
+    "FORWARD_KINDS", "Act", "CallRecord", "ObjectState", "PrefixRecord", "RematPlan", "Slot", "argument_state",
+    "arguments_state", "prefix_state", "state_call_ended", "state_structure", "stateful_argument", "recomputes_without_grad",
 ]
 
 FORWARD_KINDS = ("F", "Fck", "Fn")
@@ -211,35 +211,233 @@ _PLAIN = (bool, int, float, str)
 
 # NOTE [ arguments a recomputation would change again ]
 # A recomputation calls a block again on the arguments of its original call. Those the executor
-# can call it again on are values that the call cannot change behind the executor's back: tensors
-# (whose in-place changes move a version counter), numbers, bools, strings, None, dtypes,
-# devices, and tuples / lists / dicts of those. Any other object -- a transformers Cache
-# (DynamicCache, EncoderDecoderCache: the decoder layer appends its keys and values, or caches
-# its cross-attention's, and a second call appends them again or finds them there and saves
-# other tensors), a user's state object -- may hold state the block's forward changes, which
-# the executor cannot restore exactly (deep-copying a cache costs its bytes and cannot see state
-# outside it), so such a block is never recomputed: the profile records it among the blocks a
-# recomputation would get wrong, and the executor refuses at every step to recompute a block
-# whose call received one. A list or dict argument is watched too: the profile sees a block
-# whose forward changes one (appends to a list it was given), and the executor refuses to
-# recompute a block whose arguments changed (an element replaced, a tensor modified in place)
-# between its call and the recomputation.
+# can call it again on as they are: values that the call cannot change behind the executor's back
+# -- tensors (whose in-place changes move a version counter), numbers, bools, strings, None,
+# dtypes, devices, and tuples / lists / dicts of those. A list or dict argument is watched: the
+# profile sees a block whose forward changes one (appends to a list it was given), and the
+# executor refuses to recompute a block whose arguments changed (an element replaced, a tensor
+# modified in place) between its call and the recomputation. Any other object -- a transformers
+# Cache (DynamicCache, EncoderDecoderCache: the decoder layer appends its keys and values, or
+# caches its cross-attention's), a user's state object -- holds state the block's forward
+# changes: the executor puts that state back around the recomputation (NOTE [ state a
+# recomputation puts back ]) where it can, and otherwise never recomputes the block: the profile
+# records it among the blocks a recomputation would get wrong, and the executor refuses at every
+# step to recompute it.
+
+# NOTE [ state a recomputation puts back ]
+# A block given a state object (a key/value cache) changes it once, in the forward: a decoder
+# layer appends its keys and values (DynamicLayer.update: self.keys = torch.cat([self.keys, k])),
+# a cross-attention layer stores the encoder's and sets is_updated[layer]. Its recomputation must
+# see the object as the original call saw it, and leave it as it finds it. The executor keeps, at
+# the original call's start, a shallow picture of the object graph the arguments reach (the
+# ObjectState): every object's __dict__, every list, dict and set, their contents by reference
+# (tensors by reference, with their version; no tensor is copied), down to tensors and values.
+# At the call's end it checks that the call changed no tensor of the picture in place (its
+# version moved: a StaticCache writes its preallocated keys with index_copy_) and dropped none
+# that holds bytes (a cache that replaces its tensors: the picture would keep the old ones alive),
+# and takes the structure of the graph after the call (types, values, tensors' shapes, dtypes,
+# strides and storage sizes, in visit order). A recomputation then takes a picture of the graph
+# as it is now, puts the picture before the call back (reassigning attributes and elements), runs
+# the block, checks that the graph it left has the structure the original call left (else it
+# raises: never train on), and puts the picture of now back: the cache holds exactly its original
+# tensors again, and every change made after the call (the later layers' keys) is kept. A block
+# whose graph holds what a picture cannot put back -- an object without __dict__ (a C object,
+# __slots__), a module, a stream, a function, a graph deeper or larger than the limits below --
+# or whose call changed a tensor of it in place or dropped one, is never recomputed, with the
+# reason in handle.table(). What a picture cannot see -- state outside the arguments' graph --
+# is not restored (as for NOTE [ state changes happen once ]).
+# Sharing: every block is given the same cache, so a picture covers all of it; a recomputation
+# of block i puts the other layers back as they were at block i's call too, and the picture of
+# now restores them after. Objects are put back in place (the same objects, their contents
+# reassigned), so whoever else holds them (the model's output) sees exactly what it saw. The
+# pictures hold no tensor a plain step would not hold: they hold what the cache held at the
+# call's start, and a call that drops a tensor with bytes is refused.
+# Memory: a recomputation makes the keys and values again, twins of tensors the cache holds,
+# which the plan counts resident for the whole step (NOTE [ what a state object holds ] in
+# _recorder.py). The twins the recomputation saves for the backward would stay alive until B_i
+# beside the originals; the executor therefore hands autograd views of the originals' storages
+# instead (the plain step's own saved tensors), after checking that every twin and its original
+# hold the same bytes (a recomputation that made other keys raises: state outside the picture
+# changed them), and the twins die with the recomputation. While it runs they are alive, so the
+# chain charges a stage whose call takes a state object the bytes its call put into the object
+# as fwd_tmp (Sizes.restore_tmp): what a recomputed F_i allocates beyond its unit, counted (on
+# the safe side) in the forward's F_i too.
 
 _VALUE_TYPES = (
     type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device, torch.layout, torch.memory_format,
     slice, type(Ellipsis),
 )
 
+#: Limits of the object graph an ObjectState takes a picture of.
+_STATE_DEPTH = 32
+_STATE_OBJECTS = 65536
+
+
+def _is_value(obj: Any) -> bool:
+    return isinstance(obj, _VALUE_TYPES) or isinstance(obj, type)
+
+
+def _attributes_restorable(obj: Any) -> bool:
+    """Whether ``obj``'s state is its ``__dict__`` alone: a Python object without ``__slots__``
+    of its own, not a C object, a function, a callable or a module."""
+    cls = type(obj)
+    if not hasattr(obj, "__dict__") or cls.__module__ == "builtins" or cls.__module__.startswith("torch._C"):
+        return False
+    if isinstance(obj, (nn.Module, torch.Stream)) or callable(obj):
+        return False
+    for c in cls.__mro__[:-1]:
+        slots = c.__dict__.get("__slots__", ())
+        slots = (slots,) if isinstance(slots, str) else tuple(slots)
+        if set(slots) - {"__dict__", "__weakref__"}:
+            return False
+    return True
+
+
+class ObjectState:
+    """A picture of the object graph ``roots`` reach, by reference (NOTE [ state a
+    recomputation puts back ]): per object its ``__dict__``, per list, dict and set its contents;
+    tensors by reference with their version. ``why`` says what it cannot put back (``None``:
+    everything). ``also``: further objects whose contents are pictured (not walked into)."""
+
+    __slots__ = ("roots", "containers", "tensors", "why")
+
+    def __init__(self, roots: Sequence[Any], also: Iterable[Any] = ()) -> None:
+        self.roots = tuple(roots)
+        self.containers: list[tuple[str, Any, Any]] = []
+        self.tensors: dict[int, tuple[torch.Tensor, int]] = {}
+        self.why: str | None = None
+        seen: set[int] = set()
+        stack: list[tuple[Any, int]] = [(r, 0) for r in reversed(self.roots)]
+        for obj in also:
+            if id(obj) not in seen:
+                self._picture(obj, seen)
+        while stack and self.why is None:
+            obj, depth = stack.pop()
+            if isinstance(obj, torch.Tensor):
+                self.tensors.setdefault(id(obj), (obj, obj._version))
+                continue
+            if _is_value(obj) or id(obj) in seen:
+                continue
+            if depth >= _STATE_DEPTH or len(seen) >= _STATE_OBJECTS:
+                self.why = f"it holds a graph of objects deeper than {_STATE_DEPTH} or larger than {_STATE_OBJECTS} objects"
+                break
+            if isinstance(obj, (tuple, frozenset)):
+                seen.add(id(obj))
+                stack.extend((v, depth + 1) for v in reversed(tuple(obj)))
+                continue
+            contents = self._picture(obj, seen)
+            if contents is not None and len(contents) > _STATE_OBJECTS:
+                self.why = f"it holds a graph of objects deeper than {_STATE_DEPTH} or larger than {_STATE_OBJECTS} objects"
+                break
+            if contents is None:
+                what = "no attributes of its own to put back: a C object, __slots__, a module or a function"
+                self.why = what if depth == 0 else f"it holds {_a(type(obj).__name__)}: {what}"
+                break
+            stack.extend((v, depth + 1) for v in reversed(contents))
+
+    def _picture(self, obj: Any, seen: set[int]) -> list | None:
+        """Record ``obj``'s contents; return the values inside it (``None``: it cannot be pictured)."""
+        seen.add(id(obj))
+        out: list = []
+        if isinstance(obj, list):
+            self.containers.append(("list", obj, list(obj)))
+            out += obj
+        elif isinstance(obj, dict):
+            self.containers.append(("dict", obj, dict.copy(obj)))
+            out += list(obj.keys()) + list(obj.values())
+        elif isinstance(obj, set):
+            self.containers.append(("set", obj, set(obj)))
+            out += list(obj)
+        if type(obj) not in (list, dict, set):  # an object, or a subclass with attributes of its own
+            if not _attributes_restorable(obj):
+                return None
+            attrs = dict(vars(obj))
+            self.containers.append(("obj", obj, attrs))
+            out += list(attrs.values())
+        return out
+
+    def apply(self) -> None:
+        """Put every pictured object's contents back as they were (by reference)."""
+        for kind, obj, contents in self.containers:
+            if kind == "obj":
+                d = vars(obj)
+                d.clear()
+                d.update(contents)
+            elif kind == "list":
+                list.__setitem__(obj, slice(None), contents)
+            elif kind == "dict":
+                dict.clear(obj)
+                dict.update(obj, contents)
+            else:
+                set.clear(obj)
+                set.update(obj, contents)
+
+    def moved(self) -> list[torch.Tensor]:
+        """The pictured tensors modified in place since the picture (their version moved)."""
+        return [t for t, v in self.tensors.values() if t._version != v]
+
+
+def state_structure(roots: Sequence[Any]) -> tuple[tuple, list[torch.Tensor]]:
+    """The structure of the graph ``roots`` reach (types, values, tensors' metadata, in visit
+    order, revisits by number) and its tensors in that order: two graphs of one structure hold
+    their tensors at the same places (NOTE [ state a recomputation puts back ])."""
+    numbers: dict[int, int] = {}
+    tensors: list[torch.Tensor] = []
+    # A module-level walk, not a closure over itself: a closure that calls itself is a reference
+    # cycle, which would keep the tensors it saw (a recomputation's twins) until the next gc.
+    return tuple(_structure(r, 0, numbers, tensors) for r in roots), tensors
+
+
+def _structure(obj: Any, depth: int, numbers: dict[int, int], tensors: list[torch.Tensor]) -> Any:
+    if isinstance(obj, torch.Tensor):
+        if id(obj) in numbers:
+            return ("seen", numbers[id(obj)])
+        numbers[id(obj)] = len(numbers)
+        tensors.append(obj)
+        return ("t", obj.dtype, tuple(obj.shape), obj.stride(), obj.storage_offset(), str(obj.device),
+                obj.untyped_storage().nbytes(), obj.is_conj(), obj.is_neg())
+    if _is_value(obj):
+        return ("v", type(obj), obj if not isinstance(obj, float) or obj == obj else "nan")
+    if isinstance(obj, nn.Module) or callable(obj):
+        return ("opaque", type(obj), id(obj))  # not looked into (a picture refuses them)
+    if id(obj) in numbers:
+        return ("seen", numbers[id(obj)])
+    numbers[id(obj)] = len(numbers)
+    if depth >= _STATE_DEPTH or len(numbers) > _STATE_OBJECTS or len(getattr(obj, "__dict__", ())) > _STATE_OBJECTS or (
+        isinstance(obj, (tuple, list, dict, set, frozenset)) and len(obj) > _STATE_OBJECTS
+    ):
+        return ("big", type(obj))  # beyond what a picture takes (it refuses such a graph)
+    parts: list = [type(obj)]
+    if isinstance(obj, (tuple, list, frozenset, set)):
+        items = sorted(obj, key=repr) if isinstance(obj, (set, frozenset)) else obj
+        parts.append(tuple(_structure(v, depth + 1, numbers, tensors) for v in items))
+    if isinstance(obj, dict):
+        parts.append(tuple((_structure(k, depth + 1, numbers, tensors), _structure(v, depth + 1, numbers, tensors)) for k, v in obj.items()))
+    if hasattr(obj, "__dict__"):
+        parts.append(tuple((k, _structure(v, depth + 1, numbers, tensors)) for k, v in vars(obj).items()))
+    return tuple(parts)
+
+
+def _state_objects(value: Any, out: list, depth: int = 0) -> None:
+    """Collect into ``out`` the objects in ``value`` other than tensors, values and (nested)
+    tuples, lists and dicts of those."""
+    if isinstance(value, torch.Tensor) or isinstance(value, _VALUE_TYPES):
+        return
+    if depth < 16 and isinstance(value, (tuple, list)):  # a torch.Size, a named tuple too
+        for v in value:
+            _state_objects(v, out, depth + 1)
+    elif depth < 16 and isinstance(value, dict):  # a ModelOutput too
+        for v in value.values():
+            _state_objects(v, out, depth + 1)
+    else:
+        out.append(value)
+
 
 def _stateful_in(obj: Any, depth: int = 0) -> Any:
     """The first object in ``obj`` that is not a tensor, a value or a container of those."""
-    if isinstance(obj, torch.Tensor) or isinstance(obj, _VALUE_TYPES):
-        return None
-    if depth < 16 and isinstance(obj, (tuple, list)):
-        return next((x for x in (_stateful_in(v, depth + 1) for v in obj) if x is not None), None)
-    if depth < 16 and isinstance(obj, dict):
-        return next((x for x in (_stateful_in(v, depth + 1) for v in obj.values()) if x is not None), None)
-    return obj
+    found: list = []
+    _state_objects(obj, found, depth)
+    return found[0] if found else None
 
 
 def _argument_name(module: nn.Module, k: int) -> str:
@@ -253,23 +451,78 @@ def _argument_name(module: nn.Module, k: int) -> str:
     return params[k].name if k < len(params) else f"positional argument {k}"
 
 
-def stateful_argument(module: nn.Module, args: tuple, kwargs: dict, hidden_at: tuple[str, Any]) -> str | None:
-    """Why ``module`` called on ``args`` / ``kwargs`` must not be recomputed, or ``None``: the
-    first argument other than the hidden state (at ``hidden_at``; ``None``: none) that holds an object other
-    than a tensor, a value or a container of those (NOTE [ arguments a recomputation would
-    change again ])."""
+def _named_arguments(module: nn.Module, args: tuple, kwargs: dict, hidden_at: tuple[str, Any] | None) -> list[tuple[str, Any]]:
     where, key = hidden_at if hidden_at is not None else (None, None)
     named = [(_argument_name(module, j), a) for j, a in enumerate(args) if not (where == "arg" and j == key)]
     named += [(k, v) for k, v in kwargs.items() if not (where == "kw" and k == key)]
-    for name, value in named:
+    return named
+
+
+def _a(kind: str) -> str:
+    return f"{'an' if kind[:1].lower() in 'aeiou' else 'a'} {kind}"
+
+
+def stateful_argument(module: nn.Module, args: tuple, kwargs: dict, hidden_at: tuple[str, Any]) -> str | None:
+    """Why ``module`` called on ``args`` / ``kwargs`` must not be recomputed with the state its
+    arguments hold as it is, or ``None``: the first argument other than the hidden state (at
+    ``hidden_at``; ``None``: none) that holds an object other than a tensor, a value or a
+    container of those (NOTE [ arguments a recomputation would change again ]). Used where no
+    state is put back: the model's own call, which the code before the first block reruns."""
+    for name, value in _named_arguments(module, args, kwargs, hidden_at):
         found = _stateful_in(value)
         if found is not None:
             kind = type(found).__name__
             return (
-                f"takes {'an' if kind[:1].lower() in 'aeiou' else 'a'} {kind} argument ({name}) that its forward may change: a recomputation would change it "
+                f"takes {_a(kind)} argument ({name}) that its forward may change: a recomputation would change it "
                 f"again{' (a key/value cache: call the model with use_cache=False)' if 'Cache' in kind else ''}"
             )
     return None
+
+
+def argument_state(
+    module: nn.Module, args: tuple, kwargs: dict, hidden_at: tuple[str, Any] | None
+) -> tuple[ObjectState | None, str | None]:
+    """The picture of the state objects among a block call's arguments (``None``: none), or why
+    a recomputation cannot put their state back (NOTE [ state a recomputation puts back ])."""
+    roots: list = []
+    names: list[str] = []
+    for name, value in _named_arguments(module, args, kwargs, hidden_at):
+        found: list = []
+        _state_objects(value, found)
+        roots += found
+        names += [name] * len(found)
+    if not roots:
+        return None, None
+    state = ObjectState(roots)
+    if state.why is not None:
+        kinds = ", ".join(dict.fromkeys(f"{_a(type(r).__name__)} ({n})" for r, n in zip(roots, names, strict=True)))
+        hf = any(type(r).__module__.startswith("transformers") for r in roots)
+        cache = "; call the model with use_cache=False" if hf else ""
+        return None, f"takes {kinds}, whose state a recomputation cannot put back ({state.why}){cache}"
+    return state, None
+
+
+def state_call_ended(before: ObjectState) -> tuple[tuple, list[torch.Tensor], list[int], str | None]:
+    """At the end of the original call: the structure after it, its tensors and their versions, or
+    why its state cannot be put back around a recomputation (a tensor changed in place or
+    dropped: NOTE [ state a recomputation puts back ])."""
+    moved = before.moved()
+    if moved:
+        t = moved[0]
+        return (), [], [], (
+            f"changes a tensor of its state argument in place ({t.dtype} {list(t.shape)}: a static cache's "
+            "preallocated keys), so its state before the call is gone"
+        )
+    structure, tensors = state_structure(before.roots)
+    now = {id(t) for t in tensors}
+    dropped = [t for t, _ in before.tensors.values() if id(t) not in now and t.untyped_storage().nbytes()]
+    if dropped:
+        t = dropped[0]
+        return (), [], [], (
+            f"replaces a tensor its state argument held ({t.dtype} {list(t.shape)}), so keeping the state before "
+            "the call would hold memory no plan counts"
+        )
+    return structure, tensors, [t._version for t in tensors], None
 
 
 def arguments_state(obj: Any, depth: int = 0) -> Any:
@@ -360,6 +613,10 @@ class CallRecord:
     state
         The modules whose buffers and plain attributes the call may change (each without its
         submodules); by default ``module`` and all its submodules.
+    objects
+        The picture of the state objects among the arguments (a key/value cache) taken as the
+        call started, put back around every recomputation (NOTE [ state a recomputation puts
+        back ]); ``None``: none.
     """
 
     def __init__(
@@ -373,6 +630,7 @@ class CallRecord:
         device: torch.device,
         mutable: set[int] | None,
         state: Sequence[nn.Module] | None = None,
+        objects: ObjectState | None = None,
     ) -> None:
         where, key = hidden_at if hidden_at is not None else (None, None)
         if where == "arg":
@@ -411,6 +669,15 @@ class CallRecord:
             self.buffers.append((name, b, b._version, clone))
         #: Set by :meth:`ended`: the buffers' versions were checked at the end of the call.
         self.checked = False
+        self.objects = objects
+        #: The state objects' structure after the original call, their tensors in its order and
+        #: those tensors' versions then (set by :meth:`ended`).
+        self.after: tuple = ()
+        self.after_tensors: list[torch.Tensor] = []
+        self.after_versions: list[int] = []
+        #: After a recomputation: (the tensor it made, the original at the same place in the
+        #: state objects) for every tensor the original call put there.
+        self.twins: list[tuple[torch.Tensor, torch.Tensor, int]] = []
 
     def ended(self) -> None:
         """The original call returned: refuse now if it moved the version of a buffer it holds
@@ -419,6 +686,14 @@ class CallRecord:
         block, the head) moves the versions of buffers the record covers."""
         self._check_versions()
         self.checked = True
+        if self.objects is not None:
+            self.after, self.after_tensors, self.after_versions, why = state_call_ended(self.objects)
+            if why is not None:
+                raise RuntimeError(
+                    f"chainoffload_torch: {self._what()} {why}; the schedule recomputes it, and a recomputation would "
+                    "not see the state the forward saw. Train with method='best' (no recomputation), or let offload() "
+                    "plan (it never recomputes such a block)"
+                )
 
     def _check_versions(self) -> None:
         for name, b, v, snap in self.buffers:
@@ -459,7 +734,38 @@ class CallRecord:
         else:
             kwargs = {**kwargs, key: hidden}
         with self._state(), hooks, torch.set_grad_enabled(self.grad and grad):
-            return self.module(*args, **kwargs)
+            if self.objects is None:
+                return self.module(*args, **kwargs)
+            return self._call_with_objects(args, kwargs)
+
+    def _call_with_objects(self, args: tuple, kwargs: dict) -> Any:
+        """Call the block with its state objects as the original call found them, and put them
+        back as they are now after (NOTE [ state a recomputation puts back ])."""
+        before = self.objects
+        moved = before.moved()
+        if moved or not self.after:
+            raise RuntimeError(
+                f"chainoffload_torch: a tensor of the state argument (a key/value cache) of block {self.stage} was "
+                "modified in place after its forward read it, so a recomputation would not run the block as it ran; "
+                "train this model with method='best' (no recomputation)"
+            )
+        now = ObjectState(before.roots, also=[c[1] for c in before.containers])
+        before.apply()
+        try:
+            out = self.module(*args, **kwargs)
+            structure, made = state_structure(before.roots)
+        finally:
+            now.apply()
+        if structure != self.after:
+            raise RuntimeError(
+                f"chainoffload_torch: recomputing block {self.stage} left its state argument (a key/value cache) other "
+                "than its forward did (other objects, shapes or dtypes), so the recomputation did not run the block as "
+                "it ran; train this model with method='best' (no recomputation)"
+            )
+        self.twins = [
+            (t, o, v) for t, o, v in zip(made, self.after_tensors, self.after_versions, strict=True) if t is not o
+        ]
+        return out
 
     @contextlib.contextmanager
     def _state(self) -> Iterator[None]:

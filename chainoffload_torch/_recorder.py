@@ -16,6 +16,7 @@ import random
 import statistics
 import sys
 import time
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -26,6 +27,7 @@ import chainoffload as co
 
 from ._instrument import Instrument, SkippedBlocks
 from ._pool import size_class
+from ._recompute import _state_objects, state_structure
 from ._saved import Kept, check_version, version_probe
 from ._stages import UnitLedger, resident_storages
 from ._state import training_state
@@ -93,6 +95,10 @@ class Sizes:
     late_tmp
         Per stage 1..L, the bytes of those storages added to its ``fwd_tmp``: a storage of unit
         i released during F_r counts in every stage i+2..r.
+    restore_tmp
+        Per stage 1..L, for a stage whose call takes a state object (a key/value cache), the
+        bytes of its unit's pinned storages, added to its ``fwd_tmp``: a recomputation makes
+        them again while it runs (NOTE [ state a recomputation puts back ] in _recompute.py).
     """
 
     act: tuple[int, ...]
@@ -110,6 +116,7 @@ class Sizes:
     output_bytes: int = 0
     late: Mapping[int, tuple[tuple[int, int], ...]] = dataclasses.field(default_factory=dict, hash=False)
     late_tmp: tuple[int, ...] = ()
+    restore_tmp: tuple[int, ...] = ()
 
     @property
     def resident(self) -> frozenset[int]:
@@ -163,6 +170,14 @@ class _RecordedPass:
         #: skipped in their place: not the forward's late release (NOTE [ skipped stages ] in
         #: executor.py).
         self.carried: set[Any] = set()
+        #: Per stage whose call took a state object (a key/value cache), the tensors its call
+        #: put into it, as (weak reference, data pointer, bytes) of each new storage; the objects
+        #: and the storages they held at the call's start while it runs (NOTE [ what a state
+        #: object holds ]).
+        self.state_new: dict[int, list[tuple[Any, int, int]]] = {}
+        self.state_open: dict[int, tuple[list, set[int]]] = {}
+        #: Of those storages, the ones no unit owns, alive when the forward returned: ptr -> bytes.
+        self.state_unowned: dict[int, int] = {}
 
 
 class _Recorder:
@@ -216,6 +231,10 @@ class _Recorder:
             p.checks[idx] = p.checks.get(idx, 0.0) + time.perf_counter() - start
         start = time.perf_counter()
         p.versions[idx] = p.ledger.stage_start(idx, hidden, (args, kwargs))
+        roots: list = []
+        _state_objects((args, kwargs), roots)
+        if roots:
+            p.state_open[idx] = (roots, {t.untyped_storage().data_ptr() for t in state_structure(roots)[1]})
         p.bookkeeping += time.perf_counter() - start
         if self.probe:
             start = time.perf_counter()
@@ -228,6 +247,14 @@ class _Recorder:
 
     def stage_end(self, p: _RecordedPass, idx: int, hidden_in: Any, hidden_out: Any) -> None:
         start = time.perf_counter()
+        if idx in p.state_open:
+            roots, before = p.state_open.pop(idx)
+            new: dict[int, tuple[Any, int, int]] = {}
+            for t in state_structure(roots)[1]:
+                st = t.untyped_storage()
+                if st.data_ptr() not in before and st.nbytes() and t.device == self.device:
+                    new.setdefault(st.data_ptr(), (weakref.ref(t), st.data_ptr(), st.nbytes()))
+            p.state_new[idx] = list(new.values())
         p.ledger.stage_end(idx, hidden_in, p.versions.pop(idx, None), hidden_out)
         p.bookkeeping += time.perf_counter() - start
         start = time.perf_counter()
@@ -255,6 +282,11 @@ class _Recorder:
     def forward_end(self, p: _RecordedPass, outputs: Any) -> None:
         p.marks[("f", self.n)] = self.timer.mark()
         p.ledger.forward_end(outputs, self.n)
+        for new in p.state_new.values():
+            for ref, ptr, nbytes in new:
+                t = ref()
+                if t is not None and p.ledger.owner(t) is None:
+                    p.state_unowned[ptr] = nbytes
         if self.probe:
             self._still_alive(p, self.n - 1, None)
         p.current = None
@@ -465,6 +497,13 @@ def _sizes(p: _RecordedPass, n: int) -> Sizes:
         saved.append(max(own, act[i]))
     storages = tuple(tuple(e.nbytes for e in kept(i)) for i in range(1, n + 1))
     late, late_tmp = _late(p, n, held | aliased | set(unmovable))
+    # NOTE [ what a state object holds ]: a recomputation of a stage given a cache makes what its
+    # call put into the cache again; what no unit owns of it is resident from that call on.
+    restore_tmp = tuple(sum(nbytes for _, _, nbytes in p.state_new.get(i, ())) for i in range(1, n + 1))
+    unowned = sum(p.state_unowned.values())
+    in_output = sum(nbytes for ptr, nbytes in p.state_unowned.items() if ptr in ledger.output_storages)
+    if unowned:
+        held_bytes["output"] += unowned
     return Sizes(
         tuple(act),
         tuple(saved),
@@ -478,10 +517,26 @@ def _sizes(p: _RecordedPass, n: int) -> Sizes:
         prefix_unit,
         prefix_bytes,
         held_why,
-        ledger.output_only,
+        ledger.output_only - in_output,
         late,
         late_tmp,
+        restore_tmp if any(restore_tmp) else (),
     )
+
+
+# NOTE [ what a state object holds ]
+# A block given a state object (a key/value cache) puts tensors into it: a decoder layer's keys
+# and values. The recorder looks at the objects' graph (NOTE [ state a recomputation puts back ]
+# in _recompute.py) at the start and at the end of every such call, and takes the storages that
+# were not there before as what the call put in. Two figures come of them:
+# * Those no unit owns (autograd does not save them: Llama's keys, which repeat_kv copies before
+#   the product; GPT-2's keys, which matmul copies as it transposes them) are alive from that call
+#   to the end of the step when the output or the forward holds them: resident outside the chain
+#   (held_bytes["output"]), from the step's start, instead of in unit L from F_L as the output's
+#   own storages are (NOTE [ the output's own storages ]), which left them out of the forward.
+#   Those a unit owns are pinned already (NOTE [ units held elsewhere ] in _stages.py).
+# * All of them are what a recomputation of the stage makes again while it runs (twins of the
+#   originals, which the executor drops at its end): restore_tmp, added to the stage's fwd_tmp.
 
 
 def _late(p: _RecordedPass, n: int, resident: set[int]) -> tuple[dict[int, tuple[tuple[int, int], ...]], tuple[int, ...]]:
@@ -959,8 +1014,11 @@ def chain_of(
     saved = list(sizes.saved)
     saved[-1] += sizes.output_bytes
     bwd_tmp = [b + sizes.output_bytes if i < n else b for i, b in enumerate(bwd_tmp, start=1)]
-    # NOTE [ late release ]
-    fwd_tmp = [f + (sizes.late_tmp[i] if sizes.late_tmp else 0) for i, f in enumerate(fwd_tmp)]
+    # NOTE [ late release ], NOTE [ state a recomputation puts back ] in _recompute.py
+    fwd_tmp = [
+        f + (sizes.late_tmp[i] if sizes.late_tmp else 0) + (sizes.restore_tmp[i] if sizes.restore_tmp else 0)
+        for i, f in enumerate(fwd_tmp)
+    ]
     return co.Chain(fwd, bwd, list(sizes.act), saved, fwd_tmp, bwd_tmp, nosave, name=name)
 
 

@@ -262,6 +262,8 @@ class UnitLedger:
         #: Bytes of the storages the model's output holds that no unit owns (the logits of a
         #: language model's head): NOTE [ the output's own storages ] in _recorder.py.
         self.output_only = 0
+        #: Those storages: data pointer -> bytes.
+        self.output_storages: dict[int, int] = {}
 
     def add_resident(self, obj: Any) -> None:
         """Never own the storages of the tensors in ``obj`` (a call's inputs)."""
@@ -402,6 +404,7 @@ class UnitLedger:
                     key, nbytes = storage_of(t)
                     own[key] = nbytes
         self.output_only = sum(own.values())
+        self.output_storages = own
 
     def unit_bytes(self, unit: int) -> int:
         """Bytes of all storages ``unit`` owns."""

@@ -54,6 +54,7 @@ from ._recompute import (
     PrefixRecord,
     RematPlan,
     Slot,
+    argument_state,
     prefix_state,
     rebuild_act,
     recomputes_without_grad,
@@ -561,7 +562,7 @@ class ScheduleRun:
                     "train with method='best' (no recomputation)"
                 )
             # NOTE [ arguments a recomputation would change again ] in _recompute.py.
-            why = stateful_argument(module, args, kwargs, self.blocks.hidden_in[b - 1])
+            objects, why = argument_state(module, args, kwargs, self.blocks.hidden_in[b - 1])
             if why is not None:
                 raise RuntimeError(
                     f"chainoffload_torch: the schedule recomputes block {idx} ({self.blocks.names[b - 1]}), which {why}. "
@@ -569,7 +570,7 @@ class ScheduleRun:
                 )
             step.records[idx] = CallRecord(
                 module, idx, args, kwargs, self.blocks.hidden_in[b - 1], hidden, self.device,
-                self._mutable if idx in self._learned_at else None,
+                self._mutable if idx in self._learned_at else None, objects=objects,
             )
         if remat.first[idx - 1] != "F":
             step.dropping = idx
@@ -1041,6 +1042,9 @@ class ScheduleRun:
                 )
             for slot, r in zip(slots, records, strict=True):
                 slot.record = r
+        twins, rec.twins = rec.twins, []
+        if twins:  # NOTE [ state a recomputation puts back ] in _recompute.py
+            _save_originals(twins, records, what)
         ledger.stage_end(i, x, None, a)
         if k in self.remat.last_read:
             step.acts[i] = (k, Act(a, ledger.output.get(i), original=False))
@@ -1230,6 +1234,47 @@ class ScheduleRun:
         """Entries the step in flight holds (0 between steps)."""
         step = self._step
         return 0 if step is None else sum(len(v) for v in step.ledger.units.values())
+
+
+def _save_originals(twins: list[tuple[torch.Tensor, torch.Tensor, int]], records: list, what: str) -> None:
+    """Check that the tensors a recomputation put into its state objects (a key/value cache) hold
+    the bytes of the originals at their places, and hand autograd views of the originals in place
+    of those it saved (NOTE [ state a recomputation puts back ] in _recompute.py): the twins then
+    die with the recomputation. ``twins``: (made, original, the original's version after its call)."""
+    by_storage: dict[int, torch.Tensor] = {}
+    for made, orig, version in twins:
+        st = made.untyped_storage()
+        if not st.nbytes() or made.layout != torch.strided:
+            continue
+        # A version moved since the call is autograd's in-place error, which the slot's check
+        # raises at unpack if the backward reads the tensor; the bytes are then not compared.
+        if orig._version == version and not torch.equal(_storage_bytes(made), _storage_bytes(orig)):
+            raise RuntimeError(
+                f"chainoffload_torch: recomputing {what} put other values than its forward did into the state object "
+                "it is given (a key/value cache), so the recomputation did not compute what the forward did; train "
+                "this model with method='best' (no recomputation)"
+            )
+        by_storage.setdefault(st.data_ptr(), orig)
+    for r in records:
+        if not isinstance(r, Kept) or r.tensor.layout != torch.strided:
+            continue
+        orig = by_storage.get(r.tensor.untyped_storage().data_ptr()) if r.tensor.untyped_storage().nbytes() else None
+        if orig is None:
+            continue
+        # A view of the original's storage with the saved tensor's geometry.
+        t = r.tensor
+        view = torch.empty(0, dtype=t.dtype, device=t.device).set_(orig.untyped_storage(), t.storage_offset(), t.size(), t.stride())
+        if t.is_neg():
+            view = torch._neg_view(view)
+        if t.is_conj():
+            view = view.conj()
+        r.tensor = view
+        r.version = view._version
+
+
+def _storage_bytes(t: torch.Tensor) -> torch.Tensor:
+    st = t.untyped_storage()
+    return torch.empty(0, dtype=torch.uint8, device=t.device).set_(st, 0, (st.nbytes(),), (1,))
 
 
 def _same_view(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -431,7 +431,8 @@ def scaled_chain(ref: Plan, sizes: Sizes) -> co.Chain | None:
         return None
     ratio = [sizes.act[i] / sizes0.act[i] if sizes0.act[i] else 1.0 for i in range(1, n + 1)]
     late0 = sizes0.late_tmp or (0,) * n
-    fwd_tmp = [int(max(0, int(chain0.fwd_tmp[i]) - int(late0[i])) * ratio[i]) for i in range(n)]
+    again0 = sizes0.restore_tmp or (0,) * n  # chain_of adds this call's own
+    fwd_tmp = [int(max(0, int(chain0.fwd_tmp[i]) - int(late0[i]) - int(again0[i])) * ratio[i]) for i in range(n)]
     bwd_tmp = [int(max(0, int(chain0.bwd_tmp[i]) - (sizes0.output_bytes if i < n - 1 else 0)) * ratio[i]) for i in range(n)]
     return chain_of(
         sizes, [float(chain0.fwd[i]) * ratio[i] for i in range(n)], [float(chain0.bwd[i]) * ratio[i] for i in range(n)],
@@ -695,8 +696,10 @@ def _recomputed(schedule: co.Schedule) -> set[int]:
 # would start from is gone), a block whose output the code after it modifies in place before the
 # next block reads it (a recomputed a_i would miss the change), a block with forward pre-hooks
 # of its own (a recomputation would run them again on arguments they already changed), a block
-# given an object that may hold state its forward changes (a transformers Cache), a block
-# that changes an argument it is given (appends to a list): NOTE [ arguments a recomputation
+# given an object that holds state its forward changes which a recomputation cannot put back (a
+# cache whose tensors the call writes in place, an object without __dict__: NOTE [ state a
+# recomputation puts back ] in _recompute.py; a transformers DynamicCache or EncoderDecoderCache
+# is put back, and the block recomputed), a block that changes an argument it is given (appends to a list): NOTE [ arguments a recomputation
 # would change again ] in _recompute.py, and a block whose output is a view that is modified in
 # place after the block returns (by the next block, the code between, or any later code).
 #
@@ -718,7 +721,7 @@ def _watch_blocks(blocks: Any, model: nn.Module | None = None) -> Iterator[dict[
     for the code before the first block (key 0: NOTE [ recomputing the code before the first
     block ] in _recompute.py)."""
     from ._instrument import _Hook
-    from ._recompute import arguments_state, stateful_argument
+    from ._recompute import argument_state, arguments_state, state_call_ended, stateful_argument
     from ._saved import version_probe
 
     found: dict[int, str] = {}
@@ -770,7 +773,10 @@ def _watch_blocks(blocks: Any, model: nn.Module | None = None) -> Iterator[dict[
         ver = hidden._version if isinstance(hidden, torch.Tensor) else None
         # NOTE [ arguments a recomputation would change again ] in _recompute.py.
         hidden_at = blocks.hidden_in[b - 1]
-        why = stateful_argument(module, a, kw, hidden_at)
+        # NOTE [ state a recomputation puts back ]: a state object (a cache) is put back around a
+        # recomputation, unless its graph cannot be pictured or the call changes it in a way the
+        # picture cannot undo (checked at the call's end).
+        objects, why = argument_state(module, a, kw, hidden_at)
         if why is not None:
             found.setdefault(b, why)
         where, key = hidden_at
@@ -778,12 +784,16 @@ def _watch_blocks(blocks: Any, model: nn.Module | None = None) -> Iterator[dict[
             tuple(x for j, x in enumerate(a) if not (where == "arg" and j == key)),
             {k: v for k, v in kw.items() if not (where == "kw" and k == key)},
         )
-        state["open"].append((b, hidden, ver, others, arguments_state(others)))
+        state["open"].append((b, hidden, ver, others, arguments_state(others), objects))
 
     def post(module: nn.Module, a: tuple, kw: dict, out: Any) -> None:
         if not state["open"]:
             return
-        b, hidden, ver, others, before = state["open"].pop()
+        b, hidden, ver, others, before, objects = state["open"].pop()
+        if objects is not None:
+            why = state_call_ended(objects)[3]
+            if why is not None:
+                found.setdefault(b, why)
         if ver is not None and hidden._version != ver:
             found.setdefault(b, "modifies its hidden input in place")
         if arguments_state(others) != before:
