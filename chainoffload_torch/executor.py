@@ -1241,7 +1241,7 @@ def _save_originals(twins: list[tuple[torch.Tensor, torch.Tensor, int]], records
     the bytes of the originals at their places, and hand autograd views of the originals in place
     of those it saved (NOTE [ state a recomputation puts back ] in _recompute.py): the twins then
     die with the recomputation. ``twins``: (made, original, the original's version after its call)."""
-    by_storage: dict[int, torch.Tensor] = {}
+    by_storage: dict[int, tuple[torch.Tensor, int]] = {}
     for made, orig, version in twins:
         st = made.untyped_storage()
         if not st.nbytes() or made.layout != torch.strided:
@@ -1254,22 +1254,30 @@ def _save_originals(twins: list[tuple[torch.Tensor, torch.Tensor, int]], records
                 "it is given (a key/value cache), so the recomputation did not compute what the forward did; train "
                 "this model with method='best' (no recomputation)"
             )
-        by_storage.setdefault(st.data_ptr(), orig)
+        by_storage.setdefault(st.data_ptr(), (orig, version))
     for r in records:
         if not isinstance(r, Kept) or r.tensor.layout != torch.strided:
             continue
-        orig = by_storage.get(r.tensor.untyped_storage().data_ptr()) if r.tensor.untyped_storage().nbytes() else None
-        if orig is None:
+        found = by_storage.get(r.tensor.untyped_storage().data_ptr()) if r.tensor.untyped_storage().nbytes() else None
+        if found is None or found[0].dtype != r.tensor.dtype:
             continue
-        # A view of the original's storage with the saved tensor's geometry.
+        orig, version = found
+        # A view of the original's storage with the saved tensor's geometry that shares the
+        # original's version counter (as _saved.version_probe does: set_ bumps the shared counter,
+        # which is set back at once), holding the version the original had after its call: a
+        # change of the cache's tensor in place before the backward reads it fails the unpack's
+        # check, as autograd's own check fails without offloading.
         t = r.tensor
-        view = torch.empty(0, dtype=t.dtype, device=t.device).set_(orig.untyped_storage(), t.storage_offset(), t.size(), t.stride())
+        now = orig._version
+        view = orig.detach()
+        view.set_(orig.untyped_storage(), t.storage_offset(), t.size(), t.stride())
+        torch._C._autograd._unsafe_set_version_counter((view,), (now,))
         if t.is_neg():
             view = torch._neg_view(view)
         if t.is_conj():
             view = view.conj()
         r.tensor = view
-        r.version = view._version
+        r.version = version
 
 
 def _storage_bytes(t: torch.Tensor) -> torch.Tensor:

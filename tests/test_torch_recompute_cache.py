@@ -541,3 +541,29 @@ def test_what_a_picture_cannot_put_back():
     state, why = argument_state(lin, (x, ListCache()), {"mask": None}, ("arg", 0))
     assert why is None and isinstance(state, ObjectState)
     assert argument_state(lin, (x,), {"mask": torch.ones(2), "sizes": [1, 2]}, ("arg", 0)) == (None, None)
+
+
+def test_a_cache_tensor_changed_in_place_before_the_backward_raises_as_plain_pytorch_does():
+    """A change in place of a cache tensor between the forward and the backward fails the
+    backward, as plain PyTorch's own check does: the recomputation sees the moved version before it
+    runs, and the views of the cache's tensors the backward then reads share their version counter."""
+    model, batch = decoder("gpt2")
+    ref = copy.deepcopy(model)
+    floor = floor_of(model, batch)
+    handle = ct.offload(model, batch, memory=floor - 1, method="rotor", repeats=1, warmup=0)
+    redone = [r["module"] for r in recomputed_rows(handle, "transformer.h.")]
+    assert redone
+    layer = int(redone[0].rsplit(".", 1)[1])  # a layer whose own saved tensors the forward dropped
+
+    def changed(m):
+        torch.manual_seed(0)
+        out = m(**batch)
+        with torch.no_grad():
+            out.past_key_values.layers[layer].values.mul_(1.0)  # the values its attention saved
+        return out
+
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        changed(ref).loss.backward()
+    with pytest.raises(RuntimeError, match="modified by an inplace operation|is at version|modified in place after its forward"):
+        changed(model).loss.backward()
+    handle.remove()
