@@ -128,7 +128,7 @@ from .rotor import DEFAULT_SLOTS, Slots, emit_segment, lift_slots, slots_for
 _kj = lazy("joint")  # the joint DP's kernels (NOTE [ lazy kernels ] in chainoffload._compile)
 _kr = lazy("rotor")
 
-__all__ = ["joint", "joint_dp", "joint_table", "joint_schedule", "walk", "window_tables", "JointTable", "Node"]
+__all__ = ["joint", "joint_dp", "joint_lift", "joint_table", "joint_schedule", "walk", "window_tables", "JointTable", "Node"]
 
 # Fractions of the budget whose plans joint_dp rebuilds and simulates (one table serves all).
 _ROOTS = (1.0, 0.99, 0.98, 0.97, 0.96, 0.95, 0.93, 0.91, 0.89, 0.87, 0.85, 0.8, 0.75, 0.7, 0.6, 0.5)
