@@ -13,6 +13,11 @@ Numba's cache on disk) and the second (warm), before and after.
 
     python benchmarks/joint_gap.py                       # benchmarks/results/joint_gap.md
     python benchmarks/joint_gap.py --networks resnet50 --random 0 --fractions 0.3   # smoke run
+    python benchmarks/joint_gap.py --long 100 1000 --out benchmarks/results/joint_gap_long.md
+
+``--long L ...`` times ``joint_dp`` alone, before and after, on the random chains of
+``benchmarks/joint_dp_time.py`` (25 GB/s, 30 % of the way from the floor to the peak), warm,
+twice each, instead of the tables above.
 """
 
 from __future__ import annotations
@@ -110,6 +115,52 @@ def timing(name: str, fraction: float, lift: str) -> list[float]:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def long_chains(lengths: list[int], out: Path, argv) -> int:
+    """joint_dp alone, before (lift=0) and after, warm, twice each, on joint_dp_time.py's chains."""
+    import numpy as np
+
+    from remat import random_chain as remat_chain
+
+    load0 = open("/proc/loadavg").read().strip()
+    lines_rows = []
+    for length in lengths:
+        chain = remat_chain(np.random.default_rng(length), length)
+        floor, peak = chain.stage_memory_floor(), keep_all_peak(chain)
+        p = Platform(memory=int(floor + 0.3 * (peak - floor)), bandwidth_d2h=25e9, bandwidth_h2d=25e9, latency=LATENCY)
+        joint_dp(chain, p, lift=0)  # kernels loaded, windows' sizes seen once
+        got = {}
+        for _ in range(2):
+            for key, lift in (("before", 0), ("after", None)):
+                w = time.perf_counter()
+                r = joint_dp(chain, p, lift=lift)
+                got.setdefault(key, []).append(time.perf_counter() - w)
+                got[key + "_r"] = r
+        b, a = got["before_r"], got["after_r"]
+        lines_rows.append(
+            f"| {length} | {1e3 * b.makespan:.3f} | {1e3 * a.makespan:.3f} | {a.info.get('lifted_by') or ''} | "
+            f"{a.info['lift_slots']} | {' / '.join(f'{x:.2f}' for x in got['before'])} | "
+            f"{' / '.join(f'{x:.2f}' for x in got['after'])} |"
+        )
+    load1 = open("/proc/loadavg").read().strip()
+    cmd = " ".join(["python", "benchmarks/joint_gap.py", *(argv if argv is not None else sys.argv[1:])])
+    lines = [
+        "# joint_dp on long random chains: before and after the lifted table",
+        "",
+        f"`{cmd}`, {time.strftime('%Y-%m-%d %H:%M')} UTC, {os.cpu_count()} CPU cores shared with other jobs; load "
+        f"(/proc/loadavg) {load0} at the start, {load1} at the end.",
+        "",
+        "Chains and platform of `benchmarks/joint_dp_time.py` (remat.py's random chains, 500 slots, 25 GB/s, memory "
+        "30 % of the way from the floor to the keep-all peak). Makespans in ms, simulated; wall seconds of two warm "
+        "calls each, before (`lift=0`) and after alternating.",
+        "",
+        "| L | before | after | lifted by | lift slots | s before | s after |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+        *lines_rows,
+    ]
+    write_report(lines, out)
+    return 0
+
+
 def ms(x: float) -> str:
     return "—" if x != x or x == float("inf") else f"{1e3 * x:.3f}"
 
@@ -122,7 +173,10 @@ def main(argv=None) -> int:
     parser.add_argument("--timing", nargs="+", default=["resnet50", "resnet101", "gpt2_48"],
                         help="networks of the cold / warm table (at fraction 0.3)")
     parser.add_argument("--out", type=Path, default=HERE / "results" / "joint_gap.md")
+    parser.add_argument("--long", type=int, nargs="+", default=None, help="time joint_dp alone at these lengths instead")
     args = parser.parse_args(argv)
+    if args.long:
+        return long_chains(args.long, args.out, argv)
     load0 = open("/proc/loadavg").read().strip()
     t0 = time.perf_counter()
     # Load the kernels before the first point (their load is the cold table's business).
