@@ -88,19 +88,28 @@ NOTE [ joint: lifted plans ]
 Sizes are rounded *up* to slots and the budget *down* (as in rotor), so the table charges each
 item up to a slot too many and a plan that fits in bytes with a few slots to spare is hidden
 from it. Measured on the V100 twins at 12 GB/s (``benchmarks/results/joint_gap.md``): at 500
-slots the DP's plan was up to 1 % slower than the same DP's at 2000 slots (ResNet-50 at 30 % and
-50 % of the way from the floor to the keep-all peak, ResNet-101 at 30 %), while more slots cost
-about 4x the table and, with the rows the work budget then allows, a coarser queue grid. The
-improver is rotor's lifted table (``NOTE [ never lose to the family ]``): the table is filled
-``lift`` slots above the budget (:func:`joint_lift`: L + 6, at most an eighth of the slots, at
-least 8), with the queue grids of the budget itself, so every entry at or below the budget is
-the unlifted table's (the walks there give the same plans) and only the entries above are new.
-Their plans (at most ``LIFT_WORK // L`` budgets, evenly spread: a work bound, not a clock) are
-rebuilt, repaired and simulated in bytes like the others; one is kept only when the simulator
-finds it feasible and strictly faster than every plan at or below the budget. On the instances
-above this closes the gap to the 4x-slot table, or passes it (ResNet-101 at 50 %). A re-timing of
-the plan's transfers by CP-SAT (op sequence fixed) was not built: the model of
-:mod:`chainoffload.solvers.cpsat` knows the fixed order F_1..F_L, B_L..B_1 only.
+slots ``joint`` was up to 1.5 % slower than the same DP alone at 2000 slots (on 18 of 40
+network points: GPT-2-12 and -48, ResNet-18, -50, -101, -152, Inception-v3, DenseNet-121, at
+10-70 % of the way from the floor to the keep-all peak), while 4x the slots cost about 4x the
+table; at 8000 slots the work budget leaves the
+queues 6 grid rows instead of 15-16 and the plans were slower still (ResNet-50 and -101 at
+10-50 %). The improver is rotor's lifted table (``NOTE [ never lose to the family ]``): the
+table is filled ``lift`` slots above the budget (:func:`joint_lift`: L + 6, at most an eighth
+of the slots, at least 8), with the queue grids of the budget itself, so every entry at or below
+the budget is the unlifted table's (the walks there give the same plans; the kernel caps a
+child's budget at the table's top, which a walk from a root at or below the budget never
+reaches) and only the entries above are new. Their plans (at most ``LIFT_WORK // L`` budgets,
+evenly spread: a work bound, not a clock) are rebuilt, repaired and simulated in bytes like the
+others; one is kept only when the simulator finds it feasible and strictly faster than every
+plan at or below the budget. Result: ``joint`` strictly faster on 31 of 56 points (ten networks
+and four random chains x four memories), by up to 1.54 %, slower on none, and at or below the
+2000-slot DP on 55 of them (the other: ResNet-101 at 10 %, equal to the microsecond), for about
+10 % more of joint's time (the lifted walks; on random chains of 100 and 1000 stages,
+``joint_gap_long.md``, up to about 30 % of ``joint_dp``'s, with a 0.4 % and 1 % faster plan).
+Lifting by 125 or 250 slots found nothing more on the six network points that gained most.
+A re-timing of the plan's transfers by CP-SAT (op sequence fixed) was not built: the model of
+:mod:`chainoffload.solvers.cpsat` knows the order F_1..F_L, B_L..B_1 only, and the lift
+already reaches the finer tables.
 
 *The method.* :func:`joint` returns the fastest of this plan, the exact DP's
 (:mod:`chainoffload.solvers.joint_exact`: one transfer in flight per channel, whole items, a
