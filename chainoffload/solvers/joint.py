@@ -833,7 +833,11 @@ def joint(
     transfer in flight per channel, chains up to :data:`EXACT_MAX_LENGTH` stages), rotor (no
     transfer) and pure offloading (no recomputation); the last two are special cases of the
     combined problem. The method returns whichever simulates fastest; ``info`` says which
-    (``"source"``) and keeps each one's makespan.
+    (``"source"``) and keeps each one's makespan. The paper's DP also simulates the plans of
+    its table a few slots above the rounded budget, which slot rounding hides (``lift``), and
+    keeps one only when it fits and is strictly faster, so ``joint`` is never slower than with
+    ``lift=0`` (measured: strictly faster on 31 of 56 network and random-chain points, up to
+    1.54 %, about 10 % more time).
 
     Parameters
     ----------
