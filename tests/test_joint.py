@@ -369,3 +369,18 @@ def test_joint_with_the_lift_is_never_slower_than_without():
             assert simulate(chain, platform, after.schedule).makespan == after.makespan
             helped += after.makespan < before.makespan
     assert helped >= 1  # measured: 2 of these 12
+
+
+def test_joint_gives_the_exact_dp_rotors_table_cut_at_the_budget():
+    # joint fills rotor's dense table up to the lifted top once and cuts it at the budget for the
+    # exact DP: that candidate must be the one the exact DP finds on its own.
+    compared = 0
+    for chain, platform in instances(44, 10, lengths=(3, 10)):
+        stand_in = rotor(chain, platform, slots=90)
+        res = joint(chain, platform, slots=90, offload=stand_in)
+        if "joint-exact_makespan" not in res.info:
+            continue
+        alone = joint_exact(chain, platform, slots=90)
+        assert res.info["joint-exact_makespan"] == alone.makespan
+        compared += 1
+    assert compared >= 8
