@@ -288,3 +288,99 @@ def test_a_prefetch_is_triggered_where_it_must_start_not_one_op_later():
     on_time, one_late = _with_waits(chain, platform, schedule)[1], _with_waits(chain, platform, late)[1]
     assert on_time.feasible and one_late.feasible
     assert on_time.makespan < one_late.makespan * (1 - 1e-9)
+
+
+def test_a_lifted_table_keeps_every_plan_at_or_below_the_budget():
+    # NOTE [ joint: lifted plans ]: the queue grids are the budget's, so the lifted table's
+    # entries and plans up to the budget are the unlifted table's; only those above are new.
+    compared = 0
+    for chain, platform in instances(41, 12, lengths=(3, 9)):
+        sl = slots_for(chain, platform.memory, 60)
+        plain = joint_table(chain, platform, sl, act_alone=True)
+        lifted = joint_table(chain, platform, sl, act_alone=True, lift=9)
+        assert lifted.budget == plain.budget == sl.budget and lifted.slots.budget == sl.budget + 9
+        assert np.array_equal(plain.opt[1, 0], lifted.opt[1, 0, : sl.budget + 1])
+        assert (plain.n_f, plain.n_b, plain.delta_f, plain.delta_b) == (lifted.n_f, lifted.n_b, lifted.delta_f, lifted.delta_b)
+        for budget in range(sl.budget, sl.budget // 2, -3):
+            if math.isfinite(float(plain.opt[1, 0, budget])):
+                assert walk(plain, chain, budget) == walk(lifted, chain, budget)
+                compared += 1
+    assert compared >= 60
+
+
+def test_lifted_plans_never_slower_simulated_and_deterministic():
+    helped = seen = 0
+    for chain, platform in instances(31, 40):
+        before = joint_dp(chain, platform, slots=120, lift=0)
+        after = joint_dp(chain, platform, slots=120)
+        if not after.status.has_schedule:
+            assert not before.status.has_schedule
+            continue
+        seen += 1
+        tl = simulate(chain, platform, after.schedule)
+        assert tl.feasible and tl.makespan == after.makespan
+        if before.status.has_schedule:
+            assert after.makespan <= before.makespan
+            helped += after.makespan < before.makespan
+        else:
+            helped += 1
+        if after.info.get("lifted_by") is not None:
+            assert 1 <= after.info["lifted_by"] <= after.info["lift_slots"] and after.info["root"] > 1.0
+        again = joint_dp(chain, platform, slots=120)
+        assert again.schedule == after.schedule and again.makespan == after.makespan
+    # Measured: 8 of these 37 instances get a strictly faster plan from the lift.
+    assert seen >= 30 and helped >= 4
+
+
+def test_lift_strictly_helps_joint_on_resnet50_v100():
+    # Found by benchmarks/joint_gap.py: ResNet-50's V100 twin, 12 GB/s, 30 % of the way from
+    # the floor to the keep-all peak; the plan a slot above the rounded budget fits in bytes.
+    from chainoffload.networks import network
+
+    chain = network("resnet50", gpu="V100")
+    floor, peak = chain.stage_memory_floor(), keep_all_peak(chain)
+    platform = Platform(memory=int(floor + 0.3 * (peak - floor)), bandwidth_d2h=12e9, bandwidth_h2d=12e9, latency=1e-5)
+    stand_in = rotor(chain, platform)  # pure offloading's place in the comparison, for speed
+    before = joint(chain, platform, offload=stand_in, lift=0)
+    after = joint(chain, platform, offload=stand_in)
+    assert after.makespan < before.makespan
+    assert after.info["source"] == "joint-dp" and after.info["lifted_by"] >= 1
+    assert simulate(chain, platform, after.schedule).makespan == after.makespan
+    assert joint(chain, platform, offload=stand_in).schedule == after.schedule
+
+
+def test_lift_must_be_a_whole_number_of_slots(chain3):
+    platform = Platform(memory=10**9, bandwidth_d2h=1e9, bandwidth_h2d=1e9)
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="lift"):
+            joint_dp(chain3, platform, lift=bad)
+
+
+def test_joint_with_the_lift_is_never_slower_than_without():
+    # The same candidates but the paper's DP's lifted plans: joint's answer can only improve.
+    helped = 0
+    for chain, platform in instances(43, 12, lengths=(4, 12)):
+        stand_in = rotor(chain, platform, slots=120)
+        before = joint(chain, platform, slots=120, offload=stand_in, lift=0)
+        after = joint(chain, platform, slots=120, offload=stand_in)
+        assert before.status.has_schedule == after.status.has_schedule
+        if after.status.has_schedule:
+            assert after.makespan <= before.makespan
+            assert simulate(chain, platform, after.schedule).makespan == after.makespan
+            helped += after.makespan < before.makespan
+    assert helped >= 1  # measured: 2 of these 12
+
+
+def test_joint_gives_the_exact_dp_rotors_table_cut_at_the_budget():
+    # joint fills rotor's dense table up to the lifted top once and cuts it at the budget for the
+    # exact DP: that candidate must be the one the exact DP finds on its own.
+    compared = 0
+    for chain, platform in instances(44, 10, lengths=(3, 10)):
+        stand_in = rotor(chain, platform, slots=90)
+        res = joint(chain, platform, slots=90, offload=stand_in)
+        if "joint-exact_makespan" not in res.info:
+            continue
+        alone = joint_exact(chain, platform, slots=90)
+        assert res.info["joint-exact_makespan"] == alone.makespan
+        compared += 1
+    assert compared >= 8

@@ -83,6 +83,34 @@ forward can move, and when the last copies end (dropping the queue altogether le
 copies that end after the backward has started, 10-50 points of overhead worse once simulated).
 The pipeline's bytes bind the backward parts.
 
+NOTE [ joint: lifted plans ]
+----------------------------
+Sizes are rounded *up* to slots and the budget *down* (as in rotor), so the table charges each
+item up to a slot too many and a plan that fits in bytes with a few slots to spare is hidden
+from it. Measured on the V100 twins at 12 GB/s (``benchmarks/results/joint_gap.md``): at 500
+slots ``joint`` was up to 1.5 % slower than the same DP alone at 2000 slots (on 18 of 40
+network points: GPT-2-12 and -48, ResNet-18, -50, -101, -152, Inception-v3, DenseNet-121, at
+10-70 % of the way from the floor to the keep-all peak), while 4x the slots cost about 4x the
+table; at 8000 slots the work budget leaves the
+queues 6 grid rows instead of 15-16 and the plans were slower still (ResNet-50 and -101 at
+10-50 %). The improver is rotor's lifted table (``NOTE [ never lose to the family ]``): the
+table is filled ``lift`` slots above the budget (:func:`joint_lift`: L + 6, at most an eighth
+of the slots, at least 8), with the queue grids of the budget itself, so every entry at or below
+the budget is the unlifted table's (the walks there give the same plans; the kernel caps a
+child's budget at the table's top, which a walk from a root at or below the budget never
+reaches) and only the entries above are new. Their plans (at most ``LIFT_WORK // L`` budgets,
+evenly spread: a work bound, not a clock) are rebuilt, repaired and simulated in bytes like the
+others; one is kept only when the simulator finds it feasible and strictly faster than every
+plan at or below the budget. Result: ``joint`` strictly faster on 31 of 56 points (ten networks
+and four random chains x four memories), by up to 1.54 %, slower on none, and at or below the
+2000-slot DP on 55 of them (the other: ResNet-101 at 10 %, equal to the microsecond), for about
+10 % more of joint's time (the lifted walks; on random chains of 100 and 1000 stages,
+``joint_gap_long.md``, up to about 30 % of ``joint_dp``'s, with a 0.4 % and 1 % faster plan).
+Lifting by 125 or 250 slots found nothing more on the six network points that gained most.
+A re-timing of the plan's transfers by CP-SAT (op sequence fixed) was not built: the model of
+:mod:`chainoffload.solvers.cpsat` knows the order F_1..F_L, B_L..B_1 only, and the lift
+already reaches the finer tables.
+
 *The method.* :func:`joint` returns the fastest of this plan, the exact DP's
 (:mod:`chainoffload.solvers.joint_exact`: one transfer in flight per channel, whole items, a
 bound the simulator confirms), rotor's and the pure-offloading result, so it is never worse
@@ -104,12 +132,12 @@ from ..result import Result, Status
 from ..schedule import Schedule, Transfer
 from ..simulate import Timeline, simulate
 from .joint_exact import dp_result, joint_exact
-from .rotor import DEFAULT_SLOTS, Slots, emit_segment, slots_for
+from .rotor import DEFAULT_SLOTS, Slots, emit_segment, lift_slots, slots_for
 
 _kj = lazy("joint")  # the joint DP's kernels (NOTE [ lazy kernels ] in chainoffload._compile)
 _kr = lazy("rotor")
 
-__all__ = ["joint", "joint_dp", "joint_table", "joint_schedule", "walk", "window_tables", "JointTable", "Node"]
+__all__ = ["joint", "joint_dp", "joint_lift", "joint_table", "joint_schedule", "walk", "window_tables", "JointTable", "Node"]
 
 # Fractions of the budget whose plans joint_dp rebuilds and simulates (one table serves all).
 _ROOTS = (1.0, 0.99, 0.98, 0.97, 0.96, 0.95, 0.93, 0.91, 0.89, 0.87, 0.85, 0.8, 0.75, 0.7, 0.6, 0.5)
@@ -127,6 +155,10 @@ OFFLOAD_SHARE = 0.3
 EXACT_MAX_LENGTH = 200
 # A queue's grid spans this many times the longest transfer of one input.
 _SPAN_ITEMS = 2.0
+#: Work of the lifted walks (``NOTE [ joint: lifted plans ]``), in stages walked: at most
+#: ``LIFT_WORK // L`` lifted budgets (at least 8) are rebuilt and simulated: every one of the
+#: (at most 62, at 500 slots) on chains up to 128 stages, 8 at L = 1000.
+LIFT_WORK = 8_000
 
 
 @dataclass(frozen=True)
@@ -154,6 +186,7 @@ class JointTable:
     n_f: int
     delta_b: float
     n_b: int
+    lift: int = 0
 
     @staticmethod
     def flag_of(flag: int, off: int) -> int:
@@ -162,9 +195,15 @@ class JointTable:
         return flag if off == 1 else 0
 
     @property
+    def budget(self) -> int:
+        """The rounded budget (slots) of the platform's memory; ``slots.budget`` is the table's
+        top, ``lift`` slots above it (``NOTE [ joint: lifted plans ]``)."""
+        return self.slots.budget - self.lift
+
+    @property
     def value(self) -> float:
         """The table's makespan of the whole chain at the full budget (``inf``: nothing fits)."""
-        return float(self.opt[1, 0, self.slots.budget]) if self.slots.budget >= 0 else math.inf
+        return float(self.opt[1, 0, self.budget]) if self.budget >= 0 else math.inf
 
 
 @dataclass(frozen=True)
@@ -282,6 +321,7 @@ def joint_table(
     rot: tuple[np.ndarray, np.ndarray] | None = None,
     act_alone: bool = False,
     windows: tuple[np.ndarray, np.ndarray] | None = None,
+    lift: int = 0,
 ) -> JointTable:
     """Fill rotor's table and the spine table of ``NOTE [ joint recurrence ]``.
 
@@ -303,8 +343,12 @@ def joint_table(
         Also let a node offload only a_{s-1} out of a whole input unit s-1 (the paper's
         "offload as a" of a kept stage), the rest of the unit staying on the GPU.
     windows
-        :func:`window_tables`' ``(win, choice)`` for ``sl`` and this table's span, when the
-        caller has them already (two tables of one instance share them).
+        :func:`window_tables`' ``(win, choice)`` for ``sl`` (lifted) and this table's span, when
+        the caller has them already (two tables of one instance share them).
+    lift
+        Fill the table ``lift`` slots above ``sl.budget`` (``NOTE [ joint: lifted plans ]``);
+        the queue grids are the ones of ``sl.budget``, so every entry up to it is the unlifted
+        table's. ``rot`` and ``windows`` must then be for the lifted budget.
 
     Returns
     -------
@@ -313,10 +357,12 @@ def joint_table(
     """
     _check_int("rows", rows, 1)
     _check_int("max_span", max_span, 1)
+    _check_int("lift", lift, 0)
+    top = replace(sl, budget=sl.budget + int(lift))
     n = chain.length
     moving = platform.can_transfer and n >= 3
     span = n if not moving else min(n, DEFAULT_SPAN if max_span is None else int(max_span))
-    win, win_choice = window_tables(chain, sl, span, rot) if windows is None else windows
+    win, win_choice = window_tables(chain, top, span, rot) if windows is None else windows
     # Node s's input: the lone a_{s-1} (flag 0) or unit s-1 whole (flag 1); a_0 never moves.
     in_slots = np.zeros((n + 2, 2), dtype=np.int64)
     in_bytes = np.zeros((n + 2, 2), dtype=np.float64)
@@ -361,11 +407,11 @@ def joint_table(
     rate_f = platform.bandwidth_d2h / sl.quantum
     rate_b = platform.bandwidth_h2d / sl.quantum
     opt, choice = _kj.spine_table(
-        chain.fwd, chain.bwd, chain.fwd_nosave, sl.act, sl.saved, sl.fwd_tmp, sl.bwd_tmp, win, sl.budget,
+        chain.fwd, chain.bwd, chain.fwd_nosave, sl.act, sl.saved, sl.fwd_tmp, sl.bwd_tmp, win, top.budget,
         in_slots, d_in, h_in, fclk, bclk, rate_f, rate_b, delta_f, n_f, delta_b, n_b, 3 if act_alone else 2,
     )
-    return JointTable(sl, opt, choice, win, win_choice, in_slots, d_in, h_in, fclk, bclk, rate_f, rate_b,
-                      delta_f, n_f, delta_b, n_b)
+    return JointTable(top, opt, choice, win, win_choice, in_slots, d_in, h_in, fclk, bclk, rate_f, rate_b,
+                      delta_f, n_f, delta_b, n_b, int(lift))
 
 
 def walk(table: JointTable, chain: Chain, budget: int | None = None) -> list[Node]:
@@ -378,8 +424,9 @@ def walk(table: JointTable, chain: Chain, budget: int | None = None) -> list[Nod
     chain
         The chain it was filled for.
     budget
-        The root budget in slots (default: the table's full budget); must be one where
-        ``table.opt[1, 0, budget]`` is finite.
+        The root budget in slots (default: the table's rounded budget :attr:`JointTable.budget`;
+        up to its top ``table.slots.budget``); must be one where ``table.opt[1, 0, budget]`` is
+        finite.
 
     Returns
     -------
@@ -391,7 +438,7 @@ def walk(table: JointTable, chain: Chain, budget: int | None = None) -> list[Nod
     length = chain.length
     nf1, nb1 = t.n_f + 1, t.n_b + 1
     nodes: list[Node] = []
-    s, flag, i_f, i_b, m = 1, 0, 0, 0, sl.budget if budget is None else int(budget)
+    s, flag, i_f, i_b, m = 1, 0, 0, 0, t.budget if budget is None else int(budget)
     while True:
         row = (flag * nf1 + i_f) * nb1 + i_b
         code = int(t.choice[s, row, m])
@@ -589,6 +636,7 @@ def joint_dp(
     rot: tuple[np.ndarray, np.ndarray] | None = None,
     act_alone: bool | None = True,
     time_limit: float | None = None,
+    lift: int | None = None,
 ) -> Result:
     """The joint dynamic program alone: its rebuilt schedule, simulated and repaired.
 
@@ -604,6 +652,13 @@ def joint_dp(
     (V100 and A100 times, 12-64 GB/s, 30 % and 50 % of the peak) its simulated plan was never
     slower than the plain table's, for about 1.2x the time.
 
+    Then the slot rounding's gap (``NOTE [ joint: lifted plans ]``): the table is filled
+    ``lift`` slots above the rounded budget, and its plans there, which the rounding up of
+    every size hides, are rebuilt, repaired and simulated in bytes too; one is kept only when
+    it is strictly faster (``info["lifted_by"]``: its slots above the budget). The plans at
+    and below the budget are the unlifted table's, so the result is never slower than with
+    ``lift=0``.
+
     Parameters
     ----------
     chain, platform
@@ -611,7 +666,8 @@ def joint_dp(
     slots
         Memory slots S of the dynamic programs (as for rotor).
     rows, max_span, rot
-        As for :func:`joint_table` (``rot`` for the platform's memory and ``slots``).
+        As for :func:`joint_table` (``rot`` for the platform's memory and ``slots``, filled
+        ``lift`` slots above the budget).
     act_alone
         ``True`` (default) / ``False``: the table with / without lone-activation offloads of
         whole units; ``None``: both tables, the fastest simulated plan of either (twice the time).
@@ -621,6 +677,11 @@ def joint_dp(
         any limit), is not filled; with no table filled the result is ``timeout``, refused up
         front with the estimate in the message. The walks are cut at the limit: the fastest
         plan simulated by then is kept (``info["stopped"] = "time"``).
+    lift
+        Slots the table gets above the budget (default :func:`joint_lift`; 0: no lifted plans,
+        the DP as it was before them). At most ``LIFT_WORK // L`` (at least 8) of the lifted
+        budgets, evenly spread, are walked: a work bound, not a clock, so the result is the same
+        on any machine.
 
     Returns
     -------
@@ -637,6 +698,9 @@ def joint_dp(
     if act_alone is not None and not isinstance(act_alone, bool):
         raise ValueError(f"act_alone: expected True, False or None, got {act_alone!r}")
     sl = slots_for(chain, platform.memory, slots)
+    _check_int("lift", lift, 0)
+    lift = joint_lift(chain, platform, slots) if lift is None else int(lift)
+    info["lift_slots"] = lift
     kinds = (False, True) if act_alone is None else (act_alone,)
     windows = None
     found: tuple[Schedule, Timeline, float] | None = None
@@ -645,21 +709,26 @@ def joint_dp(
     for k, alone in enumerate(kinds):
         left = None if time_limit is None else deadline - time.perf_counter()
         refused = refusal("joint", f"the joint DP's table of {chain.length:,} stages and {slots} slots",
-                          joint_dp_seconds(chain.length, slots), joint_dp_bytes(chain.length, slots), left, t0,
-                          length=chain.length, info=info)
+                          joint_dp_seconds(chain.length, slots + lift), joint_dp_bytes(chain.length, slots + lift), left,
+                          t0, length=chain.length, info=info)
         if refused is not None:
             if k == 0:
                 return refused
             info["stopped"] = "time"
             break
         table = joint_table(chain, platform, sl, rows=rows, max_span=max_span, rot=rot, act_alone=alone,
-                            windows=windows)
+                            windows=windows, lift=lift)
         windows = (table.win, table.win_choice)
         # The last table's choices include the others': its value is the model's optimum.
         info.update(quantum=sl.quantum, budget_slots=sl.budget, dp_makespan=table.value, rows=table.n_b)
         found, last_message = _best_walks(table, chain, platform, sl, tried, found, last_message, deadline, info)
+        # NOTE [ joint: lifted plans ]: after the table's own budgets; a lifted plan replaces
+        # only a strictly slower one.
+        found, last_message = _lifted_walks(table, chain, platform, tried, found, last_message, deadline, info)
     if found is not None:
         info["root"] = found[2]
+        if found[2] <= 1.0:
+            info.pop("lifted_by", None)
         info["act_alone"] = any(t.moves == "act" for t in found[0].transfers)
     return dp_result("joint", found, info, t0, platform, slots, last_message)
 
@@ -700,6 +769,52 @@ def _best_walks(table, chain, platform, sl, tried, found, last_message, deadline
     return found, last_message
 
 
+def joint_lift(chain: Chain, platform: Platform, slots: int) -> int:
+    """Slots the joint DP's table gets above the budget by default (``NOTE [ joint: lifted
+    plans ]``): rotor's :func:`~chainoffload.solvers.rotor.lift_slots` when the link can move
+    data, 0 when it cannot (the DP is then rotor's, and ``rotor`` lifts its own table)."""
+    return lift_slots(chain.length, slots) if platform.can_transfer and chain.length >= 3 else 0
+
+
+def _lifted_walks(table, chain, platform, tried, found, last_message, deadline=math.inf, info=None):
+    """Rebuild, repair and simulate the table's plans at budgets above its rounded one (``NOTE
+    [ joint: lifted plans ]``), at most ``LIFT_WORK // L`` of them (at least 8), evenly spread
+    from the top down; keep one in ``found`` only when strictly faster (``info["lifted_by"]``)."""
+    from .._cost import sequence_seconds
+
+    if table.lift <= 0:
+        return found, last_message
+    budgets = np.arange(table.slots.budget, table.budget, -1)
+    most = max(8, LIFT_WORK // max(1, chain.length))
+    if budgets.size > most:
+        budgets = budgets[np.unique(np.linspace(0, budgets.size - 1, most).round().astype(np.int64))]
+    longest = 4 * sequence_seconds(3 * chain.length)
+    for budget in budgets.tolist():
+        if not math.isfinite(float(table.opt[1, 0, budget])):
+            continue
+        plan = tuple(walk(table, chain, budget))
+        if plan in tried:
+            continue
+        tried.add(plan)
+        for early in (0, 1):
+            if time.perf_counter() + longest > deadline:
+                if info is not None:
+                    info["stopped"] = "time"
+                return found, last_message
+            began = time.perf_counter()
+            schedule, timeline = _with_waits(
+                chain, platform, joint_schedule(table, chain, platform, early=early, budget=budget), deadline
+            )
+            longest = max(longest, time.perf_counter() - began)
+            if timeline.feasible and (found is None or timeline.makespan < found[1].makespan):
+                found = (schedule, timeline, budget / max(1, table.budget))
+                if info is not None:
+                    info["lifted_by"] = budget - table.budget
+            if not schedule.transfers:
+                break
+    return found, last_message
+
+
 def joint(
     chain: Chain,
     platform: Platform,
@@ -709,6 +824,7 @@ def joint(
     max_span: int | None = None,
     offload: Result | None = None,
     time_limit: float | None = None,
+    lift: int | None = None,
 ) -> Result:
     """Rematerialization plus offloading: the best of the joint DPs, rotor and pure offloading.
 
@@ -717,7 +833,11 @@ def joint(
     transfer in flight per channel, chains up to :data:`EXACT_MAX_LENGTH` stages), rotor (no
     transfer) and pure offloading (no recomputation); the last two are special cases of the
     combined problem. The method returns whichever simulates fastest; ``info`` says which
-    (``"source"``) and keeps each one's makespan.
+    (``"source"``) and keeps each one's makespan. The paper's DP also simulates the plans of
+    its table a few slots above the rounded budget, which slot rounding hides (``lift``), and
+    keeps one only when it fits and is strictly faster, so ``joint`` is never slower than with
+    ``lift=0`` (measured: strictly faster on 31 of 56 network and random-chain points, up to
+    1.54 %, about 10 % more time).
 
     Parameters
     ----------
@@ -739,6 +859,10 @@ def joint(
         a table that would not fit in the memory free), those the limit cut short in
         ``info["cut_short"]``, and ``info["stopped"]`` is then ``"time"``. Status ``timeout``
         when no candidate has a schedule and the limit left one out.
+    lift
+        Slots the paper's DP's table gets above the budget, whose plans slot rounding hides
+        (``NOTE [ joint: lifted plans ]``; default :func:`joint_lift`, 0: none, the method as
+        it was before them). ``info["lifted_by"]`` says when the returned DP plan is one.
     """
     from .._cost import joint_exact_seconds
     from ._options import check_time_limit, refusal
@@ -758,6 +882,8 @@ def joint(
         return max(deadline - time.perf_counter(), 1e-6) if timed else None
 
     exact = platform.can_transfer and chain.length <= EXACT_MAX_LENGTH
+    _check_int("lift", lift, 0)
+    lift = joint_lift(chain, platform, slots) if lift is None else int(lift)
     skipped: dict[str, str] = {}
     found: dict[str, Result] = {}
     if offload is None and timed:
@@ -765,18 +891,24 @@ def joint(
         offload = spec("best").load()(chain, platform, time_limit=max(OFFLOAD_SHARE * time_limit, 1e-3))
     rot = None
     if exact:
-        # Both DPs read rotor's dense table: fill it once, when the exact DP fits the clock.
+        # Both DPs read rotor's dense table: fill it once, when the exact DP fits the clock,
+        # up to the paper's DP's lifted top (entries below it do not depend on the top).
         sl = slots_for(chain, platform.memory, slots)
-        refused = refusal("joint-exact", f"the exact DP of {chain.length} stages", joint_exact_seconds(chain.length, slots),
-                          0.0, left(), t0, length=chain.length)
+        refused = refusal("joint-exact", f"the exact DP of {chain.length} stages",
+                          joint_exact_seconds(chain.length, slots + lift), 0.0, left(), t0, length=chain.length)
         if refused is None:
-            rot = _kr.rotor_table(chain.fwd, chain.bwd, chain.fwd_nosave, sl.act, sl.saved, sl.fwd_tmp, sl.bwd_tmp, sl.budget)
+            rot = _kr.rotor_table(chain.fwd, chain.bwd, chain.fwd_nosave, sl.act, sl.saved, sl.fwd_tmp, sl.bwd_tmp,
+                                  sl.budget + lift)
         else:
             exact = False
             skipped["joint-exact"] = refused.message
-    found["joint-dp"] = joint_dp(chain, platform, slots=slots, rows=rows, max_span=max_span, rot=rot, time_limit=left())
+    found["joint-dp"] = joint_dp(chain, platform, slots=slots, rows=rows, max_span=max_span, rot=rot, time_limit=left(),
+                                 lift=lift)
     found["rotor"] = rotor(chain, platform, slots=slots, time_limit=left())
     if exact:
+        if lift:
+            # The exact DP's table stops at the budget.
+            rot = tuple(np.ascontiguousarray(a[:, :, : sl.budget + 1]) for a in rot)
         found["joint-exact"] = joint_exact(chain, platform, slots=slots, rot=rot)
     if offload is None:
         # best itself may run joint (remat=True): reach it by name, as the registry does, so
