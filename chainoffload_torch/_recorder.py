@@ -557,6 +557,18 @@ def _measure(
                         rec.check_saved = timed
                         probed = None
                         continue
+                    pinning = _pinning_tails(p, instrument.blocks)
+                    if pinning:
+                        # NOTE [ the code after a block as a stage ] in _instrument.py: a tail that
+                        # saves the output of the stage before its block would pin it resident.
+                        del out, p
+                        blks = instrument.blocks
+                        instrument.blocks = dataclasses.replace(blks, tails=tuple(b for b in blks.tails if b not in pinning))
+                        n = instrument.blocks.stages
+                        rec = instrument.listener = _Recorder(n, device, (root,))
+                        rec.check_saved = timed
+                        probed = None
+                        continue
                     if reference is None and timed and repeats is None:
                         # Nothing warmed up this forward: it is the reference, without a backward.
                         rec.timer.sync()
@@ -901,6 +913,19 @@ def profiling_steps(repeats: int | None, warmup: int | None, default_repeats: in
     if repeats is None and warmup is None:
         return None, None
     return (default_repeats if repeats is None else repeats), (1 if warmup is None else warmup)
+
+
+def _pinning_tails(p: _RecordedPass, blocks: Any) -> set[int]:
+    """The blocks whose tail saves a storage of the stage before the block: as a stage of its own
+    that tail would be read two stages after that unit (held, resident), where run in the
+    block's stage it is read by the next stage's backward only (NOTE [ the code after a block as
+    a stage ] in _instrument.py)."""
+    out = set()
+    for b in getattr(blocks, "tails", ()):
+        tail = blocks.stage_of(b) + 1
+        if any(by == f"block {tail}" and e.unit == tail - 2 for e, by in p.ledger.held_by.items()):
+            out.add(b)
+    return out
 
 
 def prefix_pays(sizes: Sizes) -> bool:
