@@ -570,7 +570,19 @@ class Instrument:
     #   call. Block i is linked to it, and is recomputed from a_{i-1} like any linked block;
     #   block i+1 from the tail's output, the original instance (never a recomputed one).
     # * Where block i's output is freed by the tail (h + block(h): the add saves nothing), the
-    #   chain still counts act[i] in unit i until B_i: above the truth, never below.
+    #   chain still counts act[i] in unit i until B_i: above the truth, never below. That also
+    #   puts a floor under recomputing plans of such a model: a lone a_i per tail until B_tail
+    #   (parent-residual: rotor's least memory is above pure offloading's, which the smaller
+    #   units take far lower; benchmarks/results/offload_models_tail.md).
+    # * A tail that saves a storage of the stage before its block (h = block(h) * h_prev) would
+    #   read it in B_tail, two stages after that unit, before its prefetch: held, resident (the
+    #   ledger's rule), where in the block's stage B_{i} reads it as the next stage's backward.
+    #   The probe of the first plan finds such tails (_recorder._pinning_tails) and leaves their
+    #   code in the block's stage (not recomputed, as before); later shapes keep the layout.
+    # * A step whose LayerDrop skips block i skips its tail's stage too (it collapses: what the
+    #   code saved goes to the unit running then, as before tails); a forward that skips every
+    #   block after a tail ends the tail with its own input (aliased units: kept, not moved).
+    # offload() alone makes tails (Blocks.with_tails); profile() and find_blocks() do not.
 
     # -- the backward ------------------------------------------------------------------------
 

@@ -526,7 +526,9 @@ def _measure(
     [ discovery as the warm-up ]; ``None``: the probe's forward is one and takes no backward);
     ``nosave``: also time a forward without autograd after each step (``fwd_nosave``);
     ``split_prefix``: make the code before the first block a stage when it pays, decided
-    from the probe (NOTE [ the prefix as a stage ]; ``instrument.blocks`` is replaced).
+    from the probe (NOTE [ the prefix as a stage ]; ``instrument.blocks`` is replaced), and
+    leave in its block's stage a tail that would pin an earlier unit (NOTE [ the code after a
+    block as a stage ] in _instrument.py): the first plan chooses the layout, later shapes keep it.
     """
     before = instrument.listener
     runs: dict[str, list] = {"fwd": [], "bwd": [], "nosave": [], "fwd_tmp": [], "bwd_tmp": []}
@@ -557,7 +559,7 @@ def _measure(
                         rec.check_saved = timed
                         probed = None
                         continue
-                    pinning = _pinning_tails(p, instrument.blocks)
+                    pinning = _pinning_tails(p, instrument.blocks) if split_prefix else set()
                     if pinning:
                         # NOTE [ the code after a block as a stage ] in _instrument.py: a tail that
                         # saves the output of the stage before its block would pin it resident.
