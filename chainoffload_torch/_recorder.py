@@ -548,7 +548,9 @@ def _measure(
                 rec.current = None
                 if rec.probe:
                     probed = _probed(p)
-                    if split_prefix and not instrument.blocks.prefix and prefix_pays(_sizes(p, n)):
+                    blks = instrument.blocks
+                    tail_stages = {blks.stage_of(b) + 1 for b in blks.tails}
+                    if split_prefix and not blks.prefix and prefix_pays(_sizes(p, n), tail_stages):
                         # NOTE [ the prefix as a stage ]: the probe's sizes decide, before its
                         # backward; the next pass probes the new layout (what the forward keeps
                         # is found per unit).
@@ -930,13 +932,16 @@ def _pinning_tails(p: _RecordedPass, blocks: Any) -> set[int]:
     return out
 
 
-def prefix_pays(sizes: Sizes) -> bool:
+def prefix_pays(sizes: Sizes, tails: Any = ()) -> bool:
     """Whether the code before the first block should be a stage of its own
     (NOTE [ the prefix as a stage ]): it keeps at least as much as the smallest block the
-    solver may move."""
+    solver may move. ``tails``: the stages of code after a block (NOTE [ the code after a block
+    as a stage ] in _instrument.py), which are no blocks: the decision stays the one the layout
+    without them makes."""
     if not sizes.prefix_unit:
         return False
-    movable = [s for i, s in enumerate(sizes.saved[:-1], start=1) if i not in sizes.resident]
+    tails = set(tails)
+    movable = [s for i, s in enumerate(sizes.saved[:-1], start=1) if i not in sizes.resident and i not in tails]
     return bool(movable) and sizes.prefix_unit >= min(movable)
 
 
