@@ -582,6 +582,8 @@ class Instrument:
     # * A step whose LayerDrop skips block i skips its tail's stage too (it collapses: what the
     #   code saved goes to the unit running then, as before tails); a forward that skips every
     #   block after a tail ends the tail with its own input (aliased units: kept, not moved).
+    # * Whether the code before the first block is a stage is decided against the blocks' units
+    #   alone (_recorder.prefix_pays): a tail's unit is often tiny, and would make every stem pay.
     # offload() alone makes tails (Blocks.with_tails); profile() and find_blocks() do not.
 
     # -- the backward ------------------------------------------------------------------------

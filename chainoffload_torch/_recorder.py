@@ -920,14 +920,19 @@ def profiling_steps(repeats: int | None, warmup: int | None, default_repeats: in
 
 
 def _pinning_tails(p: _RecordedPass, blocks: Any) -> set[int]:
-    """The blocks whose tail saves a storage of the stage before the block: as a stage of its own
-    that tail would be read two stages after that unit (held, resident), where run in the
-    block's stage it is read by the next stage's backward only (NOTE [ the code after a block as
-    a stage ] in _instrument.py)."""
+    """The blocks whose tail would make a unit resident that the layout without it moves
+    (NOTE [ the code after a block as a stage ] in _instrument.py): a tail that saves a storage
+    of the stage before the block (read two stages after that unit: held, where run in the
+    block's stage it is read by the next stage's backward only), and a block whose own output
+    something later holds (BART's last encoder layer, whose output every decoder layer reads:
+    as a_i, its whole unit would be held, where in the block's stage that one storage is)."""
     out = set()
+    ledger = p.ledger
     for b in getattr(blocks, "tails", ()):
         tail = blocks.stage_of(b) + 1
-        if any(by == f"block {tail}" and e.unit == tail - 2 for e, by in p.ledger.held_by.items()):
+        if any(by == f"block {tail}" and e.unit == tail - 2 for e, by in ledger.held_by.items()):
+            out.add(b)
+        if ledger.output.get(tail - 1) in ledger.held_by:
             out.add(b)
     return out
 
