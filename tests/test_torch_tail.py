@@ -33,7 +33,7 @@ from test_torch_coverage import _live_at_every_op  # noqa: E402
 #: Per model, a budget as a share of the keep-all peak of the chain with tails: at most the
 #: least memory offload() accepted there in benchmarks/results/offload_models_tail.md plus a
 #: margin, and below the least the layout without tails accepts (both checked below).
-BUDGET = {"t5": 0.16, "bart": 0.10, "convnext": 0.20, "parent-residual": 0.16}
+BUDGET = {"t5": 0.16, "convnext": 0.20, "parent-residual": 0.17}
 
 
 def _build(name):
@@ -75,7 +75,7 @@ def _train_equal(model, ref, step, handle, steps=3):
     assert all(torch.equal(p, q) for p, q in zip(model.parameters(), ref.parameters(), strict=True))
 
 
-@pytest.mark.parametrize("name", ["t5", "bart", "convnext", "parent-residual"])
+@pytest.mark.parametrize("name", ["t5", "convnext", "parent-residual"])
 def test_a_block_before_code_that_makes_the_next_input_is_recomputed_below_the_old_least_memory(name, monkeypatch):
     model, sample, step = _build(name)
     ref = copy.deepcopy(model)
@@ -106,7 +106,7 @@ def test_a_block_before_code_that_makes_the_next_input_is_recomputed_below_the_o
     handle.remove()
 
 
-@pytest.mark.parametrize("name", ["t5", "bart", "convnext", "parent-residual"])
+@pytest.mark.parametrize("name", ["t5", "convnext", "parent-residual"])
 def test_checkpointing_every_block_recomputes_the_blocks_before_code_that_makes_the_next_input(name):
     """What gradient_checkpointing_enable() does, on the chain with tails: every block but the
     last run without saving and recomputed before its backward, the tails (and the code before
@@ -127,6 +127,20 @@ def test_checkpointing_every_block_recomputes_the_blocks_before_code_that_makes_
     handle = ct.Offloader(model, chain, schedule, blocks=blocks)
     _train_equal(model, ref, step, handle)
     assert handle.last_step.recomputed_ops == len(_recomputed(schedule))
+    handle.remove()
+
+
+def test_bart_s_last_encoder_layer_keeps_the_code_after_it_since_every_decoder_layer_reads_its_output():
+    """As a_i of its own stage, the encoder's output (every decoder layer's encoder_hidden_states)
+    would hold the last encoder layer's whole unit resident, where with the code after it in its
+    stage only that storage stays: the layout without the tail is kept, and the layer is never
+    recomputed, as before (an open item of issue 31)."""
+    model, sample, _ = _build("bart")
+    handle = ct.offload(model, sample, memory=1.0, method="rotor", repeats=1, warmup=0)
+    blocks = handle.blocks
+    assert blocks.tails == () and not handle.plan.sizes.held
+    last = blocks.names.index("model.encoder.layers.7") + 1
+    assert handle.plan.not_recomputable[blocks.stage_of(last)] == "its a_i is made by the code after the block"
     handle.remove()
 
 
