@@ -577,8 +577,13 @@ class Instrument:
     # * A tail that saves a storage of the stage before its block (h = block(h) * h_prev) would
     #   read it in B_tail, two stages after that unit, before its prefetch: held, resident (the
     #   ledger's rule), where in the block's stage B_{i} reads it as the next stage's backward.
-    #   The probe of the first plan finds such tails (_recorder._pinning_tails) and leaves their
-    #   code in the block's stage (not recomputed, as before); later shapes keep the layout.
+    #   So would a block whose own output something later holds (BART's last encoder layer:
+    #   every decoder layer reads it): as a_i, its whole unit would be held, where in the old
+    #   layout that one storage is pinned and the rest moves (BART's pure-offloading least memory
+    #   rose 23 % with its tail, and its encoder's forward holds storages no unit owns that the
+    #   old resident count happened to cover). The probe of the first plan finds such tails
+    #   (_recorder._pinning_tails) and leaves their code in the block's stage (not recomputed, as
+    #   before); later shapes keep the layout.
     # * A step whose LayerDrop skips block i skips its tail's stage too (it collapses: what the
     #   code saved goes to the unit running then, as before tails); a forward that skips every
     #   block after a tail ends the tail with its own input (aliased units: kept, not moved).
