@@ -183,7 +183,7 @@ def run(name: str, steps: int, warmup: int) -> list[dict]:
     kept = ", ".join(x for x in ("the prefix stage" if prefix else "", f"{len(tails)} code-after-block stage(s)" if tails else "") if x)
     ck_does = f"every block but the last recomputed once ({chain.length} stages{', ' + kept + ' kept' if kept else ''})"
     if core_peak != ck_chain_peak:
-        ck_does += f"; the core's checkpoint-all, which also recomputes the prefix stage, holds {format_bytes(core_peak + resident)}"
+        ck_does += f"; the core's checkpoint-all, which also recomputes the stages kept here, holds {format_bytes(core_peak + resident)}"
     does = {VARIANTS[0]: "keeps everything", VARIANTS[1]: ck_does}
     rows = []
     for v in VARIANTS:
