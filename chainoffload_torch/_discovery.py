@@ -56,6 +56,11 @@ class Blocks:
         Whether the code before the first block (a stem, embeddings) is stage 1 of the chain,
         from the start of the forward to the first block's start, its output the first block's
         hidden input (NOTE [ the prefix as a stage ]). Block k is then stage k + 1.
+    tails
+        Unlinked blocks (1-based) whose code after them, up to the next block's call, is a stage
+        of its own (NOTE [ the code after a block as a stage ] in _instrument.py): its input is
+        the block's own output, its output the next block's hidden input. :meth:`stage_of` maps
+        a block to its stage.
     """
 
     modules: tuple[nn.Module, ...]
@@ -64,17 +69,41 @@ class Blocks:
     linked: tuple[bool, ...] = ()
     left_out: tuple[tuple[str, int, bool], ...] = ()
     prefix: bool = False
+    tails: tuple[int, ...] = ()
 
     @property
     def stages(self) -> int:
-        """The chain's length: one stage per block, plus the prefix's when it is one."""
-        return len(self.modules) + int(self.prefix)
+        """The chain's length: one stage per block, plus the prefix's and the tails' where they are stages."""
+        return len(self.modules) + int(self.prefix) + len(self.tails)
 
     @property
     def stage_names(self) -> tuple[str, ...]:
         """One name per stage of the chain: the blocks', after ``"(before <first block>)"``
-        for the prefix when it is a stage."""
-        return ((f"(before {self.names[0]})",) if self.prefix else ()) + self.names
+        for the prefix when it is a stage, and ``"(after <block>)"`` after a block whose tail is one."""
+        names: list[str] = [f"(before {self.names[0]})"] if self.prefix else []
+        for b, name in enumerate(self.names, start=1):
+            names.append(name)
+            if b in self.tails:
+                names.append(f"(after {name})")
+        return tuple(names)
+
+    def with_tails(self) -> Blocks:
+        """These blocks with the code after every unlinked block as a stage of its own."""
+        return dataclasses.replace(self, tails=tuple(b for b in range(1, len(self.modules)) if not self.is_linked(b)))
+
+    def stage_of(self, idx: int) -> int:
+        """The stage of block ``idx`` (1-based; 0: the code before the first block)."""
+        return idx + int(self.prefix) + sum(1 for b in self.tails if b < idx)
+
+    def block_at(self, stage: int) -> int | None:
+        """The block whose call stage ``stage`` is (0: the prefix's stage); ``None`` for a tail."""
+        for b in range(len(self.modules) + 1):
+            s = self.stage_of(b)
+            if s == stage and (b or self.prefix):
+                return b
+            if b in self.tails and s + 1 == stage:
+                return None
+        return None
 
     @property
     def lists(self) -> tuple[str, ...]:

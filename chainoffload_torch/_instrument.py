@@ -124,7 +124,10 @@ class _HookedPass:
         self.expect = 1
         self.inputs: dict[int, Any] = {}
         self.running: dict[int, list[int]] = {}  # id(module) -> the stages it is running
-        self.pending: tuple[int, Any, Any] | None = None  # a block whose end waits for the next one's input
+        #: A block whose end waits for the next one's input: (block, its hidden input, its output,
+        #: the stage of its tail when the code after it is one, else 0: NOTE [ the code after a
+        #: block as a stage ]).
+        self.pending: tuple[int, Any, Any, int] | None = None
         self.saved_hooks: Any = None
         self.callback_queued = False
         self.done = False
@@ -367,14 +370,13 @@ class Instrument:
             if hasattr(p.listener, "stage_skipped") and p.pending is not None:
                 # The block before the skipped ones hands its a_i to code the head runs: its own
                 # output stands for it (NOTE [ blocks not linked ]).
-                prev, prev_in, own = p.pending
+                prev, prev_in, own, tail = p.pending
                 p.pending = None
-                self._end(p, prev, prev_in, own)
+                self._end(p, prev, prev_in, own, tail)
                 del prev_in, own
             if hasattr(p.listener, "stage_skipped") and p.expect != n + 1:
-                off = int(self.blocks.prefix)
                 for k in range(p.expect, n + 1):
-                    p.listener.stage_skipped(p.step, k + off, None)
+                    self._skipped(p, k, None)
                 p.expect = n + 1
         if p.expect != n + 1:
             p.listener.forward_failed(p.step)
@@ -397,8 +399,7 @@ class Instrument:
             return None
         # A module that is several stages (one per call) is the stage expected next, if it is one.
         idx = p.expect if p.expect in idxs else idxs[0]
-        off = int(self.blocks.prefix)
-        if off and p.expect == 1 and idx >= 1:
+        if self.blocks.prefix and p.expect == 1 and idx >= 1:
             # The prefix ends where the first block that runs starts; its output is that block's input.
             a1 = self.blocks.hidden_of(idx, args, kwargs)
             if idx > 1 and not isinstance(a1, torch.Tensor):
@@ -415,7 +416,7 @@ class Instrument:
         if p.pending is not None and p.pending[0] < idx:
             # NOTE [ blocks not linked ]: the pending block ends here, its a_i is this block's
             # input (blocks skipped in between hand it on unchanged).
-            prev, prev_in, _ = p.pending
+            prev, prev_in, tail = p.pending[0], p.pending[1], p.pending[3]  # not the output: held, it would look late
             p.pending = None
             a_prev = self.blocks.hidden_of(idx, args, kwargs)
             if idx > prev + 1 and not isinstance(a_prev, torch.Tensor):
@@ -427,7 +428,7 @@ class Instrument:
                     f"block {idx} ({self.blocks.names[idx - 1]}) takes its hidden state elsewhere, so block {prev} has no "
                     "output to hand on; turn the skipping off while offloading (Hugging Face: config.layerdrop = 0)"
                 )
-            self._end(p, prev, prev_in, a_prev)
+            self._end(p, prev, prev_in, a_prev, tail)
             del prev_in, a_prev
         changed = None
         if idx > p.expect:
@@ -437,7 +438,7 @@ class Instrument:
             elif hasattr(p.listener, "stage_skipped"):
                 hidden = self.blocks.hidden_of(idx, args, kwargs)
                 for k in range(p.expect, idx):
-                    p.listener.stage_skipped(p.step, k + off, hidden)
+                    self._skipped(p, k, hidden)
                 p.expect = idx
         if idx != p.expect:
             if idx > p.expect:
@@ -455,8 +456,16 @@ class Instrument:
         hidden = self.blocks.hidden_of(idx, args, kwargs)
         p.inputs[idx] = hidden
         p.running.setdefault(id(module), []).append(idx)
-        p.listener.stage_start(p.step, idx + off, hidden, args, kwargs)
+        p.listener.stage_start(p.step, self.blocks.stage_of(idx), hidden, args, kwargs)
         return changed
+
+    def _skipped(self, p: _HookedPass, idx: int, hidden: Any) -> None:
+        """Block ``idx`` was not called in this step: its stage collapses, and so does its tail's
+        (what that code saved went to the unit running then, as when it was no stage)."""
+        stage = self.blocks.stage_of(idx)
+        p.listener.stage_skipped(p.step, stage, hidden)
+        if idx in self.blocks.tails:
+            p.listener.stage_skipped(p.step, stage + 1, hidden)
 
     def _run_skipped(self, p: _HookedPass, idx: int, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         """A profiling pass: call the blocks ``p.expect..idx-1`` that this forward skipped, each
@@ -466,8 +475,7 @@ class Instrument:
         at = self.blocks.hidden_in[idx - 1]
         carrying = getattr(p.listener, "carrying", None)
         if carrying is not None:
-            off = int(self.blocks.prefix)
-            carrying(p.step, h, tuple(k + off for k in range(p.expect, idx)))
+            carrying(p.step, h, tuple(self.blocks.stage_of(k) for k in range(p.expect, idx)))
         for k in range(p.expect, idx):
             if self.blocks.hidden_in[k - 1] != at or not self.blocks.is_linked(k) or not isinstance(h, torch.Tensor):
                 # The profile draws again (SkippedBlocks); after many draws it refuses.
@@ -496,16 +504,26 @@ class Instrument:
             return None
         running = p.running.get(id(module))
         idx = running.pop() if running else idxs[0]
+        if not self.blocks.is_linked(idx) and idx in self.blocks.tails:
+            # NOTE [ the code after a block as a stage ]: the block ends with its own output, and
+            # its tail starts on it; the tail ends at the next block's start.
+            own = first_tensor(out)
+            self._end(p, idx, p.inputs.pop(idx, None), own)
+            tail = self.blocks.stage_of(idx) + 1
+            p.listener.stage_start(p.step, tail, own, (), {})
+            p.pending = (idx, own, own, tail)
+            return None
         if not self.blocks.is_linked(idx):
-            p.pending = (idx, p.inputs.pop(idx, None), first_tensor(out))
+            p.pending = (idx, p.inputs.pop(idx, None), first_tensor(out), 0)
             p.expect = idx + 1
             return None
         self._end(p, idx, p.inputs.pop(idx, None), first_tensor(out))
         return None
 
-    def _end(self, p: _HookedPass, idx: int, hidden_in: Any, hidden_out: Any) -> None:
-        """Block ``idx`` (0: the prefix, when it is a stage) ended with ``hidden_out``."""
-        stage = idx + int(self.blocks.prefix)
+    def _end(self, p: _HookedPass, idx: int, hidden_in: Any, hidden_out: Any, tail: int = 0) -> None:
+        """Block ``idx`` (0: the prefix, when it is a stage) ended with ``hidden_out``; with
+        ``tail``, the stage of the code after it, that stage did."""
+        stage = tail or self.blocks.stage_of(idx)
         p.listener.stage_end(p.step, stage, hidden_in, hidden_out)
         p.expect = idx + 1
         if isinstance(hidden_out, torch.Tensor) and hidden_out.requires_grad:
@@ -528,6 +546,50 @@ class Instrument:
     # entry of unit i, act[i] is its size, and the tensor hook that marks the start of B_i is on
     # it: its gradient is complete once B_{i+1} is done, and every part of it as well (the
     # residual's branch, the encoder's output that every decoder block reads).
+
+    # NOTE [ the code after a block as a stage ]
+    # Above, the code between an unlinked block i and block i+1 (T5's final_layer_norm and
+    # dropout before the decoder, BART's and Whisper's encoder-decoder boundary, a CNN's
+    # downsampling between stages, a U-Net's concatenation with its skip, h = h + block(h)) runs in
+    # stage i, so a recomputation of block i could not give back what that code saved (it is no
+    # call of the block) and the stage was never recomputed. offload() makes that code a stage
+    # of its own instead, a *tail* (Blocks.tails; Blocks.stage_of maps blocks to stages): block i
+    # ends at its post-hook with its own output (first tensor) as a_i, and the tail starts there
+    # on it (stage_start with no other arguments), ending at block i+1's pre-hook with that
+    # block's hidden input as its output, as above. So:
+    # * Saved tensors: the listeners attribute what autograd saves to the stage running (the
+    #   executor's step.current, the recorder's ledger stage), which is the tail from block i's
+    #   end on: what the code after block i saves is the tail's unit, measured as every unit is;
+    #   a storage it saves that block i made (its output: a layer norm saves its input) stays
+    #   unit i's (the ledger's first owner), as a block saving its input always did.
+    # * Backward boundaries: the tensor hook on a_i (block i's output) marks B_i's start, the one
+    #   on block i+1's input B_tail's, as for any two stages. a_i's gradient is complete only
+    #   once the tail's backward has run (the tail is the only code that reads a_i), so block
+    #   i's recomputation, at B_i's start, runs after everything the tail's backward reads.
+    # * The tail is never recomputed (plans.not_recomputable): it is no module the executor can
+    #   call. Block i is linked to it, and is recomputed from a_{i-1} like any linked block;
+    #   block i+1 from the tail's output, the original instance (never a recomputed one).
+    # * Where block i's output is freed by the tail (h + block(h): the add saves nothing), the
+    #   chain still counts act[i] in unit i until B_i: above the truth, never below. That also
+    #   puts a floor under recomputing plans of such a model: a lone a_i per tail until B_tail
+    #   (parent-residual: rotor's least memory is above pure offloading's, which the smaller
+    #   units take far lower; benchmarks/results/offload_models_tail.md).
+    # * A tail that saves a storage of the stage before its block (h = block(h) * h_prev) would
+    #   read it in B_tail, two stages after that unit, before its prefetch: held, resident (the
+    #   ledger's rule), where in the block's stage B_{i} reads it as the next stage's backward.
+    #   So would a block whose own output something later holds (BART's last encoder layer:
+    #   every decoder layer reads it): as a_i, its whole unit would be held, where in the old
+    #   layout that one storage is pinned and the rest moves (BART's pure-offloading least memory
+    #   rose 23 % with its tail, and its encoder's forward holds storages no unit owns that the
+    #   old resident count happened to cover). The probe of the first plan finds such tails
+    #   (_recorder._pinning_tails) and leaves their code in the block's stage (not recomputed, as
+    #   before); later shapes keep the layout.
+    # * A step whose LayerDrop skips block i skips its tail's stage too (it collapses: what the
+    #   code saved goes to the unit running then, as before tails); a forward that skips every
+    #   block after a tail ends the tail with its own input (aliased units: kept, not moved).
+    # * Whether the code before the first block is a stage is decided against the blocks' units
+    #   alone (_recorder.prefix_pays): a tail's unit is often tiny, and would make every stem pay.
+    # offload() alone makes tails (Blocks.with_tails); profile() and find_blocks() do not.
 
     # -- the backward ------------------------------------------------------------------------
 

@@ -581,7 +581,9 @@ def _measure(
     [ discovery as the warm-up ]; ``None``: the probe's forward is one and takes no backward);
     ``nosave``: also time a forward without autograd after each step (``fwd_nosave``);
     ``split_prefix``: make the code before the first block a stage when it pays, decided
-    from the probe (NOTE [ the prefix as a stage ]; ``instrument.blocks`` is replaced).
+    from the probe (NOTE [ the prefix as a stage ]; ``instrument.blocks`` is replaced), and
+    leave in its block's stage a tail that would pin an earlier unit (NOTE [ the code after a
+    block as a stage ] in _instrument.py): the first plan chooses the layout, later shapes keep it.
     """
     before = instrument.listener
     runs: dict[str, list] = {"fwd": [], "bwd": [], "nosave": [], "fwd_tmp": [], "bwd_tmp": []}
@@ -601,12 +603,26 @@ def _measure(
                 rec.current = None
                 if rec.probe:
                     probed = _probed(p)
-                    if split_prefix and not instrument.blocks.prefix and prefix_pays(_sizes(p, n)):
+                    blks = instrument.blocks
+                    tail_stages = {blks.stage_of(b) + 1 for b in blks.tails}
+                    if split_prefix and not blks.prefix and prefix_pays(_sizes(p, n), tail_stages):
                         # NOTE [ the prefix as a stage ]: the probe's sizes decide, before its
                         # backward; the next pass probes the new layout (what the forward keeps
                         # is found per unit).
                         del out, p
                         instrument.blocks = dataclasses.replace(instrument.blocks, prefix=True)
+                        n = instrument.blocks.stages
+                        rec = instrument.listener = _Recorder(n, device, (root,))
+                        rec.check_saved = timed
+                        probed = None
+                        continue
+                    pinning = _pinning_tails(p, instrument.blocks) if split_prefix else set()
+                    if pinning:
+                        # NOTE [ the code after a block as a stage ] in _instrument.py: a tail that
+                        # saves the output of the stage before its block would pin it resident.
+                        del out, p
+                        blks = instrument.blocks
+                        instrument.blocks = dataclasses.replace(blks, tails=tuple(b for b in blks.tails if b not in pinning))
                         n = instrument.blocks.stages
                         rec = instrument.listener = _Recorder(n, device, (root,))
                         rec.check_saved = timed
@@ -958,13 +974,34 @@ def profiling_steps(repeats: int | None, warmup: int | None, default_repeats: in
     return (default_repeats if repeats is None else repeats), (1 if warmup is None else warmup)
 
 
-def prefix_pays(sizes: Sizes) -> bool:
+def _pinning_tails(p: _RecordedPass, blocks: Any) -> set[int]:
+    """The blocks whose tail would make a unit resident that the layout without it moves
+    (NOTE [ the code after a block as a stage ] in _instrument.py): a tail that saves a storage
+    of the stage before the block (read two stages after that unit: held, where run in the
+    block's stage it is read by the next stage's backward only), and a block whose own output
+    something later holds (BART's last encoder layer, whose output every decoder layer reads:
+    as a_i, its whole unit would be held, where in the block's stage that one storage is)."""
+    out = set()
+    ledger = p.ledger
+    for b in getattr(blocks, "tails", ()):
+        tail = blocks.stage_of(b) + 1
+        if any(by == f"block {tail}" and e.unit == tail - 2 for e, by in ledger.held_by.items()):
+            out.add(b)
+        if ledger.output.get(tail - 1) in ledger.held_by:
+            out.add(b)
+    return out
+
+
+def prefix_pays(sizes: Sizes, tails: Any = ()) -> bool:
     """Whether the code before the first block should be a stage of its own
     (NOTE [ the prefix as a stage ]): it keeps at least as much as the smallest block the
-    solver may move."""
+    solver may move. ``tails``: the stages of code after a block (NOTE [ the code after a block
+    as a stage ] in _instrument.py), which are no blocks: the decision stays the one the layout
+    without them makes."""
     if not sizes.prefix_unit:
         return False
-    movable = [s for i, s in enumerate(sizes.saved[:-1], start=1) if i not in sizes.resident]
+    tails = set(tails)
+    movable = [s for i, s in enumerate(sizes.saved[:-1], start=1) if i not in sizes.resident and i not in tails]
     return bool(movable) and sizes.prefix_unit >= min(movable)
 
 

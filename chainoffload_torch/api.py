@@ -944,6 +944,9 @@ def offload(
     # nothing else runs between them (the link's copies did, and every first step of a tiny
     # model looked cold).
     blks, reference = find_blocks_warm(model, args, kwargs, blocks, dev)
+    # NOTE [ the code after a block as a stage ] in _instrument.py: so that every block but the
+    # last may be recomputed.
+    blks = blks.with_tails()
     planner = _Planner(model, dev, link, budget, method, tuple(keep), host, repeats, warmup, options, reference)
     handle = Offloader.__new__(Offloader)
     handle._setup(model, blks, dev, planner, on_new_shape, cache_size, host)

@@ -315,11 +315,16 @@ class ScheduleRun:
             return
         if blocks is None:
             raise ValueError("blocks: a rematerializing schedule needs the chain's blocks, to call them again")
-        off = int(blocks.prefix)
         if blocks.stages != length:
             raise ValueError(f"blocks: {blocks.stages} stages, but the chain has {length}")
         for i in sorted(need):
-            b = i - off
+            b = blocks.block_at(i)
+            if b is None:
+                # NOTE [ the code after a block as a stage ] in _instrument.py.
+                raise ValueError(
+                    f"schedule: recomputes stage {i}, the code after a block before the next one, which is no module "
+                    "call the executor can run again"
+                )
             if b < 1:
                 if self.model is not None:
                     continue  # NOTE [ recomputing the code before the first block ] in _recompute.py
@@ -327,7 +332,7 @@ class ScheduleRun:
                     f"schedule: recomputes stage {i}, the code before the first block ({blocks.names[0]}), which is no "
                     "module call the executor can run again without the model (model=)"
                 )
-            if not blocks.is_linked(b):
+            if not blocks.is_linked(b) and b not in blocks.tails:
                 raise ValueError(
                     f"schedule: recomputes stage {i} ({blocks.names[b - 1]}), whose a_{i} is made by the code after the "
                     "block (not the block's own output), which the executor cannot run again"
@@ -552,7 +557,7 @@ class ScheduleRun:
                     "between them made a new hidden state), so a recomputation from it would start from another tensor; "
                     "the schedule recomputes it. Train with method='best' (no recomputation), or let offload() plan"
                 )
-            b = idx - int(self.blocks.prefix)
+            b = self.blocks.block_at(idx)
             module = self.blocks.modules[b - 1]
             others = [h for h in module._forward_pre_hooks.values() if not _is_instrument_hook(h)]
             if others or nn.modules.module._global_forward_pre_hooks:

@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import math
 import warnings
+import weakref
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -655,7 +656,8 @@ def _takes(method: str | None) -> set[str] | None:
 # CPU ] in _link.py), so a plan that copies more than it would recompute loses there.
 # A method that recomputes is solved on the chain with a prohibitive fwd_nosave for the stages
 # the executor cannot call again (not_recomputable): the code before the first block when it is
-# a stage, a block whose a_i the code after it makes, the last block (head and loss), a block
+# a stage, a block's tail (NOTE [ the code after a block as a stage ] in _instrument.py), a block
+# whose a_i the code after it makes where that code is no tail, the last block (head and loss), a block
 # that returns its input or a view of it. Its schedule is then simulated on the profiled chain
 # itself, so the step time compared is the real chain's; a schedule that still recomputes one of
 # them (the only way to fit) counts as not fitting. method= forces one method.
@@ -767,8 +769,12 @@ def _watch_blocks(blocks: Any, model: nn.Module | None = None) -> Iterator[dict[
             state["views"] = []  # a new pass: the last one's outputs were checked up to here
         hidden = blocks.hidden_of(b, a, kw)
         last = state["last"]
-        if last is not None and last[0] == b - 1 and last[1] is hidden and hidden._version != last[2]:
+        if last is not None and last[0] == b - 1 and last[1]() is hidden and hidden._version != last[3]:
             found.setdefault(b - 1, "its output is modified in place by the code after it, before the next block reads it")
+        elif last is not None and last[0] == b - 1 and b - 1 in getattr(blocks, "tails", ()) and last[2]._version != last[3]:
+            # The tail (NOTE [ the code after a block as a stage ] in _instrument.py) wrote the
+            # block's output: a recomputed one would not have that write.
+            found.setdefault(b - 1, "its output is modified in place by the code after it")
         state["last"] = None
         ver = hidden._version if isinstance(hidden, torch.Tensor) else None
         # NOTE [ arguments a recomputation would change again ] in _recompute.py.
@@ -803,7 +809,9 @@ def _watch_blocks(blocks: Any, model: nn.Module | None = None) -> Iterator[dict[
             )
         views_modified()
         first = next(iter(t for t in _tensors(out)), None)
-        state["last"] = (b, first, first._version) if first is not None else None
+        # By weak reference and a version probe: held here, the output would look held by the
+        # forward's code past its tail (NOTE [ late release ] in _recorder.py).
+        state["last"] = (b, weakref.ref(first), version_probe(first), first._version) if first is not None else None
         if first is not None and first.requires_grad and first._is_view():
             state["views"].append((b, version_probe(first), first._version))
 
@@ -842,17 +850,26 @@ def not_recomputable(chain: co.Chain, sizes: Sizes | None, blocks: Any) -> dict[
     length = chain.length
     out: dict[int, str] = {length: "the last block, with the head and the loss"}
     off = int(getattr(blocks, "prefix", False))
+    tails = tuple(getattr(blocks, "tails", ()))
+
+    def stage_of(b: int) -> int:
+        return b + off + sum(1 for t in tails if t < b)
+
     for b, why in getattr(blocks, "unsafe", {}).items():
-        if b + off >= 1:  # key 0 is the code before the first block, a stage only with the prefix
-            out.setdefault(b + off, why)
+        if stage_of(b) >= 1:  # key 0 is the code before the first block, a stage only with the prefix
+            out.setdefault(stage_of(b), why)
     if off and not getattr(blocks, "prefix_watched", False):
         # NOTE [ recomputing the code before the first block ] in _recompute.py: only where the
         # profile watched the model's calls (its hooks, its arguments).
         out.setdefault(1, "the code before the first block, whose model calls the profile did not watch")
     if blocks is not None:
         for b in range(1, len(blocks.modules)):
-            if not blocks.is_linked(b):
-                out.setdefault(b + off, "its a_i is made by the code after the block")
+            if b in tails:
+                # NOTE [ the code after a block as a stage ] in _instrument.py: the block is linked
+                # to its tail, which is no module call.
+                out.setdefault(stage_of(b) + 1, "the code after a block, before the next one: no module call to run again")
+            elif not blocks.is_linked(b):
+                out.setdefault(stage_of(b), "its a_i is made by the code after the block")
     for u in getattr(sizes, "aliased", ()) or ():
         out.setdefault(u, "returns its input or a view of it (units share storage)")
     for u, why in (getattr(sizes, "unmovable", None) or {}).items():

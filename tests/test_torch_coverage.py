@@ -591,7 +591,6 @@ def _live_against_predicted(model, x, handle):
     """At the start of every stage and when the forward returns: (live bytes, predicted bytes)."""
     plan = handle.plan
     tl = co.simulate(plan.chain, plan.platform, plan.schedule)
-    off = int(handle.blocks.prefix)
     track = _Storages()
     seen = []
 
@@ -599,7 +598,7 @@ def _live_against_predicted(model, x, handle):
 
     def at_stage(idx):
         def hook(module, args):
-            stage = idx + off
+            stage = handle.blocks.stage_of(idx)
             seen.append((stage, track.live(), _memory_at(tl, float(tl.op_start[stage - 1])) + plan.resident_bytes))
             units = handle._run._step.ledger.units
             for u, k, r in late:

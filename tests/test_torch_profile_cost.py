@@ -295,6 +295,7 @@ def sizes_decided_after_a_step(model, sample):
     whole again on the new layout when it pays."""
     args, kwargs = profiler.as_call(sample)
     root, blocks, _ = profiler._root_and_blocks(model, args, kwargs, None)
+    blocks = blocks.with_tails()  # offload()'s layout (NOTE [ the code after a block as a stage ])
     device = torch.device("cpu")
     instrument = Instrument(root, blocks, recorder._Recorder(blocks.stages, device, (root,)))
     instrument.install()
