@@ -802,18 +802,18 @@ def _same_sizes(a: Any, b: Any) -> bool:
 # steps, 5.5-6.8x plain time). A call of new shapes is now planned, in order:
 # * Numbers that change no size: a call whose key differs from a known plan's only in number
 #   arguments (HF Trainer's num_items_in_batch as an int, a step counter) has its sizes measured
-#   once (one forward with autograd, no backward, state restored); if every storage is the size
+#   once (below); if every storage is the size
 #   the known plan's profile found, those arguments are left out of every key from then on, and
 #   their values share one plan. A number that changes sizes keeps splitting plans.
 # * A larger shape's schedule: a known plan whose shapes dominate the call's (the same
 #   arguments, every tensor dimension at least as large) lends its schedule when it fits this
-#   call's budget: the call's sizes are measured as above (exact), its times are the larger
+#   call's budget: the call's sizes measured (exact), its times are the larger
 #   plan's scaled by each stage's output size, and the simulator must find the schedule feasible
 #   under this call's memory (a fraction is of this call's keep-all peak), with no unit it moves
 #   resident at these shapes. The plan is the call's own (its chain, its sizes, its pinned
 #   storages for the executor) with the borrowed schedule, Plan.reused_from saying whose; the
-#   smallest dominating plan is tried first. It costs a forward and a simulation instead of a
-#   profile and a solve. What it gives up: the schedule is the larger shape's best, not this
+#   smallest dominating plan is tried first. It costs a simulation instead of a profile and a
+#   solve (the sizes: below). What it gives up: the schedule is the larger shape's best, not this
 #   one's (it may offload more than this shape needs), and its times are estimates.
 # * A solve on the call's own sizes and a close shape's times: when no schedule can be borrowed
 #   (a new longest length), a plan profiled at its own shapes of the same layout (only tensor
@@ -822,7 +822,7 @@ def _same_sizes(a: Any, b: Any) -> bool:
 #   transients scaled by each stage's output size (as a borrowed schedule's are), and is solved
 #   for this call's budget (handle.rescaled, Plan.times_from). The memory the plan is checked
 #   against is the measured one; only the times, which decide how well transfers hide behind
-#   compute and never what the step holds, are estimates. It costs the measuring forward and a
+#   compute and never what the step holds, are estimates. It costs a
 #   solve instead of a profile (two to four steps of the model plus that solve). The nearest
 #   profiled shape is the source, never a plan that was itself solved on scaled times, so the
 #   estimates do not drift from a measurement by more than TIMES_SCALE.
@@ -830,11 +830,28 @@ def _same_sizes(a: Any, b: Any) -> bool:
 #   borrowed ones). A run over random lengths profiles only when a new longest length is over
 #   twice the volume of every profiled one: a few times over hundreds of steps (the Trainer-like
 #   run of benchmarks/training_loops.py counts them).
-# What every new shape still costs is the measuring forward: its sizes are never guessed (a
-# prediction from the sizes of other shapes, affine in the sequence length, would be checked
-# only by the step that runs under it, after its memory was spent). On a CPU it is about 1.5x a
-# plain forward (the probe's ledger and the state it restores), and in a run where most steps
-# bring a new length it is the largest share of what offloading adds.
+# The sizes the first three need are measured, never guessed (a prediction from the sizes of
+# other shapes, affine in the sequence length, would be checked only by the step that runs under
+# it, after its memory was spent). They used to cost a measuring forward of their own before the
+# step (about 1.5x a plain forward on a CPU: the probe's ledger and the state it restores); in
+# the Trainer-like run of benchmarks/training_loops.py, where 76 of 200 steps bring a new
+# length, it was the largest share of what offloading added (steps of a new length 2.07x
+# plain). That forward held every tensor it saved to its end: the keep-all peak of the forward.
+# So the training step of those shapes is now the measuring pass itself (_Measuring): its
+# forward runs under the recorder the measuring forward ran (measuring_recorder: the probe, the
+# checks between blocks that find writes no version counter sees; sizes_of_pass computes what
+# measure_call_sizes does from it), autograd keeps what it saves on the device (Kept records,
+# version-checked at unpack as plain PyTorch checks), and when the forward returns the plan is
+# made from those sizes (_measured_step) and put in force; the backward reads what a plain one
+# reads, so the numbers are plain PyTorch's. That step moves nothing and peaks where plain
+# PyTorch does for its shapes: above the forward that it replaces by the backward's transients,
+# for one step per new shape (handle.measured counts them). What else differs: a step whose
+# forward skips blocks (LayerDrop) measured nothing of the skipped stages, so its shapes go
+# to the measuring forward at their next call (it draws again until every block runs); shapes
+# whose sizes no known plan serves (a number that does change sizes, a borrowed schedule that
+# does not fit and no profiled times close enough) are profiled at their next call, not in the
+# step that found it out (a profile runs whole steps of the model, which cannot run between a
+# forward and its backward); handle.prepare still measures with a forward of its own.
 # Plans made are remembered by key (KNOWN_PLANS); the executors of the most recent cache_size are
 # kept, and one evicted is rebuilt from its plan without a profile. handle.table() lists which
 # plan each shape seen uses.
