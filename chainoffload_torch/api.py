@@ -207,6 +207,9 @@ class Offloader:
         """After a number argument was found not to change sizes: key the plans without it."""
         self._plans = collections.OrderedDict((self._key(p.key), (p, r)) for p, r in self._plans.values())
         self._known = {self._key(p.key): p for p in self._known.values()}
+        # Keyed with the numbers in: such a shape is measured again when it comes back.
+        self._measured.clear()
+        self._not_measured.clear()
 
     def _cache(self, plan: Plan) -> ScheduleRun:
         """``plan``'s executor, made and cached (most recently used) if new."""
@@ -295,7 +298,7 @@ class Offloader:
             )
         return True
 
-    def _select(self, args: tuple, kwargs: dict) -> ScheduleRun:
+    def _select(self, args: tuple, kwargs: dict) -> ScheduleRun | _Measuring:
         if self._planner is None:
             return self._run
         raw = call_key(self.model, args, kwargs)
@@ -331,7 +334,9 @@ class Offloader:
         if self._run is not None:
             self._run.reset()
         measured = self._measured.pop(key, None)
-        if measured is None and key not in self._not_measured:
+        if key in self._not_measured:
+            self._not_measured.discard(key)  # measured apart now, as before this rule
+        elif measured is None:
             found = self._candidates(key)
             if any(found[:2]) or found[2] is not None:
                 # NOTE [ one plan for many shapes ]: this step measures its own sizes, kept

@@ -584,6 +584,62 @@ def test_a_new_shapes_step_measures_its_own_sizes_as_the_measuring_forward_does(
     assert handle.plan is not first and handle.offloaded_bytes == handle.plan.offloaded_bytes > 0
 
 
+def test_hf_gpt2_with_dynamic_padding_trains_bitwise_equal_its_new_lengths_measured_by_their_steps():
+    """The Trainer-like loop (tiny GPT-2, 8 layers, AdamW, clipping, num_items_in_batch as an
+    int): every new length's step measures its sizes; plain and offloaded stay bitwise equal."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+    from transformers.utils import logging as hf_logging
+
+    from chainoffload_torch.api import _same_sizes
+
+    hf_logging.set_verbosity_error()
+    config = GPT2Config(vocab_size=64, n_positions=64, n_embd=32, n_layer=8, n_head=2, use_cache=False)
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(config).train()
+    ref = copy.deepcopy(model)
+    lengths = [24, 13, 20, 13, 9, 24, 20, 17, 9, 17, 30, 13]
+
+    def data(k):
+        g = torch.Generator().manual_seed(k)
+        t = lengths[k]
+        ids = torch.randint(0, 64, (2, t), generator=g)
+        real = torch.randint(t // 2, t + 1, (2,), generator=g)
+        mask = (torch.arange(t)[None, :] < real[:, None]).long()
+        labels = ids.masked_fill(mask == 0, -100)
+        return {"input_ids": ids, "attention_mask": mask, "labels": labels}, int((labels[:, 1:] != -100).sum())
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        b, n = data(0)
+        handle = ct.offload(model, {**b, "num_items_in_batch": n}, memory=0.6)
+    opts = [torch.optim.AdamW(m.parameters(), lr=5e-3) for m in (ref, model)]
+    made = []  # (step, plan) of each plan made from the sizes a step measured
+    for k in range(len(lengths)):
+        losses = []
+        measured = handle.measured
+        for m, opt in zip((ref, model), opts, strict=True):
+            b, n = data(k)
+            torch.manual_seed(100 + k)
+            loss = m(**b, num_items_in_batch=n).loss
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad()
+            losses.append(loss.detach())
+        assert torch.equal(*losses), k
+        if handle.measured > measured and f"(2, {lengths[k]})" in handle.plan.shapes:
+            made.append((k, handle.plan))
+    for p, q in zip(model.parameters(), ref.parameters(), strict=True):
+        assert torch.equal(p, q)
+    assert handle.measured >= 3 and len(made) >= 2 and handle.reuses + handle.rescaled >= 2
+    assert "num_items_in_batch" in handle._shapes_line()  # one plan for all its values
+    # Each plan made from a step's sizes has the sizes the measuring forward finds for that call.
+    for k, plan in made:
+        b, n = data(k)
+        want = handle._planner.measure(handle._instrument, (), {**b, "num_items_in_batch": n}, like=None)
+        assert _same_sizes(plan.sizes, want), k
+
+
 class SkipsThird(Net):
     """Skips block 3 when ``skip`` is set (LayerDrop's draw, made by hand)."""
 
