@@ -362,7 +362,7 @@ def main() -> None:
     lines += [
         "",
         f"In the Trainer-like loop's offloaded steps ({hf_off:.1f} s against {hf_plain:.1f} s plain), "
-        f"{HF_MEASURED[0]} steps of a new length measured its sizes with their own forward (`handle.measured`: "
+        f"{HF_MEASURED[0]} steps of a new length measured their sizes with their own forward (`handle.measured`: "
         "every tensor they saved kept on the device, nothing moved; the plan, borrowed from a longer length or solved "
         f"on scaled times, made when the forward returned), {PLANNER['measure'][0]:.1f} s went to "
         f"{PLANNER['measure'][1]} measuring forwards of their own (a length whose measuring step skipped blocks), "
