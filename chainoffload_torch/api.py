@@ -272,10 +272,8 @@ class Offloader:
         self._measuring = None
         run = self._select(args, kwargs)
         if isinstance(run, _Measuring):
-            self._measuring = run
-            step = run.forward_start(args, kwargs)
-        else:
-            step = run.forward_start(args, kwargs)
+            self._measuring = run  # NOTE [ one plan for many shapes ]: its events go to its recorder
+        step = run.forward_start(args, kwargs)
         self._in_flight, self._flight_thread, self._in_backward = step, threading.get_ident(), False
         self._forward_done, self._outputs = False, []
         return step
