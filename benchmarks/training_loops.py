@@ -48,6 +48,9 @@ HF_TIMES: list[float] = [0.0, 0.0]
 #: The Trainer-like loop's plain and offloaded seconds and step counts, split by whether the
 #: step's shape had a plan already ("known") or brought a new one ("new").
 HF_SPLIT: dict[str, list[float]] = {"known": [0.0, 0.0, 0], "new": [0.0, 0.0, 0]}
+#: Steps of the Trainer-like loop that measured their new length's sizes with their own forward
+#: (``handle.measured``: every tensor they saved kept, nothing moved).
+HF_MEASURED: list[int] = [0]
 MEMORY = 0.6
 D = 128
 
@@ -304,6 +307,7 @@ def hf_loop(steps: int) -> list[str]:
         split[2] += 1
     plain_s, off_s = seconds[0], seconds[1] + setup
     HF_TIMES[:] = [plain_s, off_s - setup]
+    HF_MEASURED[0] = handle.measured
     equal = all(torch.equal(a, b) for a, b in zip(got, want, strict=True)) and all(
         torch.equal(p, q) for p, q in zip(model.parameters(), ref.parameters(), strict=True)
     )
@@ -358,8 +362,11 @@ def main() -> None:
     lines += [
         "",
         f"In the Trainer-like loop's offloaded steps ({hf_off:.1f} s against {hf_plain:.1f} s plain), "
-        f"{PLANNER['measure'][0]:.1f} s went to {PLANNER['measure'][1]} measurements of a new length's sizes (one "
-        f"forward each, for a plan borrowed from a longer length or solved on scaled times), {PLANNER['rescale'][0]:.1f} s "
+        f"{HF_MEASURED[0]} steps of a new length measured their sizes with their own forward (`handle.measured`: "
+        "every tensor they saved kept on the device, nothing moved; the plan, borrowed from a longer length or solved "
+        f"on scaled times, made when the forward returned), {PLANNER['measure'][0]:.1f} s went to "
+        f"{PLANNER['measure'][1]} measuring forwards of their own (a length whose measuring step skipped blocks), "
+        f"{PLANNER['rescale'][0]:.1f} s "
         f"to {PLANNER['rescale'][1]} solves on a new longest length's measured sizes and a profiled length's times, and "
         f"{PLANNER['plan'][0]:.1f} s to {PLANNER['plan'][1]} profiles and solves (a new longest length over twice the "
         f"volume of every profiled one); the rest, "
@@ -370,7 +377,7 @@ def main() -> None:
         f"{HF_SPLIT['known'][1]:.1f} s offloaded against {HF_SPLIT['known'][0]:.1f} s plain "
         f"({HF_SPLIT['known'][1] / max(HF_SPLIT['known'][0], 1e-9):.2f}x: the executor's own work per step), "
         f"{HF_SPLIT['new'][2]} steps at a new length {HF_SPLIT['new'][1]:.1f} s against {HF_SPLIT['new'][0]:.1f} s "
-        f"({HF_SPLIT['new'][1] / max(HF_SPLIT['new'][0], 1e-9):.2f}x: the measuring forward and the plan).",
+        f"({HF_SPLIT['new'][1] / max(HF_SPLIT['new'][0], 1e-9):.2f}x: the measuring step and the plan).",
         "",
         f"{SHORT if args.hf_steps < 200 else ''}"
         + LAYERDROP_NOTE

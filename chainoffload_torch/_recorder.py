@@ -687,13 +687,40 @@ def _measure(
         instrument.listener = before
         if rec is not None:
             rec.current = None
-    if written and sizes is not None:
-        # NOTE [ writes no version counter sees ]: those units stay resident.
-        unmovable = dict(sizes.unmovable)
-        for u in sorted(written):
-            unmovable[u] = ", ".join(x for x in (unmovable.get(u), WRITTEN) if x)
-        sizes = dataclasses.replace(sizes, unmovable=unmovable)
+    if sizes is not None:
+        sizes = _with_written(sizes, written)
     return sizes, runs
+
+
+def _with_written(sizes: Sizes, written: set[int]) -> Sizes:
+    """``sizes`` with the units found written where no version counter sees unmovable
+    (NOTE [ writes no version counter sees ]: those units stay resident)."""
+    if not written:
+        return sizes
+    unmovable = dict(sizes.unmovable)
+    for u in sorted(written):
+        unmovable[u] = ", ".join(x for x in (unmovable.get(u), WRITTEN) if x)
+    return dataclasses.replace(sizes, unmovable=unmovable)
+
+
+def measuring_recorder(n: int, device: torch.device, root: nn.Module) -> _Recorder:
+    """The recorder of a training step that measures its own shapes' sizes (NOTE [ one plan
+    for many shapes ] in api.py): the pass :func:`measure_call_sizes` runs (a probe, the checks
+    between blocks, no fingerprints of what is saved: no backward of its own compares them)."""
+    rec = _Recorder(n, device, (root,))
+    rec.check_saved = False
+    rec.probe = True
+    return rec
+
+
+def sizes_of_pass(rec: _Recorder, p: _RecordedPass, n: int) -> Sizes:
+    """The sizes a measuring pass found, after its forward returned: what
+    :func:`measure_call_sizes` computes from the same pass (the probe's findings, the units
+    written between blocks)."""
+    _probed(p)
+    sizes = _sizes(p, n)
+    rec.checked_writes()
+    return _with_written(sizes, rec.written)
 
 
 #: What Sizes.unmovable says of a unit the backward read back with other bytes than it saved.

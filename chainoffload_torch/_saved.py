@@ -17,6 +17,7 @@ autograd would have checked, kept or offloaded alike:
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any
 
@@ -54,7 +55,13 @@ def _describe(t: torch.Tensor) -> tuple[str, int | None]:
     fn = t.grad_fn
     if fn is None:
         return "", None
-    return _BACKWARD.sub("", fn.name()), t.output_nr
+    return _node_name(fn.name()), t.output_nr
+
+
+@functools.lru_cache(maxsize=1024)
+def _node_name(name: str) -> str:
+    """A node's name without "Backward0" (a few names, met at every saved tensor of a step)."""
+    return _BACKWARD.sub("", name)
 
 
 class Kept:

@@ -36,7 +36,7 @@ from ._instrument import COMPILE_REFUSAL, CONCURRENT_REFUSAL, Instrument, check_
 from ._link import copies_overlap, link_of
 from ._pool import HostPool
 from ._recompute import RematPlan
-from ._recorder import profiling_steps
+from ._recorder import measuring_recorder, profiling_steps, sizes_of_pass
 from ._shapes import dominates, numbers_apart, same_layout, strip_numbers, volume
 from ._stages import EntryState, canonical_device
 from ._tree import call_key, describe_key, held_tensors
@@ -169,6 +169,16 @@ class Offloader:
         self._known: dict[Any, Plan] = {}
         #: Paths of number arguments found not to change what a step saves.
         self._neutral: set[tuple] = set()
+        #: The training step in flight that measures its own new shapes (NOTE [ one plan for
+        #: many shapes ]), and the keys whose step did not measure them (it skipped blocks).
+        self._measuring: _Measuring | None = None
+        self._not_measured: set[Any] = set()
+        #: Sizes a training step measured for a key no plan could be made from without a
+        #: profile: the next call of that key profiles without measuring them again.
+        self._measured: dict[Any, Any] = {}
+        #: Training steps of new shapes that measured their own sizes, every tensor they saved
+        #: kept on the device (NOTE [ one plan for many shapes ]).
+        self.measured = 0
         self._removed = False
         #: The step between its forward's start and its backward's end (NOTE [ one step at a
         #: time ]), the thread that started it, and whether its backward has begun.
@@ -197,6 +207,9 @@ class Offloader:
         """After a number argument was found not to change sizes: key the plans without it."""
         self._plans = collections.OrderedDict((self._key(p.key), (p, r)) for p, r in self._plans.values())
         self._known = {self._key(p.key): p for p in self._known.values()}
+        # Keyed with the numbers in: such a shape is measured again when it comes back.
+        self._measured.clear()
+        self._not_measured.clear()
 
     def _cache(self, plan: Plan) -> ScheduleRun:
         """``plan``'s executor, made and cached (most recently used) if new."""
@@ -256,7 +269,10 @@ class Offloader:
             raise RuntimeError(CONCURRENT_REFUSAL)
         if self._extra_forward():
             return _ExtraForward()
+        self._measuring = None
         run = self._select(args, kwargs)
+        if isinstance(run, _Measuring):
+            self._measuring = run  # NOTE [ one plan for many shapes ]: its events go to its recorder
         step = run.forward_start(args, kwargs)
         self._in_flight, self._flight_thread, self._in_backward = step, threading.get_ident(), False
         self._forward_done, self._outputs = False, []
@@ -280,7 +296,7 @@ class Offloader:
             )
         return True
 
-    def _select(self, args: tuple, kwargs: dict) -> ScheduleRun:
+    def _select(self, args: tuple, kwargs: dict) -> ScheduleRun | _Measuring:
         if self._planner is None:
             return self._run
         raw = call_key(self.model, args, kwargs)
@@ -315,41 +331,87 @@ class Offloader:
             )
         if self._run is not None:
             self._run.reset()
-        return self._use(self._plan_for(args, kwargs, raw))
+        measured = self._measured.pop(key, None)
+        if key in self._not_measured:
+            self._not_measured.discard(key)  # measured apart now, as before this rule
+        elif measured is None:
+            found = self._candidates(key)
+            if any(found[:2]) or found[2] is not None:
+                # NOTE [ one plan for many shapes ]: this step measures its own sizes, kept
+                # resident whole; its plan is made when its forward returns.
+                self.measured += 1
+                return _Measuring(self, raw, found)
+        return self._use(self._plan_for(args, kwargs, raw, sizes=measured))
 
-    def _plan_for(self, args: tuple, kwargs: dict, raw: Any, count: bool = True) -> Plan:
-        """A plan for a call of new shapes: a known plan when only numbers that change no size
-        differ, a larger shape's schedule when it fits these shapes' budget, a solve on these
-        shapes' measured sizes and a close shape's profiled times, else a new profile and
-        solve (NOTE [ one plan for many shapes ])."""
-        key = self._key(raw)
+    def _candidates(self, key: Any) -> tuple[list, list, Plan | None]:
+        """The known plans a call of ``key`` may be served from once its sizes are known: those
+        it differs from in numbers alone (with the paths), the larger shapes' (smallest first),
+        and the profiled shape whose times it may be solved on (NOTE [ one plan for many shapes ])."""
         plans = list(self._known.values())
         same = [(p, apart) for p in plans if (apart := numbers_apart(self._key(p.key), key))]
         larger = sorted(
             (p for p in plans if p.reused_from is None and dominates(self._key(p.key), key)), key=lambda p: volume(p.key)
         )
-        timed = _times_source(plans, key, self._key)
+        return same, larger, _times_source(plans, key, self._key)
+
+    def _from_sizes(self, raw: Any, sizes: Any, found: tuple[list, list, Plan | None]) -> Plan | None:
+        """A plan for a call of ``raw`` from its measured ``sizes`` without a profile (a known
+        plan, a larger shape's schedule, a solve on a close shape's times), or ``None``."""
+        same, larger, timed = found
+        for p, apart in same:
+            if _same_sizes(p.sizes, sizes):
+                self._neutral |= apart
+                self._rekey()
+                return p
+        for p in larger:
+            plan = self._planner.reuse(p, sizes, raw)
+            if plan is not None:
+                self.reuses += 1
+                return plan
+        if timed is not None:
+            plan = self._planner.rescale(self._instrument, timed, sizes, raw)
+            if plan is not None:
+                self.rescaled += 1
+                return plan
+        return None
+
+    def _plan_for(self, args: tuple, kwargs: dict, raw: Any, count: bool = True, sizes: Any = None) -> Plan:
+        """A plan for a call of new shapes: a known plan when only numbers that change no size
+        differ, a larger shape's schedule when it fits these shapes' budget, a solve on these
+        shapes' measured sizes and a close shape's profiled times, else a new profile and
+        solve (NOTE [ one plan for many shapes ]). ``sizes``: measured by a training step of
+        these shapes already."""
+        found = self._candidates(self._key(raw))
+        same, larger, timed = found
         if same or larger or timed is not None:
-            like = same[0][0] if same else larger[0] if larger else timed
-            sizes = self._planner.measure(self._instrument, args, kwargs, like=like)
-            for p, apart in same:
-                if _same_sizes(p.sizes, sizes):
-                    self._neutral |= apart
-                    self._rekey()
-                    return p
-            for p in larger:
-                plan = self._planner.reuse(p, sizes, raw)
-                if plan is not None:
-                    self.reuses += 1
-                    return plan
-            if timed is not None:
-                plan = self._planner.rescale(self._instrument, timed, sizes, raw)
-                if plan is not None:
-                    self.rescaled += 1
-                    return plan
+            if sizes is None:
+                like = same[0][0] if same else larger[0] if larger else timed
+                sizes = self._planner.measure(self._instrument, args, kwargs, like=like)
+            plan = self._from_sizes(raw, sizes, found)
+            if plan is not None:
+                return plan
         plan = self._planner.plan(self._instrument, args, kwargs, raw)
         self.replans += int(count)  # prepare()'s plans are not replans inside training
         return plan
+
+    def _measured_step(self, m: _Measuring, sizes: Any) -> None:
+        """The forward of a step that measured its new shapes returned (NOTE [ one plan for
+        many shapes ]): their plan, made now from the sizes it found, is the plan in force;
+        without one (a profile is needed), the next call of these shapes profiles."""
+        key = self._key(m.raw)
+        if sizes is None:
+            self._not_measured.add(key)  # it skipped blocks: the next call measures apart
+            return
+        same, larger, timed = m.found
+        like = same[0][0] if same else larger[0] if larger else timed
+        sizes = self._planner.with_written(sizes, like)
+        plan = self._from_sizes(m.raw, sizes, m.found)
+        if plan is None:
+            self._measured[key] = sizes
+            while len(self._measured) > KNOWN_PLANS:
+                del self._measured[next(iter(self._measured))]
+            return
+        self._use(plan)
 
     def prepare(self, sample: Any) -> Plan:
         """Make (or find) the plan for ``sample``'s shapes now, outside a training step.
@@ -387,32 +449,62 @@ class Offloader:
         self._remember(plan)
         return plan
 
+    def _measures(self, step: Any) -> _Measuring | None:
+        m = self._measuring
+        return m if m is not None and step is m.step else None
+
     def stage_start(self, step: Any, idx: int, hidden: Any, args: tuple, kwargs: dict) -> None:
+        m = self._measures(step)
+        if m is not None:
+            m.rec.stage_start(step, idx, hidden, args, kwargs)
+            return
         self._run.stage_start(step, idx, hidden, args, kwargs)
 
     def stage_end(self, step: Any, idx: int, hidden_in: Any, hidden_out: Any) -> None:
+        m = self._measures(step)
+        if m is not None:
+            m.rec.stage_end(step, idx, hidden_in, hidden_out)
+            return
         self._run.stage_end(step, idx, hidden_in, hidden_out)
 
     def stage_skipped(self, step: Any, idx: int, hidden: Any) -> None:
+        m = self._measures(step)
+        if m is not None:
+            m.skipped = True  # its sizes are not the shapes' (a block was not called)
+            return
         self._run.stage_skipped(step, idx, hidden)
 
     def forward_end(self, step: Any, outputs: Any) -> None:
-        self._run.forward_end(step, outputs)
+        m = self._measures(step)
+        if m is not None:
+            m.rec.forward_end(step, outputs)
+            self._measured_step(m, None if m.skipped else sizes_of_pass(m.rec, step, m.n))
+        else:
+            self._run.forward_end(step, outputs)
         if step is self._in_flight:
             self._forward_done = True
             self._outputs = [weakref.ref(t) for t in held_tensors(outputs) if t.requires_grad]
 
     def forward_failed(self, step: Any) -> None:
-        self._run.forward_failed(step)
+        m = self._measures(step)
+        if m is not None:
+            m.rec.forward_failed(step)
+            self._measuring = None
+        else:
+            self._run.forward_failed(step)
         self._step_over(step)
 
     def backward_mark(self, step: Any, idx: int) -> None:
         if step is self._in_flight:
             self._in_backward = True
-        self._run.backward_mark(step, idx)
+        if self._measures(step) is None:
+            self._run.backward_mark(step, idx)
 
     def backward_end(self, step: Any) -> None:
-        self._run.backward_end(step)
+        if self._measures(step) is not None:
+            self._measuring = None
+        else:
+            self._run.backward_end(step)
         self._step_over(step)
 
     def _step_over(self, step: Any) -> None:
@@ -425,6 +517,9 @@ class Offloader:
             self._release()
 
     def pack(self, step: Any, t: torch.Tensor) -> Any:
+        m = self._measures(step)
+        if m is not None:
+            return m.rec.pack(step, t)
         return self._run.pack(step, t)
 
     def unpack(self, packed: Any) -> torch.Tensor:
@@ -501,6 +596,7 @@ class Offloader:
 
     def reset(self) -> None:
         """Abandon the step in flight, if any (after an exception in its backward, say)."""
+        self._measuring = None
         self._run.reset()
         self._step_over(self._in_flight)
 
@@ -709,18 +805,18 @@ def _same_sizes(a: Any, b: Any) -> bool:
 # steps, 5.5-6.8x plain time). A call of new shapes is now planned, in order:
 # * Numbers that change no size: a call whose key differs from a known plan's only in number
 #   arguments (HF Trainer's num_items_in_batch as an int, a step counter) has its sizes measured
-#   once (one forward with autograd, no backward, state restored); if every storage is the size
+#   once (below); if every storage is the size
 #   the known plan's profile found, those arguments are left out of every key from then on, and
 #   their values share one plan. A number that changes sizes keeps splitting plans.
 # * A larger shape's schedule: a known plan whose shapes dominate the call's (the same
 #   arguments, every tensor dimension at least as large) lends its schedule when it fits this
-#   call's budget: the call's sizes are measured as above (exact), its times are the larger
+#   call's budget: the call's sizes measured (exact), its times are the larger
 #   plan's scaled by each stage's output size, and the simulator must find the schedule feasible
 #   under this call's memory (a fraction is of this call's keep-all peak), with no unit it moves
 #   resident at these shapes. The plan is the call's own (its chain, its sizes, its pinned
 #   storages for the executor) with the borrowed schedule, Plan.reused_from saying whose; the
-#   smallest dominating plan is tried first. It costs a forward and a simulation instead of a
-#   profile and a solve. What it gives up: the schedule is the larger shape's best, not this
+#   smallest dominating plan is tried first. It costs a simulation instead of a profile and a
+#   solve (the sizes: below). What it gives up: the schedule is the larger shape's best, not this
 #   one's (it may offload more than this shape needs), and its times are estimates.
 # * A solve on the call's own sizes and a close shape's times: when no schedule can be borrowed
 #   (a new longest length), a plan profiled at its own shapes of the same layout (only tensor
@@ -729,7 +825,7 @@ def _same_sizes(a: Any, b: Any) -> bool:
 #   transients scaled by each stage's output size (as a borrowed schedule's are), and is solved
 #   for this call's budget (handle.rescaled, Plan.times_from). The memory the plan is checked
 #   against is the measured one; only the times, which decide how well transfers hide behind
-#   compute and never what the step holds, are estimates. It costs the measuring forward and a
+#   compute and never what the step holds, are estimates. It costs a
 #   solve instead of a profile (two to four steps of the model plus that solve). The nearest
 #   profiled shape is the source, never a plan that was itself solved on scaled times, so the
 #   estimates do not drift from a measurement by more than TIMES_SCALE.
@@ -737,14 +833,49 @@ def _same_sizes(a: Any, b: Any) -> bool:
 #   borrowed ones). A run over random lengths profiles only when a new longest length is over
 #   twice the volume of every profiled one: a few times over hundreds of steps (the Trainer-like
 #   run of benchmarks/training_loops.py counts them).
-# What every new shape still costs is the measuring forward: its sizes are never guessed (a
-# prediction from the sizes of other shapes, affine in the sequence length, would be checked
-# only by the step that runs under it, after its memory was spent). On a CPU it is about 1.5x a
-# plain forward (the probe's ledger and the state it restores), and in a run where most steps
-# bring a new length it is the largest share of what offloading adds.
+# The sizes the first three need are measured, never guessed (a prediction from the sizes of
+# other shapes, affine in the sequence length, would be checked only by the step that runs under
+# it, after its memory was spent). They used to cost a measuring forward of their own before the
+# step (about 1.5x a plain forward on a CPU: the probe's ledger and the state it restores); in
+# the Trainer-like run of benchmarks/training_loops.py, where 76 of 200 steps bring a new
+# length, it was the largest share of what offloading added (steps of a new length 2.07x
+# plain). That forward held every tensor it saved to its end: the keep-all peak of the forward.
+# So the training step of those shapes is now the measuring pass itself (_Measuring): its
+# forward runs under the recorder the measuring forward ran (measuring_recorder: the probe, the
+# checks between blocks that find writes no version counter sees; sizes_of_pass computes what
+# measure_call_sizes does from it), autograd keeps what it saves on the device (Kept records,
+# version-checked at unpack as plain PyTorch checks), and when the forward returns the plan is
+# made from those sizes (_measured_step) and put in force; the backward reads what a plain one
+# reads, so the numbers are plain PyTorch's. That step moves nothing and peaks where plain
+# PyTorch does for its shapes: above the forward that it replaces by the backward's transients,
+# for one step per new shape (handle.measured counts them). What else differs: a step whose
+# forward skips blocks (LayerDrop) measured nothing of the skipped stages, so its shapes go
+# to the measuring forward at their next call (it draws again until every block runs); shapes
+# whose sizes no known plan serves (a number that does change sizes, a borrowed schedule that
+# does not fit and no profiled times close enough) are profiled at their next call, not in the
+# step that found it out (a profile runs whole steps of the model, which cannot run between a
+# forward and its backward); handle.prepare still measures with a forward of its own.
 # Plans made are remembered by key (KNOWN_PLANS); the executors of the most recent cache_size are
 # kept, and one evicted is rebuilt from its plan without a profile. handle.table() lists which
 # plan each shape seen uses.
+
+
+class _Measuring:
+    """A training step of new shapes that measures their sizes with its own forward, every
+    tensor it saves kept on the device (NOTE [ one plan for many shapes ]): the recorder of the
+    measuring forward is its listener."""
+
+    def __init__(self, owner: Offloader, raw: Any, found: tuple) -> None:
+        self.raw = raw
+        self.found = found
+        self.n = owner._instrument.blocks.stages
+        self.rec = measuring_recorder(self.n, owner._planner.device, owner.model)
+        self.step: Any = None
+        self.skipped = False
+
+    def forward_start(self, args: tuple, kwargs: dict) -> Any:
+        self.step = self.rec.forward_start(args, kwargs)
+        return self.step
 
 
 class _ExtraForward:

@@ -867,11 +867,13 @@ class ScheduleRun:
                 )
             return self.unpack(packed.record)
         if isinstance(packed, Kept):
-            check_version(packed, packed.tensor._version, self._where(packed))
+            if packed.tensor._version != packed.version:  # the message is built only to raise
+                check_version(packed, packed.tensor._version, self._where(packed))
             return packed.tensor
         if not isinstance(packed, Packed):
             return packed
-        check_version(packed, packed.probe._version, self._where(packed))
+        if packed.probe._version != packed.version:
+            check_version(packed, packed.probe._version, self._where(packed))
         e = packed.entry
         if e.state in (S.DEVICE, S.OFFLOADING):
             buf = e.src

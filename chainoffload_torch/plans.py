@@ -360,7 +360,11 @@ class _Planner:
         """The sizes of one call from one forward (no backward, no timing), with the units
         ``like``'s profile found written where no version counter sees (NOTE [ writes no version
         counter sees ] in _recorder.py: found in a backward, which this measure has not)."""
-        sizes = measure_call_sizes(instrument, self.model, args, kwargs, self.device)
+        return self.with_written(measure_call_sizes(instrument, self.model, args, kwargs, self.device), like)
+
+    def with_written(self, sizes: Sizes, like: Plan | None) -> Sizes:
+        """``sizes`` with the units ``like``'s profile found written where no version counter
+        sees (NOTE [ writes no version counter sees ] in _recorder.py) unmovable too."""
         if like is not None and like.sizes is not None:
             written = {u: w for u, w in like.sizes.unmovable.items() if WRITTEN in w and u <= len(sizes.saved)}
             if written:

@@ -549,6 +549,132 @@ def test_a_longer_shape_close_to_a_profiled_one_is_solved_on_its_measured_sizes_
     assert "-> its own, on times of arg0=(4, 8, " in handle.table()
 
 
+def test_a_new_shapes_step_measures_its_own_sizes_as_the_measuring_forward_does():
+    """A step of new shapes that a known plan may serve trains with every saved tensor kept and
+    measures its sizes with its own forward: the same sizes as the measuring forward finds, the
+    plan made at its forward's end, the next step of those shapes under it."""
+    from chainoffload_torch.api import _same_sizes
+
+    seed_all(1)
+    model = Net("dropout")
+    ref = copy.deepcopy(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        handle = ct.offload(model, batch(12, 0), memory=0.6)
+    first = handle.plan
+    # What the measuring forward finds for length 7 (it leaves no trace in training).
+    want = handle._planner.measure(handle._instrument, (batch(7, 1),), {}, like=first)
+    losses = []
+    for k, t in enumerate((7, 7)):
+        seed_all(100 + k)
+        a = model(batch(t, k)).square().mean()
+        a.backward()
+        seed_all(100 + k)
+        b = ref(batch(t, k)).square().mean()
+        b.backward()
+        losses.append((a, b))
+        assert torch.equal(a, b)
+        for p, q in zip(model.parameters(), ref.parameters(), strict=True):
+            assert torch.equal(p.grad, q.grad)
+        if k == 0:  # the measuring step: nothing moved, the plan for 7 made at its forward's end
+            assert handle.measured == 1 and handle.last_step is None
+            assert handle.reuses + handle.rescaled == 1 and "(4, 7, 16)" in handle.plan.shapes
+    assert handle.measured == 1 and handle.replans == 0
+    assert _same_sizes(handle.plan.sizes, want) and handle.plan.sizes.unmovable == want.unmovable
+    assert handle.plan is not first and handle.offloaded_bytes == handle.plan.offloaded_bytes > 0
+
+
+def test_hf_gpt2_with_dynamic_padding_trains_bitwise_equal_its_new_lengths_measured_by_their_steps():
+    """The Trainer-like loop (tiny GPT-2, 8 layers, AdamW, clipping, num_items_in_batch as an
+    int): every new length's step measures its sizes; plain and offloaded stay bitwise equal."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+    from transformers.utils import logging as hf_logging
+
+    from chainoffload_torch.api import _same_sizes
+
+    hf_logging.set_verbosity_error()
+    config = GPT2Config(vocab_size=64, n_positions=64, n_embd=32, n_layer=8, n_head=2, use_cache=False)
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(config).train()
+    ref = copy.deepcopy(model)
+    lengths = [24, 13, 20, 13, 9, 24, 20, 17, 9, 17, 30, 13]
+
+    def data(k):
+        g = torch.Generator().manual_seed(k)
+        t = lengths[k]
+        ids = torch.randint(0, 64, (2, t), generator=g)
+        real = torch.randint(t // 2, t + 1, (2,), generator=g)
+        mask = (torch.arange(t)[None, :] < real[:, None]).long()
+        labels = ids.masked_fill(mask == 0, -100)
+        return {"input_ids": ids, "attention_mask": mask, "labels": labels}, int((labels[:, 1:] != -100).sum())
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        b, n = data(0)
+        handle = ct.offload(model, {**b, "num_items_in_batch": n}, memory=0.6)
+    opts = [torch.optim.AdamW(m.parameters(), lr=5e-3) for m in (ref, model)]
+    made = []  # (step, plan) of each plan made from the sizes a step measured
+    for k in range(len(lengths)):
+        losses = []
+        measured = handle.measured
+        for m, opt in zip((ref, model), opts, strict=True):
+            b, n = data(k)
+            torch.manual_seed(100 + k)
+            loss = m(**b, num_items_in_batch=n).loss
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad()
+            losses.append(loss.detach())
+        assert torch.equal(*losses), k
+        if handle.measured > measured and f"(2, {lengths[k]})" in handle.plan.shapes:
+            made.append((k, handle.plan))
+    for p, q in zip(model.parameters(), ref.parameters(), strict=True):
+        assert torch.equal(p, q)
+    assert handle.measured >= 3 and len(made) >= 2 and handle.reuses + handle.rescaled >= 2
+    assert "num_items_in_batch" in handle._shapes_line()  # one plan for all its values
+    # Each plan made from a step's sizes has the sizes the measuring forward finds for that call.
+    for k, plan in made:
+        b, n = data(k)
+        want = handle._planner.measure(handle._instrument, (), {**b, "num_items_in_batch": n}, like=None)
+        assert _same_sizes(plan.sizes, want), k
+
+
+class SkipsThird(Net):
+    """Skips block 3 when ``skip`` is set (LayerDrop's draw, made by hand)."""
+
+    skip = False
+
+    def forward(self, x):
+        self.steps += 1
+        h = self.inp(x)
+        for k, b in enumerate(self.blocks, start=1):
+            if not (self.skip and k == 3):
+                h = b(h)
+        return self.head(h)
+
+
+def test_a_measuring_step_that_skips_blocks_measures_nothing_and_the_next_call_measures_apart():
+    seed_all(1)
+    model = SkipsThird()
+    ref = copy.deepcopy(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        handle = ct.offload(model, batch(12, 0), memory=0.6)
+    first = handle.plan
+    for k, skip in enumerate((True, False)):
+        model.skip = ref.skip = skip
+        for m in (model, ref):
+            seed_all(k)
+            m(batch(7, k)).square().mean().backward()
+        for p, q in zip(model.parameters(), ref.parameters(), strict=True):
+            assert (p.grad is None) == (q.grad is None) and (p.grad is None or torch.equal(p.grad, q.grad))
+        if k == 0:  # its sizes are not the shape's (block 3 was not called): no plan from them
+            assert handle.measured == 1 and handle.plan is first and handle.reuses + handle.rescaled == 0
+    # The second call of length 7 measured it with the measuring forward (its blocks all run).
+    assert handle.measured == 1 and handle.reuses + handle.rescaled == 1 and "(4, 7, 16)" in handle.plan.shapes
+
+
 class Scaled(Net):
     """HF Trainer's ``num_items_in_batch``: a number that scales the loss and changes no size;
     ``keep`` (how many positions the head sees) changes sizes."""
@@ -567,13 +693,16 @@ def test_a_number_that_changes_no_size_does_not_split_plans_and_one_that_does_st
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         handle = ct.offload(model, {"x": batch(6, 0), "num_items_in_batch": 24}, memory=0.6)
-    calls = [dict(num_items_in_batch=n) for n in (24, 17, 30, 11, 24)] + [dict(num_items_in_batch=9, keep=k) for k in (3, 5, 3)]
+    calls = [dict(num_items_in_batch=n) for n in (24, 17, 30, 11, 24)] + [dict(num_items_in_batch=9, keep=k) for k in (3, 5, 3, 5)]
     for k, kw in enumerate(calls):
         for m in (model, ref):
             torch.manual_seed(k)
             m(x=batch(6, k), **kw).square().mean().backward()
         assert grads_equal(model, ref)
-    assert handle.replans == 2  # keep=3 and keep=5: their sizes differ
+        if k == 6:  # keep=5's first step measured its sizes (no plan serves them): no profile yet
+            assert handle.replans == 1 and len(handle._measured) == 1
+    assert handle.replans == 2  # keep=3 and keep=5: their sizes differ (keep=5 profiled at its second call)
+    assert not handle._measured
     assert len({id(p.schedule) for p in handle.plans}) == 3
     assert "arguments that change no size (one plan for all their values): num_items_in_batch" in handle.table()
 

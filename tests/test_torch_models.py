@@ -161,11 +161,14 @@ def test_batch_sizes_1_to_64_get_their_own_plans_cached_and_a_bounded_pool():
     moved = {}
     for b in range(1, 65):
         x = torch.randn(b, 8)
-        model(x).square().mean().backward()
-        ref(x).square().mean().backward()
-        assert same_grads(model, ref), b
+        measured = handle.measured
+        for _ in range(2):  # a size solved on its measured sizes: its first step measured them
+            model(x).square().mean().backward()
+            ref(x).square().mean().backward()
+            assert same_grads(model, ref), b
         plan = handle.plan
         assert "x" not in plan.shapes and f"({b}, 8)" in plan.shapes
+        assert handle.measured - measured == (1 if plan.times_from is not None else 0), b
         # Bytes moved are the plan's for this batch size; the pool holds this plan's buffers at most.
         assert handle.offloaded_bytes == plan.offloaded_bytes
         assert pool.total_bytes <= plan.host_bytes <= cap and pool.high_water <= cap
