@@ -230,7 +230,7 @@ class Offloader:
             pool=self.pool,
             pinned=plan.sizes.pinned if plan.sizes is not None else None,
             resident_bytes=plan.resident_bytes,
-            names=self.blocks.names,
+            names=self.blocks.stage_names,
             blocks=self.blocks,
             model=self.model,
             # A plan of offload()'s own came from a profile: what it did not see is warned of,

@@ -173,7 +173,8 @@ class ScheduleRun:
     copier, pool
         Shared with other plans of the same model (made here when not given).
     names
-        The blocks' names (``"transformer.h.0"``), for messages.
+        One name per stage of the chain (``Blocks.stage_names``: the blocks' own, ``"transformer.h.0"``,
+        and the prefix's and tails' where they are stages), for messages.
     strict
         A schedule given by hand (``True``) is refused when the step shows that a unit it
         offloads cannot move (held by a later block, or sharing storage with its neighbour); a

@@ -232,3 +232,18 @@ def test_the_prediction_holds_at_every_op_where_blocks_with_tails_are_recomputed
     assert not over, over
     assert max(live / predicted for _, live, predicted in seen if predicted) > 0.5
     handle.remove()
+
+
+def test_the_executor_names_each_stage_by_its_own_block_with_a_prefix_and_tails():
+    """The executor's messages index names by stage: with the code before the first block and
+    tails as stages, stage k is not block k (a name list of the blocks alone named the wrong one)."""
+    model, sample, _ = _build("convnext")
+    handle = ct.offload(model, sample, memory=1.0, method="best", repeats=1, warmup=0)
+    blocks = handle.blocks
+    assert blocks.prefix and blocks.tails
+    run = handle._run
+    for b, name in enumerate(blocks.names, start=1):
+        assert run._name(blocks.stage_of(b)) == f"{blocks.stage_of(b)} ({name})"
+    for b in blocks.tails:
+        assert run._name(blocks.stage_of(b) + 1) == f"{blocks.stage_of(b) + 1} ((after {blocks.names[b - 1]}))"
+    handle.remove()
