@@ -492,7 +492,9 @@ class ScheduleRun:
     # hands the next block the result: a forward of the whole chain, measured, its numbers thrown
     # away with the rest of the pass. One that skips the last blocks is run again under other
     # seeds (SKIP_TRIES, generators put back after), and so is one whose made-up call cannot
-    # run (a block with an extra input of its own). In such a pass the code after a skipped
+    # run (a block with an extra input of its own); where no draw can be profiled, the call's
+    # own draws are replayed with those blocks collapsed (NOTE [ blocks a profile cannot run ]
+    # in _recorder.py). In such a pass the code after a skipped
     # block's place runs on the carried state before the instrument runs the block: a write
     # through .data found on the carried a_j (NOTE [ writes no version counter sees ] in
     # _recorder.py) marks the skipped blocks' units too, since a step that runs them writes their

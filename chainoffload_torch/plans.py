@@ -355,11 +355,15 @@ class _Planner:
         return best, platform.with_memory(hi), done
 
 
-    def measure(self, instrument: Instrument, args: tuple, kwargs: dict, like: Plan | None = None) -> Sizes:
+    def measure(
+        self, instrument: Instrument, args: tuple, kwargs: dict, like: Plan | None = None, *, redraw: bool = True
+    ) -> Sizes:
         """The sizes of one call from one forward (no backward, no timing), with the units
         ``like``'s profile found written where no version counter sees (NOTE [ writes no version
-        counter sees ] in _recorder.py: found in a backward, which this measure has not)."""
-        sizes = measure_call_sizes(instrument, self.model, args, kwargs, self.device)
+        counter sees ] in _recorder.py: found in a backward, which this measure has not).
+        ``redraw=False``: measured under the call's own draws alone (NOTE [ blocks a profile
+        cannot run ] in _recorder.py)."""
+        sizes = measure_call_sizes(instrument, self.model, args, kwargs, self.device, redraw=redraw)
         if like is not None and like.sizes is not None:
             written = {u: w for u, w in like.sizes.unmovable.items() if WRITTEN in w and u <= len(sizes.saved)}
             if written:
