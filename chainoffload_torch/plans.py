@@ -730,7 +730,10 @@ def _watch_blocks(blocks: Any, model: nn.Module | None = None) -> Iterator[dict[
 
     found: dict[int, str] = {}
     n = len(blocks.modules)
-    calls = [0]
+    calls = [0]  # the block called last in this pass (0: none yet)
+    places: dict[int, list[int]] = {}
+    for b, module in enumerate(blocks.modules, start=1):
+        places.setdefault(id(module), []).append(b)
 
     # "root": the model's call and its arguments' state (NOTE [ recomputing the code before the
     # first block ] in _recompute.py); "views": per block of this pass whose output is a view,
@@ -739,6 +742,10 @@ def _watch_blocks(blocks: Any, model: nn.Module | None = None) -> Iterator[dict[
     state: dict[str, Any] = {"open": [], "last": None, "root": None, "views": []}
 
     def root_pre(module: nn.Module, a: tuple, kw: dict) -> None:
+        # A new pass: one before it may have stopped inside a block (a profiling pass that
+        # skipped its last blocks, drawn again), which would shift every count after it.
+        calls[0] = 0
+        state["open"], state["last"] = [], None
         why = stateful_argument(module, a, kw, None)
         if why is not None:
             found.setdefault(0, f"the model's call {why}")
@@ -761,8 +768,11 @@ def _watch_blocks(blocks: Any, model: nn.Module | None = None) -> Iterator[dict[
                 )
 
     def pre(module: nn.Module, a: tuple, kw: dict) -> None:
-        b = calls[0] % n + 1
-        calls[0] += 1
+        # The next of this module's places after the block called last: a block a pass leaves
+        # out (NOTE [ blocks a profile cannot run ] in _recorder.py) is never called.
+        at = places[id(module)]
+        b = next((x for x in at if x >= calls[0] % n + 1), at[0])
+        calls[0] = b
         root = state["root"]
         if b == 1 and root is not None and arguments_state(root[0]) != root[1]:
             found.setdefault(0, "it changes an argument the model is given: a recomputation would change it again")

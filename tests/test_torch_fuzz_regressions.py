@@ -349,3 +349,54 @@ def test_a_plan_for_a_shape_where_a_skipped_block_cannot_run_holds_for_steps_tha
         with pytest.raises(ValueError, match="Expected more than 1 value per channel"):
             m(*x1)
     handle.remove()
+
+
+# Model 1116 of the seed-43 recomputing run (rotor, memory 0.4): block 7 ('relu_' first) modifies
+# its hidden input in place, which the profile's watch of the blocks' calls finds, naming the
+# block by counting calls. A profiling pass that skipped its last blocks (LayerDrop) is drawn
+# again after it stopped part way, and the count ran on from there: the next pass named other
+# blocks, rotor recomputed block 7, and the step raised "modifies its hidden input in place".
+# Each pass now counts from its start (and a block a pass leaves out is stepped over).
+class _Stop(Exception):
+    pass
+
+
+def test_fuzz_1116_the_watch_of_the_blocks_counts_each_pass_from_its_start():
+    from chainoffload_torch._discovery import find_blocks
+    from chainoffload_torch.plans import _watch_blocks
+
+    class Block(torch.nn.Module):
+        def __init__(self, lin, inplace):
+            super().__init__()
+            self.lin, self.inplace = lin, inplace
+
+        def forward(self, x):
+            return self.lin(x.relu_() if self.inplace else x)
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = torch.nn.ModuleList([Block(torch.nn.Linear(4, 4), i == 2) for i in range(4)])
+
+        def forward(self, x, stop=-1, drop=-1):
+            x = x * 1.0
+            for i, block in enumerate(self.blocks):
+                if i == stop:
+                    raise _Stop  # a pass that stops part way, as one drawn again does
+                if i != drop:  # a block left out, as a collapsed one is
+                    x = block(x)
+            return x
+
+    torch.manual_seed(0)
+    model = Net()
+    x = torch.randn(2, 4, requires_grad=True)
+    blocks = find_blocks(model, (x,), {})
+    assert len(blocks.modules) == 4
+    with _watch_blocks(blocks, model) as found:
+        with pytest.raises(_Stop):
+            model(x, stop=2)
+        model(x)
+    assert found == {3: "modifies its hidden input in place"}
+    with _watch_blocks(blocks, model) as found:
+        model(x, drop=1)
+    assert found == {3: "modifies its hidden input in place"}
