@@ -400,3 +400,27 @@ def test_fuzz_1116_the_watch_of_the_blocks_counts_each_pass_from_its_start():
     with _watch_blocks(blocks, model) as found:
         model(x, drop=1)
     assert found == {3: "modifies its hidden input in place"}
+
+
+# Model 1200 of the seed-43 recomputing run (joint, memory 0.33): a batch norm inside the code
+# before the first block (blocks discovery left out of the chain), which LayerDrop skipped in the
+# first step. The executor clones only the buffers an earlier step changed, so the step that first
+# ran the batch norm raised "changed its buffer 'num_batches_tracked' ..., which no earlier step
+# did". A norm layer's running statistics are now cloned at every call.
+def test_fuzz_1200_a_norm_layer_first_run_in_a_later_step_is_recomputed_as_it_ran():
+    import contextlib
+
+    from chainoffload_torch._recompute import CallRecord
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.BatchNorm1d(3)).train()
+    x = torch.randn(4, 3, requires_grad=True)
+    # A record made after earlier steps that changed no buffer of it (mutable: none learned).
+    rec = CallRecord(model, 2, (x,), {}, ("arg", 0), x, torch.device("cpu"), mutable=set())
+    out = model(x)
+    after = {k: v.clone() for k, v in model.state_dict().items()}
+    rec.ended()  # raised: the version of a buffer it held no copy of moved
+    again = rec.call(x, contextlib.nullcontext())
+    assert torch.equal(again, out)  # normalized with the batch's statistics, as it ran
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, after[k]), k  # the running statistics changed once
