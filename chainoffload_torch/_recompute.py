@@ -901,9 +901,11 @@ class PrefixRecord(CallRecord):
     def _what(self) -> str:
         return "the code before the first block"
 
-    def call(self, hidden: Any, hooks: Any, grad: bool = True) -> Any:
+    def call(self, hidden: Any, hooks: Any, grad: bool = True, whole: bool = False) -> Any:
         """Run the model's forward again, up to its first block's call; return that call's
-        hidden input (a_1). ``hidden`` is unused (the prefix has no hidden input).
+        hidden input (a_1). ``hidden`` is unused (the prefix has no hidden input). ``whole``: the
+        step called no block, and neither must the rerun; return the forward's output
+        (NOTE [ a step that calls no block ] in executor.py).
 
         ``grad`` is ignored: the prefix always reruns under the original call's grad mode. It is
         the model's own code, not a block's, and may read the grad mode where a block's layers do
@@ -931,9 +933,16 @@ class PrefixRecord(CallRecord):
                 handles.append(module.register_forward_pre_hook(stopper(b), with_kwargs=True, prepend=True))
         try:
             with self._state(), hooks:
-                self.module.forward(*self.args, **self.kwargs)
+                out = self.module.forward(*self.args, **self.kwargs)
+            if whole:
+                return out
         except _PrefixEnd as end:
             b, hidden = end.hidden
+            if whole:
+                raise RuntimeError(
+                    f"chainoffload_torch: the model's forward, run again on the same arguments to recompute a step that "
+                    f"called no block, called block {b}; train this model with method='best' (no recomputation)"
+                ) from None
             # Stage b + 1 is block b; the step must have skipped stages 2..b as the rerun did, or
             # the rerun did not run the code the forward ran.
             if b == 1 or all(k in self.skipped for k in range(2, b + 1)):

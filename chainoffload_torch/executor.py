@@ -148,6 +148,9 @@ class _Step:
         #: block's start, or, when the forward skipped its last blocks, left to the last unit.
         self.between: list[Entry] = []
         self.ended = 0  # the last stage whose end the forward reported
+        #: The step called no block, and the code before the blocks (stage 1, run without
+        #: saving) was the whole forward: rerun whole at its end (NOTE [ a step that calls no block ]).
+        self.whole_prefix = False
 
 
 class ScheduleRun:
@@ -729,6 +732,11 @@ class ScheduleRun:
             return
         ledger = step.ledger
         length = self.chain.length
+        if (
+            self.remat is not None and step.dropping == 1 and step.ended == 0 and isinstance(step.records.get(1), PrefixRecord)
+            and all(k in step.skipped for k in range(2, length + 1))
+        ):
+            self._fill_whole_prefix(step)
         if length in step.skipped and step.between:
             # The code after the last block that ran was the head's (stage L): what it saved
             # belongs to unit L, which never moves (NOTE [ skipped stages ]).
@@ -751,6 +759,55 @@ class ScheduleRun:
         step.forward_done = True
         step.current = None
         ledger.by_key.clear()  # no pack of the forward's after it: the address map is done
+
+    # NOTE [ a step that calls no block ]
+    # With LayerDrop a step may skip every block of the chain (the fuzz: 5 blocks at
+    # layerdrop=0.5, one step in 32; discovery may take only the last few of a list as the
+    # chain, the rest running in the code before it). When the code before the first block is
+    # stage 1 and the schedule runs it without saving (Fck_1 / Fn_1, to recompute it later), that
+    # stage never ends: no block call stops it, so it is the whole forward, the head's saves in
+    # its slots too; no tensor hook marks a backward start, and autograd read the empty slots
+    # before any recomputation ran ("the backward of block 1 needs what its recomputation saves":
+    # 3 of the 11 one-sided raises of the two 5000-model fuzz runs). Decision: at the forward's
+    # end, such a step runs the model's forward again at once, under the states the step started
+    # with (PrefixRecord.call with whole=True: the same draws skip every block again, or it raises),
+    # and what it saves fills the slots in order, kept on the device; the schedule's later
+    # recomputations of stage 1 do nothing in that step (stages 2..L are skipped: they call
+    # nothing either). The step then holds what plain PyTorch holds for the same step (every
+    # block skipped, so no unit of a block holds anything); the plan's bound, proven for steps
+    # that end stage 1, is not checked for it.
+
+    def _fill_whole_prefix(self, step: _Step) -> None:
+        """Fill stage 1's slots by running the whole forward again (NOTE [ a step that calls no block ])."""
+        rec = step.records[1]
+        rec.ended()
+        step.dropping = None
+        records: list[Kept] = []
+
+        def keep(t: torch.Tensor) -> None:
+            records.append(Kept(t.detach(), 1))  # not the rerun's graph, which is dropped
+
+        hooks = torch.autograd.graph.saved_tensors_hooks(keep, _unpack_nothing)
+        try:
+            with recomputing():
+                rec.call(None, hooks, whole=True)
+        except Exception as exc:
+            if str(exc).startswith("chainoffload_torch:"):
+                raise
+            raise RuntimeError(
+                f"chainoffload_torch: this step called no block, and running the model's forward again to recompute "
+                f"it failed: {type(exc).__name__}: {exc}. Train with method='best' (no recomputation)"
+            ) from exc
+        slots = step.slots.pop(1, [])
+        if len(slots) != len(records):
+            raise RuntimeError(
+                f"chainoffload_torch: this step called no block, and the model's forward run again saved {len(records)} "
+                f"tensors where the step saved {len(slots)}; train this model with method='best' (no recomputation)"
+            )
+        for slot, r in zip(slots, records, strict=True):
+            slot.record = r
+        step.whole_prefix = True
+        step.stats.recomputed_ops += 1
 
     def forward_failed(self, step: _Step) -> None:
         """The forward raised: drop the step."""
@@ -969,6 +1026,8 @@ class ScheduleRun:
         """Run forward op ``k`` (after the forward) again: call its block on the a_{i-1}
         instance the schedule names, under the original call's states."""
         kind, i = self.schedule.compute[k]
+        if i == 1 and step.whole_prefix:
+            return  # filled at the forward's end (NOTE [ a step that calls no block ])
         if i in step.skipped:
             # A skipped block is never called: the a_i this op makes is the a_{i-1} it reads
             # (NOTE [ skipped stages ]).
