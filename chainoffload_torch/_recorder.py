@@ -332,6 +332,11 @@ class _Recorder:
         profile cannot run ]): its a_i is the hidden state handed on (``None`` after the last
         block: the last a_j), its unit saves nothing."""
         p.collapsed.add(idx)
+        if idx >= 2 and ("f", idx - 1) not in p.marks:
+            # The code before the blocks (stage 1) never ended: this draw calls no block, so that
+            # code ran the whole forward (NOTE [ a step that calls no block ] in executor.py).
+            p.marks[("f", idx - 1)] = self.timer.mark()
+            p.act.setdefault(idx - 1, 0)
         p.act[idx] = _nbytes(hidden) if hidden is not None else p.act.get(idx - 1, 0)
         if idx < self.n:
             p.marks[("f", idx)] = self.timer.mark()

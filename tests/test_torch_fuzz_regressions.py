@@ -294,10 +294,34 @@ SPEC_2840 = ModelSpec(
     layerdrop=0.5,
 )
 
+# Model 4302 as drawn (unshrunk): the replayed draw at the batch of one calls no block of the
+# chain, so the code before the blocks (stage 1) never ends in that profiling pass.
+SPEC_4302_DRAWN = ModelSpec(
+    blocks=(
+        BlockSpec(('conj', 'expand')),
+        BlockSpec(('float64', 'gain', 'batchnorm')),
+        BlockSpec(('tanh', 'linear', 'sigmoid', 'batchnorm'), emits_mask=True),
+        BlockSpec(('sigmoid', 'stride')),
+        BlockSpec(('gain', 'residual', 'conj')),
+        BlockSpec(('detach',)),
+        BlockSpec(('bfloat16', 'stride', 'tanh')),
+        BlockSpec(('mask', 'expand'), emits_mask=True),
+        BlockSpec(('sigmoid', 'transpose', 'tanh')),
+    ),
+    seed=5622,
+    width=12,
+    batch=1,
+    between=((1, 'alias'),),
+    draws=((0, 'python'),),
+    batches=(2, 2, 1, 3),
+    layerdrop=0.5,
+)
+
 
 @pytest.mark.parametrize(
     "spec, memory, method",
     [
+        pytest.param(SPEC_4302_DRAWN, 0.85, "largest-first", id="4302-drawn"),
         pytest.param(SPEC_1804, 0.7, "offload-all", id="1804"),
         pytest.param(SPEC_3169, 0.59, None, id="3169"),
         pytest.param(SPEC_4302, 0.85, "largest-first", id="4302"),
