@@ -771,6 +771,9 @@ SKIP_TRIES = 32
 # forward what plain PyTorch raises in its forward, before anything of the step ran. The cost: a
 # measuring forward per call of such a shape (about 1.5 forwards), paid only where a block could
 # not be profiled. The collapsed stage's B_i is timed as nothing (its gradient mark is g_j's).
+# A replayed draw may call no block of the chain at all; the code before the blocks, when it is
+# stage 1, then ran the whole forward, and ends where the first collapsed stage is told (a_1 of
+# 0 bytes), as the executor takes such a step (NOTE [ a step that calls no block ] in executor.py).
 
 
 class _Replay:
