@@ -633,6 +633,13 @@ class Offloader:
             )
         if plan.fallback:
             tail.append(f"fallback: {plan.fallback}")
+        if _draw_only(plan):
+            stages = ", ".join(str(i) for i in sorted(plan.sizes.collapsed))
+            tail.append(
+                f"measured with stage(s) {stages} skipped, as the call's LayerDrop skipped them (a skipped block "
+                "that cannot run at these shapes, or the last ones): the plan holds for calls that skip them too, "
+                "so each call of these shapes is measured first"
+            )
         if plan.sizes is not None:
             tail.append(coverage(chain, plan.sizes, self.blocks).describe())
         moved = f"offloaded per step: {format_bytes(plan.offloaded_bytes)} predicted"

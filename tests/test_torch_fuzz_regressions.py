@@ -364,6 +364,7 @@ def test_a_plan_for_a_shape_where_a_skipped_block_cannot_run_holds_for_steps_tha
         m(*x1).sum().backward()
     # The plan for the batch of one collapses the batch-norm stage, as the step that skips it does.
     assert handle.plan.sizes.collapsed == {bn + 1 + int(handle.blocks.prefix)}
+    assert f"measured with stage(s) {bn + 1 + int(handle.blocks.prefix)} skipped" in handle.table()
     for a, b in zip(model.parameters(), plain.parameters(), strict=True):
         assert (a.grad is None and b.grad is None) or torch.equal(a.grad, b.grad)  # None: a skipped block's
     assert any(a.grad is not None for a in model.parameters())
