@@ -531,7 +531,11 @@ class ScheduleRun:
         if idx == 1 and -1 in remat.last_read and isinstance(hidden, torch.Tensor):
             step.acts[0] = (-1, Act(hidden, None, original=True))
         prev = step.outputs.pop(idx - 1, None)
-        if prev is not None and (
+        # Only a block recomputed from a_{idx-1} must take it as it was made; one the schedule
+        # never recomputes may get it changed (a pre-hook of its own that makes a new input). A
+        # skipped stage before it carried the entry on (NOTE [ skipped stages ]), whether or not
+        # this block is recomputed.
+        if prev is not None and idx in remat.recomputed and (
             not isinstance(hidden, torch.Tensor)
             or hidden.untyped_storage().data_ptr() != prev[0]
             or hidden._version != prev[1]

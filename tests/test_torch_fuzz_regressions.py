@@ -486,3 +486,49 @@ def test_fuzz_steps_that_call_no_block_train_equal_or_are_refused(spec, memory, 
     # Refused: at some profiled times no plan fits (the profile's timings decide the plan).
     out = _check(spec, memory, method)
     assert out.kind in ("equal", "refused"), out.detail
+
+
+# Model 236 of the seed-43 recomputing run (rotor, 0.33; at some profiled times): stages 2 and 3
+# recomputed, stage 4 never (a forward pre-hook of its own, which makes its input anew). A step
+# whose LayerDrop skipped stage 3 carried the check "stage 4 takes a_3 as it was made" on to a
+# block that is never recomputed from it, and raised "block 4 does not take block 3's output".
+class _Dropping(torch.nn.Module):
+    def __init__(self, n=6, d=8):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Sequential(torch.nn.Linear(d, d), torch.nn.Tanh()) for _ in range(n))
+        self.drop = set()
+
+    def forward(self, x):
+        for i, layer in enumerate(self.layers):
+            if i not in self.drop:  # LayerDrop, drawn by the test
+                x = layer(x)
+        return x
+
+
+def test_fuzz_236_a_skipped_stage_before_a_block_that_is_never_recomputed_trains_equal():
+    import copy
+
+    import chainoffload as co
+    import chainoffload_torch as ct
+
+    torch.manual_seed(0)
+    model = _Dropping()
+    x = torch.randn(4, 8)
+    prof = ct.profile_full(model, x, repeats=1, warmup=0)
+    L = prof.chain.length
+    assert L == 6 and not prof.blocks.prefix
+    # Before the executor's hooks, as the fuzz's were before offload(): they see its new input.
+    model.layers[3].register_forward_pre_hook(lambda m, a: (a[0] * 0.9,))  # stage 4's input made anew
+    ref = copy.deepcopy(model)
+    # Stages 2 and 3 run without saving and are recomputed in the backward; 4 never is.
+    comp = [("F", 1), ("Fck", 2), ("Fck", 3)] + [("F", i) for i in range(4, L + 1)] + [("B", i) for i in range(L, 3, -1)]
+    comp += [("F", 2), ("F", 3), ("B", 3), ("B", 2), ("B", 1)]
+    handle = ct.Offloader(model, prof.chain, co.Schedule(tuple(comp)), blocks=prof.blocks)
+    for drop in ({2}, set(), {1, 2}):
+        model.drop = ref.drop = drop
+        for m in (model, ref):
+            m.zero_grad(set_to_none=True)
+            m(x).square().mean().backward()
+        for a, b in zip(model.parameters(), ref.parameters(), strict=True):
+            assert (a.grad is None and b.grad is None) or torch.equal(a.grad, b.grad), drop
+    handle.remove()
