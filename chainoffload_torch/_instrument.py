@@ -75,7 +75,12 @@ CONCURRENT_REFUSAL = (
 class SkippedBlocks(RuntimeError):
     """A profiling pass whose forward did not call its last block(s), or skipped blocks that a
     call made up from the next block's arguments cannot run: the profile runs it again under
-    other random draws (NOTE [ skipped stages ])."""
+    other random draws (NOTE [ skipped stages ]). ``block``: the skipped block that could not
+    be run in its place, if that was the reason."""
+
+    def __init__(self, message: str, block: int | None = None) -> None:
+        super().__init__(message)
+        self.block = block
 
 
 def _with_hidden(at: tuple[str, Any], args: tuple, kwargs: dict, h: Any) -> tuple[tuple, dict]:
@@ -354,7 +359,10 @@ class Instrument:
         if failed:
             p.listener.forward_failed(p.step)
             return
-        if p.expect != n + 1 and getattr(p.listener, "runs_skipped", False):
+        # A profiling pass that collapses what it cannot run (NOTE [ blocks a profile cannot
+        # run ] in _recorder.py) takes skipped last blocks as a training step does.
+        draws_again = getattr(p.listener, "runs_skipped", False) and getattr(p.listener, "collapse", None) is None
+        if p.expect != n + 1 and draws_again:
             first = ", ".join(self.blocks.names[p.expect - 1 :][:3]) + (", ..." if n - p.expect > 2 else "")
             p.listener.forward_failed(p.step)
             raise SkippedBlocks(f"chainoffload_torch: the forward skipped its last block(s) ({first}) in a profiling pass")
@@ -362,7 +370,7 @@ class Instrument:
             # NOTE [ skipped stages ]: the last blocks were not called (LayerDrop, an early exit).
             pending = p.pending[0] + 1 if p.pending is not None else p.expect
             first = ", ".join(self.blocks.names[pending - 1 :][:3]) + (", ..." if n - pending > 2 else "")
-            if getattr(p.listener, "runs_skipped", False):
+            if draws_again:
                 p.listener.forward_failed(p.step)
                 raise SkippedBlocks(
                     f"chainoffload_torch: the forward skipped its last block(s) ({first}) in a profiling pass"
@@ -476,23 +484,33 @@ class Instrument:
         carrying = getattr(p.listener, "carrying", None)
         if carrying is not None:
             carrying(p.step, h, tuple(self.blocks.stage_of(k) for k in range(p.expect, idx)))
+        collapse = getattr(p.listener, "collapse", None) or ()
         for k in range(p.expect, idx):
+            if k in collapse:
+                # NOTE [ blocks a profile cannot run ] in _recorder.py: the stage collapses, as
+                # in a training step that skips it (and its tail's with it).
+                self._skipped(p, k, h)
+                p.expect = k + 1
+                continue
             if self.blocks.hidden_in[k - 1] != at or not self.blocks.is_linked(k) or not isinstance(h, torch.Tensor):
                 # The profile draws again (SkippedBlocks); after many draws it refuses.
                 raise SkippedBlocks(
                     f"chainoffload_torch: the forward skipped block {k} ({self.blocks.names[k - 1]}) in a profiling pass, "
                     "which the profile cannot run in its place (it takes its hidden state elsewhere than the next "
-                    "block, or the code between blocks changes it)"
+                    "block, or the code between blocks changes it)",
+                    block=k,
                 )
             a, kw = _with_hidden(at, args, kwargs, h)
             try:
                 out = self.blocks.modules[k - 1](*a, **kw)
             except Exception as exc:
                 # A block that takes other arguments than the next one (an extra input of its
-                # own): this draw cannot be profiled; the profile draws again.
+                # own), or that cannot run at these shapes (batch norm in training on a batch
+                # of one): this draw cannot be profiled; the profile draws again.
                 raise SkippedBlocks(
                     f"chainoffload_torch: the forward skipped block {k} ({self.blocks.names[k - 1]}) in a profiling pass, "
-                    f"which cannot run on the next block's arguments ({type(exc).__name__}: {exc})"
+                    f"which cannot run on the next block's arguments ({type(exc).__name__}: {exc})",
+                    block=k,
                 ) from exc
             h = first_tensor(out)
             del out

@@ -200,7 +200,11 @@ class RematPlan:
 # its value: batch norm's kernel updates the running statistics in place without moving the
 # version counter) are remembered and cloned from then on. One whose version moves later for the
 # first time (a code path the first step did not take) cannot be put back, and the recomputation
-# refuses rather than train on state the original call did not see; one changed later for the
+# refuses rather than train on state the original call did not see. So the buffers of torch's
+# norm layers that track running statistics are cloned at every call, learned or not: a step
+# whose LayerDrop skipped a batch norm inside the code before the first block (blocks discovery
+# left out of the chain) learned nothing of it, and the next step that ran it raised (fuzz
+# recompute 1200); a few bytes per norm layer per step. Others stay as said; one changed later for the
 # first time inside a kernel that moves no version counter is not seen. torch.utils.checkpoint updates BatchNorm's running
 # statistics twice; this executor once. State it cannot see (a dict or list attribute a forward
 # appends to, a Python object outside the module) is not restored: such a block must not be
@@ -582,6 +586,13 @@ def _host_rng_state() -> tuple[Any, Any]:
     return random.getstate(), (np_random.get_state() if np_random is not None else None)
 
 
+def _tracks_statistics(module: nn.Module) -> bool:
+    """Whether ``module`` is one of torch's norm layers that update running statistics in
+    training: its buffers may change in any call, whether or not an earlier step's did
+    (NOTE [ state changes happen once ])."""
+    return isinstance(module, nn.modules.batchnorm._NormBase) and bool(module.track_running_stats)
+
+
 def _set_host_rng_state(state: tuple[Any, Any]) -> None:
     py, np_state = state
     random.setstate(py)
@@ -663,9 +674,16 @@ class CallRecord:
         owners = list(module.modules()) if state is None else list(state)
         self.attrs = _plain_attrs(owners)
         self.buffers: list[tuple[str, torch.Tensor, int, torch.Tensor | None]] = []
-        named = module.named_buffers() if state is None else ((n, b) for m in owners for n, b in m.named_buffers(recurse=False))
-        for name, b in named:
-            clone = b.detach().clone() if mutable is None or id(b) in mutable else None
+        if state is None:
+            named = ((f"{p}.{n}" if p else n, b, m) for p, m in module.named_modules() for n, b in m.named_buffers(recurse=False))
+        else:
+            named = ((n, b, m) for m in owners for n, b in m.named_buffers(recurse=False))
+        seen: set[int] = set()
+        for name, b, m in named:
+            if id(b) in seen:
+                continue
+            seen.add(id(b))
+            clone = b.detach().clone() if mutable is None or id(b) in mutable or _tracks_statistics(m) else None
             self.buffers.append((name, b, b._version, clone))
         #: Set by :meth:`ended`: the buffers' versions were checked at the end of the call.
         self.checked = False
@@ -883,9 +901,11 @@ class PrefixRecord(CallRecord):
     def _what(self) -> str:
         return "the code before the first block"
 
-    def call(self, hidden: Any, hooks: Any, grad: bool = True) -> Any:
+    def call(self, hidden: Any, hooks: Any, grad: bool = True, whole: bool = False) -> Any:
         """Run the model's forward again, up to its first block's call; return that call's
-        hidden input (a_1). ``hidden`` is unused (the prefix has no hidden input).
+        hidden input (a_1). ``hidden`` is unused (the prefix has no hidden input). ``whole``: the
+        step called no block, and neither must the rerun; return the forward's output
+        (NOTE [ a step that calls no block ] in executor.py).
 
         ``grad`` is ignored: the prefix always reruns under the original call's grad mode. It is
         the model's own code, not a block's, and may read the grad mode where a block's layers do
@@ -913,9 +933,16 @@ class PrefixRecord(CallRecord):
                 handles.append(module.register_forward_pre_hook(stopper(b), with_kwargs=True, prepend=True))
         try:
             with self._state(), hooks:
-                self.module.forward(*self.args, **self.kwargs)
+                out = self.module.forward(*self.args, **self.kwargs)
+            if whole:
+                return out
         except _PrefixEnd as end:
             b, hidden = end.hidden
+            if whole:
+                raise RuntimeError(
+                    f"chainoffload_torch: the model's forward, run again on the same arguments to recompute a step that "
+                    f"called no block, called block {b}; train this model with method='best' (no recomputation)"
+                ) from None
             # Stage b + 1 is block b; the step must have skipped stages 2..b as the rerun did, or
             # the rerun did not run the code the forward ran.
             if b == 1 or all(k in self.skipped for k in range(2, b + 1)):

@@ -99,6 +99,10 @@ class Sizes:
         Per stage 1..L, for a stage whose call takes a state object (a key/value cache), the
         bytes of its unit's pinned storages, added to its ``fwd_tmp``: a recomputation makes
         them again while it runs (NOTE [ state a recomputation puts back ] in _recompute.py).
+    collapsed
+        Stages whose block the measured forward skipped and could not run in its place: measured
+        as a step that skips them runs them (NOTE [ blocks a profile cannot run ]), so these
+        sizes hold only for a call that skips them too.
     """
 
     act: tuple[int, ...]
@@ -117,6 +121,7 @@ class Sizes:
     late: Mapping[int, tuple[tuple[int, int], ...]] = dataclasses.field(default_factory=dict, hash=False)
     late_tmp: tuple[int, ...] = ()
     restore_tmp: tuple[int, ...] = ()
+    collapsed: frozenset[int] = frozenset()
 
     @property
     def resident(self) -> frozenset[int]:
@@ -178,6 +183,8 @@ class _RecordedPass:
         self.state_open: dict[int, tuple[list, set[int]]] = {}
         #: Of those storages, the ones no unit owns, alive when the forward returned: ptr -> bytes.
         self.state_unowned: dict[int, int] = {}
+        #: Stages collapsed as a skipping step runs them (NOTE [ blocks a profile cannot run ]).
+        self.collapsed: set[int] = set()
 
 
 class _Recorder:
@@ -213,6 +220,9 @@ class _Recorder:
 
     #: Blocks a profiling forward skipped are called anyway (NOTE [ skipped stages ] in executor.py).
     runs_skipped = True
+    #: Blocks (the instrument's numbers) a pass takes as skipped instead, when it replays the
+    #: call's own draws; ``None``: draw again instead (NOTE [ blocks a profile cannot run ]).
+    collapse: frozenset[int] | None = None
 
     def wants(self) -> bool:
         return True
@@ -316,6 +326,20 @@ class _Recorder:
             p.carried.add(entry)
             if entry.unit >= 1:
                 self._also.setdefault(entry.unit, set()).update(stages)
+
+    def stage_skipped(self, p: _RecordedPass, idx: int, hidden: Any) -> None:
+        """Stage ``idx`` collapses, as in a training step that skips its block (NOTE [ blocks a
+        profile cannot run ]): its a_i is the hidden state handed on (``None`` after the last
+        block: the last a_j), its unit saves nothing."""
+        p.collapsed.add(idx)
+        if idx >= 2 and ("f", idx - 1) not in p.marks:
+            # The code before the blocks (stage 1) never ended: this draw calls no block, so that
+            # code ran the whole forward (NOTE [ a step that calls no block ] in executor.py).
+            p.marks[("f", idx - 1)] = self.timer.mark()
+            p.act.setdefault(idx - 1, 0)
+        p.act[idx] = _nbytes(hidden) if hidden is not None else p.act.get(idx - 1, 0)
+        if idx < self.n:
+            p.marks[("f", idx)] = self.timer.mark()
 
     def forward_failed(self, p: _RecordedPass) -> None:
         p.current = None
@@ -521,6 +545,7 @@ def _sizes(p: _RecordedPass, n: int) -> Sizes:
         late,
         late_tmp,
         restore_tmp if any(restore_tmp) else (),
+        frozenset(p.collapsed),
     )
 
 
@@ -573,6 +598,7 @@ def _measure(
     nosave: bool = True,
     split_prefix: bool = False,
     reference: float | None = None,
+    redraw: bool = True,
 ) -> tuple[Sizes, dict[str, list]]:
     """Run profiling steps through ``instrument`` (its listener swapped for a recorder).
 
@@ -583,7 +609,9 @@ def _measure(
     ``split_prefix``: make the code before the first block a stage when it pays, decided
     from the probe (NOTE [ the prefix as a stage ]; ``instrument.blocks`` is replaced), and
     leave in its block's stage a tail that would pin an earlier unit (NOTE [ the code after a
-    block as a stage ] in _instrument.py): the first plan chooses the layout, later shapes keep it.
+    block as a stage ] in _instrument.py): the first plan chooses the layout, later shapes keep it;
+    ``redraw=False``: a pass whose skipped blocks cannot be run replays the call's own draws at
+    once, without drawing others first (NOTE [ blocks a profile cannot run ]).
     """
     before = instrument.listener
     runs: dict[str, list] = {"fwd": [], "bwd": [], "nosave": [], "fwd_tmp": [], "bwd_tmp": []}
@@ -596,9 +624,10 @@ def _measure(
             probed = None  # what the probe found on this layout, once it ran
             steps: list[dict[str, list]] = []
             limit = (warmup + repeats) if repeats is not None else AUTO_MAX_STEPS
+            replay = _Replay(device)
             while True:
                 rec.probe = probed is None  # the first pass on a layout is the probe
-                out = _forward_every_block(root, args, kwargs)
+                out = _forward_every_block(root, args, kwargs, rec, replay, redraw=redraw)
                 p = rec.current
                 rec.current = None
                 if rec.probe:
@@ -646,6 +675,10 @@ def _measure(
                 p.marks["bwd_start"] = rec.timer.mark()
                 torch.autograd.backward(roots, grads)
                 p.marks["bwd_end"] = rec.timer.mark()
+                for k in sorted(p.collapsed):
+                    # A collapsed a_k is the a_j before it: its gradient is complete when g_j is.
+                    if k < n and ("g", k) not in p.marks:
+                        p.marks[("g", k)] = p.marks.get(("g", k - 1), p.marks["bwd_end"])
                 rec.timer.sync()
                 if rec.check_writes:
                     rec.checked_writes()
@@ -660,7 +693,7 @@ def _measure(
                     step["fwd_tmp"], step["bwd_tmp"] = _tmp(p.marks, n, list(sizes.act))
                 if nosave:
                     with torch.no_grad():
-                        _forward_every_block(root, args, kwargs)
+                        _forward_every_block(root, args, kwargs, rec, replay, redraw=redraw)
                     rec.timer.sync()
                     step["nosave"] = _times(rec.timer, rec.current.marks, n)[0]
                     rec.current = None
@@ -759,28 +792,121 @@ WRITTEN = "tensor written after it was saved, where no version counter sees it (
 SKIP_TRIES = 32
 
 
-def _forward_every_block(root: nn.Module, args: tuple, kwargs: dict) -> Any:
+# NOTE [ blocks a profile cannot run ]
+# A profiling forward must measure every block (NOTE [ skipped stages ] in executor.py), so it
+# runs the blocks LayerDrop skipped in their place, or draws again. At a new shape both can fail
+# where plain training does not: a batch of one, on which batch norm in training raises
+# ("Expected more than 1 value per channel"), or a block with an extra input of its own (a mask)
+# that the next block's arguments lack. The made-up call raises, every other draw either runs
+# the block itself (and raises) or skips one that cannot run, and the step raised where plain
+# PyTorch, skipping the block, trains (5 of the 11 one-sided raises of the two 5000-model fuzz
+# runs). Decision: a draw other than the call's own that raises is one that cannot be profiled
+# (the call does not make it); when none can be (SKIP_TRIES), the pass replays the call's own
+# draws (_Replay: torch's, Python's and NumPy's generators as the call found them) and each block
+# that cannot run in its place collapses as the training step collapses it: its a_i the carried
+# a_j, its unit saving nothing (the instrument tells the recorder stage_skipped). A block found
+# so makes the replay run again with it collapsed; the passes after the first replay alike, so
+# every pass of the profile measures the same draw. The sizes then hold only for a call that
+# skips those blocks (Sizes.collapsed), which a plan cannot know before the call runs: the handle
+# measures every later call of that shape under the call's own draws (redraw=False: at once, no
+# other draws) and takes the plan whose sizes are the same (collapsed stages included), else makes
+# one (Offloader._for_draws). A call that runs such a block at that shape raises in that measuring
+# forward what plain PyTorch raises in its forward, before anything of the step ran. The cost: a
+# measuring forward per call of such a shape (about 1.5 forwards), paid only where a block could
+# not be profiled. The collapsed stage's B_i is timed as nothing (its gradient mark is g_j's).
+# A replayed draw may call no block of the chain at all; the code before the blocks, when it is
+# stage 1, then ran the whole forward, and ends where the first collapsed stage is told (a_1 of
+# 0 bytes), as the executor takes such a step (NOTE [ a step that calls no block ] in executor.py).
+
+
+class _Replay:
+    """The random draws a call's own forward makes (its first profiling pass), to replay when
+    no other draw can be profiled, and the blocks such replays collapse (NOTE [ blocks a
+    profile cannot run ])."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.torch = torch.get_rng_state()
+        self.torch_cuda = torch.cuda.get_rng_state(device) if self.cuda else None
+        self.device = device
+        self.py = random.getstate()
+        np_random = sys.modules.get("numpy.random")
+        self.np = np_random.get_state() if np_random is not None else None
+        #: Once a pass fell back to replaying: the blocks every later pass collapses.
+        self.collapse: frozenset[int] | None = None
+
+    def restore(self) -> None:
+        torch.set_rng_state(self.torch)
+        if self.torch_cuda is not None:
+            torch.cuda.set_rng_state(self.torch_cuda, self.device)
+        random.setstate(self.py)
+        if self.np is not None:
+            sys.modules["numpy.random"].set_state(self.np)
+
+
+def _forward_every_block(
+    root: nn.Module, args: tuple, kwargs: dict, rec: _Recorder | None = None, replay: _Replay | None = None, *, redraw: bool = True
+) -> Any:
     """A profiling forward of ``root`` that runs every block: the instrument calls the blocks
     it skips between others; one that skips the last ones is run again under other random draws
     (torch, Python and NumPy generators seeded afresh; ``training_state`` puts them back after
-    the passes), at most :data:`SKIP_TRIES` times (NOTE [ skipped stages ] in executor.py)."""
-    for attempt in range(SKIP_TRIES):
+    the passes), at most :data:`SKIP_TRIES` times (NOTE [ skipped stages ] in executor.py).
+    With ``rec`` and ``replay``, when no draw can be profiled (or at once, with ``redraw=False``),
+    the call's own draws are replayed with the blocks that cannot run collapsed (NOTE [ blocks a
+    profile cannot run ])."""
+    if replay is not None and replay.collapse is not None:
+        return _replayed(root, args, kwargs, rec, replay)
+    tries = SKIP_TRIES if redraw or replay is None else 1
+    for attempt in range(tries):
         try:
             return root(*args, **kwargs)
         except SkippedBlocks as exc:
-            if attempt == SKIP_TRIES - 1:
+            if attempt == tries - 1:
+                if replay is not None and rec is not None:
+                    return _replayed(root, args, kwargs, rec, replay)
                 raise RuntimeError(
                     f"{exc} in each of {SKIP_TRIES} tries under other random draws, so the profile cannot measure "
                     "them; profile with the skipping turned off (Hugging Face: config.layerdrop = 0), or give blocks= "
                     "without the blocks the forward leaves out"
                 ) from None
-            seed = 0x5EED + attempt
-            torch.manual_seed(seed)
-            random.seed(seed)
-            np_random = sys.modules.get("numpy.random")
-            if np_random is not None:
-                np_random.seed(seed)
+        except Exception:
+            if attempt == 0 or replay is None:
+                raise  # the call's own draws: a training step under them raises the same
+            # Draws the call did not make: a block they run cannot run at these shapes (batch
+            # norm in training on a batch of one), where the call skips it.
+            if attempt == tries - 1:
+                return _replayed(root, args, kwargs, rec, replay)
+        seed = 0x5EED + attempt
+        torch.manual_seed(seed)
+        random.seed(seed)
+        np_random = sys.modules.get("numpy.random")
+        if np_random is not None:
+            np_random.seed(seed)
     raise AssertionError("unreachable")
+
+
+def _replayed(root: nn.Module, args: tuple, kwargs: dict, rec: _Recorder, replay: _Replay) -> Any:
+    """A pass under the call's own draws, with each skipped block that cannot run in its place
+    collapsed (NOTE [ blocks a profile cannot run ]); a block found so makes the pass run again."""
+    collapse = set(replay.collapse or ())
+    try:
+        while True:
+            replay.restore()
+            rec.collapse = frozenset(collapse)
+            try:
+                out = root(*args, **kwargs)
+            except SkippedBlocks as exc:
+                if exc.block is None or exc.block in collapse:
+                    raise RuntimeError(
+                        f"{exc}, so the profile cannot measure it; profile with the skipping turned off (Hugging Face: "
+                        "config.layerdrop = 0), or give blocks= without the blocks the forward leaves out"
+                    ) from None
+                collapse.add(exc.block)
+                continue
+            replay.collapse = frozenset(collapse)
+            return out
+    finally:
+        rec.collapse = None
 
 
 def _forward_times(timer: Timer, p: _RecordedPass, n: int) -> list[float]:
@@ -1086,11 +1212,14 @@ def chain_of(
     return co.Chain(fwd, bwd, list(sizes.act), saved, fwd_tmp, bwd_tmp, nosave, name=name)
 
 
-def measure_call_sizes(instrument: Instrument, root: nn.Module, args: tuple, kwargs: dict, device: torch.device) -> Sizes:
+def measure_call_sizes(
+    instrument: Instrument, root: nn.Module, args: tuple, kwargs: dict, device: torch.device, *, redraw: bool = True
+) -> Sizes:
     """The sizes of one call, from one forward with autograd and no backward through an
     installed ``instrument`` (the model's state restored after): what a plan reused for another
-    shape is checked with (NOTE [ one plan for many shapes ] in api.py)."""
-    sizes, _ = _measure(instrument, root, args, kwargs, device, 1, 0, timed=False)
+    shape is checked with (NOTE [ one plan for many shapes ] in api.py). ``redraw``: as
+    :func:`_measure`'s."""
+    sizes, _ = _measure(instrument, root, args, kwargs, device, 1, 0, timed=False, redraw=redraw)
     return sizes
 
 

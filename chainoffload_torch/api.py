@@ -179,6 +179,9 @@ class Offloader:
         #: Training steps of new shapes that measured their own sizes, every tensor they saved
         #: kept on the device (NOTE [ one plan for many shapes ]).
         self.measured = 0
+        #: Per key, plans that hold only for calls that skip certain blocks (NOTE [ blocks a
+        #: profile cannot run ] in _recorder.py), the most recent DRAW_PLANS.
+        self._draw_plans: dict[Any, list[Plan]] = {}
         self._removed = False
         #: The step between its forward's start and its backward's end (NOTE [ one step at a
         #: time ]), the thread that started it, and whether its backward has begun.
@@ -301,13 +304,13 @@ class Offloader:
             return self._run
         raw = call_key(self.model, args, kwargs)
         key = self._key(raw)
-        if key == self._key(self._plan.key):
+        if key == self._key(self._plan.key) and not _draw_only(self._plan):
             return self._run
         hit = self._plans.get(key)
-        if hit is not None:
-            return self._use(hit[0])
-        known = self._known.get(key)
+        known = hit[0] if hit is not None else self._known.get(key)
         if known is not None:
+            if _draw_only(known):
+                return self._use(self._for_draws(args, kwargs, raw, known))
             return self._use(known)
         if self.on_new_shape == "error":
             raise ValueError(
@@ -342,6 +345,26 @@ class Offloader:
                 self.measured += 1
                 return _Measuring(self, raw, found)
         return self._use(self._plan_for(args, kwargs, raw, sizes=measured))
+
+    def _for_draws(self, args: tuple, kwargs: dict, raw: Any, plan: Plan) -> Plan:
+        """A plan for this call when its shapes' plan holds only for calls that skip the blocks
+        its profile could not run (NOTE [ blocks a profile cannot run ] in _recorder.py): this
+        call's sizes are measured under its own draws (a block it runs that cannot run at these
+        shapes raises here, as it does in plain PyTorch); a plan of these shapes made for the
+        same sizes is taken, else one is made."""
+        key = self._key(raw)
+        sizes = self._planner.measure(self._instrument, args, kwargs, like=plan, redraw=False)
+        variants = self._draw_plans.setdefault(key, [])
+        for p in [plan, *variants]:
+            if _same_sizes(p.sizes, sizes):
+                return p
+        if self._run is not None:
+            self._run.reset()
+        found = self._plan_for(args, kwargs, raw)
+        if _draw_only(found):
+            variants.append(found)
+            del variants[:-DRAW_PLANS]
+        return found
 
     def _candidates(self, key: Any) -> tuple[list, list, Plan | None]:
         """The known plans a call of ``key`` may be served from once its sizes are known: those
@@ -706,6 +729,13 @@ class Offloader:
             )
         if plan.fallback:
             tail.append(f"fallback: {plan.fallback}")
+        if _draw_only(plan):
+            stages = ", ".join(str(i) for i in sorted(plan.sizes.collapsed))
+            tail.append(
+                f"measured with stage(s) {stages} skipped, as the call's LayerDrop skipped them (a skipped block "
+                "that cannot run at these shapes, or the last ones): the plan holds for calls that skip them too, "
+                "so each call of these shapes is measured first"
+            )
         if plan.sizes is not None:
             tail.append(coverage(chain, plan.sizes, self.blocks).describe())
         moved = f"offloaded per step: {format_bytes(plan.offloaded_bytes)} predicted"
@@ -788,6 +818,16 @@ def _times_source(plans: list[Plan], key: Any, strip: Any) -> Plan | None:
     return best
 
 
+#: Plans kept per shape that hold only for calls skipping certain blocks.
+DRAW_PLANS = 8
+
+
+def _draw_only(plan: Plan) -> bool:
+    """Whether ``plan`` holds only for calls that skip the blocks its profile could not run
+    (NOTE [ blocks a profile cannot run ] in _recorder.py)."""
+    return plan.sizes is not None and bool(plan.sizes.collapsed)
+
+
 def _same_sizes(a: Any, b: Any) -> bool:
     """Whether two profiles' sizes are those of the same storages (what a plan depends on)."""
     if a is None or b is None:
@@ -795,7 +835,7 @@ def _same_sizes(a: Any, b: Any) -> bool:
     return (
         a.act == b.act and a.saved == b.saved and a.storages == b.storages and dict(a.pinned) == dict(b.pinned)
         and a.resident == b.resident and a.output_bytes == b.output_bytes and a.prefix_bytes == b.prefix_bytes
-        and dict(a.late) == dict(b.late)
+        and dict(a.late) == dict(b.late) and a.collapsed == b.collapsed
     )
 
 
@@ -855,6 +895,9 @@ def _same_sizes(a: Any, b: Any) -> bool:
 # does not fit and no profiled times close enough) are profiled at their next call, not in the
 # step that found it out (a profile runs whole steps of the model, which cannot run between a
 # forward and its backward); handle.prepare still measures with a forward of its own.
+# A shape whose profile could not run a block a LayerDrop step skipped has a plan for calls that
+# skip it only, and every call of it is measured first, by a forward of its own (NOTE [ blocks a
+# profile cannot run ] in _recorder.py).
 # Plans made are remembered by key (KNOWN_PLANS); the executors of the most recent cache_size are
 # kept, and one evicted is rebuilt from its plan without a profile. handle.table() lists which
 # plan each shape seen uses.

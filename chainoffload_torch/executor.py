@@ -148,6 +148,9 @@ class _Step:
         #: block's start, or, when the forward skipped its last blocks, left to the last unit.
         self.between: list[Entry] = []
         self.ended = 0  # the last stage whose end the forward reported
+        #: The step called no block, and the code before the blocks (stage 1, run without
+        #: saving) was the whole forward: rerun whole at its end (NOTE [ a step that calls no block ]).
+        self.whole_prefix = False
 
 
 class ScheduleRun:
@@ -498,7 +501,9 @@ class ScheduleRun:
     # hands the next block the result: a forward of the whole chain, measured, its numbers thrown
     # away with the rest of the pass. One that skips the last blocks is run again under other
     # seeds (SKIP_TRIES, generators put back after), and so is one whose made-up call cannot
-    # run (a block with an extra input of its own). In such a pass the code after a skipped
+    # run (a block with an extra input of its own); where no draw can be profiled, the call's
+    # own draws are replayed with those blocks collapsed (NOTE [ blocks a profile cannot run ]
+    # in _recorder.py). In such a pass the code after a skipped
     # block's place runs on the carried state before the instrument runs the block: a write
     # through .data found on the carried a_j (NOTE [ writes no version counter sees ] in
     # _recorder.py) marks the skipped blocks' units too, since a step that runs them writes their
@@ -532,7 +537,11 @@ class ScheduleRun:
         if idx == 1 and -1 in remat.last_read and isinstance(hidden, torch.Tensor):
             step.acts[0] = (-1, Act(hidden, None, original=True))
         prev = step.outputs.pop(idx - 1, None)
-        if prev is not None and (
+        # Only a block recomputed from a_{idx-1} must take it as it was made; one the schedule
+        # never recomputes may get it changed (a pre-hook of its own that makes a new input). A
+        # skipped stage before it carried the entry on (NOTE [ skipped stages ]), whether or not
+        # this block is recomputed.
+        if prev is not None and idx in remat.recomputed and (
             not isinstance(hidden, torch.Tensor)
             or hidden.untyped_storage().data_ptr() != prev[0]
             or hidden._version != prev[1]
@@ -733,6 +742,11 @@ class ScheduleRun:
             return
         ledger = step.ledger
         length = self.chain.length
+        if (
+            self.remat is not None and step.dropping == 1 and step.ended == 0 and isinstance(step.records.get(1), PrefixRecord)
+            and all(k in step.skipped for k in range(2, length + 1))
+        ):
+            self._fill_whole_prefix(step)
         if length in step.skipped and step.between:
             # The code after the last block that ran was the head's (stage L): what it saved
             # belongs to unit L, which never moves (NOTE [ skipped stages ]).
@@ -755,6 +769,55 @@ class ScheduleRun:
         step.forward_done = True
         step.current = None
         ledger.by_key.clear()  # no pack of the forward's after it: the address map is done
+
+    # NOTE [ a step that calls no block ]
+    # With LayerDrop a step may skip every block of the chain (the fuzz: 5 blocks at
+    # layerdrop=0.5, one step in 32; discovery may take only the last few of a list as the
+    # chain, the rest running in the code before it). When the code before the first block is
+    # stage 1 and the schedule runs it without saving (Fck_1 / Fn_1, to recompute it later), that
+    # stage never ends: no block call stops it, so it is the whole forward, the head's saves in
+    # its slots too; no tensor hook marks a backward start, and autograd read the empty slots
+    # before any recomputation ran ("the backward of block 1 needs what its recomputation saves":
+    # 3 of the 11 one-sided raises of the two 5000-model fuzz runs). Decision: at the forward's
+    # end, such a step runs the model's forward again at once, under the states the step started
+    # with (PrefixRecord.call with whole=True: the same draws skip every block again, or it raises),
+    # and what it saves fills the slots in order, kept on the device; the schedule's later
+    # recomputations of stage 1 do nothing in that step (stages 2..L are skipped: they call
+    # nothing either). The step then holds what plain PyTorch holds for the same step (every
+    # block skipped, so no unit of a block holds anything); the plan's bound, proven for steps
+    # that end stage 1, is not checked for it.
+
+    def _fill_whole_prefix(self, step: _Step) -> None:
+        """Fill stage 1's slots by running the whole forward again (NOTE [ a step that calls no block ])."""
+        rec = step.records[1]
+        rec.ended()
+        step.dropping = None
+        records: list[Kept] = []
+
+        def keep(t: torch.Tensor) -> None:
+            records.append(Kept(t.detach(), 1))  # not the rerun's graph, which is dropped
+
+        hooks = torch.autograd.graph.saved_tensors_hooks(keep, _unpack_nothing)
+        try:
+            with recomputing():
+                rec.call(None, hooks, whole=True)
+        except Exception as exc:
+            if str(exc).startswith("chainoffload_torch:"):
+                raise
+            raise RuntimeError(
+                f"chainoffload_torch: this step called no block, and running the model's forward again to recompute "
+                f"it failed: {type(exc).__name__}: {exc}. Train with method='best' (no recomputation)"
+            ) from exc
+        slots = step.slots.pop(1, [])
+        if len(slots) != len(records):
+            raise RuntimeError(
+                f"chainoffload_torch: this step called no block, and the model's forward run again saved {len(records)} "
+                f"tensors where the step saved {len(slots)}; train this model with method='best' (no recomputation)"
+            )
+        for slot, r in zip(slots, records, strict=True):
+            slot.record = r
+        step.whole_prefix = True
+        step.stats.recomputed_ops += 1
 
     def forward_failed(self, step: _Step) -> None:
         """The forward raised: drop the step."""
@@ -975,6 +1038,8 @@ class ScheduleRun:
         """Run forward op ``k`` (after the forward) again: call its block on the a_{i-1}
         instance the schedule names, under the original call's states."""
         kind, i = self.schedule.compute[k]
+        if i == 1 and step.whole_prefix:
+            return  # filled at the forward's end (NOTE [ a step that calls no block ])
         if i in step.skipped:
             # A skipped block is never called: the a_i this op makes is the a_{i-1} it reads
             # (NOTE [ skipped stages ]).

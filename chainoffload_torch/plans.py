@@ -356,11 +356,15 @@ class _Planner:
         return best, platform.with_memory(hi), done
 
 
-    def measure(self, instrument: Instrument, args: tuple, kwargs: dict, like: Plan | None = None) -> Sizes:
+    def measure(
+        self, instrument: Instrument, args: tuple, kwargs: dict, like: Plan | None = None, *, redraw: bool = True
+    ) -> Sizes:
         """The sizes of one call from one forward (no backward, no timing), with the units
         ``like``'s profile found written where no version counter sees (NOTE [ writes no version
-        counter sees ] in _recorder.py: found in a backward, which this measure has not)."""
-        return self.with_written(measure_call_sizes(instrument, self.model, args, kwargs, self.device), like)
+        counter sees ] in _recorder.py: found in a backward, which this measure has not).
+        ``redraw=False``: measured under the call's own draws alone (NOTE [ blocks a profile
+        cannot run ] in _recorder.py)."""
+        return self.with_written(measure_call_sizes(instrument, self.model, args, kwargs, self.device, redraw=redraw), like)
 
     def with_written(self, sizes: Sizes, like: Plan | None) -> Sizes:
         """``sizes`` with the units ``like``'s profile found written where no version counter
@@ -732,7 +736,10 @@ def _watch_blocks(blocks: Any, model: nn.Module | None = None) -> Iterator[dict[
 
     found: dict[int, str] = {}
     n = len(blocks.modules)
-    calls = [0]
+    calls = [0]  # the block called last in this pass (0: none yet)
+    places: dict[int, list[int]] = {}
+    for b, module in enumerate(blocks.modules, start=1):
+        places.setdefault(id(module), []).append(b)
 
     # "root": the model's call and its arguments' state (NOTE [ recomputing the code before the
     # first block ] in _recompute.py); "views": per block of this pass whose output is a view,
@@ -741,6 +748,10 @@ def _watch_blocks(blocks: Any, model: nn.Module | None = None) -> Iterator[dict[
     state: dict[str, Any] = {"open": [], "last": None, "root": None, "views": []}
 
     def root_pre(module: nn.Module, a: tuple, kw: dict) -> None:
+        # A new pass: one before it may have stopped inside a block (a profiling pass that
+        # skipped its last blocks, drawn again), which would shift every count after it.
+        calls[0] = 0
+        state["open"], state["last"] = [], None
         why = stateful_argument(module, a, kw, None)
         if why is not None:
             found.setdefault(0, f"the model's call {why}")
@@ -763,8 +774,11 @@ def _watch_blocks(blocks: Any, model: nn.Module | None = None) -> Iterator[dict[
                 )
 
     def pre(module: nn.Module, a: tuple, kw: dict) -> None:
-        b = calls[0] % n + 1
-        calls[0] += 1
+        # The next of this module's places after the block called last: a block a pass leaves
+        # out (NOTE [ blocks a profile cannot run ] in _recorder.py) is never called.
+        at = places[id(module)]
+        b = next((x for x in at if x >= calls[0] % n + 1), at[0])
+        calls[0] = b
         root = state["root"]
         if b == 1 and root is not None and arguments_state(root[0]) != root[1]:
             found.setdefault(0, "it changes an argument the model is given: a recomputation would change it again")
