@@ -128,6 +128,8 @@ BENCH = {
     100: ([1.375, 0.625, 0, 1.125], [0.75, 1.0, 0, 0], [8, 18, 8, 3, 7], [24, 47, 17, 7], 110, 10.0, 80.0, 0.25, False),
     115: ([0.125, 0.25, 0, 0], [0, 0.125, 0, 0], [25, 27, 0, 2, 27], [32, 0, 50, 67], 172, 80.0, 40.0, 0.25, True),
     269: ([1.5, 1.375, 0.25, 1.5], [1.875, 1.75, 0, 0], [1, 20, 30, 6, 2], [41, 39, 38, 44], 167, 20.0, 10.0, 0.25, False),
+    310: ([1.75, 0, 1.25, 0], [0.625, 0, 0, 0], [8, 14, 12, 9, 1], [34, 23, 9, 28], 110, 10.0, 40.0, 0.0, True),
+    364: ([1.125, 0, 2.0, 0], [1.25, 1.125, 0, 0], [30, 32, 25, 12, 1], [50, 61, 32, 47], 220, 20.0, 10.0, 0.25, True),
     25: ([0, 1.0, 0, 0], [0.75, 2.0, 1.0, 0], [26, 5, 7, 13, 23], [13, 53, 34, 35], 168, 20.0, 10.0, 0.5, True),
     42: ([0.75, 0, 0, 0.25], [0, 0, 0.125, 0], [25, 8, 15, 1, 31], [12, 40, 37, 41], 159, 80.0, 40.0, 0.0, True),
     65: ([1.75, 1.375, 0, 1.25], [0, 1.25, 0.5, 0], [12, 1, 31, 25, 16], [5, 67, 28, 56], 203, 10.0, 80.0, 0.0, True),
@@ -145,12 +147,12 @@ def bench(i):
     return chain, Platform(memory=memory, bandwidth_d2h=d2h, bandwidth_h2d=h2d, latency=latency, duplex=duplex)
 
 
-# 37, 43, 100, 115, 269: dp found nothing (each of its plans offloaded one unit whose prefetch
+# 37, 43, 100, 115, 269, 310, 364: dp found nothing (each of its plans offloaded one unit whose prefetch
 # must start at the instant of a zero-length B op, which the fluid DP counted as free: NOTE
 # [ prefetch at a zero-length B ] in its kernel). 25, 42, 65, 355, 360, 383: dp found nothing
 # when that first prefetch had to be one of the units popped at the wait (the plans that fit send
 # unit 1, brought in later by the DP, first). 74: only dp of the pure-offloading methods fits.
-@pytest.mark.parametrize("instance", [37, 43, 100, 115, 269, 25, 42, 65, 355, 360, 383, 74])
+@pytest.mark.parametrize("instance", [37, 43, 100, 115, 269, 310, 364, 25, 42, 65, 355, 360, 383, 74])
 def test_dp_solves_the_zero_length_benchmark_chains(instance):
     chain, platform = bench(instance)
     result = solve(chain, platform, "dp")
