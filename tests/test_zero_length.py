@@ -8,6 +8,7 @@ B_L, and kept counting copies whose offload a wait in the backward had already s
 the planner's kernel). Every schedule here is replayed by the simulator.
 """
 
+import dataclasses
 import itertools
 import json
 
@@ -193,3 +194,19 @@ def test_the_unit_sets_the_baselines_try_hold_no_plan_that_fits(instance, sets):
     for units in sets:
         assert not simulate(chain, platform, plan_transfers(chain, platform, list(units))).feasible, units
     assert simulate(chain, platform, plan_transfers(chain, platform, [1, 2])).feasible == (instance == 74)
+
+
+def test_every_unit_offloaded_fits_on_74_with_p1_first():
+    # The planner's plan of {1, 2, 3} on chain 74 is rejected (above), but not the set: with P_1
+    # sent first at B_4's end and P_2 behind it, B_4 holds 223 B of 229. The planner counts unit
+    # 3's original at B_4 although B_4 waits for P_3, which cannot start before O_3 ends (open:
+    # that count is why offload-all misses this chain, and first-k and lp, whose bisection on
+    # prefixes stops when the whole order is rejected).
+    chain, platform = bench(74)
+    planned = plan_transfers(chain, platform, [1, 2, 3])
+    offloads = [t for t in planned.transfers if t.kind == "offload"]
+    prefetch = {t.unit: t for t in planned.transfers if t.kind == "prefetch"}
+    assert (prefetch[3].op, prefetch[3].at) == (3, "end")
+    moved = [prefetch[3], dataclasses.replace(prefetch[1], op=4, at="end"), dataclasses.replace(prefetch[2], op=4, at="end")]
+    tl = simulate(chain, platform, dataclasses.replace(planned, transfers=tuple(offloads + moved)))
+    assert tl.feasible and tl.peak_memory == 223 and not simulate(chain, platform, planned).feasible
