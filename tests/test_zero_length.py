@@ -8,6 +8,8 @@ B_L, and kept counting copies whose offload a wait in the backward had already s
 the planner's kernel). Every schedule here is replayed by the simulator.
 """
 
+import dataclasses
+import itertools
 import json
 
 import numpy as np
@@ -16,6 +18,7 @@ import pytest
 from chainoffload import Chain, Platform, Status, simulate, solve
 from chainoffload.cli import main
 from chainoffload.planner import plan_arrays, plan_transfers
+from chainoffload.solvers.dp import fluid_plan
 from chainoffload.testing import assert_feasible
 
 CHAIN = Chain(name="issue33", fwd=[0, 0, 0, 1], bwd=[1, 0, 2, 0], act=[0, 8, 21, 29, 12], saved=[8, 55, 43, 34])
@@ -116,3 +119,94 @@ def test_best_says_when_cpsat_proves_that_nothing_fits():
     result = solve(CHAIN, below, "best", cpsat_work=2.0)
     assert result.status == Status.INFEASIBLE and "CP-SAT proved that no schedule fits" in result.message
     assert result.info["lns"]["whole"] == "INFEASIBLE"
+
+
+# Chains of the zero-length benchmark (benchmarks/zero_length.py --instances 400 --seed 33; the
+# first number is the instance) as (fwd, bwd, act, saved, memory, d2h, h2d, latency, duplex).
+BENCH = {
+    37: ([0.625, 0, 0, 1.625], [0, 0, 0, 0], [18, 16, 7, 13, 8], [54, 36, 13, 15], 152, 10.0, 20.0, 0.0, True),
+    43: ([0, 0.125, 0, 0], [0, 1.75, 0, 0], [6, 23, 31, 4, 29], [57, 44, 14, 64], 176, 80.0, 20.0, 0.5, True),
+    100: ([1.375, 0.625, 0, 1.125], [0.75, 1.0, 0, 0], [8, 18, 8, 3, 7], [24, 47, 17, 7], 110, 10.0, 80.0, 0.25, False),
+    115: ([0.125, 0.25, 0, 0], [0, 0.125, 0, 0], [25, 27, 0, 2, 27], [32, 0, 50, 67], 172, 80.0, 40.0, 0.25, True),
+    269: ([1.5, 1.375, 0.25, 1.5], [1.875, 1.75, 0, 0], [1, 20, 30, 6, 2], [41, 39, 38, 44], 167, 20.0, 10.0, 0.25, False),
+    310: ([1.75, 0, 1.25, 0], [0.625, 0, 0, 0], [8, 14, 12, 9, 1], [34, 23, 9, 28], 110, 10.0, 40.0, 0.0, True),
+    364: ([1.125, 0, 2.0, 0], [1.25, 1.125, 0, 0], [30, 32, 25, 12, 1], [50, 61, 32, 47], 220, 20.0, 10.0, 0.25, True),
+    25: ([0, 1.0, 0, 0], [0.75, 2.0, 1.0, 0], [26, 5, 7, 13, 23], [13, 53, 34, 35], 168, 20.0, 10.0, 0.5, True),
+    42: ([0.75, 0, 0, 0.25], [0, 0, 0.125, 0], [25, 8, 15, 1, 31], [12, 40, 37, 41], 159, 80.0, 40.0, 0.0, True),
+    65: ([1.75, 1.375, 0, 1.25], [0, 1.25, 0.5, 0], [12, 1, 31, 25, 16], [5, 67, 28, 56], 203, 10.0, 80.0, 0.0, True),
+    355: ([0.625, 0, 0.25, 0], [0, 0, 1.125, 0], [27, 10, 32, 11, 16], [20, 68, 52, 48], 220, 40.0, 80.0, 0.0, True),
+    360: ([1.5, 0, 0, 2.0], [0.25, 0.25, 1.375, 0], [22, 20, 20, 6, 27], [32, 48, 51, 38], 189, 10.0, 80.0, 0.25, True),
+    383: ([0.25, 1.625, 0, 0.5], [0, 1.0, 1.125, 0], [17, 26, 28, 8, 32], [55, 72, 44, 72], 230, 20.0, 80.0, 0.0, False),
+    74: ([0, 0.375, 1.375, 1.625], [0, 0.625, 0.375, 0], [8, 14, 2, 32, 28], [33, 45, 65, 57], 229, 40.0, 10.0, 0.25, True),
+    242: ([0, 0.75, 0.875, 1.625], [0, 2.0, 0.5, 0], [3, 10, 31, 15, 9], [18, 71, 41, 35], 162, 40.0, 40.0, 0.25, False),
+}
+
+
+def bench(i):
+    fwd, bwd, act, saved, memory, d2h, h2d, latency, duplex = BENCH[i]
+    chain = Chain(name=f"z{i}", fwd=fwd, bwd=bwd, act=act, saved=saved)
+    return chain, Platform(memory=memory, bandwidth_d2h=d2h, bandwidth_h2d=h2d, latency=latency, duplex=duplex)
+
+
+# 37, 43, 100, 115, 269, 310, 364: dp found nothing (each of its plans offloaded one unit whose prefetch
+# must start at the instant of a zero-length B op, which the fluid DP counted as free: NOTE
+# [ prefetch at a zero-length B ] in its kernel). 25, 42, 65, 355, 360, 383: dp found nothing
+# when that first prefetch had to be one of the units popped at the wait (the plans that fit send
+# unit 1, brought in later by the DP, first). 74: only dp of the pure-offloading methods fits.
+@pytest.mark.parametrize("instance", [37, 43, 100, 115, 269, 310, 364, 25, 42, 65, 355, 360, 383, 74])
+def test_dp_solves_the_zero_length_benchmark_chains(instance):
+    chain, platform = bench(instance)
+    result = solve(chain, platform, "dp")
+    replayed(result, chain, platform)
+    # The DP's own plan at the memory fits: no repair was needed to find it.
+    assert result.info["repairs"] == 0 and result.info["units"] == [1, 2]
+
+
+def test_fluid_dp_counts_a_prefetch_starting_at_a_zero_length_b():
+    # Every op of the backward takes 0 s. Offloading unit 2 alone frees B_4's 5 B excess only if
+    # P_2 starts after B_4's instant; but its trigger is B_4's end at the earliest (B_3 needs
+    # it), where it allocates before B_4 does: 157 B. The DP chose [2] at every budget.
+    chain, platform = bench(37)
+    units, _ = fluid_plan(chain, platform)
+    assert units == [1, 2]
+    assert not simulate(chain, platform, plan_transfers(chain, platform, [2])).feasible
+    assert simulate(chain, platform, plan_transfers(chain, platform, units)).feasible
+
+
+def test_a_unit_of_zero_bytes_is_the_lead():
+    # Unit 2 holds 0 B: offloaded, its prefetch (0.25 s of latency) goes first at B_4's end and
+    # P_1 after it, past the instant. Kept, it ties with offloaded (same bytes, same time); the
+    # DP keeps the plan with the smaller lead.
+    chain, platform = bench(115)
+    assert fluid_plan(chain, platform)[0] == [1, 2]
+
+
+@pytest.mark.parametrize(("instance", "sets"), [(242, None), (74, [(1, 2, 3), (3,), (2, 3)])])
+def test_the_unit_sets_the_baselines_try_hold_no_plan_that_fits(instance, sets):
+    # Where offload-all, first-k, largest-first and lp miss these chains, the planner's plan of
+    # each set they try is rejected: 242, every unit set (CP-SAT's 7.95 s schedule moves a_2 and
+    # a_3 alone, which no unit set does); 74, offload-all's {1, 2, 3} and largest-first's
+    # prefixes of (3, 2, 1). (On 74, {1, 2} fits: the prefixes first-k and lp bisect on start
+    # from the whole order, which does not.)
+    chain, platform = bench(instance)
+    if sets is None:
+        sets = [s for k in range(chain.length) for s in itertools.combinations(range(1, chain.length), k)]
+    for units in sets:
+        assert not simulate(chain, platform, plan_transfers(chain, platform, list(units))).feasible, units
+    assert simulate(chain, platform, plan_transfers(chain, platform, [1, 2])).feasible == (instance == 74)
+
+
+def test_every_unit_offloaded_fits_on_74_with_p1_first():
+    # The planner's plan of {1, 2, 3} on chain 74 is rejected (above), but not the set: with P_1
+    # sent first at B_4's end and P_2 behind it, B_4 holds 223 B of 229. The planner counts unit
+    # 3's original at B_4 although B_4 waits for P_3, which cannot start before O_3 ends (open:
+    # that count is why offload-all misses this chain, and first-k and lp, whose bisection on
+    # prefixes stops when the whole order is rejected).
+    chain, platform = bench(74)
+    planned = plan_transfers(chain, platform, [1, 2, 3])
+    offloads = [t for t in planned.transfers if t.kind == "offload"]
+    prefetch = {t.unit: t for t in planned.transfers if t.kind == "prefetch"}
+    assert (prefetch[3].op, prefetch[3].at) == (3, "end")
+    moved = [prefetch[3], dataclasses.replace(prefetch[1], op=4, at="end"), dataclasses.replace(prefetch[2], op=4, at="end")]
+    tl = simulate(chain, platform, dataclasses.replace(planned, transfers=tuple(offloads + moved)))
+    assert tl.feasible and tl.peak_memory == 223 and not simulate(chain, platform, planned).feasible

@@ -84,6 +84,55 @@ def _wait_for(size, chan, n, resident, excess, bandwidth):
     return used / bandwidth, head, resident
 
 
+# NOTE [ prefetch at a zero-length B ]
+# -------------------------------------
+# A wait before B_{j+1} in the time-reversed backward is, forward in time, compute idle after
+# B_{j+1} while the units popped come in. Their prefetches are all triggered when B_{j+1}
+# ends, and the first one on the channel starts then. When B_{j+1} takes no time that is also
+# its start instant, and a prefetch allocation counts before an op's own at one instant
+# (docs/model.md, "One instant"): the first unit is resident during B_{j+1}, and during every
+# zero-length B op before it at that instant (no wait between them). Counted as free, the DP
+# chose units no schedule can run (the zero-length benchmark, seed 33: one unit whose prefetch
+# must start at B_L's instant, 5 B over the memory, on 6 chains). So at a zero-length B the
+# pops must cover the excess plus the first unit's bytes, carried in ``lay_zb`` while the next
+# B ops take no time and do not wait. The first unit can be any unit offloaded before j (the
+# planner sends a small one first, "queued behind a lead" in its kernel): the smallest, kept in
+# ``lay_mo``; when it is not among the units popped (the model had brought it in later), the
+# wait covers its transfer too, and its earlier arrival is not counted at the ops between (a
+# heuristic choice: the planner and the simulator judge the plan). Both are 0 / unused on
+# chains whose backward ops all take time, whose plans are unchanged.
+
+
+@njit
+def _wait_for_instant(size, chan, n, resident, excess, bandwidth, instant, lead, lead_chan):
+    """:func:`_wait_for` for a zero-length B_{j+1} (``NOTE [ prefetch at a zero-length B ]``).
+
+    ``instant``: bytes of prefetches that start at B_j's instant, which is B_{j+1}'s unless
+    B_{j+1} waits. ``lead`` (``lead_chan`` channel bytes): the smallest unit offloaded before
+    j, whose prefetch goes first when B_{j+1} ends. Returns ``(wait, head, resident,
+    instant)`` with the bytes of prefetches that start at B_{j+1}'s instant.
+    """
+    if excess + instant <= 0:
+        return 0.0, 0, resident, instant
+    used = 0.0
+    head = 0
+    low = -1
+    while head < n:
+        used += chan[head]
+        excess -= size[head]
+        resident -= size[head]
+        if low < 0 or size[head] < low:
+            low = size[head]
+        head += 1
+        if excess + lead <= 0:
+            if low > lead:
+                # The lead is not among the units popped (its bytes drained in an earlier,
+                # time-reversed, step): it goes first now, so the wait covers it too.
+                used += lead_chan
+            return used / bandwidth, head, resident, lead
+    return np.inf, head, resident, 0
+
+
 @njit
 def _store(dst_size, dst_chan, size, chan, n, h0, hc, ext_size, ext_chan, mode, h1, left):
     """Write entries ``h1..`` of the FIFO of :func:`_entry` to ``dst``; return (count, bytes)."""
@@ -140,6 +189,12 @@ def fluid_dp(fwd, bwd, act, saved, fwd_tmp, bwd_tmp, memory, bw_d2h, bw_h2d, lat
     for i in range(n - 1, -1, -1):
         compute += bwd[i]
     a0 = act[0]
+    # At a full tie, keep the plan with the smaller lead when some B op takes no time (NOTE
+    # [ prefetch at a zero-length B ]; a unit of 0 bytes offloaded is a lead that costs nothing).
+    lead_ties = False
+    for i in range(n):
+        if bwd[i] == 0.0:
+            lead_ties = True
     # Stage 1 has no decision: F_1 and B_1 must fit with nothing else resident.
     if a0 + saved[0] + fwd_tmp[0] > memory or a0 + saved[0] + act[1] + act[0] + bwd_tmp[0] > memory:
         return offload, np.inf, False
@@ -168,6 +223,12 @@ def fluid_dp(fwd, bwd, act, saved, fwd_tmp, bwd_tmp, memory, bw_d2h, bw_h2d, lat
     lay_k = np.zeros((2, ncell), dtype=np.int64)
     lay_rf = np.zeros((2, ncell), dtype=np.int64)
     lay_rb = np.zeros((2, ncell), dtype=np.int64)
+    # Bytes of prefetches that start at the instant of the last B op, when it took no time
+    # (NOTE [ prefetch at a zero-length B ]); 0 on chains whose backward ops all take time.
+    lay_zb = np.zeros((2, ncell), dtype=np.int64)
+    # The smallest unit offloaded so far: the lead a prefetch can queue behind at such an
+    # instant (``memory + 1``: none yet, too big to lead).
+    lay_mo = np.full((2, ncell), memory + 1, dtype=np.int64)
     lay_qf = np.zeros((2, ncell))
     lay_qb = np.zeros((2, ncell))
     lay_nf = np.zeros((2, ncell), dtype=np.int64)
@@ -206,7 +267,15 @@ def fluid_dp(fwd, bwd, act, saved, fwd_tmp, bwd_tmp, memory, bw_d2h, bw_h2d, lat
                 continue
             # Backward, reversed: B_{j+1} waits the same way on the prefetch queue, then drains.
             nb = lay_nb[cur, c]
-            w_b, hb, rb = _wait_for(bs, bc, nb, lay_rb[cur, c], k0 + lay_rb[cur, c] + need_b0 - memory, bw_h2d)
+            excess_b = k0 + lay_rb[cur, c] + need_b0 - memory
+            if bwd[j] == 0.0:
+                mo = lay_mo[cur, c]
+                w_b, hb, rb, zb = _wait_for_instant(
+                    bs, bc, nb, lay_rb[cur, c], excess_b, bw_h2d, lay_zb[cur, c], mo, mo + lat_h
+                )
+            else:
+                w_b, hb, rb = _wait_for(bs, bc, nb, lay_rb[cur, c], excess_b, bw_h2d)
+                zb = 0
             if w_b == np.inf:
                 continue
             hbc = bc[hb] if hb < nb else 0.0
@@ -240,8 +309,11 @@ def fluid_dp(fwd, bwd, act, saved, fwd_tmp, bwd_tmp, memory, bw_d2h, bw_h2d, lat
                     float(rb1), q_quant, q_top
                 )
                 old = lay_t[nxt, cell]
-                p_new = k1 + max(rf1, rb1)
-                p_old = lay_k[nxt, cell] + max(lay_rf[nxt, cell], lay_rb[nxt, cell])
+                mo1 = lay_mo[cur, c]
+                if d == 1 and fin_h and s_j < mo1:
+                    mo1 = s_j
+                p_new = k1 + max(rf1, rb1 + zb)
+                p_old = lay_k[nxt, cell] + max(lay_rf[nxt, cell], lay_rb[nxt, cell] + lay_zb[nxt, cell])
                 better = False
                 if old == np.inf:
                     better = True
@@ -250,6 +322,8 @@ def fluid_dp(fwd, bwd, act, saved, fwd_tmp, bwd_tmp, memory, bw_d2h, bw_h2d, lat
                     # least queued, then least time.
                     k_old = lay_k[nxt, cell]
                     better = k1 < k_old or (k1 == k_old and (p_new < p_old or (p_new == p_old and t1 < old)))
+                    if lead_ties and k1 == k_old and p_new == p_old and t1 == old:
+                        better = mo1 < lay_mo[nxt, cell]
                 elif t1 < old:
                     better = True
                 elif t1 == old:
@@ -258,6 +332,8 @@ def fluid_dp(fwd, bwd, act, saved, fwd_tmp, bwd_tmp, memory, bw_d2h, bw_h2d, lat
                     # keep more alive in other cells.
                     if p_new < p_old or (p_new == p_old and rf1 + rb1 < lay_rf[nxt, cell] + lay_rb[nxt, cell]):
                         better = True
+                    elif lead_ties and p_new == p_old and rf1 + rb1 == lay_rf[nxt, cell] + lay_rb[nxt, cell]:
+                        better = mo1 < lay_mo[nxt, cell]
                 if better:
                     if old == np.inf:
                         live[nxt, n_nxt] = cell
@@ -266,6 +342,8 @@ def fluid_dp(fwd, bwd, act, saved, fwd_tmp, bwd_tmp, memory, bw_d2h, bw_h2d, lat
                     lay_k[nxt, cell] = k1
                     lay_rf[nxt, cell] = rf1
                     lay_rb[nxt, cell] = rb1
+                    lay_zb[nxt, cell] = zb
+                    lay_mo[nxt, cell] = mo1
                     cnt, q = _store(
                         f_size[nxt, cell], f_chan[nxt, cell], fs, fc, nf, hf, hfc, s_j, s_j + lat_d, mode_f, h1, left_f
                     )

@@ -29,7 +29,9 @@ j = 1..L-1 therefore carries both queues. Transition j decides unit j and runs
   bandwidth * fwd[j+1] bytes;
 * B_{j+1}, time-reversed: resident are a_0, K, the prefetch queue (units older than j), units
   j and j+1 whole, g_{j+1}, g_j and bwd_tmp[j+1]; the same wait rule; the H2D channel drains
-  bandwidth * bwd[j+1] bytes; then an offloaded unit j joins the queue's tail.
+  bandwidth * bwd[j+1] bytes; then an offloaded unit j joins the queue's tail. When B_{j+1}
+  takes no time, the prefetch that goes first after it allocates at its instant and counts
+  (``NOTE [ prefetch at a zero-length B ]`` in the kernel).
 
 Transition 0 (F_1 and B_1) has no decision. After the last transition, what is left in the
 prefetch queue is brought in with compute idle before B_L (the junction). The DP value is
