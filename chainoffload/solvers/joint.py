@@ -750,23 +750,36 @@ def _best_walks(table, chain, platform, sl, tried, found, last_message, deadline
             if plan in tried:
                 continue
             tried.add(plan)
-            for early in (0, 1):
-                if time.perf_counter() + longest > deadline:
-                    if info is not None:
-                        info["stopped"] = "time"
-                    return found, last_message
-                began = time.perf_counter()
-                schedule, timeline = _with_waits(
-                    chain, platform, joint_schedule(table, chain, platform, early=early, budget=budget), deadline
-                )
-                longest = max(longest, time.perf_counter() - began)
-                if timeline.feasible and (found is None or timeline.makespan < found[1].makespan):
-                    found = (schedule, timeline, fraction)
-                elif not timeline.feasible:
-                    last_message = timeline.violation.message
-                if not schedule.transfers:
-                    break
+            found, last_message, longest, stopped = _simulate_walk(
+                table, chain, platform, budget, fraction, found, last_message, longest, deadline
+            )
+            if stopped:
+                if info is not None:
+                    info["stopped"] = "time"
+                return found, last_message
     return found, last_message
+
+
+def _simulate_walk(table, chain, platform, budget, root, found, last_message, longest, deadline):
+    """Rebuild the plan the table walks at ``budget`` (late transfers, then early ones unless
+    the first moves nothing), repair and simulate it, and keep it in ``found`` (tagged ``root``)
+    when feasible and strictly faster. Returns ``(found, last_message, longest, stopped)``:
+    ``stopped`` when a rebuild (timed as the ``longest`` so far) would not end by ``deadline``."""
+    for early in (0, 1):
+        if time.perf_counter() + longest > deadline:
+            return found, last_message, longest, True
+        began = time.perf_counter()
+        schedule, timeline = _with_waits(
+            chain, platform, joint_schedule(table, chain, platform, early=early, budget=budget), deadline
+        )
+        longest = max(longest, time.perf_counter() - began)
+        if timeline.feasible and (found is None or timeline.makespan < found[1].makespan):
+            found = (schedule, timeline, root)
+        elif not timeline.feasible:
+            last_message = timeline.violation.message
+        if not schedule.transfers:
+            break
+    return found, last_message, longest, False
 
 
 def joint_lift(chain: Chain, platform: Platform, slots: int) -> int:
@@ -796,22 +809,17 @@ def _lifted_walks(table, chain, platform, tried, found, last_message, deadline=m
         if plan in tried:
             continue
         tried.add(plan)
-        for early in (0, 1):
-            if time.perf_counter() + longest > deadline:
-                if info is not None:
-                    info["stopped"] = "time"
-                return found, last_message
-            began = time.perf_counter()
-            schedule, timeline = _with_waits(
-                chain, platform, joint_schedule(table, chain, platform, early=early, budget=budget), deadline
-            )
-            longest = max(longest, time.perf_counter() - began)
-            if timeline.feasible and (found is None or timeline.makespan < found[1].makespan):
-                found = (schedule, timeline, budget / max(1, table.budget))
-                if info is not None:
-                    info["lifted_by"] = budget - table.budget
-            if not schedule.transfers:
-                break
+        before = found
+        # A lifted plan's violation is not the message of the budget's own plans: left out.
+        found, _, longest, stopped = _simulate_walk(
+            table, chain, platform, budget, budget / max(1, table.budget), found, last_message, longest, deadline
+        )
+        if found is not before and info is not None:
+            info["lifted_by"] = budget - table.budget
+        if stopped:
+            if info is not None:
+                info["stopped"] = "time"
+            return found, last_message
     return found, last_message
 
 
