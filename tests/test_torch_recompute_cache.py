@@ -12,11 +12,8 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch = pytest.importorskip("torch")
 tf = pytest.importorskip("transformers")
-import numpy as np  # noqa: E402
-import torch.utils._pytree as pytree  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.multiprocessing.reductions import StorageWeakRef  # noqa: E402
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 import chainoffload as co  # noqa: E402
 import chainoffload_torch as ct  # noqa: E402
@@ -211,31 +208,7 @@ def test_the_backward_reads_the_cache_s_own_tensors_not_the_recomputed_twins():
 # -- 2. the memory the plan predicts -------------------------------------------------------------------
 
 
-class _Storages(TorchDispatchMode):
-    """Every storage an op allocates (an output over none of its inputs' storages), by weak reference."""
-
-    def __init__(self):
-        super().__init__()
-        self.seen = {}
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        inputs = {t.untyped_storage().data_ptr() for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor) and t.layout == torch.strided}
-        for t in pytree.tree_leaves(out):
-            if isinstance(t, torch.Tensor) and t.layout == torch.strided:
-                st = t.untyped_storage()
-                if st.data_ptr() not in inputs and st.nbytes():
-                    ref = StorageWeakRef(st)
-                    self.seen[ref.cdata] = (ref, st.nbytes())
-        return out
-
-    def live(self):
-        return sum(n for ref, n in self.seen.values() if not ref.expired())
-
-
-def _memory_at(tl, t):
-    q = int(np.searchsorted(tl.memory_time, t, side="right")) - 1
-    return int(tl.memory_bytes[q]) if q >= 0 else 0
+from test_torch_coverage import _memory_at, _Storages  # noqa: E402
 
 
 def _over_at_every_op(model, batch, handle):
