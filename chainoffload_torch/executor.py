@@ -1095,8 +1095,8 @@ class ScheduleRun:
             raise RuntimeError(
                 f"chainoffload_torch: recomputing {what} ({kind}_{i}, op {k}) failed: "
                 f"{type(exc).__name__}: {exc}. A block that is recomputed must compute the same thing when called "
-                "again on the same arguments; one that updates state it is given (a key/value cache: call the model "
-                "with use_cache=False) or keeps state of its own cannot. Train with method='best' (no recomputation)"
+                "again on the same arguments; one that changes state it is given that cannot be put back as it was, or "
+                "keeps state of its own, cannot. Train with method='best' (no recomputation)"
             ) from exc
         finally:
             step.current = current

@@ -28,7 +28,7 @@ from chainoffload_torch.plans import _recomputed  # noqa: E402
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
 from bench_models import torch_models  # noqa: E402
-from test_torch_coverage import _live_at_every_op  # noqa: E402
+from test_torch_coverage import _assert_live_within_prediction  # noqa: E402
 
 #: Per model, a budget as a share of the keep-all peak of the chain with tails: at most the
 #: least memory offload() accepted there in benchmarks/results/offload_models_tail.md plus a
@@ -225,12 +225,7 @@ def test_the_prediction_holds_at_every_op_where_blocks_with_tails_are_recomputed
     handle = ct.offload(model, x, memory=memory, method="rotor", repeats=1, warmup=0)
     blocks = handle.blocks
     assert len(blocks.tails) == 7 and _recomputed(handle.schedule) & {blocks.stage_of(b) for b in blocks.tails}
-    model(x).square().mean().backward()  # the .grad of every weight exists from here on
-    seen = _live_at_every_op(model, x, handle)
-    assert len(seen) == len(handle.schedule.compute)
-    over = [(op, live, predicted) for op, live, predicted in seen if live > predicted]
-    assert not over, over
-    assert max(live / predicted for _, live, predicted in seen if predicted) > 0.5
+    _assert_live_within_prediction(model, x, handle)
     handle.remove()
 
 
