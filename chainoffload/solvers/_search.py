@@ -59,8 +59,10 @@ _EPS = 1e-12
 # shorter prefixes, longest first (the likeliest to fit), and bisects below the first that
 # fits. A search that finds a fitting prefix today never scans, so its result and time are
 # unchanged. The scan costs at most ``SCAN_STAGES`` stages of planning (a plan of L stages
-# counts L): every prefix up to L = 100, none at L >= 10^4 (where one rejected plan takes
-# 40 ms, and 0.4 s at L = 10^5), so a chain whose whole order is rejected is not slowed there.
+# counts L): every prefix up to L = 100, one at L = 10^4, none past it. Measured on first-k
+# (random chains, memory one byte below the offload floor, best of 3 on a loaded 2-core
+# machine): 3 ms -> 27 ms at L = 10^3 (10 more plans), 30 -> 58 ms at L = 10^4, 0.37 s both
+# at L = 10^5; at the floor, where the whole order fits, the same plans and time as before.
 #: Stages of planning (a plan of L stages counts L) the scan of shorter prefixes may spend.
 SCAN_STAGES = 10_000
 
