@@ -11,15 +11,19 @@ the planner's kernel). Every schedule here is replayed by the simulator.
 import dataclasses
 import itertools
 import json
+from unittest import mock
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
 
 from chainoffload import Chain, Platform, Status, simulate, solve
 from chainoffload.cli import main
 from chainoffload.planner import plan_arrays, plan_transfers
+from chainoffload.solvers import _search
 from chainoffload.solvers.dp import fluid_plan
 from chainoffload.testing import assert_feasible
+from chainoffload.testing.strategies import chains, instances
 
 CHAIN = Chain(name="issue33", fwd=[0, 0, 0, 1], bwd=[1, 0, 2, 0], act=[0, 8, 21, 29, 12], saved=[8, 55, 43, 34])
 PLATFORM = Platform(memory=167, bandwidth_d2h=20.0, bandwidth_h2d=40.0, latency=0.5)
@@ -183,11 +187,11 @@ def test_a_unit_of_zero_bytes_is_the_lead():
 
 @pytest.mark.parametrize(("instance", "sets"), [(242, None), (74, [(1, 2, 3), (3,), (2, 3)])])
 def test_the_unit_sets_the_baselines_try_hold_no_plan_that_fits(instance, sets):
-    # Where offload-all, first-k, largest-first and lp miss these chains, the planner's plan of
-    # each set they try is rejected: 242, every unit set (CP-SAT's 7.95 s schedule moves a_2 and
-    # a_3 alone, which no unit set does); 74, offload-all's {1, 2, 3} and largest-first's
-    # prefixes of (3, 2, 1). (On 74, {1, 2} fits: the prefixes first-k and lp bisect on start
-    # from the whole order, which does not.)
+    # Where offload-all and largest-first (and on 242 first-k and lp) miss these chains, the
+    # planner's plan of each set they try is rejected: 242, every unit set (CP-SAT's 7.95 s
+    # schedule moves a_2 and a_3 alone, which no unit set does); 74, offload-all's {1, 2, 3} and
+    # largest-first's prefixes of (3, 2, 1). (On 74, {1, 2} fits: first-k and lp find it by
+    # trying shorter prefixes once the whole order is rejected, tests below.)
     chain, platform = bench(instance)
     if sets is None:
         sets = [s for k in range(chain.length) for s in itertools.combinations(range(1, chain.length), k)]
@@ -200,8 +204,7 @@ def test_every_unit_offloaded_fits_on_74_with_p1_first():
     # The planner's plan of {1, 2, 3} on chain 74 is rejected (above), but not the set: with P_1
     # sent first at B_4's end and P_2 behind it, B_4 holds 223 B of 229. The planner counts unit
     # 3's original at B_4 although B_4 waits for P_3, which cannot start before O_3 ends (open:
-    # that count is why offload-all misses this chain, and first-k and lp, whose bisection on
-    # prefixes stops when the whole order is rejected).
+    # that count is why offload-all misses this chain).
     chain, platform = bench(74)
     planned = plan_transfers(chain, platform, [1, 2, 3])
     offloads = [t for t in planned.transfers if t.kind == "offload"]
@@ -210,3 +213,51 @@ def test_every_unit_offloaded_fits_on_74_with_p1_first():
     moved = [prefetch[3], dataclasses.replace(prefetch[1], op=4, at="end"), dataclasses.replace(prefetch[2], op=4, at="end")]
     tl = simulate(chain, platform, dataclasses.replace(planned, transfers=tuple(offloads + moved)))
     assert tl.feasible and tl.peak_memory == 223 and not simulate(chain, platform, planned).feasible
+
+
+@pytest.mark.parametrize("method", ["first-k", "lp"])
+def test_first_k_and_lp_find_the_prefix_that_fits_below_the_whole_order_on_74(method):
+    # {1, 2, 3} is rejected and {1, 2} fits: fitting is not monotone in the prefix here, and the
+    # bisection alone (no scan) gave up once the whole order was rejected.
+    chain, platform = bench(74)
+    result = solve(chain, platform, method)
+    replayed(result, chain, platform)
+    assert result.info["units"] == [1, 2]
+    with mock.patch.object(_search, "SCAN_STAGES", 0):
+        assert solve(chain, platform, method).status == Status.INFEASIBLE
+
+
+def test_the_scan_of_shorter_prefixes_stays_within_its_work_limit():
+    # 4 stages per plan: a limit of 4 stages allows one plan ({1, 2}, the longest proper prefix),
+    # 3 allows none.
+    chain, platform = bench(74)
+    for stages, fits in ((4, True), (3, False)):
+        with mock.patch.object(_search, "SCAN_STAGES", stages):
+            search = _search.Evaluator(chain, platform)
+            assert (search.prefixes([1, 2, 3], "first-k", scan=True) is not None) == fits
+            # the whole order, then {1, 2} if allowed; once it fits, keep-all and {1}
+            assert search.evals == (4 if fits else 1)
+
+
+def _same(new, old):
+    assert new.status == old.status
+    if old.feasible:
+        assert new.makespan == old.makespan and new.info["units"] == old.info["units"]
+        assert new.schedule.transfers == old.schedule.transfers
+
+
+@settings(max_examples=60, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+@given(instances(chains=chains(max_length=8, max_bytes=64, min_time=0.125, max_time=2.0, time_resolution=0.125), memory_slack=0.0))
+def test_chains_without_zero_length_ops_get_the_old_results(instance):
+    # The scan (NOTE [ prefixes that fit below one that does not ]) runs only where the whole order
+    # is rejected: wherever the old search (no scan) found a schedule, the new one returns the
+    # same; where it found none, a schedule the new one finds must replay.
+    chain, platform = instance
+    for method in ("first-k", "lp"):
+        new = solve(chain, platform, method)
+        with mock.patch.object(_search, "SCAN_STAGES", 0):
+            old = solve(chain, platform, method)
+        if old.feasible or not new.feasible:
+            _same(new, old)
+        else:
+            replayed(new, chain, platform)

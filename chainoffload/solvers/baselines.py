@@ -29,7 +29,9 @@ def _offloadable(chain: Chain, platform: Platform, keep: Iterable[int] = ()) -> 
     return [u for u in range(1, chain.length) if u not in kept]
 
 
-def _first_fit(method: str, chain: Chain, platform: Platform, order: Sequence[int], time_limit: float | None, t0: float) -> Result:
+def _first_fit(
+    method: str, chain: Chain, platform: Platform, order: Sequence[int], time_limit: float | None, t0: float, scan: bool = False
+) -> Result:
     """The shortest prefix of ``order`` that the simulator accepts, by bisection.
 
     Prefixes are nested and growing (offload more of the same order), so fitting is monotone
@@ -37,10 +39,12 @@ def _first_fit(method: str, chain: Chain, platform: Platform, order: Sequence[in
     that fits whose predecessor does not, in O(log L) plans instead of L. Past ``time_limit``
     it stops with the fastest prefix seen to fit (``feasible``, ``info["stopped"] == "time"``;
     a longer prefix than the bisection would end with), or ``timeout`` if none fitted by then.
+    ``scan``: when the whole order does not fit, try shorter prefixes (NOTE [ prefixes that fit
+    below one that does not ] in ``_search``).
     """
     deadline = t0 + time_limit if time_limit is not None else math.inf
     search = Evaluator(chain, platform, deadline=deadline)
-    found = search.prefixes(list(order), method)
+    found = search.prefixes(list(order), method, scan=scan)
     cand, info = None, {}
     if found is not None:
         cand = search.units(order[:found])
@@ -132,7 +136,7 @@ def first_k(chain: Chain, platform: Platform, *, keep: Iterable[int] = (), time_
     Stops at ``time_limit`` seconds (status ``timeout`` if no k that fits was found by then).
     """
     t0 = time.perf_counter()
-    return _first_fit("first-k", chain, platform, _offloadable(chain, platform, keep), time_limit, t0)
+    return _first_fit("first-k", chain, platform, _offloadable(chain, platform, keep), time_limit, t0, scan=True)
 
 
 def largest_first(chain: Chain, platform: Platform, *, keep: Iterable[int] = (), time_limit: float | None = None) -> Result:

@@ -41,7 +41,9 @@ _EPS = 1e-6
 #  3. greedy by fraction: units ordered by x (then by saved size, larger first); the shortest
 #     prefix of that order that fits, found by bisection (whether a set fits is close to
 #     monotone in its size: offloading more frees more), then the next two prefixes (their
-#     makespan may be lower when the planner hides the extra transfers);
+#     makespan may be lower when the planner hides the extra transfers); while nothing fits
+#     yet and the whole order does not, shorter prefixes are tried first, longest first
+#     (NOTE [ prefixes that fit below one that does not ] in ``_search``);
 #  4. the same along the LP's support ordered by saved size (largest first), then the rest;
 #  5. orders that do not follow x, by bisection as in 3: smallest units first, last stages
 #     first, first stages first (first-k);
@@ -142,11 +144,13 @@ def lp(
     )
     for source, order in orders:
         if not search.done:
-            search.prefixes(order(), source, extra=2)
+            # With nothing that fits yet, a prefix shorter than the whole order may still fit
+            # (NOTE [ prefixes that fit below one that does not ] in ``_search``).
+            search.prefixes(order(), source, extra=2, scan=search.best is None)
     _improve(search, x)
     if search.best is None and search.stopped != "time":
         search.max_evals = max(search.max_evals, search.evals + 2 * (1 + int(math.log2(len(units) + 1))) + 1)
-        search.prefixes(sorted(units, key=lambda u: (-int(saved[u - 1]), u)), "repair: largest-first")
+        search.prefixes(sorted(units, key=lambda u: (-int(saved[u - 1]), u)), "repair: largest-first", scan=True)
         search.consider(units, "repair: offload-all")
 
     info = {
