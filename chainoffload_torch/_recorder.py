@@ -360,6 +360,10 @@ class _Recorder:
         start = time.perf_counter()
         entry = p.ledger.pack(t, p.current)
         kept = Kept(t, p.current)
+        # A print under this id is a Kept freed without a backward reading it (a saved tensor the
+        # forward made and dropped): its address came back, and a later unpack of this one would
+        # compare another tensor with it and see a write.
+        self._prints.pop(id(kept), None)
         checked = 0.0
         if self.check_writes and self.check_saved and entry is not None and 1 <= entry.unit <= self.n:
             fp_start = time.perf_counter()
