@@ -431,12 +431,10 @@ def main(argv: list[str]) -> int:
             r["trained"] = dict(r["trained"])
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False).stdout.strip()
         note = (
-            f"Rows rerun at {head or 'this tree'} (after the code before the first block became recomputable): "
-            f"{', '.join(r['model'] for r in rows)}; `{' ; '.join(d['command'] for d in dumped)}`. "
+            f"Rows rerun at {head or 'this tree'}: {', '.join(r['model'] for r in rows)}; "
+            f"`{' ; '.join(d['command'] for d in dumped)}`. "
             + " ".join(d["timing"] for d in dumped)
-            + " The other rows are the run above, as it was (made before the cache merge, after which a decoder block given"
-            " a key/value cache is never recomputed: falcon's and whisper's rows, rerun here, no longer raise and recompute"
-            " less)."
+            + " The other rows are the run above, as it was."
         )
         out = RESULTS / "offload_models.md"
         out.write_text(splice(out.read_text(), rows, note))
