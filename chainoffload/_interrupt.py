@@ -29,7 +29,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import TypeVar
 
-__all__ = ["SCIP_NO_CTRL_C", "run_stoppable", "solve_proto", "stop_all", "stoppable"]
+__all__ = ["SCIP_NO_CTRL_C", "interrupted", "run_stoppable", "solve_proto", "stop_all", "stoppable"]
 
 T = TypeVar("T")
 
@@ -70,6 +70,12 @@ def stop_all() -> int:
     for stop in stops:
         _call(stop)
     return len(stops)
+
+
+def interrupted() -> bool:
+    """Whether :func:`stop_all` was called: a search that returned since may have been cut short
+    by it, and what it proved then depends on the moment of the signal."""
+    return _stopped.is_set()
 
 
 def _call(stop: Callable[[], None]) -> None:

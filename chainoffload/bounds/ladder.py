@@ -44,6 +44,16 @@ and ``tradeoff`` through :func:`problem_bound` (no clock), ``cpsat`` through
 solve may then prove a stronger bound of its own. The climb stops early once the bound reaches the
 ``target`` (the result's makespan: it is then proven optimal) and is not made at all for a
 result without a schedule. ``Result.info["bound"]`` names the rung whose value was kept.
+
+**The stronger rungs.** :data:`STRONGER` holds rungs climbed after the ladder only when a
+caller asks (``climb(..., stronger=True)``, ``problem_bound(..., stronger=True)``): today the
+``cpsat`` rung (NOTE [ cpsat bound rung ] in ``cpsat_bound.py``: CP-SAT proves, on a
+deterministic work limit, that no schedule ends before the target). It needs a target (a rung
+with ``needs_target`` is skipped without one) and costs seconds where the ladder costs ~1 s, so
+it is not in :data:`LADDER`: ``solve``, ``plot`` and ``verify`` climb that on the README's main
+job, whose cold run must stay under 15 s. ``best`` climbs it when its exact improver leaves a
+gap; :func:`stronger_bound` has no target and does not. Its rule (at most
+``CPSAT_BOUND_MAX_STAGES`` stages) and its work limit ignore the clock like every other rung's.
 """
 
 from __future__ import annotations
@@ -64,6 +74,7 @@ __all__ = [
     "stronger_bound",
     "FLUID_LP_MAX_STAGES",
     "LADDER",
+    "STRONGER",
     "UNIT_MILP_NODE_WORK",
     "UNIT_MILP_WORK_SIZE",
     "ProblemBound",
@@ -119,12 +130,17 @@ class Rung:
     cost
         ``cost(chain, platform) -> float``: the estimated seconds, consulted only under a
         caller's time limit (0 when the answer is cached).
+    needs_target
+        ``True``: ``bound`` is called as ``bound(chain, platform, limit, target, floor)``, with
+        the climb's ``target`` (a schedule's makespan, finite) and the largest bound reached so
+        far, and the rung is skipped when the climb has no finite target.
     """
 
     name: str
-    bound: Callable[[Chain, Platform, float | None], float]
+    bound: Callable[..., float]
     runs: Callable[[Chain, Platform], bool]
     cost: Callable[[Chain, Platform], float]
+    needs_target: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -225,6 +241,36 @@ LADDER: list[Rung] = [
 ]
 
 
+def _cpsat(chain: Chain, platform: Platform, limit: float | None, target: float, floor: float):
+    from . import cpsat_bound as cb
+
+    got = cb.cpsat_bound(chain, platform, target, floor=floor if math.isfinite(floor) else None, time_limit=limit)
+    if got.status == "proven":
+        return got.value
+    if got.status == "beaten":  # the target is not optimal in the model's space: nothing to prove
+        return -math.inf
+    why = {"work limit": f"its work limit of {cb.CPSAT_BOUND_WORK:g} deterministic s ran out before a proof",
+           "time limit": "the time limit came before a proof",
+           "guard": f"its guard of {cb.GUARD_SECONDS:g} s of wall time ran out before a proof; this may depend on the machine"}
+    return -math.inf, why[got.status]
+
+
+def _cpsat_runs(chain: Chain, platform: Platform) -> bool:
+    from . import cpsat_bound as cb
+
+    return chain.length <= cb.CPSAT_BOUND_MAX_STAGES and platform.can_transfer
+
+
+def _cpsat_cost(chain: Chain, platform: Platform) -> float:
+    from . import cpsat_bound as cb
+
+    return cb.cpsat_bound_seconds(chain)
+
+
+#: Rungs climbed after the ladder only with ``stronger=True`` (NOTE [ bound ladder ]).
+STRONGER: list[Rung] = [Rung("cpsat", _cpsat, _cpsat_runs, _cpsat_cost, needs_target=True)]
+
+
 def add_rung(rung: Rung, *, after: str | None = None) -> None:
     """Add ``rung`` to the ladder (at the end, or right after the rung named ``after``)."""
     if any(r.name == rung.name for r in LADDER):
@@ -245,8 +291,11 @@ def climb(
     *,
     target: float = math.inf,
     notes: list[str] | None = None,
+    stronger: bool = False,
 ) -> tuple[float, str, list[str]]:
     """Climb the ladder (``NOTE [ bound ladder ]``); stop once the bound reaches ``target``.
+
+    ``stronger``: climb the rungs of :data:`STRONGER` after the ladder's.
 
     ``time_limit`` ``None``: every rung whose rule admits the instance runs, to its work limit
     (the answer depends on the instance only). Seconds: a rung also needs its estimated cost
@@ -268,9 +317,11 @@ def climb(
         if notes is not None:
             notes.append(line)
 
-    for rung in LADDER:
+    for rung in LADDER + (STRONGER if stronger else []):
         if value >= target * (1 - 1e-12):
             break
+        if rung.needs_target and not math.isfinite(target):
+            continue
         if not rung.runs(chain, platform):
             continue
         left = None
@@ -281,7 +332,7 @@ def climb(
                 note(f"the {rung.name} bound was skipped (estimated {cost:.3g} s, {left:.3g} s of the time limit left)")
                 continue
         try:
-            got = rung.bound(chain, platform, left)
+            got = rung.bound(chain, platform, left, target, value) if rung.needs_target else rung.bound(chain, platform, left)
         except TimeoutError as exc:
             why = " ".join(str(exc).split()) or "time limit"
             suffix = "; this figure may depend on the machine" if time_limit is None else ""
@@ -301,7 +352,7 @@ def climb(
 
 
 def problem_bound(
-    chain: Chain, platform: Platform, *, target: float = math.inf, time_limit: float | None = None
+    chain: Chain, platform: Platform, *, target: float = math.inf, time_limit: float | None = None, stronger: bool = False
 ) -> ProblemBound:
     """The lower bound of the pure-offloading problem that ``solve``, ``plot``, ``verify`` and
     ``tradeoff`` report (``NOTE [ bound ladder ]``).
@@ -316,6 +367,9 @@ def problem_bound(
     time_limit
         ``None`` (default): the answer depends on ``chain``, ``platform`` and ``target`` only.
         Seconds: rungs that do not fit are skipped (may depend on the machine).
+    stronger
+        Climb :data:`STRONGER` too (the ``cpsat`` rung: seconds of CP-SAT where ``target`` is
+        finite and the chain short; NOTE [ cpsat bound rung ]).
 
     Returns
     -------
@@ -323,7 +377,7 @@ def problem_bound(
         At least ``chain.compute_time``.
     """
     notes: list[str] = []
-    value, name, tried = climb(chain, platform, time_limit, target=target, notes=notes)
+    value, name, tried = climb(chain, platform, time_limit, target=target, notes=notes, stronger=stronger)
     if not value >= chain.compute_time:  # no rung ran (a rung added before trivial failed)
         value, name = chain.compute_time, "trivial"
     return ProblemBound(value, name, tuple(tried), tuple(notes))

@@ -1,0 +1,184 @@
+"""CP-SAT's proof that no schedule beats a target: the ``cpsat`` rung of the bound ladder.
+
+NOTE [ cpsat bound rung ]
+-------------------------
+Where ``best`` stops above the ladder's bound, the bound was the weak side on the points of
+issue 33 we could check: vgg19 at half memory, PCIe 3, had ``best`` at 1.5016 x the compute
+time and the unit MILP's bound at 1.3124 x; ``cpsat`` with 300 s (one worker) proved 1.5016
+optimal in 126 s (benchmarks/results/best_optimum.md). CP-SAT with one worker hardly moves its
+own dual bound before the search is complete (vgg19 there: 1.0001 x after 5 deterministic
+seconds without an incumbent, 1.1279 x with ``linearization_level`` 2), so a rung that reads
+``best_objective_bound`` after a work-limited solve gains nothing; what CP-SAT does prove
+within a small budget is that *no schedule is shorter than a given makespan*. So this rung
+takes the ladder's ``target`` (the makespan of the schedule the caller holds) and asks the
+exact model (:class:`chainoffload.solvers.cpsat.model.CPModel`, the space ``cpsat``'s
+``optimal`` ranges over) whether a solution ends before it:
+
+* the integer model gets ``makespan <= U`` with ``U = ceil(target * scale - R) - 1`` (R the
+  grid's rounding slack, NOTE [ cpsat: time scale ]) and the ladder's bound so far stated as
+  ``makespan >= floor(bound * scale - R)``; no objective (a pure feasibility question);
+* ``INFEASIBLE`` proves every integer solution ends at ``U + 1`` or later, so every schedule the
+  simulator accepts ends at ``(U + 1 - R) / scale`` or later: the rung's value, at most 2 R /
+  scale below the target (within ``cpsat``'s own ``3 * info["tolerance"]`` of optimal). The
+  caveat of NOTE [ cpsat: time scale ] applies as to every CP-SAT bound here;
+* anything else (a solution found: the target is not optimal in the model's space; or the work
+  ran out) proves nothing: the rung gives no value, with a note that says which.
+
+**Work, not time.** One worker (``num_workers = 1``: CP-SAT's sequential loop), a fixed
+``random_seed`` and ``max_deterministic_time`` = :data:`CPSAT_BOUND_WORK`, CP-SAT's own count
+of work done, so the same instance and target give the same answer on any machine and at any
+load (checked by tests/test_cpsat_bound.py; CP-SAT documents the limit, not the determinism
+of its single-worker search, so the test is what holds it). A caller's time limit also caps
+it as a wall-clock limit (then the answer may depend on the machine and the note says it
+stopped early); without one a guard of :data:`GUARD_SECONDS` stands. A Ctrl-C stops the
+search through CP-SAT's API (``chainoffload/_interrupt.py``) and is raised, never read as a
+"no": the value never depends on when a signal came.
+
+**Where it runs.** Not in the default ladder: building the model and the search cost seconds
+(vgg19 above: 1.6 deterministic s, ~7 s of CPU on the shared 2 cores) on chains whose ladder
+costs ~1 s, and ``solve``, ``plot`` and ``verify`` climb that ladder on the README's main job,
+whose cold run must stay under 15 s (benchmarks/results/cold_start.md: 13.05 s). It is the
+rung of :data:`chainoffload.bounds.ladder.STRONGER`, climbed with ``stronger=True``, on chains
+of at most :data:`CPSAT_BOUND_MAX_STAGES` stages (the model grows as L^2): by ``best`` when its
+exact improver leaves a gap (NOTE [ large neighbourhood search ]; ``best`` skips the improver
+within ``LNS_GAP`` of the ladder's bound, the README's main job included, and the rung with it),
+and by ``benchmarks/best_optimum.py --stronger``. ``cpsat`` does not climb it: it has no
+target before its search, and its search proves the same thing with the whole time limit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+
+from ..chain import Chain
+from ..platform import Platform
+
+__all__ = ["CPSAT_BOUND_MAX_STAGES", "CPSAT_BOUND_WORK", "GUARD_SECONDS", "SEED", "CpsatBound", "cpsat_bound",
+           "cpsat_bound_seconds"]
+
+#: Longest chain the rung runs on (the same as ``best``'s whole-chain CP-SAT solve).
+CPSAT_BOUND_MAX_STAGES = 24
+
+#: CP-SAT's deterministic seconds per proof.
+CPSAT_BOUND_WORK = 5.0
+
+#: The seed of CP-SAT's own randomness.
+SEED = 0
+
+#: Wall seconds of one proof without a caller's time limit: a guard that should never fire.
+GUARD_SECONDS = 600.0
+
+#: Wall seconds per deterministic second of CP-SAT on this model, for the rung's estimate
+#: (measured on the shared 2-core machine at load ~5: vgg19 at half memory, 1.57 deterministic
+#: s in 25 s of wall, 7.3 s of CPU).
+SECONDS_PER_WORK = 5.0
+
+
+@dataclasses.dataclass(frozen=True)
+class CpsatBound:
+    """What :func:`cpsat_bound` proved.
+
+    Attributes
+    ----------
+    value
+        Seconds: a proven lower bound on every schedule's makespan (``-inf``: nothing proven).
+    status
+        ``"proven"`` (no schedule ends before ``value``), ``"beaten"`` (CP-SAT found a solution
+        ending before the target), ``"work limit"`` (its deterministic work ran out first),
+        ``"time limit"`` (the caller's wall-clock limit came first) or ``"guard"``.
+    work
+        Deterministic seconds CP-SAT used.
+    """
+
+    value: float
+    status: str
+    work: float
+
+
+def cpsat_bound_seconds(chain: Chain, work: float = CPSAT_BOUND_WORK) -> float:
+    """Estimated wall seconds of one :func:`cpsat_bound` call: building the model and ``work``."""
+    from ..solvers.cpsat.model import model_estimate
+
+    return model_estimate(chain.length)["seconds"] + SECONDS_PER_WORK * work
+
+
+def cpsat_bound(
+    chain: Chain,
+    platform: Platform,
+    target: float,
+    *,
+    floor: float | None = None,
+    work: float = CPSAT_BOUND_WORK,
+    time_limit: float | None = None,
+) -> CpsatBound:
+    """Prove with CP-SAT that no schedule ends before ``target`` (NOTE [ cpsat bound rung ]).
+
+    Parameters
+    ----------
+    chain, platform
+        The instance.
+    target
+        Seconds: the makespan to prove optimal (a schedule's; must be finite).
+    floor
+        A proven lower bound (seconds) to state in the model, or ``None``.
+    work
+        CP-SAT's deterministic seconds (> 0).
+    time_limit
+        Wall seconds (``None``: the work alone stops it, under :data:`GUARD_SECONDS`).
+
+    Returns
+    -------
+    CpsatBound
+        ``value`` within ``2 R / scale`` below ``target`` when proven, else ``-inf``.
+
+    Raises
+    ------
+    ValueError
+        If ``target`` is not finite and positive or ``work`` is not a number > 0.
+    KeyboardInterrupt
+        On Ctrl-C (the search is stopped through CP-SAT's API first).
+    """
+    from .._interrupt import run_stoppable
+    from ..solvers.cpsat.grid import TimeGrid
+    from ..solvers.cpsat.model import CPModel
+
+    if not (isinstance(target, (int, float)) and math.isfinite(target) and target > 0):
+        raise ValueError(f"target: {target!r} must be a finite number of seconds > 0")
+    if isinstance(work, bool) or not isinstance(work, (int, float)) or not (0 < work < math.inf):
+        raise ValueError(f"work: {work!r} must be a number of deterministic seconds > 0")
+    t0 = time.perf_counter()
+    grid = TimeGrid.build(chain, platform)
+    model = CPModel(chain, platform, grid, lower_bound=floor)
+    limit = model.objective.makespan
+    top = math.ceil(target * grid.scale - grid.slack) - 1
+    md = model.model
+    md.add(limit <= top)
+    md.clear_objective()
+    cp_model = model.cp_model
+    solver = cp_model.CpSolver()
+    p = solver.parameters
+    p.num_workers = 1
+    p.random_seed = SEED
+    p.max_deterministic_time = float(work)
+    wall = GUARD_SECONDS if time_limit is None else float(time_limit) - (time.perf_counter() - t0)
+    p.max_time_in_seconds = max(1e-3, wall)
+    # SIGINT stays Python's; a Ctrl-C ends the search through stop_search (chainoffload/_interrupt.py).
+    p.catch_sigint_signal = False
+    code = run_stoppable(lambda: solver.solve(md), solver.stop_search)
+    from .._interrupt import interrupted
+
+    if interrupted():
+        # stop_all() ended the search (the command line's Ctrl-C): its answer depends on the
+        # moment of the signal, so it is never used (NOTE [ cpsat bound rung ]).
+        raise KeyboardInterrupt
+    status = solver.status_name(code)
+    used = float(solver.deterministic_time)
+    if status == "INFEASIBLE":
+        return CpsatBound(min(target, (top + 1 - grid.slack) / grid.scale), "proven", used)
+    if status in ("OPTIMAL", "FEASIBLE"):
+        return CpsatBound(-math.inf, "beaten", used)
+    if used < 0.99 * work:
+        return CpsatBound(-math.inf, "guard" if time_limit is None else "time limit", used)
+    return CpsatBound(-math.inf, "work limit", used)

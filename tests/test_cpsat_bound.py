@@ -1,0 +1,193 @@
+"""The ladder's ``cpsat`` rung (NOTE [ cpsat bound rung ] in chainoffload/bounds/cpsat_bound.py)."""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from chainoffload import Platform, keep_all_peak, solve
+from chainoffload.bounds import ladder as _ladder
+from chainoffload.bounds import offload_memory_floor, problem_bound
+from chainoffload.bounds.cpsat_bound import cpsat_bound
+from chainoffload.exact import brute_force
+from chainoffload.generators import random_chain
+
+
+def _tight(seed, length, level, rate):
+    chain = random_chain(seed, length)
+    floor, peak = offload_memory_floor(chain), keep_all_peak(chain)
+    bw = rate * float(chain.saved.sum()) / chain.compute_time
+    return chain, Platform(memory=int(floor + level * (peak - floor)), bandwidth_d2h=bw, bandwidth_h2d=bw, latency=1e-5)
+
+
+def _vgg19_half():
+    """vgg19 at half the way from its offload floor to keep-all, PCIe 3: the rung proves ``best``'s
+    1.5016 x optimal in ~1.5 deterministic s, where the unit MILP stops at 1.3124 x (issue 33)."""
+    from chainoffload.networks import network
+
+    chain = network("vgg19")
+    lo, hi = offload_memory_floor(chain), keep_all_peak(chain)
+    return chain, Platform(memory=int(lo + 0.5 * (hi - lo)), bandwidth_d2h=12e9, bandwidth_h2d=12e9, latency=1e-5)
+
+
+VGG19_BEST = 0.15934637824022427  # best's makespan there (benchmarks/results/best_optimum.json)
+
+
+@pytest.mark.parametrize("seed, frac, ratio", [(1, 0.2, 0.1), (8, 0.1, 0.2), (5, 0.3, 0.05)])
+def test_below_the_brute_force_optimum_and_proves_it(seed, frac, ratio):
+    chain = random_chain(seed, 3)
+    floor, top = chain.stage_memory_floor(), keep_all_peak(chain)
+    bw = float(chain.saved.sum()) / float(chain.fwd.sum()) * ratio
+    platform = Platform(memory=int(floor + (top - floor) * frac), bandwidth_d2h=bw, bandwidth_h2d=bw)
+    opt = brute_force(chain, platform)
+    assert opt.feasible
+    at = cpsat_bound(chain, platform, opt.makespan)
+    assert at.status == "proven" and at.value <= opt.makespan
+    assert at.value >= opt.makespan * (1 - 1e-4)  # within the grid's 2 R / scale
+    below = cpsat_bound(chain, platform, 0.9 * opt.makespan)  # any target below the optimum is proven too
+    assert below.status == "proven" and below.value <= 0.9 * opt.makespan
+    above = cpsat_bound(chain, platform, 1.1 * opt.makespan)  # a schedule ends before it: nothing proven
+    assert above.status == "beaten" and above.value == -math.inf
+
+
+@pytest.mark.parametrize("seed, level, rate", [(0, 0.3, 0.5), (1, 0.3, 0.5)])
+def test_below_the_cpsat_optimum_on_8_stages(seed, level, rate):
+    chain, platform = _tight(seed, 8, level, rate)
+    exact = solve(chain, platform, "cpsat", time_limit=60.0, bound=False, workers=1)
+    assert exact.status.value == "optimal"
+    got = cpsat_bound(chain, platform, exact.makespan)
+    tol = exact.info["tolerance"]
+    assert got.status == "proven" and exact.makespan - 3 * tol <= got.value <= exact.makespan + 3 * tol
+
+
+def test_the_same_answer_twice_and_under_load():
+    chain, platform = _vgg19_half()
+    first = cpsat_bound(chain, platform, VGG19_BEST, work=0.3)
+    second = cpsat_bound(chain, platform, VGG19_BEST, work=0.3)
+    assert first.status == "work limit"
+    assert first == second  # value, status and CP-SAT's deterministic seconds, bit for bit
+    # Under load: two processes spinning on both cores while it runs again.
+    spin = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        loaded = cpsat_bound(chain, platform, VGG19_BEST, work=0.3)
+    finally:
+        for proc in spin:
+            proc.kill()
+            proc.wait()
+    assert loaded == first
+
+
+def test_the_work_limit_and_the_callers_time_limit():
+    chain, platform = _vgg19_half()
+    short = cpsat_bound(chain, platform, VGG19_BEST, work=0.05)
+    assert short.status == "work limit" and short.value == -math.inf and short.work >= 0.05 * 0.99
+    t0 = time.perf_counter()
+    cut = cpsat_bound(chain, platform, VGG19_BEST, time_limit=1.0)
+    assert cut.status == "time limit" and cut.value == -math.inf
+    assert time.perf_counter() - t0 < 1.0 + 10.0  # the model's build (~0.5 s) and a loaded machine
+    with pytest.raises(ValueError, match="target"):
+        cpsat_bound(chain, platform, math.inf)
+    with pytest.raises(ValueError, match="work"):
+        cpsat_bound(chain, platform, VGG19_BEST, work=0)
+
+
+def test_the_ladder_climbs_it_only_when_asked(monkeypatch):
+    chain, platform = _tight(0, 6, 0.3, 0.5)
+    calls = []
+    real = _ladder.STRONGER[0]
+
+    def spy(chain, platform, limit, target, floor):
+        calls.append((limit, target, floor))
+        return real.bound(chain, platform, limit, target, floor)
+
+    monkeypatch.setattr(_ladder, "STRONGER", [_ladder.Rung("cpsat", spy, real.runs, real.cost, needs_target=True)])
+    plain = problem_bound(chain, platform, target=10 * chain.compute_time)
+    assert "cpsat" not in plain.tried and not calls
+    assert "cpsat" not in problem_bound(chain, platform, stronger=True).tried  # no target: not climbed
+    strong = problem_bound(chain, platform, target=10 * chain.compute_time, stronger=True)
+    assert strong.tried[-1] == "cpsat" and calls == [(None, 10 * chain.compute_time, plain.value)]
+    # 10 x the compute time is beaten: the value stays the ladder's.
+    assert strong.value == plain.value and strong.rung == plain.rung
+    # Under a time limit its estimate must fit what is left.
+    calls.clear()
+    monkeypatch.setattr(_ladder, "STRONGER", [_ladder.Rung("cpsat", spy, real.runs, lambda c, p: 1e9, needs_target=True)])
+    notes = []
+    _ladder.climb(chain, platform, 30.0, target=10 * chain.compute_time, notes=notes, stronger=True)
+    assert not calls and any("cpsat bound was skipped" in n for n in notes)
+
+
+def test_vgg19_gap_closes():
+    chain, platform = _vgg19_half()
+    pb = problem_bound(chain, platform, target=VGG19_BEST, stronger=True)
+    assert pb.rung == "cpsat" and VGG19_BEST * (1 - 1e-4) <= pb.value <= VGG19_BEST
+    assert problem_bound(chain, platform, target=VGG19_BEST).value < 0.9 * VGG19_BEST  # the ladder alone: 1.3124 x
+
+
+def test_ctrl_c_in_a_library_caller_raises():
+    chain, platform = _vgg19_half()
+    timer = threading.Timer(1.0, lambda: os.kill(os.getpid(), signal.SIGINT))
+    t0 = time.monotonic()
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            cpsat_bound(chain, platform, VGG19_BEST, work=60.0)
+    finally:
+        timer.cancel()
+    assert time.monotonic() - t0 < 1.0 + 5.0
+
+
+def test_a_search_stopped_by_stop_all_gives_no_value(monkeypatch):
+    """The command line's Ctrl-C: stop_all ends the search from the signal's thread; what CP-SAT
+    had then depends on the moment, so the rung raises instead of answering."""
+    from chainoffload import _interrupt
+
+    monkeypatch.setattr(_interrupt, "_stopped", threading.Event())
+    chain, platform = _vgg19_half()
+    box = {}
+
+    def run():
+        try:
+            box["value"] = cpsat_bound(chain, platform, VGG19_BEST, work=60.0)
+        except KeyboardInterrupt:
+            box["raised"] = True
+
+    worker = threading.Thread(target=run)  # not the main thread: the search is registered, as in the CLI's worker
+    worker.start()
+    time.sleep(1.5)
+    _interrupt.stop_all()
+    worker.join(30.0)
+    assert not worker.is_alive() and box == {"raised": True}
+
+
+def test_best_climbs_the_stronger_rung_when_its_improver_leaves_a_gap(monkeypatch):
+    from chainoffload.solvers import lns
+
+    # best's local search stops at 1.6328 x on vgg19 there, the ladder at 1.3124 x: more than
+    # LNS_GAP apart, so the improver runs (stubbed: it finds nothing) and then the stronger rung.
+    monkeypatch.delenv("CHAINOFFLOAD_CPSAT_WORK", raising=False)
+    chain, platform = _vgg19_half()
+    monkeypatch.setattr(lns, "improve", lambda chain, platform, schedule, makespan, **kw:
+                        lns.Improvement(schedule, makespan, -math.inf, False, {"mode": "stub"}))
+    seen = []
+
+    def proves(chain, platform, limit, target, floor):
+        seen.append(target)
+        return target * (1 - 1e-7)
+
+    monkeypatch.setattr(_ladder, "STRONGER", [_ladder.Rung("cpsat", proves, lambda c, p: True, lambda c, p: 0.0, needs_target=True)])
+    r = solve(chain, platform)
+    assert seen == [r.makespan] and r.status.value == "optimal" and r.info["lns"]["stronger"] == "cpsat"
+    assert r.lower_bound == r.makespan * (1 - 1e-7)
+    # A rung that proves nothing leaves the status and the ladder's bound.
+    monkeypatch.setattr(_ladder, "STRONGER", [_ladder.Rung("cpsat", lambda *a: (-math.inf, "out of work"), lambda c, p: True,
+                                                           lambda c, p: 0.0, needs_target=True)])
+    r = solve(chain, platform)
+    assert r.status.value == "feasible" and r.lower_bound < 0.9 * r.makespan
+    assert "out of work" in r.info["lns"]["stronger_note"]
