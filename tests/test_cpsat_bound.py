@@ -15,7 +15,7 @@ import pytest
 from chainoffload import Platform, keep_all_peak, solve
 from chainoffload.bounds import ladder as _ladder
 from chainoffload.bounds import offload_memory_floor, problem_bound
-from chainoffload.bounds.cpsat_bound import cpsat_bound
+from chainoffload.bounds.cpsat_bound import cpsat_bound, proves_optimal
 from chainoffload.exact import brute_force
 from chainoffload.generators import random_chain
 
@@ -53,8 +53,9 @@ def test_below_the_brute_force_optimum_and_proves_it(seed, frac, ratio):
     assert at.value >= opt.makespan * (1 - 1e-4)  # within the grid's 2 R / scale
     below = cpsat_bound(chain, platform, 0.9 * opt.makespan)  # any target below the optimum is proven too
     assert below.status == "proven" and below.value <= 0.9 * opt.makespan
-    above = cpsat_bound(chain, platform, 1.1 * opt.makespan)  # a schedule ends before it: nothing proven
-    assert above.status == "beaten" and above.value == -math.inf
+    above = cpsat_bound(chain, platform, 1.1 * opt.makespan)  # a schedule ends before it: the optimum is proven
+    assert above.status == "beaten" and opt.makespan * (1 - 1e-4) <= above.value <= opt.makespan
+    assert proves_optimal(at, opt.makespan) and not proves_optimal(above, 1.1 * opt.makespan)
 
 
 @pytest.mark.parametrize("seed, level, rate", [(0, 0.3, 0.5), (1, 0.3, 0.5)])
@@ -87,10 +88,10 @@ def test_the_same_answer_twice_and_under_load():
 def test_the_work_limit_and_the_callers_time_limit():
     chain, platform = _vgg19_half()
     short = cpsat_bound(chain, platform, VGG19_BEST, work=0.05)
-    assert short.status == "work limit" and short.value == -math.inf and short.work >= 0.05 * 0.99
+    assert short.status == "work limit" and short.value <= VGG19_BEST and short.work >= 0.05 * 0.99
     t0 = time.perf_counter()
     cut = cpsat_bound(chain, platform, VGG19_BEST, time_limit=1.0)
-    assert cut.status == "time limit" and cut.value == -math.inf
+    assert cut.status == "time limit" and cut.value <= VGG19_BEST
     assert time.perf_counter() - t0 < 1.0 + 10.0  # the model's build (~0.5 s) and a loaded machine
     with pytest.raises(ValueError, match="target"):
         cpsat_bound(chain, platform, math.inf)
@@ -113,8 +114,10 @@ def test_the_ladder_climbs_it_only_when_asked(monkeypatch):
     assert "cpsat" not in problem_bound(chain, platform, stronger=True).tried  # no target: not climbed
     strong = problem_bound(chain, platform, target=10 * chain.compute_time, stronger=True)
     assert strong.tried[-1] == "cpsat" and calls == [(None, 10 * chain.compute_time, plain.value)]
-    # 10 x the compute time is beaten: the value stays the ladder's.
-    assert strong.value == plain.value and strong.rung == plain.rung
+    # 10 x the compute time is beaten: the value is the model's optimum, never below the ladder's.
+    optimum = solve(chain, platform, "cpsat", time_limit=60.0, bound=False, workers=1)
+    assert optimum.status.value == "optimal"
+    assert plain.value <= strong.value <= optimum.makespan + 3 * optimum.info["tolerance"]
     # Under a time limit its estimate must fit what is left.
     calls.clear()
     monkeypatch.setattr(_ladder, "STRONGER", [_ladder.Rung("cpsat", spy, real.runs, lambda c, p: 1e9, needs_target=True)])
@@ -123,6 +126,7 @@ def test_the_ladder_climbs_it_only_when_asked(monkeypatch):
     assert not calls and any("cpsat bound was skipped" in n for n in notes)
 
 
+@pytest.mark.thorough(seconds=30)
 def test_vgg19_gap_closes():
     chain, platform = _vgg19_half()
     pb = problem_bound(chain, platform, target=VGG19_BEST, stronger=True)

@@ -2,27 +2,29 @@
 
 NOTE [ cpsat bound rung ]
 -------------------------
-Where ``best`` stops above the ladder's bound, the bound was the weak side on the points of
-issue 33 we could check: vgg19 at half memory, PCIe 3, had ``best`` at 1.5016 x the compute
-time and the unit MILP's bound at 1.3124 x; ``cpsat`` with 300 s (one worker) proved 1.5016
-optimal in 126 s (benchmarks/results/best_optimum.md). CP-SAT with one worker hardly moves its
-own dual bound before the search is complete (vgg19 there: 1.0001 x after 5 deterministic
-seconds without an incumbent, 1.1279 x with ``linearization_level`` 2), so a rung that reads
-``best_objective_bound`` after a work-limited solve gains nothing; what CP-SAT does prove
-within a small budget is that *no schedule is shorter than a given makespan*. So this rung
-takes the ladder's ``target`` (the makespan of the schedule the caller holds) and asks the
-exact model (:class:`chainoffload.solvers.cpsat.model.CPModel`, the space ``cpsat``'s
-``optimal`` ranges over) whether a solution ends before it:
+Where ``best`` stops above the ladder's bound, the bound was the weak side at the worst point
+of issue 33: vgg19 at half memory, PCIe 3, had ``best`` at 1.5016 x the compute time and the
+unit MILP's bound at 1.3124 x; ``cpsat`` with 300 s (one worker) proved 1.5016 optimal in 126 s
+(benchmarks/results/best_optimum.md). CP-SAT with one worker and a small work budget hardly
+moves its own dual bound from scratch (vgg19 there: 1.0001 x after 5 deterministic seconds with
+no incumbent, 1.1279 x with ``linearization_level`` 2), but given a target it proves quickly
+that *no schedule is shorter*: 1.5 deterministic seconds there. So this rung takes the ladder's
+``target`` (the makespan of the schedule the caller holds) and the ladder's bound so far, and
+solves the exact model (:class:`chainoffload.solvers.cpsat.model.CPModel`, the space ``cpsat``'s
+``optimal`` ranges over) restricted to solutions that end before the target:
 
 * the integer model gets ``makespan <= U`` with ``U = ceil(target * scale - R) - 1`` (R the
-  grid's rounding slack, NOTE [ cpsat: time scale ]) and the ladder's bound so far stated as
-  ``makespan >= floor(bound * scale - R)``; no objective (a pure feasibility question);
+  grid's rounding slack, NOTE [ cpsat: time scale ]), the ladder's bound stated as
+  ``makespan >= floor(bound * scale - R)``, and minimises the makespan;
 * ``INFEASIBLE`` proves every integer solution ends at ``U + 1`` or later, so every schedule the
-  simulator accepts ends at ``(U + 1 - R) / scale`` or later: the rung's value, at most 2 R /
-  scale below the target (within ``cpsat``'s own ``3 * info["tolerance"]`` of optimal). The
-  caveat of NOTE [ cpsat: time scale ] applies as to every CP-SAT bound here;
-* anything else (a solution found: the target is not optimal in the model's space; or the work
-  ran out) proves nothing: the rung gives no value, with a note that says which.
+  simulator accepts ends at ``(U + 1 - R) / scale`` or later (at most 2 R / scale below the
+  target: ``cpsat``'s own ``optimal`` is within 3 R / scale, :func:`proves_optimal`);
+* otherwise a shorter solution exists (the target is not optimal: ``best`` stopped above the
+  optimum, as at resnet50 and inception_v3 at half memory), and the value is CP-SAT's proven
+  ``best_objective_bound`` less R, over the whole model's space (a solution ending at U or
+  later is no better than the one found), when it has stopped: optimal, or the work ran out
+  (``"work limit"``, the value is what it had proven then). The caveat of NOTE [ cpsat: time
+  scale ] applies as to every CP-SAT bound here.
 
 **Work, not time.** One worker (``num_workers = 1``: CP-SAT's sequential loop), a fixed
 ``random_seed`` and ``max_deterministic_time`` = :data:`CPSAT_BOUND_WORK`, CP-SAT's own count
@@ -56,7 +58,7 @@ from ..chain import Chain
 from ..platform import Platform
 
 __all__ = ["CPSAT_BOUND_MAX_STAGES", "CPSAT_BOUND_WORK", "GUARD_SECONDS", "SEED", "CpsatBound", "cpsat_bound",
-           "cpsat_bound_seconds"]
+           "cpsat_bound_seconds", "proves_optimal"]
 
 #: Longest chain the rung runs on (the same as ``best``'s whole-chain CP-SAT solve).
 CPSAT_BOUND_MAX_STAGES = 24
@@ -70,10 +72,10 @@ SEED = 0
 #: Wall seconds of one proof without a caller's time limit: a guard that should never fire.
 GUARD_SECONDS = 600.0
 
-#: Wall seconds per deterministic second of CP-SAT on this model, for the rung's estimate
-#: (measured on the shared 2-core machine at load ~5: vgg19 at half memory, 1.57 deterministic
-#: s in 25 s of wall, 7.3 s of CPU).
-SECONDS_PER_WORK = 5.0
+#: CPU seconds per deterministic second of CP-SAT on this model, for the rung's estimate
+#: (measured on the shared 2-core machine: vgg19 at half memory, 1.53 deterministic s in 7.1 s
+#: of CPU; resnet50 5.54 in 23.4 s; inception_v3 1.25 in 4.3 s; wall 4-6 x that at load 5-11).
+SECONDS_PER_WORK = 4.5
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,16 +87,20 @@ class CpsatBound:
     value
         Seconds: a proven lower bound on every schedule's makespan (``-inf``: nothing proven).
     status
-        ``"proven"`` (no schedule ends before ``value``), ``"beaten"`` (CP-SAT found a solution
-        ending before the target), ``"work limit"`` (its deterministic work ran out first),
-        ``"time limit"`` (the caller's wall-clock limit came first) or ``"guard"``.
+        ``"proven"`` (no schedule ends before the target, less 2 R / scale), ``"beaten"``
+        (CP-SAT found a solution ending before the target and proved the model's optimum:
+        ``value``), ``"work limit"`` (its deterministic work ran out first; ``value`` is what it
+        had proven), ``"time limit"`` (the caller's wall-clock limit came first) or ``"guard"``.
     work
         Deterministic seconds CP-SAT used.
+    tolerance
+        R / scale, seconds (NOTE [ cpsat: time scale ]).
     """
 
     value: float
     status: str
     work: float
+    tolerance: float
 
 
 def cpsat_bound_seconds(chain: Chain, work: float = CPSAT_BOUND_WORK) -> float:
@@ -131,7 +137,8 @@ def cpsat_bound(
     Returns
     -------
     CpsatBound
-        ``value`` within ``2 R / scale`` below ``target`` when proven, else ``-inf``.
+        ``value`` within ``2 R / scale`` below ``target`` when proven; else what CP-SAT proved
+        (``-inf`` when nothing).
 
     Raises
     ------
@@ -151,17 +158,16 @@ def cpsat_bound(
     t0 = time.perf_counter()
     grid = TimeGrid.build(chain, platform)
     model = CPModel(chain, platform, grid, lower_bound=floor)
-    limit = model.objective.makespan
     top = math.ceil(target * grid.scale - grid.slack) - 1
     md = model.model
-    md.add(limit <= top)
-    md.clear_objective()
+    md.add(model.objective.makespan <= top)
     cp_model = model.cp_model
     solver = cp_model.CpSolver()
     p = solver.parameters
     p.num_workers = 1
     p.random_seed = SEED
     p.max_deterministic_time = float(work)
+    p.absolute_gap_limit = max(1.0, float(grid.slack))  # below R the integer model resolves nothing
     wall = GUARD_SECONDS if time_limit is None else float(time_limit) - (time.perf_counter() - t0)
     p.max_time_in_seconds = max(1e-3, wall)
     # SIGINT stays Python's; a Ctrl-C ends the search through stop_search (chainoffload/_interrupt.py).
@@ -176,9 +182,16 @@ def cpsat_bound(
     status = solver.status_name(code)
     used = float(solver.deterministic_time)
     if status == "INFEASIBLE":
-        return CpsatBound(min(target, (top + 1 - grid.slack) / grid.scale), "proven", used)
-    if status in ("OPTIMAL", "FEASIBLE"):
-        return CpsatBound(-math.inf, "beaten", used)
+        return CpsatBound(min(target, (top + 1 - grid.slack) / grid.scale), "proven", used, grid.slack / grid.scale)
+    units = float(solver.best_objective_bound) if status in ("OPTIMAL", "FEASIBLE", "UNKNOWN") else -math.inf
+    value = min(target, (units - grid.slack) / grid.scale) if math.isfinite(units) else -math.inf
+    if status == "OPTIMAL":
+        return CpsatBound(value, "beaten", used, grid.slack / grid.scale)
     if used < 0.99 * work:
-        return CpsatBound(-math.inf, "guard" if time_limit is None else "time limit", used)
-    return CpsatBound(-math.inf, "work limit", used)
+        return CpsatBound(value, "guard" if time_limit is None else "time limit", used, grid.slack / grid.scale)
+    return CpsatBound(value, "work limit", used, grid.slack / grid.scale)
+
+
+def proves_optimal(got: CpsatBound, makespan: float) -> bool:
+    """Whether ``got`` proves a schedule of ``makespan`` optimal as ``cpsat`` does (within 3 R / scale)."""
+    return got.status == "proven" and got.value >= makespan - 3 * got.tolerance

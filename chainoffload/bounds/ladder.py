@@ -245,14 +245,12 @@ def _cpsat(chain: Chain, platform: Platform, limit: float | None, target: float,
     from . import cpsat_bound as cb
 
     got = cb.cpsat_bound(chain, platform, target, floor=floor if math.isfinite(floor) else None, time_limit=limit)
-    if got.status == "proven":
+    if got.status in ("proven", "beaten"):  # the target proven, or the model's optimum below it
         return got.value
-    if got.status == "beaten":  # the target is not optimal in the model's space: nothing to prove
-        return -math.inf
     why = {"work limit": f"its work limit of {cb.CPSAT_BOUND_WORK:g} deterministic s ran out before a proof",
            "time limit": "the time limit came before a proof",
            "guard": f"its guard of {cb.GUARD_SECONDS:g} s of wall time ran out before a proof; this may depend on the machine"}
-    return -math.inf, why[got.status]
+    return got.value, why[got.status]
 
 
 def _cpsat_runs(chain: Chain, platform: Platform) -> bool:

@@ -411,8 +411,12 @@ def _exact(chain: Chain, platform: Platform, result: Result, work: float, kept: 
             strong = problem_bound(chain, platform, target=makespan, time_limit=left, stronger=True)
             if strong.value > bound:
                 bound = strong.value
-                # The cpsat rung proves the makespan optimal as ``cpsat`` does: within 2 R / scale.
-                optimal = strong.rung == "cpsat"
+                # The cpsat rung proves the makespan optimal as ``cpsat`` does: within 3 R / scale.
+                if strong.rung == "cpsat":
+                    from .cpsat.grid import TimeGrid
+
+                    grid = TimeGrid.build(chain, platform)
+                    optimal = bound >= makespan - 3 * grid.slack / grid.scale
             info["lns"] = {**imp.info, "stronger": strong.rung, **({"stronger_note": "; ".join(strong.notes)} if strong.notes else {})}
     if imp.schedule is result.schedule:
         return result.replace(lower_bound=bound, info=info, status=Status.OPTIMAL if optimal else result.status)
