@@ -104,16 +104,16 @@ def test_the_ladder_climbs_it_only_when_asked(monkeypatch):
     calls = []
     real = _ladder.STRONGER[0]
 
-    def spy(chain, platform, limit, target, floor):
-        calls.append((limit, target, floor))
-        return real.bound(chain, platform, limit, target, floor)
+    def spy(chain, platform, limit, target, floor, work):
+        calls.append((limit, target, floor, work))
+        return real.bound(chain, platform, limit, target, floor, work)
 
     monkeypatch.setattr(_ladder, "STRONGER", [_ladder.Rung("cpsat", spy, real.runs, real.cost, needs_target=True)])
     plain = problem_bound(chain, platform, target=10 * chain.compute_time)
     assert "cpsat" not in plain.tried and not calls
     assert "cpsat" not in problem_bound(chain, platform, stronger=True).tried  # no target: not climbed
     strong = problem_bound(chain, platform, target=10 * chain.compute_time, stronger=True)
-    assert strong.tried[-1] == "cpsat" and calls == [(None, 10 * chain.compute_time, plain.value)]
+    assert strong.tried[-1] == "cpsat" and calls == [(None, 10 * chain.compute_time, plain.value, None)]
     # 10 x the compute time is beaten: the value is the model's optimum, never below the ladder's.
     optimum = solve(chain, platform, "cpsat", time_limit=60.0, bound=False, workers=1)
     assert optimum.status.value == "optimal"
@@ -175,23 +175,22 @@ def test_best_climbs_the_stronger_rung_when_its_improver_leaves_a_gap(monkeypatc
 
     # best's local search stops at 1.6328 x on vgg19 there, the ladder at 1.3124 x: more than
     # LNS_GAP apart, so the improver runs (stubbed: it finds nothing) and then the stronger rung.
-    monkeypatch.delenv("CHAINOFFLOAD_CPSAT_WORK", raising=False)
     chain, platform = _vgg19_half()
     monkeypatch.setattr(lns, "improve", lambda chain, platform, schedule, makespan, **kw:
                         lns.Improvement(schedule, makespan, -math.inf, False, {"mode": "stub"}))
     seen = []
 
-    def proves(chain, platform, limit, target, floor):
-        seen.append(target)
+    def proves(chain, platform, limit, target, floor, work):
+        seen.append((target, work))
         return target * (1 - 1e-7)
 
     monkeypatch.setattr(_ladder, "STRONGER", [_ladder.Rung("cpsat", proves, lambda c, p: True, lambda c, p: 0.0, needs_target=True)])
-    r = solve(chain, platform)
-    assert seen == [r.makespan] and r.status.value == "optimal" and r.info["lns"]["stronger"] == "cpsat"
+    r = solve(chain, platform, "best", cpsat_work=0.5)
+    assert seen == [(r.makespan, 0.5)] and r.status.value == "optimal" and r.info["lns"]["stronger"] == "cpsat"
     assert r.lower_bound == r.makespan * (1 - 1e-7)
     # A rung that proves nothing leaves the status and the ladder's bound.
     monkeypatch.setattr(_ladder, "STRONGER", [_ladder.Rung("cpsat", lambda *a: (-math.inf, "out of work"), lambda c, p: True,
                                                            lambda c, p: 0.0, needs_target=True)])
-    r = solve(chain, platform)
+    r = solve(chain, platform, "best", cpsat_work=0.5)
     assert r.status.value == "feasible" and r.lower_bound < 0.9 * r.makespan
     assert "out of work" in r.info["lns"]["stronger_note"]

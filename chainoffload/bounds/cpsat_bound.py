@@ -27,8 +27,8 @@ solves the exact model (:class:`chainoffload.solvers.cpsat.model.CPModel`, the s
   scale ] applies as to every CP-SAT bound here.
 
 **Work, not time.** One worker (``num_workers = 1``: CP-SAT's sequential loop), a fixed
-``random_seed`` and ``max_deterministic_time`` = :data:`CPSAT_BOUND_WORK`, CP-SAT's own count
-of work done, so the same instance and target give the same answer on any machine and at any
+``random_seed`` and ``max_deterministic_time``, CP-SAT's own count of work done
+(:data:`CPSAT_BOUND_WORK` by default; ``best`` gives it its own ``cpsat_work``, 2 by default), so the same instance and target give the same answer on any machine and at any
 load (checked by tests/test_cpsat_bound.py; CP-SAT documents the limit, not the determinism
 of its single-worker search, so the test is what holds it). A caller's time limit also caps
 it as a wall-clock limit (then the answer may depend on the machine and the note says it

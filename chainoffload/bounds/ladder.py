@@ -131,9 +131,10 @@ class Rung:
         ``cost(chain, platform) -> float``: the estimated seconds, consulted only under a
         caller's time limit (0 when the answer is cached).
     needs_target
-        ``True``: ``bound`` is called as ``bound(chain, platform, limit, target, floor)``, with
-        the climb's ``target`` (a schedule's makespan, finite) and the largest bound reached so
-        far, and the rung is skipped when the climb has no finite target.
+        ``True``: ``bound`` is called as ``bound(chain, platform, limit, target, floor, work)``,
+        with the climb's ``target`` (a schedule's makespan, finite), the largest bound reached
+        so far and the work the caller gives the stronger rungs (``None``: the rung's own
+        default), and the rung is skipped when the climb has no finite target.
     """
 
     name: str
@@ -241,13 +242,14 @@ LADDER: list[Rung] = [
 ]
 
 
-def _cpsat(chain: Chain, platform: Platform, limit: float | None, target: float, floor: float):
+def _cpsat(chain: Chain, platform: Platform, limit: float | None, target: float, floor: float, work: float | None = None):
     from . import cpsat_bound as cb
 
-    got = cb.cpsat_bound(chain, platform, target, floor=floor if math.isfinite(floor) else None, time_limit=limit)
+    work = cb.CPSAT_BOUND_WORK if work is None else work
+    got = cb.cpsat_bound(chain, platform, target, floor=floor if math.isfinite(floor) else None, time_limit=limit, work=work)
     if got.status in ("proven", "beaten"):  # the target proven, or the model's optimum below it
         return got.value
-    why = {"work limit": f"its work limit of {cb.CPSAT_BOUND_WORK:g} deterministic s ran out before a proof",
+    why = {"work limit": f"its work limit of {work:g} deterministic s ran out before a proof",
            "time limit": "the time limit came before a proof",
            "guard": f"its guard of {cb.GUARD_SECONDS:g} s of wall time ran out before a proof; this may depend on the machine"}
     return got.value, why[got.status]
@@ -289,11 +291,12 @@ def climb(
     *,
     target: float = math.inf,
     notes: list[str] | None = None,
-    stronger: bool = False,
+    stronger: bool | float = False,
 ) -> tuple[float, str, list[str]]:
     """Climb the ladder (``NOTE [ bound ladder ]``); stop once the bound reaches ``target``.
 
-    ``stronger``: climb the rungs of :data:`STRONGER` after the ladder's.
+    ``stronger``: climb the rungs of :data:`STRONGER` after the ladder's (``True``: with their
+    own default work; a number: that many deterministic seconds each).
 
     ``time_limit`` ``None``: every rung whose rule admits the instance runs, to its work limit
     (the answer depends on the instance only). Seconds: a rung also needs its estimated cost
@@ -315,7 +318,8 @@ def climb(
         if notes is not None:
             notes.append(line)
 
-    for rung in LADDER + (STRONGER if stronger else []):
+    work = None if stronger is True or stronger is False else float(stronger)
+    for rung in LADDER + (STRONGER if stronger is not False and (work is None or work > 0) else []):
         if value >= target * (1 - 1e-12):
             break
         if rung.needs_target and not math.isfinite(target):
@@ -330,7 +334,7 @@ def climb(
                 note(f"the {rung.name} bound was skipped (estimated {cost:.3g} s, {left:.3g} s of the time limit left)")
                 continue
         try:
-            got = rung.bound(chain, platform, left, target, value) if rung.needs_target else rung.bound(chain, platform, left)
+            got = rung.bound(chain, platform, left, target, value, work) if rung.needs_target else rung.bound(chain, platform, left)
         except TimeoutError as exc:
             why = " ".join(str(exc).split()) or "time limit"
             suffix = "; this figure may depend on the machine" if time_limit is None else ""
@@ -350,7 +354,8 @@ def climb(
 
 
 def problem_bound(
-    chain: Chain, platform: Platform, *, target: float = math.inf, time_limit: float | None = None, stronger: bool = False
+    chain: Chain, platform: Platform, *, target: float = math.inf, time_limit: float | None = None,
+    stronger: bool | float = False,
 ) -> ProblemBound:
     """The lower bound of the pure-offloading problem that ``solve``, ``plot``, ``verify`` and
     ``tradeoff`` report (``NOTE [ bound ladder ]``).
@@ -367,7 +372,8 @@ def problem_bound(
         Seconds: rungs that do not fit are skipped (may depend on the machine).
     stronger
         Climb :data:`STRONGER` too (the ``cpsat`` rung: seconds of CP-SAT where ``target`` is
-        finite and the chain short; NOTE [ cpsat bound rung ]).
+        finite and the chain short; NOTE [ cpsat bound rung ]): ``True`` with its default work,
+        a number of deterministic seconds for that work (0: not climbed).
 
     Returns
     -------
