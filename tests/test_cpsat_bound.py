@@ -194,3 +194,19 @@ def test_best_climbs_the_stronger_rung_when_its_improver_leaves_a_gap(monkeypatc
     r = solve(chain, platform, "best", cpsat_work=0.5)
     assert r.status.value == "feasible" and r.lower_bound < 0.9 * r.makespan
     assert "out of work" in r.info["lns"]["stronger_note"]
+
+
+def test_the_readme_main_job_never_climbs_it(monkeypatch):
+    """The README's main job (resnet50 in 4 GiB, 25 GB/s, 10 us) must stay under 15 s cold: best is
+    within LNS_GAP of the ladder's bound there, so neither the improver nor the rung runs."""
+    from chainoffload.examples import example
+
+    monkeypatch.delenv("CHAINOFFLOAD_CPSAT_WORK", raising=False)
+
+    def boom(*args):
+        raise AssertionError("the cpsat rung ran")
+
+    monkeypatch.setattr(_ladder, "STRONGER", [_ladder.Rung("cpsat", boom, lambda c, p: True, lambda c, p: 0.0, needs_target=True)])
+    chain = example("resnet50")
+    r = solve(chain, Platform(memory=4 * 2**30, bandwidth_d2h=25e9, bandwidth_h2d=25e9, latency=1e-5))
+    assert r.feasible and r.info["lns"]["mode"] == "skipped"
