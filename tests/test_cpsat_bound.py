@@ -120,10 +120,12 @@ def test_the_ladder_climbs_it_only_when_asked(monkeypatch):
     assert plain.value <= strong.value <= optimum.makespan + 3 * optimum.info["tolerance"]
     # Under a time limit its estimate must fit what is left.
     calls.clear()
-    monkeypatch.setattr(_ladder, "STRONGER", [_ladder.Rung("cpsat", spy, real.runs, lambda c, p: 1e9, needs_target=True)])
+    monkeypatch.setattr(_ladder, "STRONGER", [_ladder.Rung("cpsat", spy, real.runs, lambda c, p, work: 1e9, needs_target=True)])
     notes = []
     _ladder.climb(chain, platform, 30.0, target=10 * chain.compute_time, notes=notes, stronger=True)
     assert not calls and any("cpsat bound was skipped" in n for n in notes)
+    # The estimate follows the work the caller gives (best's cpsat_work), not only the default.
+    assert real.cost(chain, platform, 0.05) < real.cost(chain, platform, None)
 
 
 @pytest.mark.thorough(seconds=30)
@@ -184,13 +186,13 @@ def test_best_climbs_the_stronger_rung_when_its_improver_leaves_a_gap(monkeypatc
         seen.append((target, work))
         return target * (1 - 1e-7)
 
-    monkeypatch.setattr(_ladder, "STRONGER", [_ladder.Rung("cpsat", proves, lambda c, p: True, lambda c, p: 0.0, needs_target=True)])
+    monkeypatch.setattr(_ladder, "STRONGER", [_ladder.Rung("cpsat", proves, lambda c, p: True, lambda c, p, work: 0.0, needs_target=True)])
     r = solve(chain, platform, "best", cpsat_work=0.5)
     assert seen == [(r.makespan, 0.5)] and r.status.value == "optimal" and r.info["lns"]["stronger"] == "cpsat"
     assert r.lower_bound == r.makespan * (1 - 1e-7)
     # A rung that proves nothing leaves the status and the ladder's bound.
     monkeypatch.setattr(_ladder, "STRONGER", [_ladder.Rung("cpsat", lambda *a: (-math.inf, "out of work"), lambda c, p: True,
-                                                           lambda c, p: 0.0, needs_target=True)])
+                                                           lambda c, p, work: 0.0, needs_target=True)])
     r = solve(chain, platform, "best", cpsat_work=0.5)
     assert r.status.value == "feasible" and r.lower_bound < 0.9 * r.makespan
     assert "out of work" in r.info["lns"]["stronger_note"]
@@ -206,7 +208,7 @@ def test_the_readme_main_job_never_climbs_it(monkeypatch):
     def boom(*args):
         raise AssertionError("the cpsat rung ran")
 
-    monkeypatch.setattr(_ladder, "STRONGER", [_ladder.Rung("cpsat", boom, lambda c, p: True, lambda c, p: 0.0, needs_target=True)])
+    monkeypatch.setattr(_ladder, "STRONGER", [_ladder.Rung("cpsat", boom, lambda c, p: True, lambda c, p, work: 0.0, needs_target=True)])
     chain = example("resnet50")
     r = solve(chain, Platform(memory=4 * 2**30, bandwidth_d2h=25e9, bandwidth_h2d=25e9, latency=1e-5))
     assert r.feasible and r.info["lns"]["mode"] == "skipped"

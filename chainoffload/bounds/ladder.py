@@ -134,7 +134,8 @@ class Rung:
         ``True``: ``bound`` is called as ``bound(chain, platform, limit, target, floor, work)``,
         with the climb's ``target`` (a schedule's makespan, finite), the largest bound reached
         so far and the work the caller gives the stronger rungs (``None``: the rung's own
-        default), and the rung is skipped when the climb has no finite target.
+        default; ``cost`` gets it too, as ``cost(chain, platform, work)``), and the rung is
+        skipped when the climb has no finite target.
     """
 
     name: str
@@ -261,10 +262,10 @@ def _cpsat_runs(chain: Chain, platform: Platform) -> bool:
     return chain.length <= cb.CPSAT_BOUND_MAX_STAGES and platform.can_transfer
 
 
-def _cpsat_cost(chain: Chain, platform: Platform) -> float:
+def _cpsat_cost(chain: Chain, platform: Platform, work: float | None = None) -> float:
     from . import cpsat_bound as cb
 
-    return cb.cpsat_bound_seconds(chain)
+    return cb.cpsat_bound_seconds(chain, cb.CPSAT_BOUND_WORK if work is None else work)
 
 
 #: Rungs climbed after the ladder only with ``stronger=True`` (NOTE [ bound ladder ]).
@@ -329,7 +330,7 @@ def climb(
         left = None
         if time_limit is not None:
             left = max(time_limit - (time.perf_counter() - t0), 0.0)
-            cost = rung.cost(chain, platform)
+            cost = rung.cost(chain, platform, work) if rung.needs_target else rung.cost(chain, platform)
             if tried and cost > left:
                 note(f"the {rung.name} bound was skipped (estimated {cost:.3g} s, {left:.3g} s of the time limit left)")
                 continue
