@@ -217,6 +217,31 @@ def test_bart_trains_bitwise_equal_below_the_least_memory_without_its_tail(metho
     handle.remove()
 
 
+def test_clip_s_vision_tower_whose_output_the_model_returns_is_recomputed_within_the_prediction():
+    """CLIP returns its vision tower's last hidden state: held by the output, that a_i is pinned
+    alone now that the code after the tower is a stage, and the tower's last layer is recomputed;
+    here every storage alive at every op's start is within the prediction."""
+    model, sample, step = _build("clip")
+    ref = copy.deepcopy(model)
+    probe = ct.offload(copy.deepcopy(model), sample, memory=1.0, method="best", repeats=1, warmup=0)
+    memory = int(0.15 * probe.plan.keep_all_peak)
+    probe.remove()
+    handle = ct.offload(model, sample, memory=memory, method="rotor", repeats=1, warmup=0)
+    blocks, sizes = handle.blocks, handle.plan.sizes
+    last = blocks.names.index("vision_model.encoder.layers.7") + 1
+    stage = blocks.stage_of(last)
+    assert last in blocks.tails and stage not in sizes.held and sizes.pinned.get(stage)
+    assert stage in _recomputed(handle.schedule)
+    _train_equal(model, ref, step, handle)
+
+    def loss(m):
+        torch.manual_seed(0)
+        return m(**sample).loss
+
+    _assert_live_within_prediction(model, None, handle, loss=loss)
+    handle.remove()
+
+
 def test_blocks_and_their_tails_map_to_stages():
     mods = [nn.Linear(2, 2) for _ in range(4)]
     blocks = Blocks(tuple(mods), ("a", "b", "c", "d"), (("arg", 0),) * 4, linked=(True, False, False, True), prefix=True)
