@@ -595,13 +595,18 @@ class Instrument:
     # * A tail that saves a storage of the stage before its block (h = block(h) * h_prev) would
     #   read it in B_tail, two stages after that unit, before its prefetch: held, resident (the
     #   ledger's rule), where in the block's stage B_{i} reads it as the next stage's backward.
-    #   So would a block whose own output something later holds (BART's last encoder layer:
-    #   every decoder layer reads it): as a_i, its whole unit would be held, where in the old
-    #   layout that one storage is pinned and the rest moves (BART's pure-offloading least memory
-    #   rose 23 % with its tail, and its encoder's forward holds storages no unit owns that the
-    #   old resident count happened to cover). The probe of the first plan finds such tails
-    #   (_recorder._pinning_tails) and leaves their code in the block's stage (not recomputed, as
-    #   before); later shapes keep the layout.
+    #   The probe of the first plan finds such tails (_recorder._pinning_tails) and leaves their
+    #   code in the block's stage (not recomputed, as before); later shapes keep the layout.
+    # * A block whose own output something later holds (BART's last encoder layer: every decoder
+    #   layer reads it) keeps its tail. An a_i so held keeps its unit resident whole (NOTE [ units
+    #   held elsewhere ] in _stages.py: the chain has no room for a_i apart from its unit), but no
+    #   stage is recomputed from this one (the tail never is, block i+1 starts from the tail's
+    #   output), so _recorder._sizes pins that storage alone, as in the layout without the tail,
+    #   and the rest of the unit moves and is recomputed (BART's least memory with recomputation:
+    #   269258 B, 46 % above the floor for any schedule, to 183300 B, at it). Its recomputation
+    #   makes a twin of a_i that nothing keeps (the later blocks read the original). BART's
+    #   encoder holds storages no unit owns until it returns (its inputs_embeds and position
+    #   embeddings): docs/model.md's known gap "Storages no unit owns".
     # * A step whose LayerDrop skips block i skips its tail's stage too (it collapses: what the
     #   code saved goes to the unit running then, as before tails); a forward that skips every
     #   block after a tail ends the tail with its own input (aliased units: kept, not moved).

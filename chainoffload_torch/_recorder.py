@@ -17,7 +17,7 @@ import statistics
 import sys
 import time
 import weakref
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 import torch
@@ -58,7 +58,8 @@ class Sizes:
     held
         Stages whose output a_i a later block or the model's output still holds (a skip
         connection across blocks, ``output_hidden_states``, an encoder's output read by a
-        decoder): they stay resident whole.
+        decoder): they stay resident whole. Not a block's whose next stage is its tail: that
+        a_i is pinned alone (NOTE [ the code after a block as a stage ] in _instrument.py).
     storages
         Per unit 1..L, the bytes of each storage it owns (what the host pool must hold for it).
     unmovable
@@ -487,7 +488,9 @@ def _holder(by: str) -> str:
     return by if by in ("output", "forward") else "blocks"
 
 
-def _sizes(p: _RecordedPass, n: int) -> Sizes:
+def _sizes(p: _RecordedPass, n: int, tails: Collection[int] = ()) -> Sizes:
+    """The sizes of pass ``p`` of an ``n``-stage chain; ``tails``: the stages that are code after
+    a block (NOTE [ the code after a block as a stage ] in _instrument.py)."""
     ledger = p.ledger
     held, pinned, held_bytes, held_why = set(), {}, {"output": 0, "blocks": 0, "forward": 0}, {}
     for i in range(1, n):
@@ -496,7 +499,10 @@ def _sizes(p: _RecordedPass, n: int) -> Sizes:
         if not mine:
             continue
         out = ledger.output.get(i)
-        if out in ledger.held_by:
+        if out in ledger.held_by and i + 1 not in tails:
+            # NOTE [ units held elsewhere ] in _stages.py. A block's a_i that its tail takes is
+            # pinned as any held storage: no stage is recomputed from it (NOTE [ the code after a
+            # block as a stage ] in _instrument.py).
             held.add(i)
             held_why[i] = ledger.held_by[out]
             continue
@@ -637,8 +643,8 @@ def _measure(
                 if rec.probe:
                     probed = _probed(p)
                     blks = instrument.blocks
-                    tail_stages = {blks.stage_of(b) + 1 for b in blks.tails}
-                    if split_prefix and not blks.prefix and prefix_pays(_sizes(p, n), tail_stages):
+                    tail_stages = tail_stages_of(blks)
+                    if split_prefix and not blks.prefix and prefix_pays(_sizes(p, n, tail_stages), tail_stages):
                         # NOTE [ the prefix as a stage ]: the probe's sizes decide, before its
                         # backward; the next pass probes the new layout (what the forward keeps
                         # is found per unit).
@@ -672,7 +678,7 @@ def _measure(
                 else:
                     _apply_probe(p, probed)
                 # The last step's: a first call may make what the model then caches (and so holds).
-                sizes = _sizes(p, n)
+                sizes = _sizes(p, n, tail_stages_of(instrument.blocks))
                 if not timed:
                     break
                 roots, grads = _backward_roots(out)
@@ -750,12 +756,12 @@ def measuring_recorder(n: int, device: torch.device, root: nn.Module) -> _Record
     return rec
 
 
-def sizes_of_pass(rec: _Recorder, p: _RecordedPass, n: int) -> Sizes:
+def sizes_of_pass(rec: _Recorder, p: _RecordedPass, n: int, tails: Collection[int] = ()) -> Sizes:
     """The sizes a measuring pass found, after its forward returned: what
     :func:`measure_call_sizes` computes from the same pass (the probe's findings, the units
-    written between blocks)."""
+    written between blocks); ``tails`` as :func:`_sizes` takes them."""
     _probed(p)
-    sizes = _sizes(p, n)
+    sizes = _sizes(p, n, tails)
     rec.checked_writes()
     return _with_written(sizes, rec.written)
 
@@ -1131,20 +1137,24 @@ def profiling_steps(repeats: int | None, warmup: int | None, default_repeats: in
     return (default_repeats if repeats is None else repeats), (1 if warmup is None else warmup)
 
 
+def tail_stages_of(blocks: Any) -> frozenset[int]:
+    """The stages of ``blocks`` that are code after a block (NOTE [ the code after a block as a
+    stage ] in _instrument.py)."""
+    return frozenset(blocks.stage_of(b) + 1 for b in getattr(blocks, "tails", ()))
+
+
 def _pinning_tails(p: _RecordedPass, blocks: Any) -> set[int]:
     """The blocks whose tail would make a unit resident that the layout without it moves
     (NOTE [ the code after a block as a stage ] in _instrument.py): a tail that saves a storage
     of the stage before the block (read two stages after that unit: held, where run in the
-    block's stage it is read by the next stage's backward only), and a block whose own output
-    something later holds (BART's last encoder layer, whose output every decoder layer reads:
-    as a_i, its whole unit would be held, where in the block's stage that one storage is)."""
+    block's stage it is read by the next stage's backward only). A block whose own output
+    something later holds (BART's last encoder layer, whose output every decoder layer reads)
+    keeps its tail: that storage is pinned, as in the block's stage (:func:`_sizes`)."""
     out = set()
     ledger = p.ledger
     for b in getattr(blocks, "tails", ()):
         tail = blocks.stage_of(b) + 1
         if any(by == f"block {tail}" and e.unit == tail - 2 for e, by in ledger.held_by.items()):
-            out.add(b)
-        if ledger.output.get(tail - 1) in ledger.held_by:
             out.add(b)
     return out
 

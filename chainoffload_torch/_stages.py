@@ -520,7 +520,9 @@ def _is_view_of(t: torch.Tensor, inp: Any) -> bool:
 #   again (pack) holds it as an extra input would: B_j reads it after B_i.
 # * A unit whose output a_i is held (output_hidden_states, the last encoder block's output read
 #   by the decoder) is kept resident whole and marked "held": moving the rest of it would need
-#   a_i apart from the unit, which the chain model has no room for.
+#   a_i apart from the unit, which the chain model has no room for. Not when the next stage is
+#   its block's tail: no stage is recomputed from that a_i, and it is pinned alone (NOTE [ the
+#   code after a block as a stage ] in _instrument.py).
 # If a pinned storage is met out of order in a step (another path through the model), it is
 # owned after all and the executor sees it held: it warns or refuses, it never trains wrong.
 

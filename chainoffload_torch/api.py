@@ -36,7 +36,7 @@ from ._instrument import COMPILE_REFUSAL, CONCURRENT_REFUSAL, Instrument, check_
 from ._link import copies_overlap, link_of
 from ._pool import HostPool
 from ._recompute import RematPlan
-from ._recorder import measuring_recorder, profiling_steps, sizes_of_pass
+from ._recorder import measuring_recorder, profiling_steps, sizes_of_pass, tail_stages_of
 from ._shapes import dominates, numbers_apart, same_layout, strip_numbers, volume
 from ._stages import EntryState, canonical_device
 from ._tree import call_key, describe_key, held_tensors
@@ -501,7 +501,7 @@ class Offloader:
         m = self._measures(step)
         if m is not None:
             m.rec.forward_end(step, outputs)
-            self._measured_step(m, None if m.skipped else sizes_of_pass(m.rec, step, m.n))
+            self._measured_step(m, None if m.skipped else sizes_of_pass(m.rec, step, m.n, tail_stages_of(self._instrument.blocks)))
         else:
             self._run.forward_end(step, outputs)
         if step is self._in_flight:

@@ -679,22 +679,24 @@ def test_without_the_list_of_skips_nothing_is_held():
     assert not sizes.held and not sizes.held_bytes and not sizes.late
 
 
-def _assert_live_within_prediction(model, x, handle):
+def _assert_live_within_prediction(model, x, handle, loss=None):
     """After one step (so that the .grad of every weight exists, outside the chain), the storages
-    alive at the start of every op of the plan are within the prediction, which is not vacuous."""
-    model(x).square().mean().backward()
-    seen = _live_at_every_op(model, x, handle)
+    alive at the start of every op of the plan are within the prediction, which is not vacuous.
+    ``loss``: the step's loss of the model (default: the mean square of ``model(x)``)."""
+    loss = loss or (lambda m: m(x).square().mean())
+    loss(model).backward()
+    seen = _live_at_every_op(model, loss, handle)
     assert len(seen) == len(handle.schedule.compute)
     over = [(op, live, predicted) for op, live, predicted in seen if live > predicted]
     assert not over, over
     assert max(live / predicted for _, live, predicted in seen if predicted) > 0.5
 
 
-def _live_at_every_op(model, x, handle):
+def _live_at_every_op(model, loss, handle):
     """At the start of every op of the schedule, forward, recomputation and backward alike:
-    (op, live bytes, predicted bytes). The model has trained a step before, so that parameters'
-    .grad exist and are accumulated into in place (weights and their gradients are outside the
-    chain, as in docs/model.md)."""
+    (op, live bytes, predicted bytes), in a step whose loss is ``loss(model)``. The model has
+    trained a step before, so that parameters' .grad exist and are accumulated into in place
+    (weights and their gradients are outside the chain, as in docs/model.md)."""
     plan = handle.plan
     tl = co.simulate(plan.chain, plan.platform, plan.schedule)
     run = handle._run
@@ -711,9 +713,9 @@ def _live_at_every_op(model, x, handle):
     run._fire = spy
     try:
         with track:
-            loss = model(x).square().mean()
-            loss.backward()
-            del loss
+            out = loss(model)
+            out.backward()
+            del out
     finally:
         del run._fire
     return seen
