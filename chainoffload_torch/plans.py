@@ -368,7 +368,9 @@ class _Planner:
 
     def with_written(self, sizes: Sizes, like: Plan | None) -> Sizes:
         """``sizes`` with the units ``like``'s profile found written where no version counter
-        sees (NOTE [ writes no version counter sees ] in _recorder.py) unmovable too."""
+        sees (NOTE [ writes no version counter sees ] in _recorder.py) unmovable too, and, when
+        ``sizes`` come of a pass with no backward, the gradients ``like``'s held storages wait
+        for, scaled (NOTE [ the gradient a held storage waits for ])."""
         if like is not None and like.sizes is not None:
             written = {u: w for u, w in like.sizes.unmovable.items() if WRITTEN in w and u <= len(sizes.saved)}
             if written:
