@@ -44,7 +44,7 @@ from torch import nn  # noqa: E402
 import chainoffload as co  # noqa: E402
 import chainoffload_torch as ct  # noqa: E402
 from chainoffload.units import format_bytes  # noqa: E402
-from chainoffload_torch.plans import coverage, resident_units, step_peak  # noqa: E402
+from chainoffload_torch.plans import coverage, resident_units, stage_floor, step_peak  # noqa: E402
 from offload_time import warm_kernels  # noqa: E402
 from torch_models import FAMILIES, ParentResidual, ResNet, UNet, UNetShapes, hf_family  # noqa: E402
 
@@ -257,7 +257,7 @@ def run(name: str, device: torch.device = CPU) -> dict:
         "predicted": handle.predicted_peak,
     }
     handle.remove()
-    return recompute_columns(name, device, keep_all, plan.chain.stage_memory_floor() + plan.resident_bytes) | row
+    return recompute_columns(name, device, keep_all, stage_floor(plan.chain, plan.sizes) + plan.resident_bytes) | row
 
 
 def _blocks(blocks: object) -> str:

@@ -15,7 +15,7 @@ from typing import Any
 import chainoffload as co
 from chainoffload.units import format_bytes
 
-from ._recorder import Sizes
+from ._recorder import Sizes, held_grad_tmp
 
 __all__ = ["Coverage", "coverage", "step_peak", "keep_all_chain"]
 
@@ -33,16 +33,21 @@ def step_peak(chain: co.Chain, sizes: Sizes | None) -> int:
 
 
 def keep_all_chain(chain: co.Chain, sizes: Sizes | None) -> co.Chain:
-    """``chain`` less the late-release bytes and the bytes a recomputation makes again of a
-    state object (NOTE [ state a recomputation puts back ] in _recompute.py) in its ``fwd_tmp``:
-    what plain training holds (exact when nothing moves)."""
+    """``chain`` less the late-release bytes, the bytes a recomputation makes again of a
+    state object (NOTE [ state a recomputation puts back ] in _recompute.py) and those of the
+    gradients held storages wait for (NOTE [ the gradient a held storage waits for ] in
+    _recorder.py) in its ``fwd_tmp``: what plain training holds (exact when nothing moves)."""
     n = chain.length
     late = (getattr(sizes, "late_tmp", ()) or (0,) * n) if sizes is not None else (0,) * n
     again = (getattr(sizes, "restore_tmp", ()) or (0,) * n) if sizes is not None else (0,) * n
-    if not any(late) and not any(again):
+    # NOTE [ the gradient a held storage waits for ] in _recorder.py: the first forward has none.
+    held = held_grad_tmp(sizes, n)[0]
+    if not any(late) and not any(again) and not any(held):
         return chain
     return chain.replace(
-        fwd_tmp=[max(0, int(f) - int(x) - int(y)) for f, x, y in zip(chain.fwd_tmp, late, again, strict=True)]
+        fwd_tmp=[
+            max(0, int(f) - int(x) - int(y) - int(z)) for f, x, y, z in zip(chain.fwd_tmp, late, again, held, strict=True)
+        ]
     )
 
 

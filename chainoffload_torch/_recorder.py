@@ -104,6 +104,13 @@ class Sizes:
         Stages whose block the measured forward skipped and could not run in its place: measured
         as a step that skips them runs them (NOTE [ blocks a profile cannot run ]), so these
         sizes hold only for a call that skips them too.
+    held_grad
+        Per storage of a unit i that a later block's call takes as an argument (a skip):
+        ``(i, j, bytes, output, whole)``, j the last stage whose call takes it, bytes the
+        gradient storage(s) B_j hands it (measured in the profile's backward), ``output``
+        whether it is a_i, ``whole`` whether unit i is held whole: that gradient waits from B_j
+        until the sum at B_{i+1} (B_i for another storage of the unit), counted by
+        :func:`held_grad_tmp` (NOTE [ the gradient a held storage waits for ]).
     """
 
     act: tuple[int, ...]
@@ -123,6 +130,7 @@ class Sizes:
     late_tmp: tuple[int, ...] = ()
     restore_tmp: tuple[int, ...] = ()
     collapsed: frozenset[int] = frozenset()
+    held_grad: tuple[tuple[int, int, int, bool, bool], ...] = ()
 
     @property
     def resident(self) -> frozenset[int]:
@@ -186,6 +194,12 @@ class _RecordedPass:
         self.state_unowned: dict[int, int] = {}
         #: Stages collapsed as a skipping step runs them (NOTE [ blocks a profile cannot run ]).
         self.collapsed: set[int] = set()
+        #: Per stage whose call takes an earlier unit's held storage, while it runs: the gradient
+        #: edges of those storages -> their entries, and the nodes the graph walk stops at
+        #: (NOTE [ the gradient a held storage waits for ]).
+        self.hold_open: dict[int, tuple[dict[tuple[int, int], Any], set[int]]] = {}
+        #: (entry, holder stage) -> {data pointer: bytes} of the gradients B_holder handed it.
+        self.held_grads: dict[tuple[Any, int], dict[int, int]] = {}
 
 
 class _Recorder:
@@ -242,6 +256,7 @@ class _Recorder:
             p.checks[idx] = p.checks.get(idx, 0.0) + time.perf_counter() - start
         start = time.perf_counter()
         p.versions[idx] = p.ledger.stage_start(idx, hidden, (args, kwargs))
+        _note_holds(p, idx, hidden, (args, kwargs))
         roots: list = []
         _state_objects((args, kwargs), roots)
         if roots:
@@ -267,6 +282,8 @@ class _Recorder:
                     new.setdefault(st.data_ptr(), (weakref.ref(t), st.data_ptr(), st.nbytes()))
             p.state_new[idx] = list(new.values())
         p.ledger.stage_end(idx, hidden_in, p.versions.pop(idx, None), hidden_out)
+        if idx in p.hold_open:
+            _hook_holds(p, idx, hidden_out)
         p.bookkeeping += time.perf_counter() - start
         start = time.perf_counter()
         if self.check_writes and idx < self.n and isinstance(hidden_out, torch.Tensor):
@@ -685,6 +702,7 @@ def _measure(
                 p.marks["bwd_start"] = rec.timer.mark()
                 torch.autograd.backward(roots, grads)
                 p.marks["bwd_end"] = rec.timer.mark()
+                sizes = _with_held_grads(sizes, p)
                 for k in sorted(p.collapsed):
                     # A collapsed a_k is the a_j before it: its gradient is complete when g_j is.
                     if k < n and ("g", k) not in p.marks:
@@ -1208,6 +1226,115 @@ def measure_chain(
     return chain, sizes
 
 
+def _note_holds(p: _RecordedPass, idx: int, hidden: Any, extras: Any) -> None:
+    """Note the held storages of earlier units that the call of stage ``idx`` takes as
+    arguments, by their gradient edge (NOTE [ the gradient a held storage waits for ])."""
+    if not torch.is_grad_enabled():
+        return
+    ledger = p.ledger
+    targets: dict[tuple[int, int], Any] = {}
+    stops: set[int] = set()
+    for t in tensors_in(extras):
+        if not isinstance(t, torch.Tensor) or not t.requires_grad:
+            continue
+        if t.grad_fn is not None:
+            stops.add(id(t.grad_fn))  # an input: the block's graph ends there
+        if t is hidden:
+            continue
+        e = ledger.owner(t)
+        if e is None or e not in ledger.held_by or not 1 <= e.unit < idx:
+            continue
+        edge = torch.autograd.graph.get_gradient_edge(t)
+        node, nr = edge.node, edge.output_nr
+        targets[(id(node), nr)] = (e, node)
+        stops.add(id(node))
+    if isinstance(hidden, torch.Tensor) and hidden.grad_fn is not None:
+        stops.add(id(hidden.grad_fn))
+    if targets:
+        p.hold_open[idx] = (targets, stops)
+
+
+#: Nodes of one block's graph walked at most, looking for the edges of its held arguments.
+_WALK = 100_000
+
+
+def _hook_holds(p: _RecordedPass, idx: int, out: Any) -> None:
+    """Hook the nodes of stage ``idx``'s graph that hand a gradient to a held argument, to
+    measure the storage of that gradient in the backward."""
+    targets, stops = p.hold_open.pop(idx)
+    store = p.held_grads
+    todo = [t.grad_fn for t in tensors_in(out) if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+    seen: set[int] = set()
+    while todo and len(seen) < _WALK:
+        node = todo.pop()
+        if id(node) in seen or id(node) in stops:
+            continue
+        seen.add(id(node))
+        for k, (nxt, nr) in enumerate(node.next_functions):
+            if nxt is None:
+                continue
+            hit = targets.get((id(nxt), nr))
+            if hit is not None:
+                node.register_hook(_grad_meter(store, (hit[0], idx), k))
+            elif id(nxt) not in seen:
+                todo.append(nxt)
+
+
+def _grad_meter(store: dict, key: tuple[Any, int], k: int) -> Any:
+    def meter(grad_inputs: tuple, grad_outputs: tuple) -> None:
+        g = grad_inputs[k] if k < len(grad_inputs) else None
+        if isinstance(g, torch.Tensor) and g.layout == torch.strided:
+            st = g.untyped_storage()
+            store.setdefault(key, {})[st.data_ptr()] = st.nbytes()
+
+    return meter
+
+
+def _with_held_grads(sizes: Sizes, p: _RecordedPass) -> Sizes:
+    """``sizes`` with the gradients the backward of a pass handed held storages (``held_grad``)."""
+    per: dict[int, tuple[int, int, int, bool]] = {}
+    for (e, j), ptrs in p.held_grads.items():
+        g = sum(ptrs.values())
+        i = e.unit
+        old = per.get(id(e))
+        if old is not None:
+            j, g = max(j, old[1]), max(g, old[2])
+        per[id(e)] = (i, j, g, p.ledger.output.get(i) is e)
+    p.held_grads.clear()
+    held = tuple(sorted((i, j, g, out, i in sizes.held) for i, j, g, out in per.values() if g and 1 <= i < j))
+    return dataclasses.replace(sizes, held_grad=held) if held else sizes
+
+
+def held_grad_tmp(sizes: Sizes | None, n: int) -> tuple[list[int], list[int]]:
+    """Per stage 1..n, the bytes of held storages' gradients added to ``fwd_tmp`` and to
+    ``bwd_tmp`` (NOTE [ the gradient a held storage waits for ])."""
+    fwd, bwd = [0] * n, [0] * n
+    for i, j, g, output, whole in (getattr(sizes, "held_grad", ()) or ()):
+        for k in range(i + 1 if output else i, min(j, n + 1)):
+            bwd[k - 1] += g
+        for k in range(i + 1 if whole else 1, min(j, n + 1)):
+            fwd[k - 1] += g
+    return fwd, bwd
+
+
+# NOTE [ the gradient a held storage waits for ]
+# A storage s of unit i that a later block j takes as an argument (a U-Net's skip, an encoder's
+# output every decoder layer reads) gets a gradient from B_j, long before the gradient of the
+# rest of the chain reaches it: autograd keeps that gradient until the other contributions are
+# summed into it, at B_{i+1} for a_i (as g_i), within B_i for another storage of the unit. The
+# chain has g_k alone there, so it is counted where it lives: its bytes (the storage of the
+# gradient B_j hands s, measured by a hook on the node of block j's graph that hands it, in the
+# profile's backward: a skip concatenated in the block gets a view of the whole concatenation's
+# gradient) go to bwd_tmp[k] for every k from i + 1 (i for another storage) to j - 1, the
+# backward ops whose start sees it, and to fwd_tmp[k] of every forward op a recomputation may
+# run then: k in i+1..j-1 when unit i is held whole (never recomputed: NOTE [ one call
+# chooses ] in plans.py, so no recomputation crosses stage i before B_i), 1..j-1 otherwise.
+# The first forward counts them too, above the truth: the keep-all peak leaves them out
+# (keep_all_chain), as it does the late releases. With j the last stage whose call takes s (its
+# gradient is summed in place as the next ones arrive), and the largest one B_j hands it.
+# A storage taken by a later call that needs no gradient has none to wait for.
+
+
 def chain_of(
     sizes: Sizes, fwd: list[float], bwd: list[float], fwd_tmp: list[int], bwd_tmp: list[int], nosave: list[float] | None, name: str
 ) -> co.Chain:
@@ -1223,6 +1350,10 @@ def chain_of(
         f + (sizes.late_tmp[i] if sizes.late_tmp else 0) + (sizes.restore_tmp[i] if sizes.restore_tmp else 0)
         for i, f in enumerate(fwd_tmp)
     ]
+    # NOTE [ the gradient a held storage waits for ]
+    held_fwd, held_bwd = held_grad_tmp(sizes, n)
+    fwd_tmp = [f + h for f, h in zip(fwd_tmp, held_fwd, strict=True)]
+    bwd_tmp = [b + h for b, h in zip(bwd_tmp, held_bwd, strict=True)]
     return co.Chain(fwd, bwd, list(sizes.act), saved, fwd_tmp, bwd_tmp, nosave, name=name)
 
 

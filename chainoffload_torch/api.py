@@ -41,7 +41,18 @@ from ._shapes import dominates, numbers_apart, same_layout, strip_numbers, volum
 from ._stages import EntryState, canonical_device
 from ._tree import call_key, describe_key, held_tensors
 from .executor import ScheduleRun, StepStats
-from .plans import Budget, Plan, _Planner, _takes, coverage, exact_bytes, recompute_chain, resident_units, step_peak
+from .plans import (
+    Budget,
+    Plan,
+    _Planner,
+    _takes,
+    coverage,
+    exact_bytes,
+    recompute_chain,
+    resident_units,
+    stage_floor,
+    step_peak,
+)
 from .profiler import _device_of, _to_device, as_call
 
 __all__ = ["Offloader", "offload", "budget_curve"]
@@ -725,7 +736,7 @@ class Offloader:
             tail.append(
                 f"memory: {exact_bytes(plan.memory)} given{outside}; keep-all peak {exact_bytes(plan.keep_all_peak)}; "
                 f"proven floors {exact_bytes(offload_memory_floor(chain) + r)} (pure offloading), "
-                f"{exact_bytes(chain.stage_memory_floor() + r)} (any schedule)"
+                f"{exact_bytes(stage_floor(chain, plan.sizes) + r)} (any schedule)"
             )
         if plan.fallback:
             tail.append(f"fallback: {plan.fallback}")

@@ -1019,6 +1019,10 @@ class ScheduleRun:
             self._drop_unit(step, stage)
             if self.remat is not None:
                 step.inst.pop(stage, None)
+                # NOTE [ a record ends with its stage's backward ]
+                if stage in step.records:
+                    self._learned_at.add(stage)
+                    del step.records[stage]
                 if step.inst.get(stage - 1) == "a":
                     # B_i frees a lone a_{i-1}: it has no reader once stage i is done.
                     self._drop_unit(step, stage - 1)
@@ -1160,6 +1164,12 @@ class ScheduleRun:
                     "was queued, so the block cannot be recomputed from the copy; train with method='best'"
                 )
         return rebuild_act(act, e.dev)
+
+    # NOTE [ a record ends with its stage's backward ]
+    # A block's call record holds its arguments, a skip an up block takes among them, for its
+    # recomputations; no forward op of stage i runs after B_i, so the record is let go of there,
+    # not at the step's end: an argument it held (an earlier unit's storage) lives no longer than
+    # the chain counts it (NOTE [ the gradient a held storage waits for ] in _recorder.py).
 
     def _clear_remat(self, step: _Step) -> None:
         step.acts.clear()

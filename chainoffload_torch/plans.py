@@ -27,12 +27,12 @@ from chainoffload.units import format_bytes, parse_bytes
 from ._coverage import Coverage, coverage, step_peak
 from ._instrument import Instrument
 from ._link import copies_overlap
-from ._recorder import WRITTEN, Sizes, chain_of, measure_call_sizes, measure_chain
+from ._recorder import WRITTEN, Sizes, chain_of, held_grad_tmp, measure_call_sizes, measure_chain
 from ._tree import describe_key
 
 __all__ = [
     "Budget", "Plan", "solve_for", "resident_units", "nothing_fits", "exact_bytes", "Coverage", "coverage", "step_peak",
-    "EXECUTABLE_METHODS", "not_recomputable", "recompute_chain", "step_time",
+    "EXECUTABLE_METHODS", "not_recomputable", "recompute_chain", "stage_floor", "step_time",
 ]
 
 #: What :func:`~chainoffload_torch.offload` solves with when no method is named: every method whose
@@ -322,7 +322,7 @@ class _Planner:
         # bisection from the proven floor of any schedule up to a pure-offloading schedule known
         # to fit (largest-first's least memory), or the keep-all peak.
         resident_u = resident_units(chain, sizes, keep)
-        lo = max(int(platform.memory), int(chain.stage_memory_floor()) - 1)
+        lo = max(int(platform.memory), stage_floor(chain, sizes) - 1)
         top = int(co.keep_all_peak(chain))
         works = co.minimum_memory(chain, platform, "largest-first", keep=sorted(resident_u))
         best, hi = None, top
@@ -368,11 +368,23 @@ class _Planner:
 
     def with_written(self, sizes: Sizes, like: Plan | None) -> Sizes:
         """``sizes`` with the units ``like``'s profile found written where no version counter
-        sees (NOTE [ writes no version counter sees ] in _recorder.py) unmovable too."""
+        sees (NOTE [ writes no version counter sees ] in _recorder.py) unmovable too, and, when
+        ``sizes`` come of a pass with no backward, the gradients ``like``'s held storages wait
+        for, scaled (NOTE [ the gradient a held storage waits for ])."""
         if like is not None and like.sizes is not None:
             written = {u: w for u, w in like.sizes.unmovable.items() if WRITTEN in w and u <= len(sizes.saved)}
             if written:
                 sizes = dataclasses.replace(sizes, unmovable={**sizes.unmovable, **written})
+            if not sizes.held_grad and like.sizes.held_grad and len(like.sizes.act) == len(sizes.act):
+                # A pass with no backward measures no gradient: the gradients held storages wait
+                # for (NOTE [ the gradient a held storage waits for ] in _recorder.py) are like's,
+                # scaled as its transients are, by the ratio of the unit's output.
+                act0, act = like.sizes.act, sizes.act
+                scaled = tuple(
+                    (i, j, math.ceil(g * act[i] / act0[i]) if act0[i] else g, out, i in sizes.held)
+                    for i, j, g, out, _ in like.sizes.held_grad
+                )
+                sizes = dataclasses.replace(sizes, held_grad=scaled)
         return sizes
 
     def reuse(self, ref: Plan, sizes: Sizes, key: tuple) -> Plan | None:
@@ -441,8 +453,11 @@ def scaled_chain(ref: Plan, sizes: Sizes) -> co.Chain | None:
     ratio = [sizes.act[i] / sizes0.act[i] if sizes0.act[i] else 1.0 for i in range(1, n + 1)]
     late0 = sizes0.late_tmp or (0,) * n
     again0 = sizes0.restore_tmp or (0,) * n  # chain_of adds this call's own
-    fwd_tmp = [int(max(0, int(chain0.fwd_tmp[i]) - int(late0[i]) - int(again0[i])) * ratio[i]) for i in range(n)]
-    bwd_tmp = [int(max(0, int(chain0.bwd_tmp[i]) - (sizes0.output_bytes if i < n - 1 else 0)) * ratio[i]) for i in range(n)]
+    held_f0, held_b0 = held_grad_tmp(sizes0, n)  # and these (Planner.with_written carries ref's over)
+    fwd_tmp = [int(max(0, int(chain0.fwd_tmp[i]) - int(late0[i]) - int(again0[i]) - held_f0[i]) * ratio[i]) for i in range(n)]
+    bwd_tmp = [
+        int(max(0, int(chain0.bwd_tmp[i]) - (sizes0.output_bytes if i < n - 1 else 0) - held_b0[i]) * ratio[i]) for i in range(n)
+    ]
     return chain_of(
         sizes, [float(chain0.fwd[i]) * ratio[i] for i in range(n)], [float(chain0.bwd[i]) * ratio[i] for i in range(n)],
         fwd_tmp, bwd_tmp, None, chain0.name,
@@ -890,11 +905,62 @@ def not_recomputable(chain: co.Chain, sizes: Sizes | None, blocks: Any) -> dict[
                 out.setdefault(stage_of(b), "its a_i is made by the code after the block")
     for u in getattr(sizes, "aliased", ()) or ():
         out.setdefault(u, "returns its input or a view of it (units share storage)")
+    for u in sorted(getattr(sizes, "held", ()) or ()):
+        # NOTE [ a held unit is never recomputed ]
+        out.setdefault(
+            u,
+            f"{_held_reason((getattr(sizes, 'held_why', None) or {}).get(u))}: the original stays alive while that holds "
+            "it, so a recomputation frees none of it (the chain would count it freed)",
+        )
     for u, why in (getattr(sizes, "unmovable", None) or {}).items():
         if WRITTEN in why:
             # Running the block again cannot replay a write its caller made through .data.
             out.setdefault(u, "its tensors are written after its forward where no version counter sees it (.data)")
     return out
+
+
+# NOTE [ a held unit is never recomputed ]
+# A unit held whole (a later block's call takes its output: a U-Net's skip given to the up block
+# as an argument; the model's output or the forward's code holding it) keeps its original a_i
+# alive until the holder lets go of it: the forward's code to the holder's call, the holder's
+# call record to B_holder (NOTE [ a record ends with its stage's backward ] in executor.py). An
+# Fck_i / Fn_i would make a lone a_i that the chain frees at Fn_{i+1} or B_{i+1}, while that
+# original lives on: no chain field counts a lone a_i to another stage's backward, so a held
+# unit is never recomputed (its unit then stays whole from F_i to B_i, which covers every
+# holder, and the gradient its holder hands it is counted: NOTE [ the gradient a held storage
+# waits for ] in _recorder.py). Recomputing it would free nothing anyway while it is held.
+
+
+def stage_floor(chain: co.Chain, sizes: Sizes | None) -> int:
+    """The least memory any schedule the adapter may run needs on ``chain``, off the budget (add
+    ``sizes.resident_bytes`` for a step's): :meth:`Chain.stage_memory_floor` with the units held
+    whole counted where they must be alive (NOTE [ the floor counts held units ])."""
+    base = int(chain.stage_memory_floor())
+    whole = sorted(getattr(sizes, "held", ()) or ()) if sizes is not None else []
+    n = chain.length
+    if not whole:
+        return base
+    act, saved = [int(a) for a in chain.act], [int(v) for v in chain.saved]
+    fwd_tmp, bwd_tmp = [int(f) for f in chain.fwd_tmp], [int(b) for b in chain.bwd_tmp]
+    floor = base
+    for k in range(1, n + 1):
+        # Units held whole before stage k: alive whole at F_k and at B_k in every schedule; a_{k-1}
+        # is one of them when k - 1 is (counted once).
+        held = sum(saved[i - 1] for i in whole if i < k)
+        inp = act[k - 1] if k > 1 and (k - 1) not in whole else 0
+        f_need = act[0] + inp + saved[k - 1] + fwd_tmp[k - 1] + held
+        b_need = act[0] + inp + saved[k - 1] + act[k] + act[k - 1] + bwd_tmp[k - 1] + held
+        floor = max(floor, f_need, b_need)
+    return floor
+
+
+# NOTE [ the floor counts held units ]
+# Chain.stage_memory_floor is what one stage needs alone (docs/model.md). A unit held whole is
+# never offloaded (resident_units) nor recomputed (NOTE [ a held unit is never recomputed ]), so
+# every schedule the adapter runs has it whole from F_i to B_i: at F_k and B_k for k > i it is
+# alive beside what stage k needs, and the floor the adapter states (a refusal, handle.table(),
+# the search for the least memory that fits) adds it there. Still a floor: every term is alive at
+# that op in every schedule the adapter may run, on the chain the solver is given.
 
 
 def recompute_chain(chain: co.Chain, sizes: Sizes | None, blocks: Any) -> co.Chain:
@@ -946,7 +1012,7 @@ def nothing_fits(
     return (
         f"memory: no schedule fits in {exact_bytes(platform.memory + r)}{shapes} ({status}); "
         f"keep-all peak {exact_bytes(step_peak(chain, sizes))}{outside}; proven floors {exact_bytes(offload_memory_floor(chain) + r)} "
-        f"for any pure-offloading schedule, {exact_bytes(chain.stage_memory_floor() + r)} for any schedule at all; "
+        f"for any pure-offloading schedule, {exact_bytes(stage_floor(chain, sizes) + r)} for any schedule at all; "
         f"units kept resident: {', '.join(why)}"
         + (f"; least memory known to work: {exact_bytes(works + r)}" if works is not None else "")
     )

@@ -451,7 +451,9 @@ def test_the_unet_shapes_people_write_make_one_chain_that_trains_bitwise_equal(s
     model = torch_models.UNetShapes(depth=8, skips=skips, merge=merge, middle=middle)
     ref = copy.deepcopy(model)
     x, y = torch.randn(2, 3, 16, 16), torch.randint(0, 3, (2, 16, 16))
-    handle = ct.offload(model, x, memory=0.6, repeats=1, warmup=0)
+    # Skips as arguments: their units stay whole and the gradients the up blocks hand them wait
+    # together at B_10 (NOTE [ the gradient a held storage waits for ]): 0.6 is below that floor.
+    handle = ct.offload(model, x, memory=0.85 if skips == "arg" else 0.6, repeats=1, warmup=0)
     assert handle.blocks.names == tuple(f"downs.{i}" for i in range(8)) + tuple(f"ups.{i}" for i in range(8))
     sizes = handle.plan.sizes
     if skips == "arg":

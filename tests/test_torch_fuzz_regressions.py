@@ -183,6 +183,12 @@ def test_a_fraction_below_a_later_shapes_floor_plans_at_the_least_memory_found_a
     handle.remove()
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="with the gradient its skip (block 5, from block 2) waits for counted (NOTE [ the gradient a held storage "
+    "waits for ]), the later shape's least memory is 784 B for the default and for largest-first alike: no fraction "
+    "leaves largest-first without a schedule where the default has one, so this spec no longer reaches that path",
+)
 def test_a_forced_method_that_finds_nothing_at_a_later_shape_gives_way_to_the_default_at_the_same_budget():
     case, handle = _offloaded(SPEC_4457, 0.45, "largest-first")
     assert handle.result.method == "largest-first"
@@ -265,6 +271,13 @@ SPEC_25 = ModelSpec(
 )
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="0.38 is below this model's floor since the gradient its skip (block 2, read by block 4) waits for is "
+    "counted and its held unit is never recomputed (NOTE [ the gradient a held storage waits for ]): the plan made "
+    "here before held up to 60 B more than it predicted (Fn_4: 156 B alive, 96 B predicted); from 0.48 up rotor "
+    "plans recompute stages 3..9, never the code before the blocks, so this spec no longer reaches that path",
+)
 def test_fuzz_25_the_code_before_the_blocks_recomputed_when_layerdrop_skipped_the_first_block():
     result = _check(SPEC_25, 0.38, None)
     assert result.kind == "equal", result.detail
