@@ -1156,6 +1156,13 @@ def offload(
     handle._instrument.install()
     try:
         plan = planner.plan(handle._instrument, args, kwargs, call_key(model, args, kwargs))
+        if handle._instrument.untrainable_skip is not None:
+            # NOTE [ a skip no step can carry out ] in _instrument.py: refused before training.
+            raise ValueError(
+                "offload: a random draw of the profile skipped blocks that no offloaded step can skip ("
+                + handle._instrument.untrainable_skip.removeprefix("chainoffload_torch: ")
+                + "): a training step that draws it would be refused mid-training, where plain PyTorch trains"
+            )
         # The first plan may have made the prefix a stage (NOTE [ the prefix as a stage ]).
         handle.blocks = blks = handle._instrument.blocks
         handle._use(plan)
