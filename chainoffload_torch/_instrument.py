@@ -34,6 +34,10 @@ __all__ = ["Instrument", "Listener", "SkippedBlocks", "COMPILE_REFUSAL", "CONCUR
 #: then report nothing, since that call is no step of the model's forward.
 RECOMPUTING = [0]
 
+#: While a profiling pass runs the blocks a forward skipped in their place: (the first of them,
+#: the block the forward called next), 1-based (NOTE [ the code after a skipped block ]).
+IN_PLACE_OF: list[tuple[int, int] | None] = [None]
+
 
 @contextlib.contextmanager
 def recomputing() -> Iterator[None]:
@@ -177,6 +181,38 @@ def _under_compile() -> bool:
 # pass; a hook of a pass that is not the listener's current step is ignored by the listener.
 
 
+# NOTE [ the code after a skipped block ]
+# A profiling pass runs the blocks a forward skipped in their place, from the next block's
+# pre-hook (NOTE [ skipped stages ] in executor.py): the model's code after the skipped places
+# has then already run, on the carried hidden state. An in-place write there (h += 1 after
+# block 8) lands on block 7's output, and the watch of the blocks (plans._watch_blocks) took it
+# for a write after block 7; block 8's own output, handed to block 9 untouched, looked linked.
+# With every pass of a profile skipping block 8 (the fuzz's model 4812 of the seed-43
+# recomputing run, recompute-all: LayerDrop 0.3 over 12 blocks, two passes), block 8 was
+# recomputed, and every step, skipping or not, was refused mid-training by the executor's check
+# that a recomputed block takes its predecessor's output as it returned it. IN_PLACE_OF says,
+# while the instrument runs skipped blocks in their place, which ones and before which block;
+# a write the watch finds on the carried state then marks the block before them and each of
+# them not recomputable, since the profile cannot tell after which place the write ran. A pass
+# where those blocks run finds the one it is; the others' recomputation is given up for it.
+
+
+# NOTE [ a skip no step can carry out ]
+# A step that skips blocks (LayerDrop) before a block that takes its hidden state elsewhere (a
+# keyword the skipped block did not hand on, the code before the blocks with no output) has no
+# a_j to carry to that block: the executor refuses it (RuntimeError), where plain PyTorch trains.
+# A profiling pass that draws such a step draws again, and offload() used to plan on: the fuzz's
+# model 3725 (recomputing run, seed 43) was then refused in its second training step, when its
+# own draw skipped so (or in the measuring forward of a shape whose profile replays the call's
+# draws, NOTE [ blocks a profile cannot run ] in _recorder.py). Decision: the instrument
+# remembers the first such draw of any profiling pass (untrainable_skip), and offload() refuses
+# after its first profile, with a ValueError naming it, before anything trained: the model's own
+# random skipping makes that step, at a rate the profile's few draws already met (one in its
+# tries at most 32). What stays: a model whose profile never drew such a step, and a profile
+# of a new shape in training (its draws are remembered, nothing refuses there), are refused
+# at the step that draws it, as before.
+
+
 class _Hook:
     """A module hook of an instrument. A copy of the model (``copy.deepcopy``, pickling) gets a
     hook that does nothing: the copy is a plain model, not a second offloaded one."""
@@ -231,6 +267,10 @@ class Instrument:
         self._owner: int | None = None
         self._depth = 0
         self._local = threading.local()
+        #: The first draw of a profiling pass that skipped blocks before one that takes its hidden
+        #: state elsewhere: a step a training step cannot carry out (NOTE [ a skip no step can
+        #: carry out ]).
+        self.untrainable_skip: str | None = None
 
     # -- installation --------------------------------------------------------------------
 
@@ -413,12 +453,12 @@ class Instrument:
             if idx > 1 and not isinstance(a1, torch.Tensor):
                 # Blocks skipped after the prefix, and the one that runs takes its hidden state
                 # elsewhere: a profiling pass draws again; a training step cannot be carried out.
-                error = SkippedBlocks if getattr(p.listener, "runs_skipped", False) else RuntimeError
-                raise error(
+                raise self._untrainable(
+                    p,
                     f"chainoffload_torch: this step skipped the first block(s) ({', '.join(self.blocks.names[: idx - 1][:3])}) "
                     f"and block {idx} ({self.blocks.names[idx - 1]}) takes its hidden state elsewhere, so the code before "
                     "the blocks has no output to hand on; turn the skipping off while offloading (Hugging Face: "
-                    "config.layerdrop = 0)"
+                    "config.layerdrop = 0)",
                 )
             self._end(p, 0, None, a1)
         if p.pending is not None and p.pending[0] < idx:
@@ -430,11 +470,11 @@ class Instrument:
             if idx > prev + 1 and not isinstance(a_prev, torch.Tensor):
                 # Skipped blocks in between, and the one that runs takes its hidden state
                 # elsewhere: a profiling pass draws again; a training step cannot be carried out.
-                error = SkippedBlocks if getattr(p.listener, "runs_skipped", False) else RuntimeError
-                raise error(
+                raise self._untrainable(
+                    p,
                     f"chainoffload_torch: this step skipped block(s) {', '.join(self.blocks.names[prev : idx - 1][:3])} and "
                     f"block {idx} ({self.blocks.names[idx - 1]}) takes its hidden state elsewhere, so block {prev} has no "
-                    "output to hand on; turn the skipping off while offloading (Hugging Face: config.layerdrop = 0)"
+                    "output to hand on; turn the skipping off while offloading (Hugging Face: config.layerdrop = 0)",
                 )
             self._end(p, prev, prev_in, a_prev, tail)
             del prev_in, a_prev
@@ -467,6 +507,17 @@ class Instrument:
         p.listener.stage_start(p.step, self.blocks.stage_of(idx), hidden, args, kwargs)
         return changed
 
+    def _untrainable(self, p: _HookedPass, message: str) -> Exception:
+        """A step that skipped blocks before one that takes its hidden state elsewhere: a
+        profiling pass draws again (:class:`SkippedBlocks`), and the draw is remembered, for
+        offload() to refuse up front; a training step cannot be carried out (NOTE [ a skip no
+        step can carry out ])."""
+        if not getattr(p.listener, "runs_skipped", False):
+            return RuntimeError(message)
+        if self.untrainable_skip is None:
+            self.untrainable_skip = message
+        return SkippedBlocks(message)
+
     def _skipped(self, p: _HookedPass, idx: int, hidden: Any) -> None:
         """Block ``idx`` was not called in this step: its stage collapses, and so does its tail's
         (what that code saved went to the unit running then, as when it was no stage)."""
@@ -485,6 +536,14 @@ class Instrument:
         if carrying is not None:
             carrying(p.step, h, tuple(self.blocks.stage_of(k) for k in range(p.expect, idx)))
         collapse = getattr(p.listener, "collapse", None) or ()
+        outer, IN_PLACE_OF[0] = IN_PLACE_OF[0], (p.expect, idx)
+        try:
+            return self._run_in_place(p, idx, args, kwargs, h, at, collapse)
+        finally:
+            IN_PLACE_OF[0] = outer
+
+    def _run_in_place(self, p: _HookedPass, idx: int, args: tuple, kwargs: dict, h: Any, at: Any, collapse: Any) -> tuple[tuple, dict]:
+        """_run_skipped's calls, from the carried ``h`` (the hidden state at ``at``)."""
         for k in range(p.expect, idx):
             if k in collapse:
                 # NOTE [ blocks a profile cannot run ] in _recorder.py: the stage collapses, as

@@ -362,7 +362,8 @@ class Offloader:
         its profile could not run (NOTE [ blocks a profile cannot run ] in _recorder.py): this
         call's sizes are measured under its own draws (a block it runs that cannot run at these
         shapes raises here, as it does in plain PyTorch); a plan of these shapes made for the
-        same sizes is taken, else one is made."""
+        same sizes is taken, else one is made from the sizes that measure found (NOTE [ one
+        measure per new draw ])."""
         key = self._key(raw)
         sizes = self._planner.measure(self._instrument, args, kwargs, like=plan, redraw=False)
         variants = self._draw_plans.setdefault(key, [])
@@ -371,9 +372,13 @@ class Offloader:
                 return p
         if self._run is not None:
             self._run.reset()
-        found = self._plan_for(args, kwargs, raw)
+        found = self._plan_for(args, kwargs, raw, sizes=sizes)
         if _draw_only(found):
-            variants.append(found)
+            # ``plan`` stops being the key's plan: kept among the variants, a call of its draws
+            # finds it again instead of planning anew.
+            for p in (plan, found):
+                if not any(p is v for v in variants):
+                    variants.append(p)
             del variants[:-DRAW_PLANS]
         return found
 
@@ -413,14 +418,17 @@ class Offloader:
         """A plan for a call of new shapes: a known plan when only numbers that change no size
         differ, a larger shape's schedule when it fits these shapes' budget, a solve on these
         shapes' measured sizes and a close shape's profiled times, else a new profile and
-        solve (NOTE [ one plan for many shapes ]). ``sizes``: measured by a training step of
-        these shapes already."""
+        solve (NOTE [ one plan for many shapes ]). ``sizes``: measured already, by a training
+        step of these shapes or by a measuring forward under the call's own draws (NOTE [ one
+        measure per new draw ])."""
         found = self._candidates(self._key(raw))
         same, larger, timed = found
         if same or larger or timed is not None:
+            like = same[0][0] if same else larger[0] if larger else timed
             if sizes is None:
-                like = same[0][0] if same else larger[0] if larger else timed
                 sizes = self._planner.measure(self._instrument, args, kwargs, like=like)
+            else:
+                sizes = self._planner.with_written(sizes, like)  # what its profile found written, as measure adds
             plan = self._from_sizes(raw, sizes, found)
             if plan is not None:
                 return plan
@@ -908,10 +916,31 @@ def _same_sizes(a: Any, b: Any) -> bool:
 # forward and its backward); handle.prepare still measures with a forward of its own.
 # A shape whose profile could not run a block a LayerDrop step skipped has a plan for calls that
 # skip it only, and every call of it is measured first, by a forward of its own (NOTE [ blocks a
-# profile cannot run ] in _recorder.py).
+# profile cannot run ] in _recorder.py; NOTE [ one measure per new draw ]).
 # Plans made are remembered by key (KNOWN_PLANS); the executors of the most recent cache_size are
 # kept, and one evicted is rebuilt from its plan without a profile. handle.table() lists which
 # plan each shape seen uses.
+
+
+# NOTE [ one measure per new draw ]
+# At a shape whose plans hold only for calls that skip certain blocks (NOTE [ blocks a profile
+# cannot run ] in _recorder.py), every call is measured under its own draws (redraw=False) before
+# its step. A call whose sizes no kept plan of the shape has (it skips other blocks, say the last
+# too) used to be handed to _plan_for without them, which measured again under redraws: the
+# call's own draw, then up to SKIP_TRIES others, each run until the block that cannot run raised,
+# then the replay (34 calls of a block that always runs, against 3 for the first measure, in
+# tests/test_torch_layerdrop.py's batch-norm model). The draws it tried are the ones the shape's
+# profile tried (the same seeds, the same shapes), which is why that profile replayed, so they
+# found nothing but the replay of the call's own draws: the sizes measured first. They are now
+# handed on, with the units the candidate plan's profile found written (what measure adds;
+# with_written only adds, so the write checks of both measures hold), and are this call's own,
+# which a redraw that happened to run could only have replaced with another draw's. The plan
+# that was the shape's stays among its variants (DRAW_PLANS) when a new one takes its place in
+# force: a later call of its draws took it from there, not from a new plan (before, it fell out,
+# and the next call of the first pattern was planned again: a profile, when the new plan's
+# times were scaled from it). What it does not change: the version checks and the checks
+# between blocks run in that one measure as before, and a call that runs a block that cannot
+# run raises there, before its step.
 
 
 class _Measuring:
@@ -1138,6 +1167,13 @@ def offload(
     handle._instrument.install()
     try:
         plan = planner.plan(handle._instrument, args, kwargs, call_key(model, args, kwargs))
+        if handle._instrument.untrainable_skip is not None:
+            # NOTE [ a skip no step can carry out ] in _instrument.py: refused before training.
+            raise ValueError(
+                "offload: a random draw of the profile skipped blocks that no offloaded step can skip ("
+                + handle._instrument.untrainable_skip.removeprefix("chainoffload_torch: ")
+                + "): a training step that draws it would be refused mid-training, where plain PyTorch trains"
+            )
         # The first plan may have made the prefix a stage (NOTE [ the prefix as a stage ]).
         handle.blocks = blks = handle._instrument.blocks
         handle._use(plan)

@@ -745,7 +745,7 @@ def _watch_blocks(blocks: Any, model: nn.Module | None = None) -> Iterator[dict[
     be recomputed}, filled when the context exits. With ``model``, its calls are watched too,
     for the code before the first block (key 0: NOTE [ recomputing the code before the first
     block ] in _recompute.py)."""
-    from ._instrument import _Hook
+    from ._instrument import IN_PLACE_OF, _Hook
     from ._recompute import argument_state, arguments_state, state_call_ended, stateful_argument
     from ._saved import version_probe
 
@@ -803,7 +803,17 @@ def _watch_blocks(blocks: Any, model: nn.Module | None = None) -> Iterator[dict[
         hidden = blocks.hidden_of(b, a, kw)
         last = state["last"]
         if last is not None and last[0] == b - 1 and last[1]() is hidden and hidden._version != last[3]:
-            found.setdefault(b - 1, "its output is modified in place by the code after it, before the next block reads it")
+            skipped = IN_PLACE_OF[0]
+            if skipped is not None and skipped[0] == b:
+                # NOTE [ the code after a skipped block ] in _instrument.py: the write was made by
+                # the code after block b - 1 or after the place of a block the forward skipped.
+                for k in range(b - 1, skipped[1]):
+                    found.setdefault(
+                        k, "its output is modified in place by the code after it, or after the blocks a step skipped "
+                        "after it (the profile cannot tell which), before the next block reads it"
+                    )
+            else:
+                found.setdefault(b - 1, "its output is modified in place by the code after it, before the next block reads it")
         elif last is not None and last[0] == b - 1 and b - 1 in getattr(blocks, "tails", ()) and last[2]._version != last[3]:
             # The tail (NOTE [ the code after a block as a stage ] in _instrument.py) wrote the
             # block's output: a recomputed one would not have that write.

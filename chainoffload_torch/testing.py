@@ -1059,6 +1059,10 @@ def differential_check(
     with torch.random.fork_rng(devices=cuda):
         plain, off = case.build(dev), case.build(dev)
         batch = case.batch(dev, 0)
+        # What offload() draws from torch's generator (the discovery's forward, the profile's:
+        # a LayerDrop model's skips) is the model's own, not whatever the process's random
+        # initial seed or the models checked before it left: a check is repeatable alone.
+        torch.manual_seed(seed)
         handle = None
         setup_error: BaseException | None = None
         try:

@@ -550,3 +550,75 @@ def test_fuzz_236_a_skipped_stage_before_a_block_that_is_never_recomputed_trains
         for a, b in zip(model.parameters(), ref.parameters(), strict=True):
             assert (a.grad is None and b.grad is None) or torch.equal(a.grad, b.grad), drop
     handle.remove()
+
+
+# Model 3725 of the seed-43 recomputing run (recompute-all, memory 0.66), shrunk: block 4 takes
+# block 0's output as `skip=`, and discovery (under this seed's draws) found blocks 2-4's hidden
+# input at that keyword, which blocks 2 and 3 are not given; a step whose LayerDrop skips block 1
+# has no a_j to carry to block 2, and the step (or the measuring forward of its draws) raised
+# mid-training. The profile drew such a step: offload() now refuses up front.
+SPEC_3725 = ModelSpec(
+    blocks=(
+        BlockSpec(('linear',)),
+        BlockSpec(('linear',)),
+        BlockSpec(('linear',)),
+        BlockSpec(('linear',)),
+        BlockSpec(('linear',), skip_from=0),
+        BlockSpec(('dropout',)),
+        BlockSpec(('linear',)),
+        BlockSpec(('gelu', 'linear')),
+        BlockSpec(('sigmoid', 'float64')),
+        BlockSpec(('float64',)),
+    ),
+    seed=54681,
+    width=4,
+    batch=1,
+    hidden_casts=(2,),
+    layerdrop=0.5,
+)
+
+
+def test_fuzz_3725_a_skip_no_step_can_carry_out_drawn_by_the_profile_is_refused_up_front():
+    out = _check(SPEC_3725, 0.66, "recompute-all")
+    assert out.kind == "refused", out.detail
+    assert "no offloaded step can skip" in out.detail and "takes its hidden state elsewhere" in out.detail
+
+
+# Model 4812 of the seed-43 recomputing run (recompute-all, memory 0.7), shrunk (the shrunk
+# spec's seed 54020 trains equal once differential_check seeds torch before offload(); 54065
+# is one of the seeds whose profile skips block 7 in every pass): `h += 1.0` after block 7 writes
+# its output in place. The profile ran the skipped block 7 in its place after that code had run
+# on block 6's output, took the write for block 6's and block 7 for linked, recompute-all
+# recomputed the block after it, and every step raised "does not take block 10's output".
+SPEC_4812 = ModelSpec(
+    blocks=(
+        BlockSpec(('linear',)),
+        BlockSpec(('linear',)),
+        BlockSpec(('residual',)),
+        BlockSpec(('detach', 'residual')),
+        BlockSpec(('tanh', 'gain', 'skip'), skip_from=0),
+        BlockSpec(('linear',)),
+        BlockSpec(('skip',), skip_from=1),
+        BlockSpec(('linear',)),
+        BlockSpec(('gelu', 'sigmoid')),
+        BlockSpec(('gelu', 'gain', 'gelu')),
+        BlockSpec(('tanh', 'bfloat16', 'index', 'bfloat16')),
+        BlockSpec(('tanh', 'index')),
+    ),
+    seed=54065,
+    width=2,
+    batch=1,
+    dtype='float64',
+    between=((7, 'iadd'),),
+    draws=((2, 'counter'),),
+    layerdrop=0.3,
+)
+
+
+@pytest.mark.parametrize("seed", [54065, 54068, 54072])
+def test_fuzz_4812_a_write_after_a_skipped_blocks_place_keeps_the_blocks_around_it_from_recomputation(seed):
+    import dataclasses
+
+    out = _check(dataclasses.replace(SPEC_4812, seed=seed), 0.7, "recompute-all")
+    assert out.kind == "equal", out.detail
+    assert out.recomputations > 0  # recompute-all still recomputes the other blocks
