@@ -70,7 +70,8 @@ SPEC_4991 = ModelSpec(
 
 # Model 4457 of the seed-41 run (method largest-first, memory 0.45): at a batch of 2,
 # largest-first found nothing in 0.45 of the peak, well above the floors, where offload()'s own
-# choice fits.
+# choice fits. With the gradient its skip waits for counted, nothing fits there now: it trains
+# at the least memory found (a forced method giving way: SPEC_43_25 below).
 SPEC_4457 = ModelSpec(
     blocks=(
         BlockSpec(('linear',)),
@@ -183,21 +184,46 @@ def test_a_fraction_below_a_later_shapes_floor_plans_at_the_least_memory_found_a
     handle.remove()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="with the gradient its skip (block 5, from block 2) waits for counted (NOTE [ the gradient a held storage "
-    "waits for ]), the later shape's least memory is 784 B for the default and for largest-first alike: no fraction "
-    "leaves largest-first without a schedule where the default has one, so this spec no longer reaches that path",
+# Model 25 of the seed-43 run, drawn (its own budget and method were 0.8 and offload-all): with
+# largest-first at 0.49 of the keep-all peak, the least fraction it fits at the first batch, it
+# finds nothing at the batch of 2, where offload()'s own choice fits. SPEC_4457 (largest-first at
+# 0.45, found nothing at a batch of 2) no longer reaches this: with the gradient its skip waits
+# for counted (NOTE [ the gradient a held storage waits for ]), its later shape's least memory
+# is the same for the default and for largest-first.
+SPEC_43_25 = ModelSpec(
+    blocks=(
+        BlockSpec(('index',)),
+        BlockSpec(('narrow',)),
+        BlockSpec(('gain', 'add_', 'residual', 'skip', 'no_grad'), skip_from=0),
+        BlockSpec(('residual', 'gain')),
+        BlockSpec(('tanh',)),
+        BlockSpec(('linear', 'index', 'mul_', 'gelu')),
+        BlockSpec(('dropout', 'add_', 'linear')),
+        BlockSpec(('residual', 'sigmoid', 'gelu')),
+    ),
+    seed=40329,
+    width=6,
+    batch=1,
+    dtype='float64',
+    between=((0, 'alias'), (6, 'alias')),
+    batches=(5, 5, 4, 2),
 )
+
+
 def test_a_forced_method_that_finds_nothing_at_a_later_shape_gives_way_to_the_default_at_the_same_budget():
-    case, handle = _offloaded(SPEC_4457, 0.45, "largest-first")
+    case, handle = _offloaded(SPEC_43_25, 0.49, "largest-first")
     assert handle.result.method == "largest-first"
-    with pytest.warns(RuntimeWarning, match="method='largest-first' finds no schedule in 781 B"):
-        plan = handle.prepare(case.batch(None, 1))
+    with pytest.warns(RuntimeWarning, match="method='largest-first' finds no schedule in 1015 B"):
+        plan = handle.prepare(case.batch(None, 3))
     assert plan.result.method in ("best", "rotor", "joint")
-    assert plan.memory == int(0.45 * plan.keep_all_peak) and plan.predicted_peak <= plan.memory
+    assert plan.memory == int(0.49 * plan.keep_all_peak) and plan.predicted_peak <= plan.memory
     assert "offload()'s own choice" in plan.fallback
     handle.remove()
+    # Trained: the fourth step is the batch of 2, on the plan given way to.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = differential_check(ModelCase(SPEC_43_25), memory=0.49, method="largest-first", steps=4)
+    assert out.kind == "equal", out.detail
 
 
 def test_a_budget_in_bytes_is_a_cap_a_later_shape_is_refused_saying_what_to_do():
