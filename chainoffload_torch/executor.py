@@ -513,6 +513,18 @@ class ScheduleRun:
     # would recompute a block from a carried a_j that the code after a skipped block changed
     # raises (the check of NOTE [ recomputation ] in _recompute.py), never trains on.
 
+    # NOTE [ a skipped first block ]
+    # a_0, the chain's input (the prefix's output), is unit 0's: resident outside the chain in
+    # the plan, never moved. The ledger notes it at stage_start(1); a step that skips the first
+    # block never calls that, so the first block that ran saved a_0 as a storage no unit owned
+    # yet, made it its own unit's, and moved it with that unit: act[0] bytes more than the
+    # plan's (benchmarks/training_loops.py's LayerDrop row showed 10.27 MiB moved against a
+    # 10.02 MiB plan, its unit 1 kept and unit 2 offloaded). Decision: while no block has run, a
+    # skipped stage notes the hidden state it hands on as unit 0's, as stage_start(1) would (and
+    # the bytes of a model input a_0, for the CUDA peak). Checked by
+    # tests/test_torch_layerdrop.py (bytes moved per unit against the plan's, and exactly the
+    # plan's less the skipped units' when only the first blocks are skipped).
+
     def stage_start(self, step: _Step, idx: int, hidden: Any, args: tuple, kwargs: dict) -> None:
         """F_idx starts."""
         if step is not self._step:
@@ -644,9 +656,18 @@ class ScheduleRun:
         if step is not self._step:
             return
         step.skipped.add(idx)
+        ledger = step.ledger
+        j = step.last_out
+        if not j and isinstance(hidden, torch.Tensor):
+            # No block ran yet: ``hidden`` is a_0 (or what the code before the first block that
+            # runs made of it), the chain's input, as stage_start(1) would have noted it
+            # (NOTE [ a skipped first block ]).
+            if idx == 1 and not ledger.owns(hidden):
+                step.a0_before = hidden.numel() * hidden.element_size()
+            if not step.passive and ledger.owns(hidden) and ledger.owner(hidden) is None:
+                ledger.lookup(hidden, 0)
         if step.passive:
             return
-        j = step.last_out
         if j and self.chain.act[j] > self.chain.act[idx]:
             raise RuntimeError(
                 f"chainoffload_torch: this step skipped block {self._name(idx)}, whose input (a_{j}, {self.chain.act[j]} "
@@ -654,7 +675,6 @@ class ScheduleRun:
                 "block run does not bound a step without it. Skip only blocks whose output is the size of their input "
                 "(LayerDrop's layers are), or turn the skipping off while offloading"
             )
-        ledger = step.ledger
         # The storage of the hidden state handed on (a_j, or a view of a storage a unit owns).
         x = ledger.owner(hidden) if isinstance(hidden, torch.Tensor) else (ledger.output.get(j) if j else None)
         u = x.unit if x is not None else 0

@@ -403,3 +403,74 @@ def test_a_new_skip_pattern_at_a_shape_a_profile_cannot_run_is_measured_by_one_f
     assert handle.plan.sizes.collapsed == {stage, stage + 2}  # pattern b's plan: blocks 2 and 4 collapsed
     assert [p.sizes.collapsed for p in handle._draw_plans[handle._key(handle.plan.key)]] == [{stage}, {stage, stage + 2}]
     handle.remove()
+
+
+# -- bytes moved against the plan's -----------------------------------------------------------
+
+
+class Forced(Drop):
+    """:class:`Drop` whose training forward skips the blocks in ``skip`` (a set of indices) and,
+    with ``p``, draws more as LayerDrop does."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.skip = set()
+
+    def forward(self, x):
+        h = self.stem(x)
+        for k, layer in enumerate(self.layers):
+            drawn = self.training and torch.rand([]) < self.p
+            if self.training and (k in self.skip or drawn):
+                continue
+            h = layer(h)
+        return self.head(h)
+
+
+def test_a_skipping_step_moves_the_plans_bytes_for_its_pattern_and_never_the_chains_input():
+    """A step moves, per unit, at most what the plan moves of it; a step that skips the first
+    blocks moves exactly the plan's bytes less the skipped units' (they save nothing, and the
+    hidden state handed on is a_0, the chain's input, which the plan keeps resident). Before the
+    fix, a_0 was first seen by the first block that ran and moved with its unit
+    (benchmarks/training_loops.py's LayerDrop row: 10.27 MiB moved against a 10.02 MiB plan)."""
+    torch.manual_seed(3)
+    model = Forced(p=0.0, n=10)
+    ref = copy.deepcopy(model)
+    x = torch.randn(64, 8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        handle = ct.offload(model, x, memory=0.6, repeats=1, warmup=0)
+    chain, off = handle.plan.chain, int(handle.blocks.prefix)
+    units = handle.schedule.offloaded_units
+    saved = {u: int(chain.saved[u - 1]) for u in units}
+    # The first offloaded unit after the first block's: skip every block before it, so that it
+    # runs first and sees a_0 first.
+    later = [u for u in units if u - off >= 2]
+    assert later, units
+    first = later[0]
+    lead = set(range(first - off - 1))  # block k is stage k + 1 + off
+    patterns = [set(), lead, lead | {first - off}, {0}, {0, 4}, lead]
+    opts = [torch.optim.AdamW(m.parameters(), lr=1e-3) for m in (model, ref)]
+    for s in range(len(patterns) + 8):
+        pattern = patterns[s] if s < len(patterns) else set()
+        model.p = ref.p = 0.0 if s < len(patterns) else 0.3  # then LayerDrop's own draws
+        model.skip = ref.skip = pattern
+        losses = []
+        for m, opt in zip((model, ref), opts, strict=True):
+            opt.zero_grad()
+            torch.manual_seed(100 + s)
+            loss = drop_loss(m, x)
+            loss.backward()
+            opt.step()
+            losses.append(loss)
+        assert torch.equal(*losses), f"step {s}"
+        assert all(torch.equal(p, q) for p, q in zip(model.parameters(), ref.parameters(), strict=True)), f"step {s}"
+        stats = handle.last_step
+        per_unit = {u: b for u, b in stats.unit_offloaded.items() if b}
+        assert set(per_unit) <= set(units), (s, per_unit, units)
+        assert all(b <= saved[u] for u, b in per_unit.items()), (s, pattern, per_unit, saved)
+        assert stats.offloaded_bytes <= handle.plan.offloaded_bytes, (s, stats.offloaded_bytes)
+        if s < len(patterns) and pattern == set(range(max(pattern, default=-1) + 1)):
+            # Only leading blocks skipped: nothing is carried; the plan's bytes for the pattern.
+            ran = sum(saved[u] for u in units if u - off - 1 not in pattern)
+            assert stats.offloaded_bytes == ran, (s, pattern, per_unit, saved)
+    handle.remove()
