@@ -25,9 +25,11 @@ from torch import nn
 
 import chainoffload as co
 
+from ._saved import _describe, version_probe
+
 __all__ = [
     "FORWARD_KINDS", "Act", "CallRecord", "ObjectState", "PrefixRecord", "RematPlan", "Slot", "argument_state",
-    "arguments_state", "prefix_state", "state_call_ended", "state_structure", "stateful_argument", "recomputes_without_grad",
+    "arguments_state", "prefix_state", "recompute_overhead", "state_call_ended", "state_structure", "stateful_argument", "recomputes_without_grad",
 ]
 
 FORWARD_KINDS = ("F", "Fck", "Fn")
@@ -72,8 +74,6 @@ class Slot:
     __slots__ = ("index", "made_by", "output_nr", "probe", "record", "size", "stage", "type_name", "version")
 
     def __init__(self, stage: int, index: int, t: torch.Tensor) -> None:
-        from ._saved import _describe, version_probe
-
         self.stage = stage
         self.index = index
         self.record: Any = None
@@ -95,8 +95,6 @@ class Act:
     __slots__ = ("entry", "meta", "original", "probe", "requires_grad", "tensor")
 
     def __init__(self, tensor: torch.Tensor, entry: Any, original: bool) -> None:
-        from ._saved import version_probe
-
         self.tensor = tensor.detach()
         self.entry = entry
         self.meta = (tensor.dtype, tensor.size(), tensor.stride(), tensor.storage_offset(), tensor.is_conj(), tensor.is_neg())
@@ -210,7 +208,7 @@ class RematPlan:
 # appends to, a Python object outside the module) is not restored: such a block must not be
 # recomputed (keep it out of the chain's recomputation with method="best").
 
-_PLAIN = (bool, int, float, str)
+_PLAIN = frozenset((bool, int, float, str))  # by exact type, as _plain_attrs reads it
 
 
 # NOTE [ arguments a recomputation would change again ]
@@ -558,11 +556,53 @@ def arguments_state(obj: Any, depth: int = 0) -> Any:
 # What the chain charges: the core model costs every Fck_i and Fn_i fwd_nosave[i], the first run
 # in the forward as much as a recomputation. The executor's first run is the model's own forward
 # with autograd (its graph carries the gradient; NOTE [ recomputation ]): it costs fwd[i], and
-# more for the slots it packs. So offload()'s chain keeps fwd_nosave = fwd: exact for the
+# more for the slots it packs. So offload()'s chain keeps fwd_nosave = fwd (plus, on CPU, the
+# executor's host work: NOTE [ what a recomputation costs the executor ]): exact for the
 # forward's Fck / Fn, an upper bound for a recomputed one on CPU (the forward without autograd
 # that profile() measures as fwd_nosave: 55 ms against 68.6 ms of fwd summed over the 8 stages of
 # benchmarks/checkpointing.py's Llama on CPU, one profile). A measured fwd_nosave would predict
 # every plan that runs stages without saving in its forward faster than it runs.
+
+
+# NOTE [ what a recomputation costs the executor ]
+# Beyond the block's own compute, each stage the executor recomputes costs it host work no
+# profile times: at the original call, the record (CallRecord: the arguments' picture, the torch,
+# Python and NumPy generator states, the block's plain attributes and buffers, every module of the
+# block walked), and at each recomputation the states put back and restored after (the generators
+# read and set twice, the attributes and buffers). On CPU that host work is on the step's only
+# thread: for a decoder layer of benchmarks/checkpointing.py's Llama, 0.42 ms for the record and
+# 0.81 ms for the states entered and left (timeit, load average 8 on the project's 2-core
+# machine), 0.26 to 0.30 ms for both by offload()'s own timing below at a lighter moment; NumPy's
+# state read and set is about 0.1 ms of it. Where no prediction counts it, offload() picks, at
+# checkpointing's memory, a plan the simulator calls as fast as checkpointing that runs slower
+# (issue 31). So on CPU offload()'s chain charges it: recompute_overhead times this very
+# code on each block (a record and an enter / exit of its states, no call of the block; the
+# median of a few) and the chain's fwd_nosave[i] is fwd[i] plus that time (Fck_i and Fn_i are the
+# ops that start a recomputed stage: the forward's Fck_i pays the record, each recomputation its
+# states; a stage recomputed twice is charged one record too many, an upper bound). The solvers
+# then plan with it and the simulator judges with it. On CUDA the host work overlaps the
+# device's kernels (launches are asynchronous) and nothing is added.
+
+
+def recompute_overhead(module: nn.Module, hidden_at: tuple[str, Any], device: torch.device, repeats: int = 5) -> float:
+    """The executor's host seconds for recomputing ``module`` beyond its compute: one
+    :class:`CallRecord` and one enter / exit of its states (NOTE [ what a recomputation costs
+    the executor ]), the median of ``repeats``; ``module`` is not called."""
+    import statistics
+    import time
+
+    where, key = hidden_at
+    hidden = torch.zeros(1, device=device)
+    args: tuple = tuple(None for _ in range(key)) + (hidden,) if where == "arg" else ()
+    kwargs = {key: hidden} if where == "kw" else {}
+    times = []
+    for _ in range(max(1, repeats)):
+        start = time.perf_counter()
+        rec = CallRecord(module, 1, args, kwargs, hidden_at, hidden, device, set())
+        with rec._state():
+            pass
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
 
 
 def recomputes_without_grad(device: torch.device | str) -> bool:
@@ -591,6 +631,22 @@ def _tracks_statistics(module: nn.Module) -> bool:
     training: its buffers may change in any call, whether or not an earlier step's did
     (NOTE [ state changes happen once ])."""
     return isinstance(module, nn.modules.batchnorm._NormBase) and bool(module.track_running_stats)
+
+
+def _same_host_rng_state(a: tuple[Any, Any], b: tuple[Any, Any]) -> bool:
+    """Whether two :func:`_host_rng_state` pictures are the same states (then setting one where
+    the other is in force changes nothing: NumPy's set_state is the dearer half of a
+    recomputation's host generators, and nothing draws from them between most calls)."""
+    if a[0] != b[0]:
+        return False
+    na, nb = a[1], b[1]
+    if na is None or nb is None:
+        return na is nb
+    if len(na) != len(nb) or na[0] != nb[0] or tuple(na[2:]) != tuple(nb[2:]):
+        return False
+    import numpy as np
+
+    return bool(np.array_equal(na[1], nb[1]))
 
 
 def _set_host_rng_state(state: tuple[Any, Any]) -> None:
@@ -671,13 +727,16 @@ class CallRecord:
             if torch.amp.is_autocast_available(dt)
         }
         self.autocast_cache = torch.is_autocast_cache_enabled()
-        owners = list(module.modules()) if state is None else list(state)
+        # One walk of the modules (named_modules' order, as modules() gives it), their buffers
+        # read from _buffers (named_buffers(recurse=False) less its generator; None is no buffer).
+        paths = list(module.named_modules()) if state is None else [("", m) for m in state]
+        owners = [m for _, m in paths]
         self.attrs = _plain_attrs(owners)
         self.buffers: list[tuple[str, torch.Tensor, int, torch.Tensor | None]] = []
-        if state is None:
-            named = ((f"{p}.{n}" if p else n, b, m) for p, m in module.named_modules() for n, b in m.named_buffers(recurse=False))
-        else:
-            named = ((n, b, m) for m in owners for n, b in m.named_buffers(recurse=False))
+        named = (
+            (f"{p}.{n}" if p and state is None else n, b, m)
+            for p, m in paths for n, b in m._buffers.items() if b is not None
+        )
         seen: set[int] = set()
         for name, b, m in named:
             if id(b) in seen:
@@ -798,7 +857,8 @@ class CallRecord:
             if self.cuda_rng is not None:
                 torch.cuda.set_rng_state(self.cuda_rng, self.device)
             host_now = _host_rng_state()
-            _set_host_rng_state(self.host_rng)
+            if not _same_host_rng_state(host_now, self.host_rng):
+                _set_host_rng_state(self.host_rng)
             with contextlib.ExitStack() as stack:
                 for dt, (enabled, dtype) in self.autocast.items():
                     stack.enter_context(torch.amp.autocast(dt, enabled=enabled, dtype=dtype, cache_enabled=self.autocast_cache))

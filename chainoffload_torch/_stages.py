@@ -95,13 +95,24 @@ def resident_storages(modules: Iterable[nn.Module]) -> set[int]:
     """
     keys: set[int] = set()
     for root in modules:
-        for mod in root.modules():
-            tensors = list(mod.parameters(recurse=False)) + list(mod.buffers(recurse=False))
-            tensors += [v for v in vars(mod).values() if isinstance(v, torch.Tensor)]
-            for t in tensors:
-                key = _storage_key(t)
-                if key is not None:
-                    keys.add(key)
+        # Every module under root (modules(), walked without its recursive generators), its
+        # parameters(recurse=False) and buffers(recurse=False) read from their dicts (None is no
+        # tensor), and its tensor attributes: once per step of a plan that moves or recomputes
+        # something, so the walk is kept cheap.
+        stack, seen = [root], set()
+        while stack:
+            mod = stack.pop()
+            if id(mod) in seen:
+                continue
+            seen.add(id(mod))
+            d = vars(mod)
+            stack.extend(m for m in d.get("_modules", {}).values() if m is not None)
+            for group in (d.get("_parameters", {}).values(), d.get("_buffers", {}).values(), d.values()):
+                for t in group:
+                    if isinstance(t, torch.Tensor):
+                        key = _storage_key(t)
+                        if key is not None:
+                            keys.add(key)
     return keys
 
 
@@ -122,15 +133,28 @@ def _storage_key(t: Any) -> int | None:
         return None
 
 
+def _is_parameter(t: torch.Tensor) -> bool:
+    """``isinstance(t, nn.Parameter)``, without the Python ``__instancecheck__`` of Parameter's
+    metaclass for the two types met at nearly every saved tensor: a plain tensor is one only
+    with ``_is_param`` set (as the metaclass asks), a Parameter always."""
+    tp = type(t)
+    if tp is torch.Tensor:
+        return bool(getattr(t, "_is_param", False))
+    if tp is nn.Parameter:
+        return True
+    return isinstance(t, nn.Parameter)
+
+
 def is_parameter_like(t: torch.Tensor) -> bool:
     """Whether ``t`` is a parameter, wherever it is held: an ``nn.Parameter``, a view of one,
     or the cast of one that autocast keeps for the whole forward (see NOTE [ never a parameter ])."""
-    if isinstance(t, nn.Parameter) or isinstance(t._base, nn.Parameter):
+    base = t._base
+    if _is_parameter(t) or (base is not None and _is_parameter(base)):
         return True
-    if t._base is not None:
+    if base is not None:
         # A view of autocast's cast of a weight (w.t() that a bf16 matmul saves): the cache
         # holds its storage until the autocast region exits, as it holds the cast's.
-        return is_parameter_like(t._base)
+        return is_parameter_like(base)
     fn = t.grad_fn
     if fn is not None and fn.name() == "ToCopyBackward0":
         nxt = fn.next_functions
@@ -358,14 +382,19 @@ class UnitLedger:
 
     def pack(self, t: Any, stage: int | None) -> Entry | None:
         """The entry a tensor saved while ``stage`` runs belongs to, or ``None`` if no unit's."""
-        if stage is None:
+        if stage is None or not isinstance(t, torch.Tensor):
             return None
-        if not self.owns(t):
-            if stage >= 1 and isinstance(t, torch.Tensor) and not is_parameter_like(t):
-                kind = unmovable_kind(t)
-                if kind is not None and _device_of(t) == self.device:
-                    kinds = self.unmovable.setdefault(stage, {})
-                    kinds[kind] = kinds.get(kind, 0) + _known_bytes(t)
+        # owns(t), each test made once (one call per saved tensor of every step).
+        kind = unmovable_kind(t)
+        if kind is not None:
+            if stage >= 1 and not is_parameter_like(t) and _device_of(t) == self.device:
+                kinds = self.unmovable.setdefault(stage, {})
+                kinds[kind] = kinds.get(kind, 0) + _known_bytes(t)
+            return None
+        if t.device != self.device or is_parameter_like(t):
+            return None
+        st = t.untyped_storage()
+        if st.nbytes() == 0 or self._resident(st.data_ptr()):
             return None
         entry = self.lookup(t, stage)
         if entry is not None and 1 <= entry.unit and stage >= entry.unit + 2:

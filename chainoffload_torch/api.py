@@ -46,6 +46,7 @@ from .plans import (
     Plan,
     _Planner,
     _takes,
+    charge_recomputation,
     coverage,
     exact_bytes,
     recompute_chain,
@@ -1292,6 +1293,9 @@ def budget_curve(
         nosave=False,
     )
     chain = prof.chain
+    if remat:
+        # As offload() prices them (NOTE [ what a recomputation costs the executor ] in _recompute.py).
+        chain = charge_recomputation(chain, prof.blocks, prof.device)
     link = platform if platform is not None else prof.platform
     # NOTE [ one call chooses ] in plans.py: the stages the executor cannot call again get a
     # prohibitive fwd_nosave, which no pure-offloading method reads.

@@ -939,8 +939,9 @@ class ScheduleRun:
         autograd's version check (NOTE [ version discipline ]); for a slot, what the
         recomputation saved in its place."""
         if isinstance(packed, Slot):
-            name = self.names[packed.stage - 1] if self.names is not None and packed.stage <= len(self.names) else packed.stage
-            check_version(packed, packed.probe._version, f"in the forward of block {packed.stage} ({name}), run without saving")
+            if packed.probe._version != packed.version:  # the message is built only to raise
+                name = self.names[packed.stage - 1] if self.names is not None and packed.stage <= len(self.names) else packed.stage
+                check_version(packed, packed.probe._version, f"in the forward of block {packed.stage} ({name}), run without saving")
             if packed.record is None:
                 raise RuntimeError(
                     f"chainoffload_torch: the backward of block {packed.stage} needs what its recomputation saves, and "

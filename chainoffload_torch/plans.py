@@ -255,6 +255,9 @@ class _Planner:
             )
         for b, why in unsafe.items():
             self.unsafe.setdefault(b, why)
+        if remat:
+            # NOTE [ what a recomputation costs the executor ] in _recompute.py.
+            chain = charge_recomputation(chain, instrument.blocks, self.device)
         blocks = _Unsafe(instrument.blocks, unsafe, prefix_watched=True)
         self.may_split_prefix = False
         self.reference = None
@@ -458,10 +461,33 @@ def scaled_chain(ref: Plan, sizes: Sizes) -> co.Chain | None:
     bwd_tmp = [
         int(max(0, int(chain0.bwd_tmp[i]) - (sizes0.output_bytes if i < n - 1 else 0) - held_b0[i]) * ratio[i]) for i in range(n)
     ]
+    fwd = [float(chain0.fwd[i]) * ratio[i] for i in range(n)]
+    # The executor's host work per recomputation (NOTE [ what a recomputation costs the
+    # executor ] in _recompute.py) does not grow with the shapes: carried over as it was.
+    extra = [max(0.0, float(chain0.fwd_nosave[i]) - float(chain0.fwd[i])) for i in range(n)]
+    nosave = [f + e for f, e in zip(fwd, extra, strict=True)] if any(extra) else None
     return chain_of(
-        sizes, [float(chain0.fwd[i]) * ratio[i] for i in range(n)], [float(chain0.bwd[i]) * ratio[i] for i in range(n)],
-        fwd_tmp, bwd_tmp, None, chain0.name,
+        sizes, fwd, [float(chain0.bwd[i]) * ratio[i] for i in range(n)], fwd_tmp, bwd_tmp, nosave, chain0.name,
     )
+
+
+def charge_recomputation(chain: co.Chain, blocks: Any, device: torch.device | str) -> co.Chain:
+    """``chain`` with, on CPU, the executor's host seconds per recomputation of each block added
+    to its ``fwd_nosave`` (NOTE [ what a recomputation costs the executor ] in _recompute.py);
+    ``chain`` itself elsewhere. Stages with no block of their own (the code before the first
+    block, a block's tail) are never recomputed by the executor and get nothing."""
+    from ._recompute import recompute_overhead
+
+    device = torch.device(device)
+    if device.type != "cpu":
+        return chain
+    nosave = [float(t) for t in chain.fwd_nosave]
+    for stage in range(1, chain.length + 1):
+        b = blocks.block_at(stage)
+        if not b:
+            continue
+        nosave[stage - 1] += recompute_overhead(blocks.modules[b - 1], blocks.hidden_in[b - 1], device)
+    return chain.replace(fwd_nosave=nosave)
 
 
 #: Solves the search for a later shape's least memory may take (NOTE [ a later shape that fits no plan ]).

@@ -87,9 +87,13 @@ def test_offload_runs_one_forward_to_find_the_blocks_and_one_step(settles_at_onc
     model, x = mlp()
     handle, counts = counted(ct.offload, model, x, memory=0.6)
     # Block discovery: one forward with autograd (NOTE [ discovery as the warm-up ]); then one
-    # step, the probe's. No forward without autograd (fwd_nosave: offload() runs pure offloading).
+    # step, the probe's. No forward without autograd: fwd_nosave is fwd plus, on CPU, the
+    # executor's host work per recomputation, timed without calling a block (NOTE [ what a
+    # recomputation costs the executor ] in _recompute.py).
     assert counts == (2, 0, 1)
-    assert "fwd_nosave" not in handle.chain.to_dict()
+    chain = handle.chain
+    extra = [float(n) - float(f) for n, f in zip(chain.fwd_nosave, chain.fwd, strict=True)]
+    assert all(0 < e < 0.1 for e in extra), extra
     handle.remove()
 
 

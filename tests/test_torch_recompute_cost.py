@@ -1,0 +1,146 @@
+"""On CPU offload()'s chain carries the executor's host work per recomputation, and the plan it
+picks is judged with it: NOTE [ what a recomputation costs the executor ] in
+chainoffload_torch/_recompute.py."""
+
+import os
+import warnings
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+torch = pytest.importorskip("torch")
+import chainoffload as co  # noqa: E402
+import chainoffload_torch as ct  # noqa: E402
+import chainoffload_torch._recompute as recompute  # noqa: E402
+from bench_models import torch_models  # noqa: E402
+from chainoffload_torch.plans import charge_recomputation  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
+
+
+def mlp():
+    torch.manual_seed(0)
+    return torch_models.ResidualMLP(d=64, layers=6), torch.randn(32, 8)
+
+
+def _recomputes(schedule: co.Schedule) -> bool:
+    seen = set()
+    for kind, s in schedule.compute:
+        if kind == "B":
+            continue
+        if kind != "F" or s in seen:
+            return True
+        seen.add(s)
+    return False
+
+
+def test_recompute_overhead_times_the_record_and_the_states_without_calling_the_block():
+    model, _ = mlp()
+    block = model.blocks[0] if hasattr(model, "blocks") else next(iter(model.children()))
+    calls = []
+    handle = block.register_forward_pre_hook(lambda m, a: calls.append(1))
+    before = torch.get_rng_state()
+    seconds = recompute.recompute_overhead(block, ("arg", 0), torch.device("cpu"))
+    handle.remove()
+    assert 0 < seconds < 0.1
+    assert not calls  # the block is never called
+    assert torch.equal(torch.get_rng_state(), before)  # its states are put back
+
+
+def test_offloads_chain_charges_each_block_on_cpu_and_nothing_elsewhere():
+    model, x = mlp()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        handle = ct.offload(model, x)
+    chain, blocks = handle.chain, handle.blocks
+    for stage in range(1, chain.length + 1):
+        extra = float(chain.fwd_nosave[stage - 1]) - float(chain.fwd[stage - 1])
+        if blocks.block_at(stage):
+            assert 0 < extra < 0.1, (stage, extra)
+        else:
+            assert extra == 0, (stage, extra)
+    raw = chain.replace(fwd_nosave=chain.fwd)
+    assert charge_recomputation(raw, blocks, "cuda") is raw  # no host work charged on a GPU
+    handle.remove()
+
+
+def test_the_plan_is_chosen_with_the_host_work_of_its_recomputations(monkeypatch):
+    # Where a recomputation costs the executor more host time than any copy, offload() at a
+    # memory where pure offloading fits recomputes nothing; with no such cost (the chain as
+    # before issue 31) it recomputes there, copies being slow and inline on CPU.
+    def plan(cost):
+        monkeypatch.setattr(recompute, "recompute_overhead", lambda *a, **k: cost)
+        model, x = mlp()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            # A slow link by hand: every copy costs more than the forward it spares.
+            handle = ct.offload(model, x, memory=0.6, platform=co.Platform(memory=1, bandwidth_d2h=1e5, bandwidth_h2d=1e5))
+        schedule, chain = handle.plan.schedule, handle.chain
+        handle.remove()
+        return schedule, chain
+
+    cheap, _ = plan(0.0)
+    assert _recomputes(cheap)
+    dear, chain = plan(1.0)
+    assert not _recomputes(dear)
+    assert float(chain.fwd_nosave[1]) >= float(chain.fwd[1]) + 1.0  # the chain the simulator judged by
+
+
+# The executor's per-step work made cheaper (issue 31): each cheaper form against the one it replaced.
+
+
+def test_is_parameter_matches_isinstance_without_the_metaclass_check():
+    from chainoffload_torch._stages import _is_parameter
+
+    p = torch.nn.Parameter(torch.randn(3))
+    flagged = torch.randn(3)
+    flagged._is_param = True  # the metaclass counts a tensor so flagged as a Parameter
+    sub = torch.nn.parameter.Buffer(torch.randn(3)) if hasattr(torch.nn.parameter, "Buffer") else torch.randn(3)
+    for t in (p, flagged, torch.randn(3), p.t() if p.dim() > 1 else p[:2], sub, torch.nn.UninitializedParameter()):
+        assert _is_parameter(t) == isinstance(t, torch.nn.Parameter), t
+
+
+def test_version_probes_share_an_empty_storage_not_a_version_counter():
+    from chainoffload_torch._saved import version_probe
+
+    a, b = torch.randn(4), torch.randn(4)
+    pa, pb = version_probe(a), version_probe(b)
+    assert pa.untyped_storage().nbytes() == 0 and pa._version == a._version == 0
+    a.add_(1)
+    assert pa._version == a._version == 1 and pb._version == b._version == 0
+    assert torch.equal(b, b) and b.untyped_storage().nbytes() == 16  # the original keeps its bytes
+
+
+def test_same_host_rng_state_tells_every_draw():
+    np = pytest.importorskip("numpy")
+    import random
+
+    now = recompute._host_rng_state()
+    assert recompute._same_host_rng_state(now, recompute._host_rng_state())
+    np.random.rand()
+    after_np = recompute._host_rng_state()
+    assert not recompute._same_host_rng_state(now, after_np)
+    random.random()
+    assert not recompute._same_host_rng_state(after_np, recompute._host_rng_state())
+    np.random.set_state(after_np[1])
+    np.random.randn()  # leaves a cached gaussian: the same key, another state
+    one = recompute._host_rng_state()
+    np.random.set_state(after_np[1])
+    np.random.randn()
+    np.random.randn()
+    assert not recompute._same_host_rng_state(one, recompute._host_rng_state())
+
+
+def test_resident_storages_walk_is_the_modules_walk():
+    from chainoffload_torch._stages import _storage_key, resident_storages
+
+    model, _ = mlp()
+    model.shared = model.blocks[0]  # a module reached twice
+    model.register_buffer("stats", torch.zeros(5))
+    model.table = torch.ones(7)  # a plain tensor attribute
+    model.blocks[1].register_buffer("gone", None)
+    expected = set()
+    for mod in model.modules():
+        for t in [*mod.parameters(recurse=False), *mod.buffers(recurse=False), *(v for v in vars(mod).values() if isinstance(v, torch.Tensor))]:
+            expected.add(_storage_key(t))
+    assert resident_storages([model]) == expected
