@@ -255,3 +255,6 @@ def test_best_returns_the_schedule_the_rung_finds_below_its_own():
     assert pb.rung == "cpsat" and pb.value <= r.makespan
     assert len(box) == 1 and box[0].makespan <= 1.01 * r.makespan
     assert simulate(chain, GAP_PLATFORM, box[0].schedule).makespan == box[0].makespan
+    # The same work gives the same schedule.
+    once = cpsat_bound(chain, GAP_PLATFORM, 1.01 * r.makespan, work=0.2)
+    assert once.schedule is not None and cpsat_bound(chain, GAP_PLATFORM, 1.01 * r.makespan, work=0.2) == once
