@@ -427,8 +427,10 @@ def _exact(chain: Chain, platform: Platform, result: Result, work: float, kept: 
             # makes it optimal. One that offloads a kept unit is not taken (the rung has no keep).
             for got in found:
                 if got.makespan < makespan * (1 - _EPS) and not kept & set(got.schedule.offloaded_units):
-                    schedule, makespan, optimal, improved_by = got.schedule, got.makespan, got.optimal, "cpsat rung"
+                    schedule, makespan, improved_by = got.schedule, got.makespan, "cpsat rung"
                     bound = max(bound, got.value)
+                    # Proven by CP-SAT, or (as above) the bound within 3 R / scale of it.
+                    optimal = got.optimal or bound >= makespan - 3 * got.tolerance
     bound = min(bound, makespan)
     if schedule is result.schedule:
         return result.replace(lower_bound=bound, info=info, status=Status.OPTIMAL if optimal else result.status)
