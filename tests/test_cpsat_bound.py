@@ -12,10 +12,10 @@ import time
 
 import pytest
 
-from chainoffload import Platform, keep_all_peak, solve
+from chainoffload import Platform, keep_all_peak, simulate, solve
 from chainoffload.bounds import ladder as _ladder
 from chainoffload.bounds import offload_memory_floor, problem_bound
-from chainoffload.bounds.cpsat_bound import cpsat_bound, proves_optimal
+from chainoffload.bounds.cpsat_bound import cpsat_bound, found_schedules, proves_optimal
 from chainoffload.exact import brute_force
 from chainoffload.generators import random_chain
 
@@ -56,6 +56,11 @@ def test_below_the_brute_force_optimum_and_proves_it(seed, frac, ratio):
     above = cpsat_bound(chain, platform, 1.1 * opt.makespan)  # a schedule ends before it: the optimum is proven
     assert above.status == "beaten" and opt.makespan * (1 - 1e-4) <= above.value <= opt.makespan
     assert proves_optimal(at, opt.makespan) and not proves_optimal(above, 1.1 * opt.makespan)
+    # The schedule it found there comes back, replayed by the simulator: the optimum, proven.
+    assert at.schedule is None and below.schedule is None
+    assert above.schedule is not None and above.optimal
+    assert simulate(chain, platform, above.schedule).makespan == above.makespan
+    assert above.value <= above.makespan <= opt.makespan + 3 * above.tolerance
 
 
 @pytest.mark.parametrize("seed, level, rate", [(0, 0.3, 0.5), (1, 0.3, 0.5)])
@@ -212,3 +217,44 @@ def test_the_readme_main_job_never_climbs_it(monkeypatch):
     chain = example("resnet50")
     r = solve(chain, Platform(memory=4 * 2**30, bandwidth_d2h=25e9, bandwidth_h2d=25e9, latency=1e-5))
     assert r.feasible and r.info["lns"]["mode"] == "skipped"
+
+
+# random_chain(33, 8) written out (found by a search over random chains, 8 stages, memory 40 % of
+# the way from the offload floor to keep-all, a link moving 0.6 x the saved bytes per compute
+# second): with cpsat_work=0.2 best's improver stops at 0.97806 s, and the rung's search, capped
+# below it, finds CP-SAT's optimum 0.946952 s and proves it.
+GAP_CHAIN = dict(
+    fwd=[0.03853795541639037, 0.14007470232611818, 0.003080531272715957, 0.018292014222011273, 0.013086996067202978,
+         0.024197806087473232, 0.03257637154523012, 0.0120758913497544],
+    bwd=[0.07335822918518385, 0.2394663691666803, 0.0053943702596525225, 0.031966078606776874, 0.030163379434595003,
+         0.056362929718838606, 0.0751985764887958, 0.021329860068699885],
+    act=[8088805, 14374154, 68676390, 3381419, 15782015, 5480832, 34146574, 12785497, 2659309],
+    saved=[36629885, 118546965, 3884286, 21128256, 11117125, 35727868, 42420579, 9070706],
+    fwd_tmp=[1062898, 9231756, 601760, 2788129, 1154302, 6529732, 1644402, 460529],
+    bwd_tmp=[2746533, 3306199, 826762, 2124255, 870674, 5730258, 2263136, 58069],
+)
+GAP_PLATFORM = Platform(memory=280469029, bandwidth_d2h=205008807.39062464, bandwidth_h2d=205008807.39062464, latency=1e-05)
+
+
+def test_best_returns_the_schedule_the_rung_finds_below_its_own():
+    """NOTE [ cpsat bound rung ], its schedule: where the rung's search finds a schedule under
+    best's makespan, best returns it (checked by the simulator), optimal when CP-SAT proved it."""
+    from chainoffload import Chain
+
+    chain = Chain(**GAP_CHAIN)
+    r = solve(chain, GAP_PLATFORM, "best", cpsat_work=0.2)
+    assert r.info["improved_by"] == "cpsat rung" and r.info["lns"]["stronger"] == "cpsat"
+    optimum = solve(chain, GAP_PLATFORM, "cpsat", time_limit=60.0, bound=False, workers=1)
+    assert optimum.status.value == "optimal"
+    assert r.status.value == "optimal" and r.makespan == optimum.makespan
+    assert simulate(chain, GAP_PLATFORM, r.schedule).makespan == r.makespan
+    assert r.makespan - 3 * optimum.info["tolerance"] <= r.lower_bound <= r.makespan
+    # The ladder still answers a bound alone; the schedule goes only to a found_schedules() block.
+    with found_schedules() as box:
+        pb = problem_bound(chain, GAP_PLATFORM, target=1.01 * r.makespan, stronger=0.2)
+    assert pb.rung == "cpsat" and pb.value <= r.makespan
+    assert len(box) == 1 and box[0].makespan <= 1.01 * r.makespan
+    assert simulate(chain, GAP_PLATFORM, box[0].schedule).makespan == box[0].makespan
+    # The same work gives the same schedule.
+    once = cpsat_bound(chain, GAP_PLATFORM, 1.01 * r.makespan, work=0.2)
+    assert once.schedule is not None and cpsat_bound(chain, GAP_PLATFORM, 1.01 * r.makespan, work=0.2) == once

@@ -52,7 +52,9 @@ deterministic work limit, that no schedule ends before the target). It needs a t
 with ``needs_target`` is skipped without one) and costs seconds where the ladder costs ~1 s, so
 it is not in :data:`LADDER`: ``solve``, ``plot`` and ``verify`` climb that on the README's main
 job, whose cold run must stay under 15 s. ``best`` climbs it when its exact improver leaves a
-gap; :func:`stronger_bound` has no target and does not. Its rule (at most
+gap (and takes the schedule the rung's search may find below the target, through
+:func:`chainoffload.bounds.cpsat_bound.found_schedules`: the ladder itself returns bounds only);
+:func:`stronger_bound` has no target and does not. Its rule (at most
 ``CPSAT_BOUND_MAX_STAGES`` stages) and its work limit ignore the clock like every other rung's.
 """
 
@@ -248,6 +250,7 @@ def _cpsat(chain: Chain, platform: Platform, limit: float | None, target: float,
 
     work = cb.CPSAT_BOUND_WORK if work is None else work
     got = cb.cpsat_bound(chain, platform, target, floor=floor if math.isfinite(floor) else None, time_limit=limit, work=work)
+    cb._report(got)  # a schedule under the target goes to best's side channel, never into the ladder's answer
     if got.status in ("proven", "beaten"):  # the target proven, or the model's optimum below it
         return got.value
     why = {"work limit": f"its work limit of {work:g} deterministic s ran out before a proof",

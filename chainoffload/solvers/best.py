@@ -402,14 +402,17 @@ def _exact(chain: Chain, platform: Platform, result: Result, work: float, kept: 
     info["lns"] = imp.info
     bound = max(bound, imp.lower_bound)
     optimal = imp.optimal
-    makespan = imp.makespan
+    schedule, makespan, improved_by = imp.schedule, imp.makespan, "cpsat"
     if not optimal and makespan > bound * (1 + 1e-12):
         # The gap left: the ladder's stronger rungs (NOTE [ cpsat bound rung ]: CP-SAT proves, on a
         # work limit, that nothing ends before this makespan). Cached rungs cost nothing again.
         left = deadline - time.perf_counter() if timed else None
         if left is None or left > 0:
+            from ..bounds.cpsat_bound import found_schedules
+
             # The proof gets the improver's budget again (``cpsat_work``: 0.05 in the tests).
-            strong = problem_bound(chain, platform, target=makespan, time_limit=left, stronger=work)
+            with found_schedules() as found:
+                strong = problem_bound(chain, platform, target=makespan, time_limit=left, stronger=work)
             if strong.value > bound:
                 bound = strong.value
                 # The cpsat rung proves the makespan optimal as ``cpsat`` does: within 3 R / scale.
@@ -419,11 +422,21 @@ def _exact(chain: Chain, platform: Platform, result: Result, work: float, kept: 
                     grid = TimeGrid.build(chain, platform)
                     optimal = bound >= makespan - 3 * grid.slack / grid.scale
             info["lns"] = {**imp.info, "stronger": strong.rung, **({"stronger_note": "; ".join(strong.notes)} if strong.notes else {})}
-    if imp.schedule is result.schedule:
+            # NOTE [ cpsat bound rung ], its schedule: what its search found under the cap (replayed
+            # by the simulator) replaces the improver's schedule; its proof, when CP-SAT gave one,
+            # makes it optimal. One that offloads a kept unit is not taken (the rung has no keep).
+            for got in found:
+                if got.makespan < makespan * (1 - _EPS) and not kept & set(got.schedule.offloaded_units):
+                    schedule, makespan, improved_by = got.schedule, got.makespan, "cpsat rung"
+                    bound = max(bound, got.value)
+                    # Proven by CP-SAT, or (as above) the bound within 3 R / scale of it.
+                    optimal = got.optimal or bound >= makespan - 3 * got.tolerance
+    bound = min(bound, makespan)
+    if schedule is result.schedule:
         return result.replace(lower_bound=bound, info=info, status=Status.OPTIMAL if optimal else result.status)
-    info.update(units=list(imp.schedule.offloaded_units),
-                alone=[t.unit for t in imp.schedule.transfers if t.kind == "offload" and t.moves == "act"], improved_by="cpsat")
-    return result.replace(schedule=imp.schedule, makespan=imp.makespan, lower_bound=bound, info=info,
+    info.update(units=list(schedule.offloaded_units),
+                alone=[t.unit for t in schedule.transfers if t.kind == "offload" and t.moves == "act"], improved_by=improved_by)
+    return result.replace(schedule=schedule, makespan=makespan, lower_bound=bound, info=info,
                           status=Status.OPTIMAL if optimal else Status.FEASIBLE)
 
 
@@ -543,7 +556,9 @@ def best(
         ``time`` or ``first fit``), ``units``, ``alone`` (those of them that move a_i alone), each start's makespan, ``starts_skipped`` (those the time
         limit left out), ``lns`` (what the exact improver did: ``Improvement.info``), and
         ``found_by`` (``"cpsat"`` when the search found nothing and CP-SAT found the schedule:
-        NOTE [ best when the search finds nothing ]).
+        NOTE [ best when the search finds nothing ]), ``improved_by`` (``"cpsat"``: the exact
+        improver's schedule; ``"cpsat rung"``: the one the bound ladder's ``cpsat`` rung found
+        below the improver's, NOTE [ cpsat bound rung ]).
         Status ``optimal`` when CP-SAT proved the schedule optimal.
     """
     timed = time_limit is not None

@@ -56,7 +56,6 @@ from .._interrupt import run_stoppable
 from ..chain import Chain
 from ..platform import Platform
 from ..schedule import Schedule
-from ..simulate import simulate
 
 __all__ = [
     "CPSAT_WORK",
@@ -295,10 +294,9 @@ def improve(
 
     def accept(solver) -> bool:
         nonlocal best_sched, best_span, hint
-        cand = model.schedule_from(solver)
-        tl = simulate(chain, platform, cand)
-        if tl.feasible and tl.makespan < best_span * (1 - _EPS):
-            best_sched, best_span = cand, tl.makespan
+        got = model.checked(solver)
+        if got is not None and got[1] < best_span * (1 - _EPS):
+            best_sched, best_span = got
             hint = _values(solver, md)
             _set_hint(md, hint)
             return True
@@ -403,13 +401,13 @@ def find(
         return Improvement(None, math.inf, math.inf, False, info)
     if status not in ("OPTIMAL", "FEASIBLE"):
         return None
-    cand = model.schedule_from(solver)
-    tl = simulate(chain, platform, cand)
-    if not tl.feasible:  # a coincidence in integers (NOTE [ cpsat: time scale ]): not taken
+    got = model.checked(solver)
+    if got is None:  # a coincidence in integers (NOTE [ cpsat: time scale ]): not taken
         return None
+    cand, span = got
     lb = -math.inf
     bound_units = float(solver.best_objective_bound)
     if math.isfinite(bound_units):
-        lb = min((bound_units - grid.slack) / grid.scale, tl.makespan)
-    optimal = status == "OPTIMAL" and tl.makespan <= (float(solver.objective_value) + 3 * grid.slack) / grid.scale
-    return Improvement(cand, tl.makespan, lb, optimal, info)
+        lb = min((bound_units - grid.slack) / grid.scale, span)
+    optimal = status == "OPTIMAL" and span <= (float(solver.objective_value) + 3 * grid.slack) / grid.scale
+    return Improvement(cand, span, lb, optimal, info)

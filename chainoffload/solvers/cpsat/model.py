@@ -151,6 +151,26 @@ class CPModel:
         rows.sort(key=lambda r: r[0])
         return Schedule(fixed_order(self.chain.length), tuple(tr for _, tr in rows))
 
+    def checked(self, solver) -> tuple[Schedule, float] | None:
+        """The solver's current solution as a schedule the simulator accepts.
+
+        Every CP-SAT solution ``best`` takes (its exact improver, its search for a first fit, the
+        bound ladder's ``cpsat`` rung) goes through here: a solver never reports a makespan the
+        simulator disagrees with.
+
+        Returns
+        -------
+        tuple or None
+            ``(schedule, simulated makespan)``, or ``None`` when the simulator rejects the
+            schedule (a coincidence in integers that fell the other way in floats, NOTE [ cpsat:
+            time scale ]).
+        """
+        from ...simulate import simulate
+
+        schedule = self.schedule_from(solver)
+        tl = simulate(self.chain, self.platform, schedule)
+        return (schedule, tl.makespan) if tl.feasible else None
+
     def solution_times(self, solver) -> dict[str, Any]:
         """CP-SAT's own times: op starts/ends and transfer (start, end) by ("O"|"P", unit)."""
         v = self.variables
