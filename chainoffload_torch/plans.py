@@ -441,7 +441,8 @@ def scaled_chain(ref: Plan, sizes: Sizes) -> co.Chain | None:
     ratio = [sizes.act[i] / sizes0.act[i] if sizes0.act[i] else 1.0 for i in range(1, n + 1)]
     late0 = sizes0.late_tmp or (0,) * n
     again0 = sizes0.restore_tmp or (0,) * n  # chain_of adds this call's own
-    fwd_tmp = [int(max(0, int(chain0.fwd_tmp[i]) - int(late0[i]) - int(again0[i])) * ratio[i]) for i in range(n)]
+    unowned0 = sizes0.unowned_tmp or (0,) * n  # NOTE [ storages no unit owns ] in _recorder.py
+    fwd_tmp = [int(max(0, int(chain0.fwd_tmp[i]) - int(late0[i]) - int(again0[i]) - int(unowned0[i])) * ratio[i]) for i in range(n)]
     bwd_tmp = [int(max(0, int(chain0.bwd_tmp[i]) - (sizes0.output_bytes if i < n - 1 else 0)) * ratio[i]) for i in range(n)]
     return chain_of(
         sizes, [float(chain0.fwd[i]) * ratio[i] for i in range(n)], [float(chain0.bwd[i]) * ratio[i] for i in range(n)],
