@@ -207,6 +207,8 @@ class _RecordedPass:
         self.made: _Made | None = None
         self.outputs: list[StorageWeakRef] = []
         self.unowned: dict[int, int] = {}
+        #: (the weak references keep each StorageImpl, and so its cdata, from being reused)
+        self.unowned_seen: dict[int, dict[int, tuple[StorageWeakRef, int]]] = {}
         self.unowned_end = 0
         #: The bytes of the output's loss when no unit owns it (NOTE [ storages no unit owns ]).
         self.loss_bytes = 0
@@ -334,7 +336,7 @@ class _Recorder:
             start = time.perf_counter()
             self._still_alive(p, idx - 2, idx)
             if p.made is not None:
-                p.unowned[idx] = _unowned(p, hidden)
+                p.unowned_seen[idx] = _unowned(p, hidden)
             p.checks[idx] = time.perf_counter() - start
         if idx == 1:
             p.act[0] = _nbytes(hidden)
@@ -710,34 +712,38 @@ def _known(p: _RecordedPass) -> set[int]:
     return known
 
 
-def _unowned(p: _RecordedPass, hidden: Any) -> int:
-    """The bytes of the storages the probe's forward made that are alive now, at a stage's
-    start, and that the chain counts nowhere else: no unit's, no stage's output, not the stage's
-    hidden input, no state object's (NOTE [ storages no unit owns ])."""
+def _unowned(p: _RecordedPass, hidden: Any) -> dict[int, tuple[StorageWeakRef, int]]:
+    """The storages the probe's forward made that are alive now, at a stage's start, and that
+    the chain counts nowhere else: no unit's, no stage's output, not the stage's hidden input, no
+    state object's (NOTE [ storages no unit owns ]); cdata -> (weak reference, bytes)."""
     made = p.made.made if p.made is not None else {}
     known = _known(p)
     if isinstance(hidden, torch.Tensor):
         known.add(StorageWeakRef(hidden.untyped_storage()).cdata)
     state = {ptr for new in p.state_new.values() for _, ptr, _ in new}
-    total = 0
+    out = {}
     for c, (ref, nbytes, ptr) in list(made.items()):
         if ref.expired():
             del made[c]
         elif c not in known and ptr not in state:
-            total += nbytes
-    return total
+            out[c] = (ref, nbytes)
+    return out
 
 
 def _unowned_at_end(p: _RecordedPass, outputs: Any) -> tuple[int, int]:
     """When the probe's forward returns: the bytes of the storages it made that are still
     alive and that the chain counts nowhere else (no unit's, not the output's own, no state
-    object's), and the bytes of the output's loss when no unit owns it (NOTE [ storages no unit
-    owns ])."""
+    object's), resident outside the chain, and the bytes of the output's loss when no unit owns
+    it (NOTE [ storages no unit owns ]). Sets ``p.unowned``, per stage, from the storages seen
+    at its start less these, which resident_bytes counts already."""
     ledger = p.ledger
     made = p.made.made if p.made is not None else {}
     known = _known(p)
     skip = set(ledger.output_storages) | set(p.state_unowned) | {ptr for new in p.state_new.values() for _, ptr, _ in new}
-    end = sum(n for c, (ref, n, ptr) in made.items() if not ref.expired() and c not in known and ptr not in skip)
+    alive = {c: n for c, (ref, n, ptr) in made.items() if not ref.expired() and c not in known and ptr not in skip}
+    end = sum(alive.values())
+    p.unowned = {j: sum(n for c, (_, n) in seen.items() if c not in alive) for j, seen in p.unowned_seen.items()}
+    p.unowned_seen.clear()
     loss = outputs.get("loss") if isinstance(outputs, Mapping) else getattr(outputs, "loss", None)
     loss_bytes = 0
     if isinstance(loss, torch.Tensor) and loss.requires_grad and loss.layout == torch.strided:
