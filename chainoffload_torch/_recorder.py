@@ -1309,6 +1309,9 @@ def _apply_probe(p: _RecordedPass, probed: tuple[set[tuple[int, int]], dict[tupl
 # unowned_tmp (plain training holds those storages too, unlike late_tmp's second count). The
 # mode runs in the probe only (one pass per layout, whose checks are off its stage times on
 # CPU); the measured steps after it take the probe's figures (_apply_probe).
+# Not counted (docs/model.md's known gap): the backward's own storages, such as the gradient of
+# a storage pinned because later blocks read it (BART's encoder output), which every reader's
+# backward adds to and no unit owns.
 
 def _median(values: list[float]) -> float:
     return float(statistics.median(values)) if values else 0.0
