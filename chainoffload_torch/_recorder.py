@@ -33,7 +33,7 @@ from ._instrument import Instrument, SkippedBlocks
 from ._pool import size_class
 from ._recompute import _state_objects, state_structure
 from ._saved import Kept, check_version, version_probe
-from ._stages import UnitLedger, resident_storages
+from ._stages import UnitLedger, is_parameter_like, resident_storages
 from ._state import training_state
 from ._timer import Timer
 from ._tree import tensors_in
@@ -206,6 +206,8 @@ class _RecordedPass:
         #: the forward returned (NOTE [ storages no unit owns ]).
         self.made: _Made | None = None
         self.outputs: list[StorageWeakRef] = []
+        #: Casts of weights autocast makes and autograd saves (NOTE [ never a parameter ] in _stages.py).
+        self.weights: list[StorageWeakRef] = []
         self.unowned: dict[int, int] = {}
         #: (the weak references keep each StorageImpl, and so its cdata, from being reused)
         self.unowned_seen: dict[int, dict[int, tuple[StorageWeakRef, int]]] = {}
@@ -482,6 +484,10 @@ class _Recorder:
     def _pack(self, p: _RecordedPass, t: torch.Tensor) -> Any:
         start = time.perf_counter()
         entry = p.ledger.pack(t, p.current)
+        if p.made is not None and entry is None and is_parameter_like(t):
+            # A weight's autocast cast: outside the chain as the weights are (NOTE [ storages no
+            # unit owns ]).
+            p.weights.append(StorageWeakRef(t.untyped_storage()))
         kept = Kept(t, p.current)
         # A print under this id is a Kept freed without a backward reading it (a saved tensor the
         # forward made and dropped): its address came back, and a later unpack of this one would
@@ -718,10 +724,12 @@ def _late(p: _RecordedPass, n: int, resident: set[int]) -> tuple[dict[int, tuple
 
 
 def _known(p: _RecordedPass) -> set[int]:
-    """The storages the chain counts elsewhere, alive: every unit's (the prefix's included) and
-    every stage's output a_i (NOTE [ storages no unit owns ])."""
+    """The storages the chain counts elsewhere, alive: every unit's (the prefix's included),
+    every stage's output a_i, and the casts of weights autograd saves, outside the chain as the
+    weights are (NOTE [ storages no unit owns ])."""
     known = {e.ref.cdata for es in p.ledger.units.values() for e in es if not e.ref.expired()}
     known.update(r.cdata for r in p.outputs if not r.expired())
+    known.update(r.cdata for r in p.weights if not r.expired())
     return known
 
 
@@ -1309,7 +1317,10 @@ def _apply_probe(p: _RecordedPass, probed: tuple[set[tuple[int, int]], dict[tupl
 # recorder's own work, fingerprints and aliases, paused), and at the start of every stage j
 # (after _still_alive) adds up those alive that the chain counts elsewhere in no way (_unowned):
 # not a unit's entry (the prefix's included), not a stage's output a_i (act[i]), not stage j's
-# hidden input, not a state object's (NOTE [ what a state object holds ]). Those bytes go to
+# hidden input, not a state object's (NOTE [ what a state object holds ]), not a weight's cast
+# that autocast keeps and autograd saves (outside the chain as weights are, NOTE [ never a
+# parameter ] in _stages.py; bf16 autocast made none of a small MLP's units move at 60 % when
+# they were counted). Those bytes go to
 # fwd_tmp[j] (Sizes.unowned_tmp, added by chain_of; scaled_chain takes the reference's out
 # before scaling, as for late_tmp): F_j allocates fwd_tmp at its start, so the simulated memory
 # at every op start of the forward holds them; a recomputation of F_j in the backward counts
