@@ -11,6 +11,7 @@ and transients, per unit the storages it owns (:class:`Sizes`); :func:`chain_of`
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import random
 import statistics
@@ -22,6 +23,9 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import chainoffload as co
 
@@ -29,7 +33,7 @@ from ._instrument import Instrument, SkippedBlocks
 from ._pool import size_class
 from ._recompute import _state_objects, state_structure
 from ._saved import Kept, check_version, version_probe
-from ._stages import UnitLedger, resident_storages
+from ._stages import UnitLedger, is_parameter_like, resident_storages
 from ._state import training_state
 from ._timer import Timer
 from ._tree import tensors_in
@@ -111,6 +115,14 @@ class Sizes:
         whether it is a_i, ``whole`` whether unit i is held whole: that gradient waits from B_j
         until the sum at B_{i+1} (B_i for another storage of the unit), counted by
         :func:`held_grad_tmp` (NOTE [ the gradient a held storage waits for ]).
+    unowned_tmp
+        Per stage 1..L, the bytes of the storages alive at its start that the forward's code
+        made and no unit owns (not saved by autograd, no stage's output, no state object's):
+        added to its ``fwd_tmp`` (NOTE [ storages no unit owns ]).
+    unowned_bytes
+        Bytes resident outside the chain of storages no unit owns that live into the backward:
+        those still alive when the forward returns that are not the output's, and the output's
+        loss with the gradient autograd seeds its backward with (NOTE [ storages no unit owns ]).
     """
 
     act: tuple[int, ...]
@@ -131,6 +143,8 @@ class Sizes:
     restore_tmp: tuple[int, ...] = ()
     collapsed: frozenset[int] = frozenset()
     held_grad: tuple[tuple[int, int, int, bool, bool], ...] = ()
+    unowned_tmp: tuple[int, ...] = ()
+    unowned_bytes: int = 0
 
     @property
     def resident(self) -> frozenset[int]:
@@ -141,9 +155,10 @@ class Sizes:
     def resident_bytes(self) -> int:
         """Bytes resident for the whole step outside the chain: what the code before the first
         block saves besides a_0, and the storages pinned because something holds them beyond
-        their unit's backward. The solver gets the budget less these (NOTE [ resident outside
+        their unit's backward, and the storages no unit owns that live into the backward
+        (``unowned_bytes``). The solver gets the budget less these (NOTE [ resident outside
         the chain ] in plans.py)."""
-        return int(self.prefix_bytes) + sum(self.held_bytes.values())
+        return int(self.prefix_bytes) + sum(self.held_bytes.values()) + int(self.unowned_bytes)
 
     def host_bytes(self, units: Any) -> int:
         """Bytes of host buffers (in the pool's size classes) that offloading ``units`` takes."""
@@ -200,6 +215,83 @@ class _RecordedPass:
         self.hold_open: dict[int, tuple[dict[tuple[int, int], Any], set[int]]] = {}
         #: (entry, holder stage) -> {data pointer: bytes} of the gradients B_holder handed it.
         self.held_grads: dict[tuple[Any, int], dict[int, int]] = {}
+        #: A probe pass, while its forward runs: the storages it makes on the device; per stage,
+        #: the bytes of those alive at its start that no unit owns; the bytes of those alive when
+        #: the forward returned (NOTE [ storages no unit owns ]).
+        self.made: _Made | None = None
+        self.outputs: list[StorageWeakRef] = []
+        #: Casts of weights autocast makes and autograd saves (NOTE [ never a parameter ] in _stages.py).
+        self.weights: list[StorageWeakRef] = []
+        self.unowned: dict[int, int] = {}
+        #: (the weak references keep each StorageImpl, and so its cdata, from being reused)
+        self.unowned_seen: dict[int, dict[int, tuple[StorageWeakRef, int]]] = {}
+        self.unowned_end = 0
+        #: The bytes of the output's loss when no unit owns it (NOTE [ storages no unit owns ]).
+        self.loss_bytes = 0
+
+
+class _Made(TorchDispatchMode):
+    """Every storage an op makes on ``device`` (an output over none of its inputs' storages)
+    while the probe's forward runs, by weak reference, less what the recorder itself makes
+    (``paused``): NOTE [ storages no unit owns ]."""
+
+    def __init__(self, device: torch.device, p: _RecordedPass) -> None:
+        super().__init__()
+        self.device = device
+        self.p = p
+        #: StorageWeakRef.cdata -> (the weak reference, bytes, data pointer)
+        self.made: dict[int, tuple[StorageWeakRef, int, int]] = {}
+        self.paused = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        if self.paused:
+            return out
+        start = time.perf_counter()
+        try:
+            self._note(out, args, kwargs)
+        finally:
+            # Off the stage's time on CPU, as the probe's other checks (_forward_times).
+            # (The code before the first block is timed in stage 1: NOTE [ what the profiler measures ].)
+            p = self.p
+            if p.current is not None:
+                k = max(1, p.current)
+                p.checks[k] = p.checks.get(k, 0.0) + time.perf_counter() - start
+        return out
+
+    def _note(self, out: Any, args: tuple, kwargs: dict | None) -> None:
+        inputs = None
+        for t in pytree.tree_leaves(out):
+            if not isinstance(t, torch.Tensor) or t.layout != torch.strided or type(t) is not torch.Tensor or t.device != self.device:
+                continue
+            st = t.untyped_storage()
+            if not st.nbytes():
+                continue
+            ref = StorageWeakRef(st)
+            if ref.cdata in self.made:
+                continue
+            if inputs is None:
+                inputs = {
+                    a.untyped_storage().data_ptr() for a in pytree.tree_leaves((args, kwargs))
+                    if isinstance(a, torch.Tensor) and a.layout == torch.strided
+                }
+            if st.data_ptr() not in inputs:
+                self.made[ref.cdata] = (ref, st.nbytes(), st.data_ptr())
+
+
+@contextlib.contextmanager
+def _unseen(p: _RecordedPass | None) -> Any:
+    """The recorder's own work: what it makes is none of the forward's (NOTE [ storages no
+    unit owns ])."""
+    made = p.made if p is not None else None
+    if made is None:
+        yield
+        return
+    made.paused += 1
+    try:
+        yield
+    finally:
+        made.paused -= 1
 
 
 class _Recorder:
@@ -246,10 +338,18 @@ class _Recorder:
         ledger = UnitLedger(self.device, resident_storages(self.roots))
         ledger.add_resident((args, kwargs))
         p = self.current = _RecordedPass(ledger)
+        if self.probe and torch.is_grad_enabled():
+            # NOTE [ storages no unit owns ]: left in forward_end or forward_failed.
+            p.made = _Made(self.device, p)
+            p.made.__enter__()
         p.marks["start"] = self.timer.mark()
         return p
 
     def stage_start(self, p: _RecordedPass, idx: int, hidden: Any, args: tuple, kwargs: dict) -> None:
+        with _unseen(p):
+            self._stage_start(p, idx, hidden, args, kwargs)
+
+    def _stage_start(self, p: _RecordedPass, idx: int, hidden: Any, args: tuple, kwargs: dict) -> None:
         if self.check_writes and isinstance(hidden, torch.Tensor):
             start = time.perf_counter()
             self._check_between(p, hidden)
@@ -265,6 +365,8 @@ class _Recorder:
         if self.probe:
             start = time.perf_counter()
             self._still_alive(p, idx - 2, idx)
+            if p.made is not None:
+                p.unowned_seen[idx] = _unowned(p, hidden)
             p.checks[idx] = time.perf_counter() - start
         if idx == 1:
             p.act[0] = _nbytes(hidden)
@@ -272,7 +374,13 @@ class _Recorder:
         p.current = idx
 
     def stage_end(self, p: _RecordedPass, idx: int, hidden_in: Any, hidden_out: Any) -> None:
+        with _unseen(p):
+            self._stage_end(p, idx, hidden_in, hidden_out)
+
+    def _stage_end(self, p: _RecordedPass, idx: int, hidden_in: Any, hidden_out: Any) -> None:
         start = time.perf_counter()
+        if p.made is not None and isinstance(hidden_out, torch.Tensor):
+            p.outputs.append(StorageWeakRef(hidden_out.untyped_storage()))
         if idx in p.state_open:
             roots, before = p.state_open.pop(idx)
             new: dict[int, tuple[Any, int, int]] = {}
@@ -308,6 +416,9 @@ class _Recorder:
             self._compares.append((end[0], end[1], _fingerprint(_storage_bytes(hidden))))
 
     def forward_end(self, p: _RecordedPass, outputs: Any) -> None:
+        made, p.made = p.made, None
+        if made is not None:
+            made.__exit__(None, None, None)
         p.marks[("f", self.n)] = self.timer.mark()
         p.ledger.forward_end(outputs, self.n)
         for new in p.state_new.values():
@@ -317,6 +428,10 @@ class _Recorder:
                     p.state_unowned[ptr] = nbytes
         if self.probe:
             self._still_alive(p, self.n - 1, None)
+        if made is not None:
+            p.made = made
+            p.unowned_end, p.loss_bytes = _unowned_at_end(p, outputs)
+            p.made = None
         p.current = None
 
     def _still_alive(self, p: _RecordedPass, upto: int, stage: int | None) -> None:
@@ -360,6 +475,9 @@ class _Recorder:
             p.marks[("f", idx)] = self.timer.mark()
 
     def forward_failed(self, p: _RecordedPass) -> None:
+        made, p.made = p.made, None
+        if made is not None:
+            made.__exit__(None, None, None)
         p.current = None
         # No backward reads what this pass saved, and the ids of its records may come back in
         # the next pass (one run again after it skipped its last blocks: NOTE [ skipped stages ]
@@ -375,8 +493,18 @@ class _Recorder:
         return None
 
     def pack(self, p: _RecordedPass, t: torch.Tensor) -> Any:
+        if p.made is None:
+            return self._pack(p, t)
+        with _unseen(p):
+            return self._pack(p, t)
+
+    def _pack(self, p: _RecordedPass, t: torch.Tensor) -> Any:
         start = time.perf_counter()
         entry = p.ledger.pack(t, p.current)
+        if p.made is not None and entry is None and is_parameter_like(t):
+            # A weight's autocast cast: outside the chain as the weights are (NOTE [ storages no
+            # unit owns ]).
+            p.weights.append(StorageWeakRef(t.untyped_storage()))
         kept = Kept(t, p.current)
         # A print under this id is a Kept freed without a backward reading it (a saved tensor the
         # forward made and dropped): its address came back, and a later unpack of this one would
@@ -612,6 +740,72 @@ def _late(p: _RecordedPass, n: int, resident: set[int]) -> tuple[dict[int, tuple
     return {u: tuple(v) for u, v in late.items()}, tuple(tmp)
 
 
+def _known(p: _RecordedPass) -> set[int]:
+    """The storages the chain counts elsewhere, alive: every unit's (the prefix's included),
+    every stage's output a_i, and the casts of weights autograd saves, outside the chain as the
+    weights are (NOTE [ storages no unit owns ])."""
+    known = {e.ref.cdata for es in p.ledger.units.values() for e in es if not e.ref.expired()}
+    known.update(r.cdata for r in p.outputs if not r.expired())
+    known.update(r.cdata for r in p.weights if not r.expired())
+    return known
+
+
+def _unowned(p: _RecordedPass, hidden: Any) -> dict[int, tuple[StorageWeakRef, int]]:
+    """The storages the probe's forward made that are alive now, at a stage's start, and that
+    the chain counts nowhere else: no unit's, no stage's output, not the stage's hidden input, no
+    state object's (NOTE [ storages no unit owns ]); cdata -> (weak reference, bytes)."""
+    made = p.made.made if p.made is not None else {}
+    known = _known(p)
+    if isinstance(hidden, torch.Tensor):
+        known.add(StorageWeakRef(hidden.untyped_storage()).cdata)
+    state = {ptr for new in p.state_new.values() for _, ptr, _ in new}
+    out = {}
+    for c, (ref, nbytes, ptr) in list(made.items()):
+        if ref.expired():
+            del made[c]
+        elif c not in known and ptr not in state:
+            out[c] = (ref, nbytes)
+    return out
+
+
+def _unowned_at_end(p: _RecordedPass, outputs: Any) -> tuple[int, int]:
+    """When the probe's forward returns: the bytes of the storages it made that are still
+    alive and that the chain counts nowhere else (no unit's, not the output's own, no state
+    object's), resident outside the chain, and the bytes of the output's loss when no unit owns
+    it (NOTE [ storages no unit owns ]). Sets ``p.unowned``, per stage, from the storages seen
+    at its start less these, which resident_bytes counts already."""
+    ledger = p.ledger
+    made = p.made.made if p.made is not None else {}
+    known = _known(p)
+    skip = set(ledger.output_storages) | set(p.state_unowned) | {ptr for new in p.state_new.values() for _, ptr, _ in new}
+    alive = {c: n for c, (ref, n, ptr) in made.items() if not ref.expired() and c not in known and ptr not in skip}
+    end = sum(alive.values())
+    p.unowned = {j: sum(n for c, (_, n) in seen.items() if c not in alive) for j, seen in p.unowned_seen.items()}
+    p.unowned_seen.clear()
+    loss = outputs.get("loss") if isinstance(outputs, Mapping) else getattr(outputs, "loss", None)
+    loss_bytes = 0
+    if isinstance(loss, torch.Tensor) and loss.requires_grad and loss.layout == torch.strided:
+        st = loss.untyped_storage()
+        if st.data_ptr() in ledger.output_storages:
+            loss_bytes = st.nbytes()
+    return end, loss_bytes
+
+
+def _with_unowned(sizes: Sizes, p: _RecordedPass, n: int) -> Sizes:
+    """``sizes`` with the storages no unit owns that pass ``p`` (or its probe) found
+    (NOTE [ storages no unit owns ]): per stage in ``unowned_tmp``, and resident outside the
+    chain those that live into the backward; the output's loss moves there from the output's
+    own storages, with its seed gradient."""
+    tmp = tuple(int(p.unowned.get(i, 0)) for i in range(1, n + 1))
+    loss = min(int(p.loss_bytes), int(sizes.output_bytes))
+    return dataclasses.replace(
+        sizes,
+        unowned_tmp=tmp if any(tmp) else (),
+        unowned_bytes=int(p.unowned_end) + 2 * loss,
+        output_bytes=int(sizes.output_bytes) - loss,
+    )
+
+
 def _measure(
     instrument: Instrument,
     root: nn.Module,
@@ -695,7 +889,7 @@ def _measure(
                 else:
                     _apply_probe(p, probed)
                 # The last step's: a first call may make what the model then caches (and so holds).
-                sizes = _sizes(p, n, tail_stages_of(instrument.blocks))
+                sizes = _with_unowned(_sizes(p, n, tail_stages_of(instrument.blocks)), p, n)
                 if not timed:
                     break
                 roots, grads = _backward_roots(out)
@@ -779,7 +973,7 @@ def sizes_of_pass(rec: _Recorder, p: _RecordedPass, n: int, tails: Collection[in
     :func:`measure_call_sizes` computes from the same pass (the probe's findings, the units
     written between blocks); ``tails`` as :func:`_sizes` takes them."""
     _probed(p)
-    sizes = _sizes(p, n, tails)
+    sizes = _with_unowned(_sizes(p, n, tails), p, n)
     rec.checked_writes()
     return _with_written(sizes, rec.written)
 
@@ -1053,12 +1247,13 @@ def _held_beyond_probe(p: _RecordedPass, e: Any) -> bool:
     return torch._C._storage_Use_Count(st._cdata) > len(aliases) + 1
 
 
-def _probed(p: _RecordedPass) -> tuple[set[tuple[int, int]], dict[tuple[int, int], int]]:
+def _probed(p: _RecordedPass) -> tuple[set[tuple[int, int]], dict[tuple[int, int], int], tuple[dict[int, int], int, int]]:
     """What a probe pass found the forward keeps alive by itself (NOTE [ storages the forward
     keeps ]), by (unit, ordinal): those it still holds when it returns, and those it lets go of
     earlier, each with the stage r during whose forward it does (NOTE [ late release ]); set as
     the pass's own late releases. The pass's aliases are let go of: autograd's records hold
-    them, and the backward frees each as a plain one would."""
+    them, and the backward frees each as a plain one would. Third: the bytes of storages no unit
+    owns, per stage, when the forward returned, and the loss's (NOTE [ storages no unit owns ])."""
     held, late = set(), {}
     for u, entries in p.ledger.units.items():
         for k, e in enumerate(entries):
@@ -1068,12 +1263,14 @@ def _probed(p: _RecordedPass) -> tuple[set[tuple[int, int]], dict[tuple[int, int
                 late[(u, k)] = p.alive_at[e]
     p.late = dict(late)
     p.aliases.clear()
-    return held, late
+    return held, late, (dict(p.unowned), p.unowned_end, p.loss_bytes)
 
 
-def _apply_probe(p: _RecordedPass, probed: tuple[set[tuple[int, int]], dict[tuple[int, int], int]]) -> None:
-    """Mark in a measured pass's ledger what the probe found, by (unit, ordinal)."""
-    held, late = probed
+def _apply_probe(p: _RecordedPass, probed: tuple[set[tuple[int, int]], dict[tuple[int, int], int], tuple[dict[int, int], int, int]]) -> None:
+    """Mark in a measured pass's ledger what the probe found, by (unit, ordinal), and what it
+    found no unit owns."""
+    held, late, (unowned, p.unowned_end, p.loss_bytes) = probed
+    p.unowned = dict(unowned)
     for u, k in held:
         entries = p.ledger.units.get(u, ())
         if k < len(entries):
@@ -1125,7 +1322,41 @@ def _apply_probe(p: _RecordedPass, probed: tuple[set[tuple[int, int]], dict[tupl
 # its release, followed by a save, is copied again (NOTE [ version discipline ] in _saved.py);
 # a change after its release with no later save is never read back by autograd (a saved s would
 # fail autograd's own version check, as without offloading).
-
+#
+# NOTE [ storages no unit owns ]
+# The ledger sees what autograd saves and what blocks receive; a storage the forward's code
+# makes and holds that autograd never saves is no unit's: BART's encoder holds its
+# inputs_embeds and position embeddings until it returns (16 KiB at the tests' size), its
+# decoder_input_ids are made before the first block and only the decoder's embedding saves them,
+# its decoder holds its own embeddings until it returns. The strict check (every storage alive at
+# every op's start within the simulated memory plus R) was up to 4104 B over for it. So the
+# probe's forward runs under a dispatch mode (_Made) that keeps a weak reference to every
+# storage an op makes on the device (an output over none of its inputs' storages; the
+# recorder's own work, fingerprints and aliases, paused), and at the start of every stage j
+# (after _still_alive) adds up those alive that the chain counts elsewhere in no way (_unowned):
+# not a unit's entry (the prefix's included), not a stage's output a_i (act[i]), not stage j's
+# hidden input, not a state object's (NOTE [ what a state object holds ]), not a weight's cast
+# that autocast keeps and autograd saves (outside the chain as weights are, NOTE [ never a
+# parameter ] in _stages.py; bf16 autocast made none of a small MLP's units move at 60 % when
+# they were counted). Those bytes go to
+# fwd_tmp[j] (Sizes.unowned_tmp, added by chain_of; scaled_chain takes the reference's out
+# before scaling, as for late_tmp): F_j allocates fwd_tmp at its start, so the simulated memory
+# at every op start of the forward holds them; a recomputation of F_j in the backward counts
+# them again, above the truth. Those still alive when the forward returns and not the output's
+# own (counted in unit L: NOTE [ the output's own storages ]) are resident outside the chain
+# (Sizes.unowned_bytes, in resident_bytes), as is the output's loss when no unit owns it, twice
+# (the loop holds it through its backward, autograd holds the gradient of ones it seeds it with),
+# leaving output_bytes: the output's own storages are counted in B_i's bwd_tmp, not in a
+# recomputation between two B's, where those 8 bytes were over. The keep-all peak keeps
+# unowned_tmp (plain training holds those storages too, unlike late_tmp's second count). The
+# mode runs in the probe only (one pass per layout; its own bookkeeping is off the stage times on
+# CPU, as the probe's other checks); the measured steps after it take the probe's figures
+# (_apply_probe). Its cost is Python's dispatch of every op: offload() of the tests' tiny BART
+# on CPU took 1.05-1.64 s against 0.60-0.78 s without the mode (4 runs each, load average 10);
+# almost all of it the mode's mere presence, not its bookkeeping.
+# Not counted (docs/model.md's known gap): the backward's own storages, such as the gradient of
+# a storage pinned because later blocks read it (BART's encoder output), which every reader's
+# backward adds to and no unit owns.
 
 def _median(values: list[float]) -> float:
     return float(statistics.median(values)) if values else 0.0
@@ -1345,9 +1576,11 @@ def chain_of(
     saved = list(sizes.saved)
     saved[-1] += sizes.output_bytes
     bwd_tmp = [b + sizes.output_bytes if i < n else b for i, b in enumerate(bwd_tmp, start=1)]
-    # NOTE [ late release ], NOTE [ state a recomputation puts back ] in _recompute.py
+    # NOTE [ late release ], NOTE [ state a recomputation puts back ] in _recompute.py,
+    # NOTE [ storages no unit owns ]
     fwd_tmp = [
         f + (sizes.late_tmp[i] if sizes.late_tmp else 0) + (sizes.restore_tmp[i] if sizes.restore_tmp else 0)
+        + (sizes.unowned_tmp[i] if sizes.unowned_tmp else 0)
         for i, f in enumerate(fwd_tmp)
     ]
     # NOTE [ the gradient a held storage waits for ]

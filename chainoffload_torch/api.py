@@ -856,6 +856,7 @@ def _same_sizes(a: Any, b: Any) -> bool:
         a.act == b.act and a.saved == b.saved and a.storages == b.storages and dict(a.pinned) == dict(b.pinned)
         and a.resident == b.resident and a.output_bytes == b.output_bytes and a.prefix_bytes == b.prefix_bytes
         and dict(a.late) == dict(b.late) and a.collapsed == b.collapsed
+        and a.unowned_tmp == b.unowned_tmp and a.unowned_bytes == b.unowned_bytes
     )
 
 

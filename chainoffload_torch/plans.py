@@ -457,7 +457,11 @@ def scaled_chain(ref: Plan, sizes: Sizes) -> co.Chain | None:
     late0 = sizes0.late_tmp or (0,) * n
     again0 = sizes0.restore_tmp or (0,) * n  # chain_of adds this call's own
     held_f0, held_b0 = held_grad_tmp(sizes0, n)  # and these (Planner.with_written carries ref's over)
-    fwd_tmp = [int(max(0, int(chain0.fwd_tmp[i]) - int(late0[i]) - int(again0[i]) - held_f0[i]) * ratio[i]) for i in range(n)]
+    unowned0 = sizes0.unowned_tmp or (0,) * n  # NOTE [ storages no unit owns ] in _recorder.py
+    fwd_tmp = [
+        int(max(0, int(chain0.fwd_tmp[i]) - int(late0[i]) - int(again0[i]) - held_f0[i] - int(unowned0[i])) * ratio[i])
+        for i in range(n)
+    ]
     bwd_tmp = [
         int(max(0, int(chain0.bwd_tmp[i]) - (sizes0.output_bytes if i < n - 1 else 0) - held_b0[i]) * ratio[i]) for i in range(n)
     ]
