@@ -21,7 +21,10 @@ timing rules as it goes:
   upper bound of when the copy really allocates). A unit that fits nowhere earlier is issued
   at the last boundary before B_{u+1}, which reads it. GPU copies whose offload may still be
   in flight when the backward begins are counted present in each B_j that could start before
-  they are freed (start times are bounded below by running the backward with no waits); the
+  they are freed (start times are bounded below by running the backward with no waits), never
+  in B_{V+1}, ..., B_1 for V the largest unit offloaded: B_{V+1} waits for P_V, queued behind
+  every offload (``NOTE [ the original is gone when B_{v+1} starts ]`` in the kernel, which also
+  states the one exception); the
   first B_j that cannot run beside such a copy waits (``before``) for its offload, and the
   copies counted before it leave B_j and the phases after it (``NOTE [ a wait frees the copies
   before it ]`` in the kernel).

@@ -143,3 +143,38 @@ def test_plan_and_simulate_returns_the_plan_and_its_own_timeline():
         assert schedule == plan_transfers(chain, platform, units)
         again = simulate(chain, platform, schedule)
         assert (timeline.feasible, timeline.makespan, timeline.peak_memory) == (again.feasible, again.makespan, again.peak_memory)
+
+
+def test_no_original_counts_once_the_backward_waits_for_the_last_offload():
+    # B_4 reads a_3 through P_3, which starts after O_3 ends, and O_3 ends after O_1 and O_2 (one
+    # D2H queue): every original is released before B_4 allocates (NOTE [ the original is gone
+    # when B_{v+1} starts ] in the kernel). Counting units 2 and 3's originals at B_4 and B_3
+    # held P_1 and P_2 back, 23.25 s; without them the plan takes 22.75 s.
+    chain = Chain(fwd=[1.5, 2.0, 1.5, 0.5], bwd=[1.5, 2.0, 0.5, 0.5], act=[31, 11, 38, 12, 3], saved=[33, 60, 12, 13])
+    platform = Platform(memory=176, bandwidth_d2h=10.0, bandwidth_h2d=20.0, latency=0.25, duplex=False)
+    timeline = simulate(chain, platform, plan_transfers(chain, platform, [1, 2, 3]))
+    assert timeline.feasible and timeline.peak_memory <= 176
+    assert timeline.makespan == 22.75
+
+
+def test_unit_l_released_at_f_ls_own_instant_counts_in_the_backward_starting_then():
+    # F_4 takes no time and both links are infinitely fast: O_4 ends at F_4's start, so unit 4's
+    # original is released last at that instant (docs/model.md, "One instant": order 2n + 2),
+    # after B_4 (0 s of P_4, P_3 kept) allocates. The safe sweep counted it freed and sent P_2
+    # beside B_4 (193 B of 174) while saying every check passed; each sweep's verdict must be
+    # the simulator's there, and the plan kept fits.
+    from chainoffload.planner import _kplan, plan_arrays, schedule_from_arrays
+
+    chain = Chain(fwd=[2.0, 0.0, 1.5, 0.0], bwd=[2.0, 0.5, 1.0, 2.0], act=[14, 21, 33, 7, 15], saved=[26, 54, 21, 41])
+    platform = Platform(memory=174, bandwidth_d2h=math.inf, bandwidth_h2d=math.inf, latency=0.0, duplex=False)
+    units = np.array([1, 2, 4], dtype=np.int64)
+    offload = np.zeros(5, dtype=np.int64)
+    offload[units] = 1
+    times = platform.latency + chain.saved / platform.bandwidth_d2h
+    for optimistic, transfers in zip((False, True), plan_arrays(chain, platform, units)[:2], strict=True):
+        fits = _kplan.plan_kernel(chain.fwd, chain.bwd, chain.act, chain.saved, chain.fwd_tmp, chain.bwd_tmp,
+                                  platform.memory, times, times, platform.duplex, offload, optimistic, chain.saved.copy())[3]
+        if fits:
+            assert simulate(chain, platform, schedule_from_arrays(4, transfers)).feasible, optimistic
+    timeline = simulate(chain, platform, plan_transfers(chain, platform, units))
+    assert timeline.feasible and timeline.makespan == 9.0

@@ -155,6 +155,28 @@ def _slack_last_below(vals, badd, bmin, width, a, b, s):
 # copies released at a wait merge into one entry (they all leave the same phases from then
 # on), so a wait costs one block update per entry alive, not per copy ever counted.
 
+# NOTE [ the original is gone when B_{v+1} starts ]
+# --------------------------------------------------
+# docs/model.md releases the original of an offloaded unit w at free_w = max(end of O_w, end of
+# F_{w+1}) (rule 4). Let V be the largest unit offloaded. B_{V+1} reads a_V through the
+# prefetched copy: it starts after P_V ends, P_V starts after O_V ends, and O_V ends after every
+# O_w, w < V (the D2H channel serves the offloads in stage order, and on a shared channel every
+# prefetch is queued behind them); every F_{w+1} ended before the backward began. So B_{V+1}
+# and every phase after it start at or after every free_w. At that instant the release comes
+# before their allocations: it is class 0 when free_w is after F_w's start, and otherwise F_{w+1}
+# took no time and ends then, so the release is ordered at F_{w+1}'s end (2w + 1, "zero-length
+# reader"), before every backward op's start (docs/model.md, "One instant"). The originals are
+# therefore counted only in B_n..B_{V+2}, in those that could start strictly before the free.
+# The one exception is unit L, which no forward reads: when O_L ends at F_L's start (F_L and O_L
+# take no time) its release is the instant's last event (order 2n + 2), after the allocations of
+# every backward phase starting then; and when P_L takes no time either, B_L and B_{L-1} can start
+# then too, so it is counted in every phase that could (a wait for O_L cannot help there; when P_L
+# takes time, B_L starts after the instant). Counting copies in B_{V+1} and below made the planner hold back
+# prefetches that fit (issue 33's chain 74 of benchmarks/zero_length.py: offload-all's P_1 and
+# P_2 fit beside B_4, which waits for P_3 and so starts after unit 3's original is gone), and
+# made the sweep wait at B_{v+1} for an offload it waits for anyway. Skipping unit L's copy at
+# F_L's instant counted it freed before B_L allocated (optimistic).
+
 # NOTE [ prefetch at a zero-length instant ]
 # ------------------------------------------
 # docs/model.md orders one instant: the frees at the end of ops that took time, then the
@@ -332,23 +354,41 @@ def plan_kernel(fwd, bwd, act, saved, fwd_tmp, bwd_tmp, memory, d_time, h_time, 
     ent_lo = np.zeros(n_off + 1, dtype=np.int64)
     ent_bytes = np.zeros(n_off + 1)
     n_ent = 0
+    # NOTE [ the original is gone when B_{v+1} starts ]: no copy counts below B_{V+2}, V the
+    # largest unit offloaded.
+    top_all = off_units[n_off - 1] + 2 if n_off > 0 else n + 1
     for q in range(n_off):
         v = off_units[q]
         free_v = oend[v]
         if v < n and fend[v + 1] > free_v:
             free_v = fend[v + 1]
-        if free_v <= t_fwd:
+        # The copy counts in B_n..B_{V+2} at most; but an original of unit L released at its
+        # maker's instant is released last (order 2n + 2) and counts in every phase starting
+        # then (NOTE [ the original is gone when B_{v+1} starts ]).
+        last = v == n and free_v <= fstart[n] and h_time[n - 1] <= 0.0
+        if free_v < t_fwd or (free_v == t_fwd and not last):
             continue
-        # Phases B_n, B_{n-1}, ..., B_v that could start before the free (lb_start grows as j
-        # falls): j in lo..n; the last of them (largest j) that cannot run beside the copy waits.
-        lo = v
-        hi = n
+        # Phases B_n, B_{n-1}, ..., B_top that could start before the free (lb_start grows as j
+        # falls), or at it when the free comes last: j in lo..n; the last of them (largest j)
+        # that cannot run beside the copy waits.
+        top = v if last else top_all
+        lo = top
+        hi = n + 1
         while lo < hi:
             mid = (lo + hi) // 2
-            if lb_start[mid] >= free_v:
+            if lb_start[mid] > free_v or (lb_start[mid] == free_v and not last):
                 lo = mid + 1
             else:
                 hi = mid
+        if lo > n:
+            continue
+        if last:
+            # a wait for O_L cannot help: the original stays until after the instant's allocations
+            _slack_add(slack, badd, bmin, width, lo, n, -float(moved[v - 1]))
+            ent_lo[n_ent] = lo
+            ent_bytes[n_ent] = float(moved[v - 1])
+            n_ent += 1
+            continue
         j = _slack_last_below(slack, badd, bmin, width, lo, n, moved[v - 1])
         if j >= 0:
             # B_j cannot run beside this copy: it waits for the offload, after which the

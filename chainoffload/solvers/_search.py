@@ -52,9 +52,10 @@ _EPS = 1e-12
 # ---------------------------------------------------
 # Offloading a longer prefix frees more memory, so the bisection of :meth:`Evaluator.prefixes`
 # takes fitting as monotone in the prefix's length and gives up when the whole order does not
-# fit. With zero-length ops it is not always monotone: on chain 74 of issue 33's benchmark
-# (``benchmarks/zero_length.py``) the planner's plan of {1, 2} fits and that of {1, 2, 3} does
-# not (it counts unit 3's copy at the zero-length B_4, which waits for P_3). So a caller that
+# fit. With zero-length ops it is not always monotone: on ``SCAN_CHAIN`` of
+# ``tests/test_zero_length.py`` the planner's plan of {1, 2, 3} fits and that of {1, 2, 3, 4}
+# does not (chain 74 of issue 33's benchmark was such a case until the planner stopped counting
+# originals at B_{V+1}: NOTE [ the original is gone when B_{v+1} starts ]). So a caller that
 # has nothing that fits (``scan=True``: first-k; ``lp`` while it has no schedule) tries the
 # shorter prefixes, longest first (the likeliest to fit), and bisects below the first that
 # fits. A search that finds a fitting prefix today never scans, so its result and time are
