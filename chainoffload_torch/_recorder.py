@@ -123,6 +123,9 @@ class Sizes:
         Bytes resident outside the chain of storages no unit owns that live into the backward:
         those still alive when the forward returns that are not the output's, and the output's
         loss with the gradient autograd seeds its backward with (NOTE [ storages no unit owns ]).
+    pinned_act
+        Units whose output a_i is pinned alone (its next stage is its block's tail): an
+        offload of a_i alone moves nothing (NOTE [ a pinned a_i never moves ] in plans.py).
     """
 
     act: tuple[int, ...]
@@ -145,6 +148,7 @@ class Sizes:
     held_grad: tuple[tuple[int, int, int, bool, bool], ...] = ()
     unowned_tmp: tuple[int, ...] = ()
     unowned_bytes: int = 0
+    pinned_act: frozenset[int] = frozenset()
 
     @property
     def resident(self) -> frozenset[int]:
@@ -638,6 +642,7 @@ def _sizes(p: _RecordedPass, n: int, tails: Collection[int] = ()) -> Sizes:
     a block (NOTE [ the code after a block as a stage ] in _instrument.py)."""
     ledger = p.ledger
     held, pinned, held_bytes, held_why = set(), {}, {"output": 0, "blocks": 0, "forward": 0}, {}
+    pinned_act = set()
     for i in range(1, n):
         entries = ledger.units.get(i, [])
         mine = [e for e in entries if e in ledger.held_by]
@@ -652,6 +657,8 @@ def _sizes(p: _RecordedPass, n: int, tails: Collection[int] = ()) -> Sizes:
             held_why[i] = ledger.held_by[out]
             continue
         pinned[i] = tuple(k for k, e in enumerate(entries) if e in ledger.held_by)
+        if out in ledger.held_by:
+            pinned_act.add(i)
         for e in mine:
             held_bytes[_holder(ledger.held_by[e])] += e.nbytes
     # a_0 is the hidden input of the first stage alone: its size is also g_0's, which B_1 makes
@@ -701,6 +708,7 @@ def _sizes(p: _RecordedPass, n: int, tails: Collection[int] = ()) -> Sizes:
         late_tmp,
         restore_tmp if any(restore_tmp) else (),
         frozenset(p.collapsed),
+        pinned_act=frozenset(pinned_act),
     )
 
 

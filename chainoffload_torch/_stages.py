@@ -269,6 +269,9 @@ class UnitLedger:
         self.hold = set(hold)
         self.pinned = {u: frozenset(v) for u, v in (pinned or {}).items()}
         self._seen: dict[int, int] = {}  # per stage, new storages seen so far (pinned ones too)
+        #: Storages a stage run without saving saw and owns none of: data pointer -> (stage,
+        #: ordinal, weak reference, bytes); NOTE [ pins in a stage run without saving ].
+        self._counted: dict[int, tuple[int, int, StorageWeakRef, int]] = {}
         self.by_key: dict[int, Entry] = {}
         self.units: dict[int, list[Entry]] = {}
         #: Units that share storage across a stage boundary (NOTE [ aliasing stages ]).
@@ -327,16 +330,50 @@ class UnitLedger:
         ``None`` for a storage the profile pinned (it is resident from now on)."""
         entry = self.owner(t)
         if entry is None:
-            ordinal = self._seen.get(stage, 0)
-            self._seen[stage] = ordinal + 1
+            key, nbytes = storage_of(t)
+            counted = self._counted.get(key)
+            if counted is not None and counted[0] == stage and counted[3] == nbytes and not counted[2].expired():
+                ordinal = counted[1]  # counted while the stage ran without saving: the same storage
+                del self._counted[key]
+            else:
+                ordinal = self._seen.get(stage, 0)
+                self._seen[stage] = ordinal + 1
             if ordinal in self.pinned.get(stage, ()):
                 self._borrow(t)
                 return None
-            key, nbytes = storage_of(t)
             entry = Entry(stage, key, nbytes, t, hold=stage in self.hold)
             self.by_key[key] = entry
             self.units.setdefault(stage, []).append(entry)
         return entry
+
+    def count(self, t: Any, stage: int | None) -> None:
+        """Count ``t``, saved while ``stage`` runs without saving (an original Fck / Fn), among
+        the new storages the stage sees, as :meth:`pack` would, owning nothing: the pins of the
+        stage and of its output keep their ordinals (NOTE [ pins in a stage run without saving ])."""
+        if stage is None or not isinstance(t, torch.Tensor) or unmovable_kind(t) is not None:
+            return
+        if t.device != self.device or is_parameter_like(t):
+            return
+        st = t.untyped_storage()
+        key, nbytes = st.data_ptr(), st.nbytes()
+        if nbytes == 0 or self._resident(key) or self.owner(t) is not None:
+            return
+        counted = self._counted.get(key)
+        if counted is not None and counted[3] == nbytes and not counted[2].expired():
+            return  # saved again in the same run: seen once, as an entry would make it
+        ordinal = self._seen.get(stage, 0)
+        self._seen[stage] = ordinal + 1
+        if ordinal in self.pinned.get(stage, ()):
+            self._borrow(t)
+            return
+        self._counted[key] = (stage, ordinal, StorageWeakRef(st), nbytes)
+
+    def restart(self, stage: int) -> None:
+        """``stage`` runs again (a recomputation): it sees the same storages in the same order,
+        so the pins apply as in the forward."""
+        self._seen[stage] = 0
+        for key in [k for k, c in self._counted.items() if c[0] == stage]:
+            del self._counted[key]
 
     def move(self, entry: Entry, unit: int) -> None:
         """Make ``entry`` unit ``unit``'s (a skipped stage's carried a_j, and back at the end of
@@ -554,6 +591,16 @@ def _is_view_of(t: torch.Tensor, inp: Any) -> bool:
 #   code after a block as a stage ] in _instrument.py).
 # If a pinned storage is met out of order in a step (another path through the model), it is
 # owned after all and the executor sees it held: it warns or refuses, it never trains wrong.
+
+# NOTE [ pins in a stage run without saving ]
+# The ordinals count the new storages a stage sees as it runs saving (the profile's passes).
+# An original Fck_i / Fn_i runs block i without saving: its pack hook gives autograd slots and
+# the ledger owns nothing, yet it counts what it saves (UnitLedger.count), as pack would, so
+# that the stage's output, met last at its end, keeps its ordinal. Uncounted, BART's last
+# encoder layer's pinned output (its 17th storage) came 1st in an Fck, was owned as the lone
+# a_i, forgotten by the ledger at its offload's release while the decoder still held it,
+# taken again by the next stage's unit at the first decoder block's start, and moved twice
+# (16384 bytes a step beyond the plan's). A recomputation starts the count again (restart).
 
 
 @contextlib.contextmanager

@@ -880,6 +880,8 @@ class ScheduleRun:
         if step is not self._step or step.forward_done:
             return Kept(t, None)
         if step.dropping is not None:
+            # NOTE [ pins in a stage run without saving ] in _stages.py
+            step.ledger.count(t, step.current)
             slots = step.slots[step.dropping]
             slot = Slot(step.dropping, len(slots), t)
             slots.append(slot)
@@ -1094,7 +1096,7 @@ class ScheduleRun:
         ledger = step.ledger
         if i in ledger.units or i in ledger.output:
             self._drop_unit(step, i)  # F over a lone a_i replaces it
-        ledger._seen[i] = 0  # the same storages in the same order: pins apply as in the forward
+        ledger.restart(i)  # the same storages in the same order: pins apply as in the forward
         step.offload_issued.discard(i)  # an offload moves the instance its maker made, not this one
         for t in list(tensors_in((rec.args, rec.kwargs))) + ([x] if x is not None else []):
             if t.device == self.device and t.layout == torch.strided:

@@ -178,8 +178,9 @@ class Plan:
 
     @property
     def offloaded_bytes(self) -> int:
-        """Bytes the schedule moves to the host per step."""
-        return self.schedule.offloaded_bytes(self.chain)
+        """Bytes the schedule moves to the host per step: the chain's, less the offloads of an
+        a_i alone that the profile pinned (NOTE [ a pinned a_i never moves ])."""
+        return moved_bytes(self.schedule, self.chain, self.sizes)
 
     @property
     def shapes(self) -> str:
@@ -279,7 +280,7 @@ class _Planner:
         if self.host_memory is not None and host > self.host_memory:
             raise ValueError(
                 f"host_memory: the plan for {describe_key(key)} offloads "
-                f"{format_bytes(result.schedule.offloaded_bytes(chain))} per step and needs {format_bytes(host)} of host "
+                f"{format_bytes(moved_bytes(result.schedule, chain, sizes))} per step and needs {format_bytes(host)} of host "
                 f"buffers, above host_memory={format_bytes(self.host_memory)}; give more GPU memory or more host memory"
             )
         banned = not_recomputable(chain, sizes, blocks) if remat else {}
@@ -533,6 +534,33 @@ def _warn(text: str) -> None:
 # (made in the forward, gone by the end of the backward), so the prediction errs only on the
 # safe side there; a fraction such as memory=0.6 is of the step's keep-all peak, the chain's
 # plus R (step_peak). docs/model.md states the rule ("The PyTorch adapter's chain").
+
+
+# NOTE [ a pinned a_i never moves ]
+# A block's a_i that later blocks hold, when the next stage is its block's tail, is pinned
+# alone (NOTE [ units held elsewhere ] in _stages.py): resident outside the chain, never owned,
+# so no transfer of its unit moves it; the rest of the unit moves (saved[i] leaves it out).
+# The chain still has act[i] (the tail reads it, B_{i+1} makes g_i of its size), and a
+# schedule may offload the a_i an Fck_i / Fn_i made alone: that transfer moves nothing
+# (the executor's ledger pins a_i in an Fck_i / Fn_i too: NOTE [ pins in a stage run without
+# saving ] in _stages.py). The plan's bytes moved leave it out, so they are the executor's;
+# the simulated timeline keeps it (a copy that takes time and frees act[i] it never held:
+# the pinned bytes are counted resident besides, so its memory is an upper bound).
+
+
+def moved_bytes(schedule: co.Schedule, chain: co.Chain, sizes: Sizes | None) -> int:
+    """Bytes the offloads of ``schedule`` move: :meth:`chainoffload.Schedule.offloaded_bytes`
+    less those of an a_i alone of a unit in ``sizes.pinned_act`` (NOTE [ a pinned a_i never moves ])."""
+    moved = schedule.transfer_bytes(chain)
+    pinned = sizes.pinned_act if sizes is not None else frozenset()
+    size = schedule._structure(chain.length).tr_size  # an index <= L: act[i], a_i alone
+    return int(
+        sum(
+            moved[k]
+            for k, t in enumerate(schedule.transfers)
+            if t.kind == "offload" and not (t.unit in pinned and size[k] <= chain.length)
+        )
+    )
 
 
 def resident_units(chain: co.Chain, sizes: Sizes, keep: Iterable[int] = ()) -> set[int]:

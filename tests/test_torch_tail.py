@@ -10,6 +10,7 @@ with an untouched ``copy.deepcopy`` with ``torch.equal``, the same seed before e
 """
 
 import copy
+import dataclasses
 import os
 import warnings
 
@@ -344,4 +345,45 @@ def test_the_executor_names_each_stage_by_its_own_block_with_a_prefix_and_tails(
         assert run._name(blocks.stage_of(b)) == f"{blocks.stage_of(b)} ({name})"
     for b in blocks.tails:
         assert run._name(blocks.stage_of(b) + 1) == f"{blocks.stage_of(b) + 1} ((after {blocks.names[b - 1]}))"
+    handle.remove()
+
+
+def test_bart_s_pinned_encoder_output_made_by_an_fck_is_never_owned_nor_moved(monkeypatch):
+    """The last encoder layer's output, which the decoder blocks hold, is pinned alone (its next
+    stage is its tail). Run as Fck in the forward, the layer saves nothing, yet the ledger must
+    count its storages to meet the output at its pinned ordinal: uncounted, the output was owned
+    as the lone a_i, forgotten at its offload's release while the decoder held it, taken by the
+    tail's unit at the first decoder block's start and moved with it, and copied again
+    (16384 bytes a step beyond the plan's: NOTE [ pins in a stage run without saving ] in
+    _stages.py). An offload of that a_i alone moves nothing, and the plan says so (NOTE [ a
+    pinned a_i never moves ] in plans.py). A fixed schedule: the failing one needed the
+    profile's timings to draw it at the least memory."""
+    model, sample, step = _build("bart")
+    ref = copy.deepcopy(model)
+    real = ct.plans.solve_for
+
+    def fixed(chain, *args, **kwargs):
+        result = real(chain, *args, **kwargs)
+        sizes = args[3]
+        (p,) = sizes.pinned_act
+        n = chain.length
+        ops = [("Fck" if i == p else "F", i) for i in range(1, n + 1)] + [("B", i) for i in range(n, p, -1)]
+        ops += [("F", p)] + [("B", i) for i in range(p, 0, -1)]
+        before = ops.index(("B", p + 1)) - 1
+        transfers = (
+            co.Transfer("offload", p, p - 1), co.Transfer("offload", p + 1, p),
+            co.Transfer("prefetch", p + 1, before), co.Transfer("prefetch", p, before),
+        )
+        return dataclasses.replace(result, schedule=co.Schedule(tuple(ops), transfers))
+
+    monkeypatch.setattr(ct.plans, "solve_for", fixed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "held beyond its backward", no copy made twice
+        handle = ct.offload(model, sample, memory=1.0, method="joint", repeats=1, warmup=0)
+        p = handle.blocks.stage_of(handle.blocks.names.index("model.encoder.layers.7") + 1)
+        assert handle.plan.sizes.pinned_act == {p} and ("Fck", p) in handle.schedule.compute
+        # The lone a_p's offload moves nothing; unit p+1's moves its own storages alone.
+        assert handle.plan.offloaded_bytes == handle.schedule.offloaded_bytes(handle.chain) - handle.chain.act[p] > 0
+        _train_equal(model, ref, step, handle)
+        assert handle.last_step.unit_offloaded == {p: 0, p + 1: handle.chain.saved[p]}
     handle.remove()
