@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ...bounds import keep_all_start_memory
+from ...bounds.floor import keep_all_start_memory
 from ...order import b_pos, f_pos, reader_pos
 from .variables import TransferVar, Variables
 
