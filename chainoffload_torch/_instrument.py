@@ -665,7 +665,7 @@ class Instrument:
     #   269258 B, 46 % above the floor for any schedule, to 183300 B, at it). Its recomputation
     #   makes a twin of a_i that nothing keeps (the later blocks read the original). BART's
     #   encoder holds storages no unit owns until it returns (its inputs_embeds and position
-    #   embeddings): docs/model.md's known gap "Storages no unit owns".
+    #   embeddings): counted as docs/model.md's "Storages no unit owns" says.
     # * A step whose LayerDrop skips block i skips its tail's stage too (it collapses: what the
     #   code saved goes to the unit running then, as before tails); a forward that skips every
     #   block after a tail ends the tail with its own input (aliased units: kept, not moved).

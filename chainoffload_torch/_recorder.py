@@ -1362,9 +1362,9 @@ def _apply_probe(p: _RecordedPass, probed: tuple[set[tuple[int, int]], dict[tupl
 # (_apply_probe). Its cost is Python's dispatch of every op: offload() of the tests' tiny BART
 # on CPU took 1.05-1.64 s against 0.60-0.78 s without the mode (4 runs each, load average 10);
 # almost all of it the mode's mere presence, not its bookkeeping.
-# Not counted (docs/model.md's known gap): the backward's own storages, such as the gradient of
-# a storage pinned because later blocks read it (BART's encoder output), which every reader's
-# backward adds to and no unit owns.
+# The backward's own storages, such as the gradient of a storage pinned because later blocks
+# read it (BART's encoder output), which every reader's backward adds to, are held_grad's
+# (NOTE [ the gradient a held storage waits for ]), not this mode's.
 
 def _median(values: list[float]) -> float:
     return float(statistics.median(values)) if values else 0.0
