@@ -870,7 +870,9 @@ def _measure(
                         del out, p
                         instrument.blocks = dataclasses.replace(instrument.blocks, prefix=True)
                         n = instrument.blocks.stages
+                        carried = _writes_between(rec, blks, instrument.blocks)
                         rec = instrument.listener = _Recorder(n, device, (root,))
+                        rec.written |= carried
                         rec.check_saved = timed
                         probed = None
                         continue
@@ -882,7 +884,9 @@ def _measure(
                         blks = instrument.blocks
                         instrument.blocks = dataclasses.replace(blks, tails=tuple(b for b in blks.tails if b not in pinning))
                         n = instrument.blocks.stages
+                        carried = _writes_between(rec, blks, instrument.blocks)
                         rec = instrument.listener = _Recorder(n, device, (root,))
+                        rec.written |= carried
                         rec.check_saved = timed
                         probed = None
                         continue
@@ -953,6 +957,40 @@ def _measure(
     if sizes is not None:
         sizes = _with_written(sizes, written)
     return sizes, runs
+
+
+def _writes_between(rec: _Recorder, old: Any, new: Any) -> set[int]:
+    """The units a pass on the ``old`` layout found written between blocks (its checks at each
+    block's start: no backward needed), as stages of the ``new`` layout, for the recorder that
+    replaces ``rec`` when the probe changes the layout (NOTE [ a layout's change keeps the
+    writes found ])."""
+    found = set(rec.written)
+    for unit, then, now in rec._compares:
+        if then is not None and now is not None and not torch.equal(then, now):
+            found.add(unit)
+            found |= rec._also.get(unit, set())
+    carried: set[int] = set()
+    for u in found:
+        b = old.block_at(u)
+        if b is not None:
+            carried.add(new.stage_of(b))
+            continue
+        # a tail of the old layout: its own stage in the new one, or its block's when it merged
+        owner = next((k for k in old.tails if old.stage_of(k) + 1 == u), None)
+        if owner is not None:
+            carried.add(new.stage_of(owner) + (1 if owner in new.tails else 0))
+    return {u for u in carried if 1 <= u <= new.stages}
+
+
+# NOTE [ a layout's change keeps the writes found ]
+# The probe (the first pass on a layout) may change the layout: the code before the first block
+# becomes a stage (NOTE [ the prefix as a stage ]), or a tail that would pin an earlier unit goes
+# back into its block. The pass on the new layout starts a new recorder, and its checks between
+# blocks see only its own draws: a .data write whose bytes that pass leaves as they were (an
+# all-zero output scaled after dropout zeroed its input) would go unseen though the probe saw it
+# (the recomputing fuzz's model 3717: an offloaded unit's host copy held the unwritten bytes,
+# gradients off, silently). So what the probe's checks found moves to the new recorder, renumbered
+# by block.
 
 
 def _with_written(sizes: Sizes, written: set[int]) -> Sizes:

@@ -653,3 +653,55 @@ def test_fuzz_4812_a_write_after_a_skipped_blocks_place_keeps_the_blocks_around_
     out = _check(dataclasses.replace(SPEC_4812, seed=seed), 0.7, "recompute-all")
     assert out.kind == "equal", out.detail
     assert out.recomputations > 0  # recompute-all still recomputes the other blocks
+
+
+# Model 3717 of the seed-43 recomputing run (budgets drawn above each model's floor): the parent
+# writes block 3's output through .data. The probe's checks between blocks saw it, but the probe
+# then made the code before the first block a stage, and the pass on that layout (a new recorder)
+# drew dropout masks that zeroed block 3's output, so the write left its bytes as they were and
+# went unseen: unit 5 was offloaded at the end of F_5 with the unwritten bytes, and blocks.4's
+# weight gradient was off at step 1, silently (NOTE [ a layout's change keeps the writes found ]).
+SPEC_3717 = ModelSpec(
+    blocks=(
+        BlockSpec(('linear',)),
+        BlockSpec(('dropout',)),
+        BlockSpec(('dropout', 'dropout')),
+        BlockSpec(('linear',)),
+        BlockSpec(('linear',)),
+        BlockSpec(('dropout', 'dropout', 'dropout')),
+        BlockSpec(('linear',)),
+        BlockSpec(('linear',)),
+        BlockSpec(('dropout',)),
+        BlockSpec(('linear',)),
+        BlockSpec(('sigmoid', 'residual', 'dropout')),
+        BlockSpec(('no_grad',)),
+    ),
+    seed=54234,
+    width=2,
+    data_writes=(3,),
+)
+
+
+@pytest.mark.parametrize("memory", [0.32, 0.4, 0.5, 0.6])
+def test_fuzz_3717_a_data_write_the_probe_saw_before_its_layout_changed_keeps_the_unit_resident(memory):
+    result = _check(SPEC_3717, memory, None)
+    assert result.kind in ("equal", "refused"), result.detail
+    if memory >= 0.4:
+        assert result.kind == "equal", result.detail
+
+
+def test_fuzz_3717_the_written_unit_is_named_in_the_table():
+    import chainoffload_torch as ct
+
+    case = ModelCase(SPEC_3717)
+    model = case.build(None)
+    torch.manual_seed(SPEC_3717.seed)  # as differential_check seeds offload()'s draws
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        handle = ct.offload(model, case.batch(None, 0), memory=0.4, repeats=1, warmup=0)
+    try:
+        assert handle.blocks.prefix  # the probe changed the layout
+        unit = handle.blocks.stage_of(4)  # blocks.3, whose output the parent writes through .data
+        assert unit in handle.plan.sizes.unmovable and unit not in handle.schedule.offloaded_units
+    finally:
+        handle.remove()
