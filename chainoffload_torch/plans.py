@@ -1013,9 +1013,13 @@ def stage_floor(chain: co.Chain, sizes: Sizes | None) -> int:
     act, saved = [int(a) for a in chain.act], [int(v) for v in chain.saved]
     fwd_tmp, bwd_tmp = [int(f) for f in chain.fwd_tmp], [int(b) for b in chain.bwd_tmp]
 
+    # held(k): the units kept whole before stage k, alive whole at every op of stage k and at B_k.
+    kept = [0] * (n + 1)
+    for i in range(1, n + 1):
+        kept[i] = kept[i - 1] + (saved[i - 1] if i in whole else 0)
+
     def held(k: int) -> int:
-        """Units kept whole before stage k: alive whole at every op of stage k (and at B_k)."""
-        return sum(saved[i - 1] for i in whole if i < k)
+        return kept[k - 1]
 
     def inp(k: int) -> int:
         """a_{k-1} where it is not a_0 nor inside a unit kept whole (counted once)."""
