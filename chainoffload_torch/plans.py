@@ -1001,24 +1001,42 @@ def not_recomputable(chain: co.Chain, sizes: Sizes | None, blocks: Any) -> dict[
 
 def stage_floor(chain: co.Chain, sizes: Sizes | None) -> int:
     """The least memory any schedule the adapter may run needs on ``chain``, off the budget (add
-    ``sizes.resident_bytes`` for a step's): :meth:`Chain.stage_memory_floor` with the units held
-    whole counted where they must be alive (NOTE [ the floor counts held units ])."""
+    ``sizes.resident_bytes`` for a step's): :meth:`Chain.stage_memory_floor` with the units kept
+    whole counted where they must be alive (NOTE [ the floor counts held units ]) and, for each
+    stage, what its saving forward or the backward after it holds beside it (NOTE [ the floor
+    counts the saving forward ])."""
     base = int(chain.stage_memory_floor())
-    whole = sorted(getattr(sizes, "held", ()) or ()) if sizes is not None else []
     n = chain.length
-    if not whole:
-        return base
+    whole = set(getattr(sizes, "held", ()) or ()) | set(getattr(sizes, "aliased", ()) or ())
+    whole |= {u for u, why in (getattr(sizes, "unmovable", None) or {}).items() if WRITTEN in why}
+    whole = {u for u in whole if 1 <= u <= n}
     act, saved = [int(a) for a in chain.act], [int(v) for v in chain.saved]
     fwd_tmp, bwd_tmp = [int(f) for f in chain.fwd_tmp], [int(b) for b in chain.bwd_tmp]
+
+    # held(k): the units kept whole before stage k, alive whole at every op of stage k and at B_k.
+    kept = [0] * (n + 1)
+    for i in range(1, n + 1):
+        kept[i] = kept[i - 1] + (saved[i - 1] if i in whole else 0)
+
+    def held(k: int) -> int:
+        return kept[k - 1]
+
+    def inp(k: int) -> int:
+        """a_{k-1} where it is not a_0 nor inside a unit kept whole (counted once)."""
+        return act[k - 1] if k > 1 and (k - 1) not in whole else 0
+
     floor = base
     for k in range(1, n + 1):
-        # Units held whole before stage k: alive whole at F_k and at B_k in every schedule; a_{k-1}
-        # is one of them when k - 1 is (counted once).
-        held = sum(saved[i - 1] for i in whole if i < k)
-        inp = act[k - 1] if k > 1 and (k - 1) not in whole else 0
-        f_need = act[0] + inp + saved[k - 1] + fwd_tmp[k - 1] + held
-        b_need = act[0] + inp + saved[k - 1] + act[k] + act[k - 1] + bwd_tmp[k - 1] + held
+        f_need = act[0] + inp(k) + saved[k - 1] + fwd_tmp[k - 1] + held(k)
+        b_need = act[0] + inp(k) + saved[k - 1] + act[k] + act[k - 1] + bwd_tmp[k - 1] + held(k)
         floor = max(floor, f_need, b_need)
+        if k == n:
+            break
+        # The F_k whose unit B_k frees ran after B_{k+1} (g_k alive) or before it (unit k whole
+        # at B_{k+1}, on the GPU or prefetched back): NOTE [ the floor counts the saving forward ].
+        before = act[0] + saved[k - 1] + saved[k] + act[k + 1] + act[k] + bwd_tmp[k] + held(k)
+        after = act[0] + inp(k) + saved[k - 1] + fwd_tmp[k - 1] + act[k] + held(k)
+        floor = max(floor, before if k in whole else min(before, after))
     return floor
 
 
@@ -1027,8 +1045,26 @@ def stage_floor(chain: co.Chain, sizes: Sizes | None) -> int:
 # never offloaded (resident_units) nor recomputed (NOTE [ a held unit is never recomputed ]), so
 # every schedule the adapter runs has it whole from F_i to B_i: at F_k and B_k for k > i it is
 # alive beside what stage k needs, and the floor the adapter states (a refusal, handle.table(),
-# the search for the least memory that fits) adds it there. Still a floor: every term is alive at
-# that op in every schedule the adapter may run, on the chain the solver is given.
+# the search for the least memory that fits) adds it there. So is an aliased unit (it returns
+# its input or a view of it: resident, and not_recomputable from the sizes alone) and one
+# written where no version counter sees (WRITTEN: unmovable, never recomputed): a U-Net whose up
+# blocks take their skips as arguments has its unit 8 aliased, 8 KiB alive at every later op,
+# which left the floor 8192 B under what best's plan needs (3.7 % in offload_models.md). Still a
+# floor: every term is alive at that op in every schedule the adapter may run, on the chain the
+# solver is given.
+
+# NOTE [ the floor counts the saving forward ]
+# B_k frees the whole unit k made by the last F_k before it (docs/model.md: Fck and Fn make a
+# lone a_k). That F_k ran either after B_{k+1} -- then g_k, allocated at B_{k+1}'s start and
+# freed at B_k's end, is alive at its start beside a_0, a_{k-1}, saved[k] and fwd_tmp[k] -- or
+# before it, and then unit k is whole on the GPU at B_{k+1}: B_{k+1} reads a_k, a backward op
+# reads an offloaded instance through its prefetched copy, allocated when the prefetch starts
+# (moves "act" leaves the rest on the GPU), so saved[k] is there beside what B_{k+1} needs. The
+# floor takes the lesser of the two for each k < L (the latter only, for a unit kept whole:
+# never recomputed, its one F_k runs before B_{k+1}). BART's encoder stages (saved 114 KiB,
+# fwd_tmp 32 KiB, its a_k 8 KiB) make it the F_2 run in the backward: 166144 -> 174336 B on the
+# chain, what rotor, joint and recompute-all are each found to need (offload_models.md, +4.4 %
+# before). A floor on the chain model alone: no executor or solver change.
 
 
 def recompute_chain(chain: co.Chain, sizes: Sizes | None, blocks: Any) -> co.Chain:
