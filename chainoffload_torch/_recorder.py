@@ -550,13 +550,20 @@ class _Recorder:
             return k.tensor
         return k
 
+    def found_writes(self) -> set[int]:
+        """The units found written so far: those noted, and those the checks pending show read
+        back with other bytes (NOTE [ writes no version counter sees ])."""
+        found = set(self.written)
+        for unit, then, now in self._compares:
+            if not torch.equal(then, now):
+                found.add(unit)
+                found |= self._also.get(unit, set())
+        return found
+
     def checked_writes(self) -> None:
         """After a backward: note the units read back with other bytes than saved, and stop
         checking (NOTE [ writes no version counter sees ])."""
-        for unit, then, now in self._compares:
-            if not torch.equal(then, now):
-                self.written.add(unit)
-                self.written |= self._also.get(unit, set())
+        self.written = self.found_writes()
         self._compares.clear()
         self._prints.clear()
         self._at_end.clear()
@@ -964,13 +971,8 @@ def _writes_between(rec: _Recorder, old: Any, new: Any) -> set[int]:
     block's start: no backward needed), as stages of the ``new`` layout, for the recorder that
     replaces ``rec`` when the probe changes the layout (NOTE [ a layout's change keeps the
     writes found ])."""
-    found = set(rec.written)
-    for unit, then, now in rec._compares:
-        if then is not None and now is not None and not torch.equal(then, now):
-            found.add(unit)
-            found |= rec._also.get(unit, set())
     carried: set[int] = set()
-    for u in found:
+    for u in rec.found_writes():
         b = old.block_at(u)
         if b is not None:
             carried.add(new.stage_of(b))
