@@ -196,6 +196,14 @@ class Schedule(JsonIO):
         self.validate(chain)
         return self._structure(chain.length).transfer_bytes(chain)
 
+    def transfer_parts(self, chain: Chain) -> tuple[str, ...]:
+        """What each transfer moves on ``chain``, in list order: ``"act"`` for a_i alone (act[i]
+        bytes: ``moves="act"``, or a unit that an Fck_i / Fn_i made, which holds a_i alone) and
+        ``"unit"`` for a whole unit (saved[i] bytes). Raises :class:`ScheduleError` if malformed."""
+        self.validate(chain)
+        size = self._structure(chain.length).tr_size  # < = L: act[i]; above: saved[i]
+        return tuple("act" if s <= chain.length else "unit" for s in size)
+
     @functools.cached_property
     def has_remat(self) -> bool:
         """Whether the compute sequence uses rematerialization ops (Fck, Fn) or repeats a forward."""

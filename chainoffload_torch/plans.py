@@ -553,12 +553,12 @@ def moved_bytes(schedule: co.Schedule, chain: co.Chain, sizes: Sizes | None) -> 
     less those of an a_i alone of a unit in ``sizes.pinned_act`` (NOTE [ a pinned a_i never moves ])."""
     moved = schedule.transfer_bytes(chain)
     pinned = sizes.pinned_act if sizes is not None else frozenset()
-    size = schedule._structure(chain.length).tr_size  # an index <= L: act[i], a_i alone
+    parts = schedule.transfer_parts(chain)
     return int(
         sum(
             moved[k]
             for k, t in enumerate(schedule.transfers)
-            if t.kind == "offload" and not (t.unit in pinned and size[k] <= chain.length)
+            if t.kind == "offload" and not (t.unit in pinned and parts[k] == "act")
         )
     )
 

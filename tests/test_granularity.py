@@ -53,6 +53,16 @@ def test_act_alone_on_a_lone_activation_moves_the_same_bytes(chain3):
     assert got[0] == got[1] and got[0][0] == 20
 
 
+def test_transfer_parts_say_what_each_transfer_moves(chain3):
+    """``transfer_parts``: a_i alone when the schedule asks for it or an Fck_i made it, else the unit."""
+    assert Schedule.from_units(3, pair(1, F1, B3, "unit")).transfer_parts(chain3) == ("unit", "unit")
+    assert Schedule.from_units(3, pair(1, F1, B3, "act")).transfer_parts(chain3) == ("act", "act")
+    compute = (("Fck", 1), ("F", 2), ("F", 3), ("B", 3), ("B", 2), ("F", 1), ("B", 1))
+    assert Schedule(compute, pair(1, 0, 3, "unit")).transfer_parts(chain3) == ("act", "act")
+    with pytest.raises(ScheduleError):
+        Schedule.from_units(3, pair(4, F1, B3, "unit")).transfer_parts(chain3)
+
+
 def test_act_alone_of_a_whole_unit_in_a_recomputing_schedule(chain3):
     """F_all on stage 2 inside a re-run: a_2 alone leaves, the rest stays; the oracle agrees."""
     compute = (("Fck", 1), ("F", 2), ("F", 3), ("B", 3), ("B", 2), ("F", 1), ("B", 1))
