@@ -628,6 +628,12 @@ def solve_for(
     if best is not None:
         return best
     if len(methods) == 1:
+        if refused and blocks is not None:
+            # A forced method the executor cannot carry out: what to do instead, in the message itself.
+            refused += (
+                f"; method=None lets offload() choose among {', '.join(EXECUTABLE_METHODS)} around it, method='best' "
+                "recomputes nothing"
+            )
         raise ValueError(nothing_fits(chain, platform, method, resident, keep, sizes, last, key, tried=refused))
     tried = f"no plan of {', '.join(methods)} fits, nor recomputes only what the executor can call again"
     if refused:

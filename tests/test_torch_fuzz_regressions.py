@@ -740,6 +740,7 @@ def test_fuzz_878_recompute_all_forced_where_a_skipped_first_block_hid_the_write
     result = _check(SPEC_878, 0.73, "recompute-all")
     assert result.kind == "refused", result.detail
     assert "recomputing stage 1" in result.detail and "modified in place by the code after it" in result.detail
+    assert "method=None lets offload() choose" in result.detail  # what to do, in the message itself
 
 
 @pytest.mark.parametrize("memory,method", [(0.73, None), (0.5, None), (0.9, "rotor")])
