@@ -811,7 +811,8 @@ def _recomputed(schedule: co.Schedule) -> set[int]:
 # than train wrong). The profiling passes are watched for them, with module hooks of their own
 # around every block call: a block that modifies its hidden input in place (the checkpoint it
 # would start from is gone), a block whose output the code after it modifies in place before the
-# next block reads it (a recomputed a_i would miss the change), a block with forward pre-hooks
+# next block reads it (a recomputed a_i would miss the change; the next block is then not
+# recomputed from an offloaded copy of it: NOTE [ an input written after its block returned ]), a block with forward pre-hooks
 # of its own (a recomputation would run them again on arguments they already changed), a block
 # given an object that holds state its forward changes which a recomputation cannot put back (a
 # cache whose tensors the call writes in place, an object without __dict__: NOTE [ state a
