@@ -740,7 +740,20 @@ def test_fuzz_878_recompute_all_forced_where_a_skipped_first_block_hid_the_write
     result = _check(SPEC_878, 0.73, "recompute-all")
     assert result.kind == "refused", result.detail
     assert "recomputing stage 1" in result.detail and "modified in place by the code after it" in result.detail
-    assert "method=None lets offload() choose" in result.detail  # what to do, in the message itself
+
+
+def test_fuzz_878_the_refusal_says_what_happened_and_what_to_do():
+    import chainoffload_torch as ct
+
+    case = ModelCase(SPEC_878)
+    model = case.build(None)
+    torch.manual_seed(SPEC_878.seed)  # as differential_check seeds offload()'s draws
+    with warnings.catch_warnings(), pytest.raises(ValueError) as info:
+        warnings.simplefilter("ignore")
+        ct.offload(model, case.batch(None, 0), memory=0.73, method="recompute-all", repeats=1, warmup=0)
+    message = str(info.value)
+    assert "recomputing stage 1, which the executor cannot: its output is modified in place" in message
+    assert "method=None lets offload() choose among best, rotor, joint around it, method='best' recomputes nothing" in message
 
 
 @pytest.mark.parametrize("memory,method", [(0.73, None), (0.5, None), (0.9, "rotor")])
