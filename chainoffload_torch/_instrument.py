@@ -195,6 +195,8 @@ def _under_compile() -> bool:
 # a write the watch finds on the carried state then marks the block before them and each of
 # them not recomputable, since the profile cannot tell after which place the write ran. A pass
 # where those blocks run finds the one it is; the others' recomputation is given up for it.
+# Skipped first blocks carry the code before the blocks' output, with no block before them to
+# compare with: NOTE [ a write on a carried a_0 ] in plans.py.
 
 
 # NOTE [ a skip no step can carry out ]

@@ -243,6 +243,9 @@ class _Planner:
         #: The blocks any profile saw to be unsafe to recompute (NOTE [ blocks a recomputation
         #: would get wrong ]), for plans solved without a profile of their own.
         self.unsafe: dict[int, str] = {}
+        #: The blocks any profile saw read an input written after the block before returned it
+        #: (NOTE [ an input written after its block returned ]).
+        self.inputs_written: dict[int, str] = {}
 
     def plan(self, instrument: Instrument, args: tuple, kwargs: dict, key: tuple) -> Plan:
         # No fwd_nosave (NOTE [ how many profiling steps ]): the chain's default, fwd, is what the
@@ -256,6 +259,8 @@ class _Planner:
             )
         for b, why in unsafe.items():
             self.unsafe.setdefault(b, why)
+        for b, why in unsafe.inputs.items():
+            self.inputs_written.setdefault(b, why)
         if remat:
             # NOTE [ what a recomputation costs the executor ] in _recompute.py.
             chain = charge_recomputation(chain, instrument.blocks, self.device)
@@ -283,7 +288,7 @@ class _Planner:
                 f"{format_bytes(moved_bytes(result.schedule, chain, sizes))} per step and needs {format_bytes(host)} of host "
                 f"buffers, above host_memory={format_bytes(self.host_memory)}; give more GPU memory or more host memory"
             )
-        banned = not_recomputable(chain, sizes, blocks) if remat else {}
+        banned = plan_not_recomputable(chain, sizes, blocks, result.schedule) if remat else {}
         return Plan(
             key, chain, platform, result.schedule, result, sizes, keep, host, not_recomputable=banned,
             overlap=self.overlap, fallback=fallback,
@@ -429,7 +434,7 @@ class _Planner:
             return None
         # Every profile watched the model's own calls, and what any of them saw unsafe (the code
         # before the first block included, key 0) is in self.unsafe; the executor checks again.
-        blocks = _Unsafe(instrument.blocks, dict(self.unsafe), prefix_watched=True)
+        blocks = _Unsafe(instrument.blocks, dict(self.unsafe), prefix_watched=True, inputs=self.inputs_written)
         keep = co.solvers.check_keep(chain, self.keep)
         resident = sizes.resident_bytes
         platform = self.link.with_memory(max(0, self.budget.bytes_for(chain, resident, step_peak(chain, sizes)) - resident))
@@ -441,7 +446,7 @@ class _Planner:
         if self.host_memory is not None and host > self.host_memory:
             return None
         remat = self.method is None or co.solvers.spec(self.method).remat
-        banned = not_recomputable(chain, sizes, blocks) if remat else {}
+        banned = plan_not_recomputable(chain, sizes, blocks, result.schedule) if remat else {}
         return Plan(key, chain, platform, result.schedule, result, sizes, keep, host, not_recomputable=banned, overlap=self.overlap,
                     times_from=ref.key)
 
@@ -623,6 +628,12 @@ def solve_for(
     if best is not None:
         return best
     if len(methods) == 1:
+        if refused and blocks is not None:
+            # A forced method the executor cannot carry out: what to do instead, in the message itself.
+            refused += (
+                f"; method=None lets offload() choose among {', '.join(EXECUTABLE_METHODS)} around it, method='best' "
+                "recomputes nothing"
+            )
         raise ValueError(nothing_fits(chain, platform, method, resident, keep, sizes, last, key, tried=refused))
     tried = f"no plan of {', '.join(methods)} fits, nor recomputes only what the executor can call again"
     if refused:
@@ -654,6 +665,14 @@ def _solve_one(
         return None, f"method {method}: its plan offloads unit(s) {moved}, which must stay resident"
     if solved_on is chain:
         return result, None
+    stale = stale_inputs(chain, blocks, result.schedule)
+    if stale:
+        # NOTE [ an input written after its block returned ]: solved again, never recomputing those blocks.
+        strict = _Unsafe(
+            getattr(blocks, "blocks", blocks), {**getattr(blocks, "unsafe", {}), **blocks.inputs},
+            getattr(blocks, "prefix_watched", False), inputs={},
+        )
+        return _solve_one(chain, platform, method, resident, sizes, options, strict, overlap)
     banned = not_recomputable(chain, sizes, blocks)
     comp = result.schedule.compute
     seen: set[int] = set()
@@ -744,15 +763,30 @@ def _takes(method: str | None) -> set[str] | None:
 # them (the only way to fit) counts as not fitting. method= forces one method.
 
 
+class _Found(dict):
+    """What a watch of the blocks found: {block: why it must not be recomputed}, and ``inputs``:
+    {block: why it must not be recomputed from an offloaded copy of its input} (NOTE [ an input
+    written after its block returned ])."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inputs: dict[int, str] = {}
+
+
 class _Unsafe:
     """The chain's blocks, with the blocks a profile saw to be unsafe to recompute (key 0: the
     code before the first block) and whether the profile watched the model's own calls
-    (``prefix_watched``: only then may the code before the first block be recomputed)."""
+    (``prefix_watched``: only then may the code before the first block be recomputed);
+    ``inputs``: the blocks never recomputed from an offloaded copy of their input (default:
+    ``unsafe.inputs``, NOTE [ an input written after its block returned ])."""
 
-    def __init__(self, blocks: Any, unsafe: dict[int, str], prefix_watched: bool = False) -> None:
+    def __init__(
+        self, blocks: Any, unsafe: dict[int, str], prefix_watched: bool = False, inputs: dict[int, str] | None = None,
+    ) -> None:
         self.blocks = blocks
         self.unsafe = unsafe
         self.prefix_watched = prefix_watched
+        self.inputs = dict(getattr(unsafe, "inputs", {}) if inputs is None else inputs)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.blocks, name)
@@ -777,7 +811,8 @@ def _recomputed(schedule: co.Schedule) -> set[int]:
 # than train wrong). The profiling passes are watched for them, with module hooks of their own
 # around every block call: a block that modifies its hidden input in place (the checkpoint it
 # would start from is gone), a block whose output the code after it modifies in place before the
-# next block reads it (a recomputed a_i would miss the change), a block with forward pre-hooks
+# next block reads it (a recomputed a_i would miss the change; the next block is then not
+# recomputed from an offloaded copy of it: NOTE [ an input written after its block returned ]), a block with forward pre-hooks
 # of its own (a recomputation would run them again on arguments they already changed), a block
 # given an object that holds state its forward changes which a recomputation cannot put back (a
 # cache whose tensors the call writes in place, an object without __dict__: NOTE [ state a
@@ -797,6 +832,40 @@ def _recomputed(schedule: co.Schedule) -> set[int]:
 # is kept, not recomputed; offloading it stays safe (a read before its prefetch fetches it).
 
 
+# NOTE [ an input written after its block returned ]
+# The code between blocks i and i+1 may modify a_i in place (h.mul_(0.9)). Block i is then never
+# recomputed (a recomputed a_i would miss the write: above). Block i+1 reads the written a_i, and
+# a recomputation of it starts from the a_i the executor holds: the tensor itself, written, when
+# unit i stays on the device (right), but a copy taken when unit i's offload was queued, at the
+# end of F_i, before the write, when unit i is offloaded: the executor then refused in the
+# backward, mid-step (the recomputing fuzz's model 4301 of seed 43: offload()'s own choice,
+# joint, offloaded unit 2 and recomputed stage 3 from it). Pure offloading is safe (block i+1
+# saves a_i again after the write, and a storage saved again after its offload was queued is
+# copied again), and so is a plan that keeps unit i resident (rotor). Decision: the watch
+# records such a block i+1 apart (_Found.inputs); a schedule that recomputes it and offloads
+# unit i is solved again with it never recomputed (_solve_one), and the plan's not_recomputable
+# names it, with why, where the schedule offloads unit i (handle.table()). Not chosen: keeping
+# unit i resident whenever block i+1 is recomputed (joint takes no keep=), or banning block
+# i+1's recomputation for every method (rotor lost it: 4301 at 0.5 of the keep-all peak).
+
+
+# NOTE [ a write on a carried a_0 ]
+# A profiling pass whose forward skipped the first block(s) (LayerDrop) runs them in their place
+# from the next block's pre-hook (NOTE [ the code after a skipped block ] in _instrument.py), after
+# the model's code past their places ran on the carried a_0, the output of the code before the
+# blocks. A write there (h.mul_ after block 0) is a write on block 0's output in a step that
+# runs block 0, but the watch compares a block's input with the output of the block before, and
+# block 0 has none: with every watched pass skipping block 0 (the recomputing fuzz's model 878 of
+# seed 43, LayerDrop 0.1, recompute-all), block 0 was recomputed and the first step that ran it
+# was refused at block 1's start. The carried a_0's version is now compared with the one it had
+# when the code before the blocks returned it: 0 for a tensor that code made, the version the
+# model's call got for an argument handed on (a view of one included). A difference marks the
+# code before the blocks (when it is a stage), each block skipped and the blocks reading their
+# outputs, as a write after a skipped block does. It may over-mark: a prefix that writes its own
+# output in place (version 1 at its end) loses recomputation of those blocks in a pass that
+# skips them; it never under-marks a write a version counter sees.
+
+
 @contextlib.contextmanager
 def _watch_blocks(blocks: Any, model: nn.Module | None = None) -> Iterator[dict[int, str]]:
     """Watch the blocks' calls while profiling; yield {block index (1-based): why it must not
@@ -807,7 +876,7 @@ def _watch_blocks(blocks: Any, model: nn.Module | None = None) -> Iterator[dict[
     from ._recompute import argument_state, arguments_state, state_call_ended, stateful_argument
     from ._saved import version_probe
 
-    found: dict[int, str] = {}
+    found = _Found()
     n = len(blocks.modules)
     calls = [0]  # the block called last in this pass (0: none yet)
     places: dict[int, list[int]] = {}
@@ -818,7 +887,7 @@ def _watch_blocks(blocks: Any, model: nn.Module | None = None) -> Iterator[dict[
     # first block ] in _recompute.py); "views": per block of this pass whose output is a view,
     # (block, a probe of the output's version counter that holds none of its storage, the
     # version at the block's end).
-    state: dict[str, Any] = {"open": [], "last": None, "root": None, "views": []}
+    state: dict[str, Any] = {"open": [], "last": None, "root": None, "views": [], "versions": {}}
 
     def root_pre(module: nn.Module, a: tuple, kw: dict) -> None:
         # A new pass: one before it may have stopped inside a block (a profiling pass that
@@ -829,6 +898,7 @@ def _watch_blocks(blocks: Any, model: nn.Module | None = None) -> Iterator[dict[
         if why is not None:
             found.setdefault(0, f"the model's call {why}")
         state["root"] = ((a, kw), arguments_state((a, kw)))
+        state["versions"] = {id(t): t._version for t in _tensors((a, kw))}
 
     def root_post(module: nn.Module, a: tuple, kw: dict, out: Any) -> None:
         # Changed anywhere in the step's forward (a loss that fills labels in place): a
@@ -846,6 +916,45 @@ def _watch_blocks(blocks: Any, model: nn.Module | None = None) -> Iterator[dict[
                     "around its output, before a recomputation could run"
                 )
 
+    def written(outputs: Iterable[int], unsure: bool) -> None:
+        # Each block of ``outputs`` (0: the code before the first block) may have had its output
+        # modified in place by the code after it, and the block after it then read the written
+        # tensor (NOTE [ an input written after its block returned ]).
+        outputs = tuple(outputs)
+        for k in outputs:
+            if k == 0:
+                found.setdefault(
+                    0, "its output a_0 is modified in place by the code after the first block's place when a step skips "
+                    "that block, so a recomputed a_0 would miss the write"
+                )
+            elif unsure:
+                found.setdefault(
+                    k, "its output is modified in place by the code after it, or after the blocks a step skipped "
+                    "after it (the profile cannot tell which), before the next block reads it"
+                )
+            else:
+                found.setdefault(k, "its output is modified in place by the code after it, before the next block reads it")
+        for k in outputs:
+            if k + 1 <= n:
+                found.inputs.setdefault(
+                    k + 1, "the code before it modifies its input in place after the block before returned it, so a copy "
+                    "of that input offloaded at the end of the block before would miss the write"
+                )
+
+    def a0_written(hidden: Any) -> bool:
+        # The carried a_0's version against the one it had when the prefix returned it: 0 for
+        # a tensor the prefix made, the model's call's for an argument handed on as it is.
+        if not isinstance(hidden, torch.Tensor):
+            return False
+        root = state["root"]
+        made = 0
+        if root is not None:
+            for t in _tensors(root[0]):
+                if t is hidden or (t._base if t._is_view() else t) is (hidden._base if hidden._is_view() else hidden):
+                    made = state["versions"].get(id(t), 0)
+                    break
+        return hidden._version != made
+
     def pre(module: nn.Module, a: tuple, kw: dict) -> None:
         # The next of this module's places after the block called last: a block a pass leaves
         # out (NOTE [ blocks a profile cannot run ] in _recorder.py) is never called.
@@ -860,18 +969,18 @@ def _watch_blocks(blocks: Any, model: nn.Module | None = None) -> Iterator[dict[
             state["views"] = []  # a new pass: the last one's outputs were checked up to here
         hidden = blocks.hidden_of(b, a, kw)
         last = state["last"]
+        skipped = IN_PLACE_OF[0]
         if last is not None and last[0] == b - 1 and last[1]() is hidden and hidden._version != last[3]:
-            skipped = IN_PLACE_OF[0]
             if skipped is not None and skipped[0] == b:
                 # NOTE [ the code after a skipped block ] in _instrument.py: the write was made by
                 # the code after block b - 1 or after the place of a block the forward skipped.
-                for k in range(b - 1, skipped[1]):
-                    found.setdefault(
-                        k, "its output is modified in place by the code after it, or after the blocks a step skipped "
-                        "after it (the profile cannot tell which), before the next block reads it"
-                    )
+                written(range(b - 1, skipped[1]), True)
             else:
-                found.setdefault(b - 1, "its output is modified in place by the code after it, before the next block reads it")
+                written((b - 1,), False)
+        elif b == 1 and skipped is not None and skipped[0] == 1 and a0_written(hidden):
+            # NOTE [ a write on a carried a_0 ]: the forward skipped the first block(s), and the
+            # code after their places wrote the prefix's output before the instrument ran them.
+            written(range(0, skipped[1]), True)
         elif last is not None and last[0] == b - 1 and b - 1 in getattr(blocks, "tails", ()) and last[2]._version != last[3]:
             # The tail (NOTE [ the code after a block as a stage ] in _instrument.py) wrote the
             # block's output: a recomputed one would not have that write.
@@ -984,6 +1093,41 @@ def not_recomputable(chain: co.Chain, sizes: Sizes | None, blocks: Any) -> dict[
         if WRITTEN in why:
             # Running the block again cannot replay a write its caller made through .data.
             out.setdefault(u, "its tensors are written after its forward where no version counter sees it (.data)")
+    return out
+
+
+def input_written(chain: co.Chain, blocks: Any) -> dict[int, str]:
+    """The stages whose input the code before them modifies in place after the stage before
+    returned it, each with why (NOTE [ an input written after its block returned ])."""
+    inputs = getattr(blocks, "inputs", None) or {}
+    off = int(getattr(blocks, "prefix", False))
+    tails = tuple(getattr(blocks, "tails", ()))
+    out: dict[int, str] = {}
+    for b, why in inputs.items():
+        s = b + off + sum(1 for t in tails if t < b)
+        if 2 <= s < chain.length:
+            out[s] = why
+    return out
+
+
+def stale_inputs(chain: co.Chain, blocks: Any, schedule: co.Schedule) -> dict[int, str]:
+    """The stages ``schedule`` recomputes from an offloaded copy of an input written after its
+    offload was queued (NOTE [ an input written after its block returned ])."""
+    written = input_written(chain, blocks)
+    if not written:
+        return {}
+    offloaded = set(schedule.offloaded_units)
+    return {s: why for s, why in written.items() if s - 1 in offloaded and s in _recomputed(schedule)}
+
+
+def plan_not_recomputable(chain: co.Chain, sizes: Sizes | None, blocks: Any, schedule: co.Schedule) -> dict[int, str]:
+    """:func:`not_recomputable`, and the stages whose written input ``schedule`` offloads (NOTE
+    [ an input written after its block returned ]): what handle.table() says is never recomputed."""
+    out = not_recomputable(chain, sizes, blocks)
+    offloaded = set(schedule.offloaded_units)
+    for s, why in input_written(chain, blocks).items():
+        if s - 1 in offloaded:
+            out.setdefault(s, why)
     return out
 
 

@@ -1029,8 +1029,9 @@ def differential_check(
         ``chainoffload.testing.strategies.well_formed_schedules``), carried out by
         :class:`~chainoffload_torch.Offloader` with the profile's blocks. A schedule that
         recomputes a block the profiling passes saw a recomputation would get wrong (its input
-        modified in place, pre-hooks of its own: what ``offload()`` never recomputes) is refused
-        as ``offload()`` would refuse it (``memory`` is then unused).
+        modified in place, pre-hooks of its own: what ``offload()`` never recomputes), or that
+        recomputes a block from an offloaded copy of an input written after the block before
+        returned it, is refused as ``offload()`` would refuse it (``memory`` is then unused).
     **offload_options
         Passed to :func:`~chainoffload_torch.offload` (default ``repeats=1, warmup=0``).
 
@@ -1093,7 +1094,7 @@ def _hand_plan(model: nn.Module, batch: tuple, schedule: Callable[[Any], Any], o
     from . import Offloader
     from ._instrument import Instrument
     from ._recorder import _Recorder, measure_chain
-    from .plans import _Unsafe, _watch_blocks, not_recomputable
+    from .plans import _Unsafe, _watch_blocks, not_recomputable, stale_inputs
     from .profiler import Profile, _device_of, _root_and_blocks, as_call
 
     # profile() without making the code before the first block a stage: no schedule may recompute
@@ -1123,6 +1124,11 @@ def _hand_plan(model: nn.Module, batch: tuple, schedule: Callable[[Any], Any], o
         firsts.add(i)
         if (kind != "F" or redo) and i in banned:
             raise ValueError(f"schedule: recomputes stage {i}, which offload() never recomputes: {banned[i]}")
+    stale = stale_inputs(prof.chain, _Unsafe(prof.blocks, unsafe), sched)
+    if stale:
+        # NOTE [ an input written after its block returned ] in plans.py.
+        i = min(stale)
+        raise ValueError(f"schedule: recomputes stage {i} from an offloaded copy of its input, which offload() never does: {stale[i]}")
     bad = sorted(set(sched.offloaded_units) & set(prof.sizes.resident))
     if bad:
         raise ValueError(f"schedule: offloads unit(s) {bad}, which offload() keeps resident (aliased, held or unmovable)")

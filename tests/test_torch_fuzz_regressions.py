@@ -705,3 +705,116 @@ def test_fuzz_3717_the_written_unit_is_named_in_the_table():
         assert unit in handle.plan.sizes.unmovable and unit not in handle.schedule.offloaded_units
     finally:
         handle.remove()
+
+
+# Model 878 of the seed-43 recomputing run (recompute-all forced, memory 0.73): the parent
+# multiplies block 0's output in place (h.mul_ after it), and LayerDrop 0.1. The one profiling
+# pass the blocks' watch saw skipped block 0: the mul_ landed on the carried a_0 (the code
+# before the blocks' output) before the instrument ran block 0 in its place, and the watch, which
+# compares a block's input with the output of the block before, had no block before to compare
+# with. Block 0 was planned recomputed, and the first step that ran it raised in block 1's
+# start, where plain PyTorch trains (NOTE [ a write on a carried a_0 ] in chainoffload_torch/plans.py).
+SPEC_878 = ModelSpec(
+    blocks=(
+        BlockSpec(('dropout',)),
+        BlockSpec(('gain', 'stride')),
+        BlockSpec(('no_grad',)),
+        BlockSpec(('tanh', 'transpose')),
+        BlockSpec(('residual',)),
+        BlockSpec(('sigmoid', 'stride')),
+        BlockSpec(('no_grad',)),
+        BlockSpec(('no_grad',)),
+        BlockSpec(('tanh', 'transpose')),
+        BlockSpec(('linear',)),
+    ),
+    seed=55912,
+    width=4,
+    batch=4,
+    dtype='float64',
+    between=((0, 'mul_'),),
+    layerdrop=0.1,
+)
+
+
+def test_fuzz_878_recompute_all_forced_where_a_skipped_first_block_hid_the_write_is_refused_up_front():
+    result = _check(SPEC_878, 0.73, "recompute-all")
+    assert result.kind == "refused", result.detail
+    assert "recomputing stage 1" in result.detail and "modified in place by the code after it" in result.detail
+
+
+def test_fuzz_878_the_refusal_says_what_happened_and_what_to_do():
+    import chainoffload_torch as ct
+
+    case = ModelCase(SPEC_878)
+    model = case.build(None)
+    torch.manual_seed(SPEC_878.seed)  # as differential_check seeds offload()'s draws
+    with warnings.catch_warnings(), pytest.raises(ValueError) as info:
+        warnings.simplefilter("ignore")
+        ct.offload(model, case.batch(None, 0), memory=0.73, method="recompute-all", repeats=1, warmup=0)
+    message = str(info.value)
+    assert "recomputing stage 1, which the executor cannot: its output is modified in place" in message
+    assert "method=None lets offload() choose among best, rotor, joint around it, method='best' recomputes nothing" in message
+
+
+@pytest.mark.parametrize("memory,method", [(0.73, None), (0.5, None), (0.9, "rotor")])
+def test_fuzz_878_plans_around_the_write_on_the_carried_input(memory, method):
+    result = _check(SPEC_878, memory, method)
+    assert result.kind == "equal", result.detail
+
+
+# Model 4301 of the seed-43 recomputing run (offload()'s own choice, memory 0.36): the parent
+# multiplies block 0's output in place before block 1 reads it. The watch saw it and kept block 0
+# from recomputation, but joint's plan offloaded unit 2 (block 0's, a_2 with it) at the end of
+# F_2, before the write, and recomputed block 1 from that copy: the executor refused in the
+# backward. A block whose input is written after the block before returned it is never
+# recomputed from an offloaded copy of that input (NOTE [ an input written after its block
+# returned ] in chainoffload_torch/plans.py); from a resident one (rotor) it still is.
+SPEC_4301 = ModelSpec(
+    blocks=(
+        BlockSpec(('linear',)),
+        BlockSpec(('residual', 'residual')),
+        BlockSpec(('dropout',)),
+        BlockSpec(('linear',)),
+        BlockSpec(('linear',)),
+        BlockSpec(('linear',)),
+        BlockSpec(('dropout',)),
+        BlockSpec(('index', 'expand')),
+        BlockSpec(('sigmoid', 'tanh', 'gelu')),
+    ),
+    seed=42888,
+    width=12,
+    batch=1,
+    between=((0, 'mul_'),),
+)
+
+
+@pytest.mark.parametrize("memory,method", [(0.36, None), (0.38, None), (0.4, "joint"), (0.45, "joint"), (0.6, None)])
+def test_fuzz_4301_a_block_whose_input_is_written_is_not_recomputed_from_an_offloaded_copy(memory, method):
+    result = _check(SPEC_4301, memory, method)
+    assert result.kind in ("equal", "refused"), result.detail
+    if memory >= 0.45:
+        assert result.kind == "equal", result.detail
+
+
+def test_fuzz_4301_rotor_still_recomputes_that_block_from_its_resident_input():
+    result = _check(SPEC_4301, 0.5, "rotor")
+    assert result.kind == "equal", result.detail
+    assert result.recomputations > 0
+
+
+def test_fuzz_4301_the_table_says_why_the_block_is_not_recomputed():
+    import chainoffload_torch as ct
+
+    case = ModelCase(SPEC_4301)
+    model = case.build(None)
+    torch.manual_seed(SPEC_4301.seed)  # as differential_check seeds offload()'s draws
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        handle = ct.offload(model, case.batch(None, 0), memory=0.45, method="joint", repeats=1, warmup=0)
+    try:
+        stage = handle.blocks.stage_of(2)  # blocks.1, whose input the parent writes after blocks.0 returned it
+        assert stage - 1 in handle.schedule.offloaded_units
+        assert "offloaded at the end of the block before would miss the write" in handle.plan.not_recomputable[stage]
+        assert "would miss the write" in handle.table()
+    finally:
+        handle.remove()
