@@ -912,3 +912,19 @@ def test_a_residual_around_a_stack_stays_one_block():
     model, batch = family("resnet")
     names = ct.find_blocks(model, (), batch).names
     assert all(n.rsplit(".", 2)[-2] == "layers" for n in names), names
+
+
+def test_a_stage_run_without_saving_is_counted_only_where_the_profile_pinned_something():
+    # NOTE [ pins in a stage run without saving ]: the ordinals serve the pins alone, so an Fck's
+    # saved tensors in a stage with no pins cost no ledger work, and one with pins keeps its count.
+    ledger = UnitLedger(torch.device("cpu"), set(), pinned={2: {1}})
+    saved = [torch.randn(16) for _ in range(3)]
+    for t in saved:
+        ledger.count(t, 1)  # no pins in stage 1
+    assert not ledger._counted and 1 not in ledger._seen
+    for t in saved:
+        ledger.count(t, 2)
+    assert ledger._seen[2] == 3 and sorted(c[1] for c in ledger._counted.values()) == [0, 2]  # ordinal 1 pinned
+    assert not ledger.owns(saved[1])  # borrowed: resident from now on
+    ledger.restart(2)
+    assert not ledger._counted and ledger._seen[2] == 0
