@@ -888,6 +888,10 @@ def joint(
 
     if offload is not None and not isinstance(offload, Result):
         raise TypeError(f"offload: expected a Result, got {type(offload).__name__}")
+    if cpsat_work is None:
+        cpsat_work = JOINT_CPSAT_WORK
+    if not (isinstance(cpsat_work, (int, float)) and not isinstance(cpsat_work, bool) and 0 <= cpsat_work < math.inf):
+        raise ValueError(f"cpsat_work: {cpsat_work!r} must be a number of deterministic seconds >= 0")
     t0 = time.perf_counter()
     time_limit = check_time_limit(time_limit)
     timed = time_limit is not None
@@ -977,10 +981,6 @@ def joint(
         )
     info["source"] = best_name
     schedule, makespan = chosen.schedule, chosen.makespan
-    if cpsat_work is None:
-        cpsat_work = JOINT_CPSAT_WORK
-    if not (isinstance(cpsat_work, (int, float)) and not isinstance(cpsat_work, bool) and 0 <= cpsat_work < math.inf):
-        raise ValueError(f"cpsat_work: {cpsat_work!r} must be a number of deterministic seconds >= 0")
     if cpsat_work > 0 and platform.can_transfer and not (timed and deadline - time.perf_counter() <= 0):
         imp = improve_joint(chain, platform, schedule, makespan, work=float(cpsat_work), deadline=deadline)
         info["cpsat"] = imp.info
