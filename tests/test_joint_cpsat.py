@@ -5,7 +5,7 @@ import pytest
 from chainoffload.platform import Platform
 from chainoffload.simulate import keep_all_peak, simulate
 from chainoffload.solvers.joint import joint
-from chainoffload.solvers.joint_cpsat import _items, _Model, improve
+from chainoffload.solvers.joint_cpsat import JOINT_CPSAT_WORK, _items, _Model, improve
 from chainoffload.solvers.rotor import rotor
 from remat_cases import instances
 
@@ -27,12 +27,12 @@ def test_improver_finds_a_faster_plan_on_inception_v3_and_is_deterministic():
     stand_in = rotor(chain, platform)  # pure offloading's place in the comparison, for speed
     base = joint(chain, platform, offload=stand_in, cpsat_work=0)
     assert base.schedule.has_remat and "cpsat" not in base.info
-    got = improve(chain, platform, base.schedule, base.makespan, work=1.0)
+    got = improve(chain, platform, base.schedule, base.makespan, work=JOINT_CPSAT_WORK)
     assert got.makespan < base.makespan * (1 - 1e-3)
     tl = simulate(chain, platform, got.schedule)
     assert tl.feasible and tl.makespan == got.makespan
     assert got.info["edits_improved"] >= 1
-    again = improve(chain, platform, base.schedule, base.makespan, work=1.0)
+    again = improve(chain, platform, base.schedule, base.makespan, work=JOINT_CPSAT_WORK)
     assert again.schedule == got.schedule and again.makespan == got.makespan and again.info == got.info
     # Wired into joint: the default work finds it too and says so.
     res = joint(chain, platform, offload=stand_in)

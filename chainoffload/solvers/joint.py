@@ -107,14 +107,16 @@ and four random chains x four memories), by up to 1.54 %, slower on none, and at
 10 % more of joint's time (the lifted walks; on random chains of 100 and 1000 stages,
 ``joint_gap_long.md``, up to about 30 % of ``joint_dp``'s, with a 0.4 % and 1 % faster plan).
 Lifting by 125 or 250 slots found nothing more on the six network points that gained most.
-A re-timing of the plan's transfers by CP-SAT (op sequence fixed) was not built: the model of
-:mod:`chainoffload.solvers.cpsat` knows the order F_1..F_L, B_L..B_1 only, and the lift
-already reaches the finer tables.
+What neither the lift nor a finer table reaches (a plan with one recomputation fewer, whose
+transfers the fluid queues mis-time) is left to CP-SAT (``NOTE [ joint: CP-SAT re-timing ]`` in
+:mod:`.joint_cpsat`), below.
 
 *The method.* :func:`joint` returns the fastest of this plan, the exact DP's
 (:mod:`chainoffload.solvers.joint_exact`: one transfer in flight per channel, whole items, a
 bound the simulator confirms), rotor's and the pure-offloading result, so it is never worse
-than any of them; at bandwidth 0 it is rotor's schedule.
+than any of them; at bandwidth 0 it is rotor's schedule. The fastest, when it recomputes, is then
+improved by CP-SAT on ``cpsat_work`` deterministic seconds (``NOTE [ joint: CP-SAT re-timing ]``):
+only a schedule the simulator finds strictly faster replaces it, so this keeps every guarantee.
 """
 
 from __future__ import annotations
