@@ -171,8 +171,8 @@ def _items(length: int, compute) -> list[_Item]:
         st = resolve(length, *_arrays(compute, [("offload", i, m, 1), ("prefetch", i, m, 1)]))
         holds = tuple(int(k) for k in st.hold_op[st.hold_ptr[0]:st.hold_ptr[1]])
         waiters = tuple(k for k in range(n) if 1 in st.wait_tr[st.wait_ptr[k]:st.wait_ptr[k + 1]])
-        freer = next(k for k in range(n) if -2 in st.free_src[st.free_ptr[k]:st.free_ptr[k + 1]])
-        if not waiters:
+        freer = next((k for k in range(n) if -2 in st.free_src[st.free_ptr[k]:st.free_ptr[k + 1]]), None)
+        if not waiters or freer is None:
             continue
         first_wait = waiters[0]
         hi = min(2 * first_b, 2 * nxt - 1, 2 * first_wait - 1)
