@@ -78,6 +78,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from typing import Any
 
 import numpy as np
@@ -693,6 +694,9 @@ def improve(
             break
         for _, new, op_map in moves:
             if runner.left <= 0 or runner.stopped is not None or info["edits"] >= MAX_EDITS:
+                break
+            if time.perf_counter() >= deadline:  # a model's building is wall time: none past the caller's clock
+                runner.stopped = "deadline"
                 break
             tried.add(new)
             items = _items(length, new)
