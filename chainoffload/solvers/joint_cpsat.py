@@ -90,10 +90,12 @@ from ..simulate import simulate
 
 __all__ = ["JOINT_CPSAT_WORK", "MAX_STAGES", "WINDOW_STAGES", "WINDOW_WORK", "Improvement", "improve"]
 
-#: CP-SAT's deterministic seconds ``joint`` spends by default (its ``cpsat_work``): Inception-v3's
-#: V100 twin at 10 % (12 GB/s) reaches its 1.4 % faster plan with 0.21 of them; a structural move
-#: with nothing better is mostly proven so in 0.003-0.14 (benchmarks/results/joint_cpsat.md).
-JOINT_CPSAT_WORK = 0.5
+#: CP-SAT's deterministic seconds ``joint`` spends by default (its ``cpsat_work``). At 0.25 it finds
+#: the same faster plans as at 0.5 on the 16 points of benchmarks/results/joint_cpsat_work.md
+#: (Inception-v3's twin at 10/30/70 %, random-L12 at 10/70 %) for 45.4 s of joint's time in all
+#: against 65.6 s (3.7 s without it; load 6-7 on 2 cores); a structural move with nothing better is
+#: mostly proven so in 0.003-0.14 of them (benchmarks/results/joint_cpsat.md).
+JOINT_CPSAT_WORK = 0.25
 #: The most deterministic seconds one window may take.
 WINDOW_WORK = 0.25
 #: The share of the work the re-timing of the incumbent's own sequence may take (the rest: structural moves).
