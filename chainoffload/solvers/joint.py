@@ -107,14 +107,16 @@ and four random chains x four memories), by up to 1.54 %, slower on none, and at
 10 % more of joint's time (the lifted walks; on random chains of 100 and 1000 stages,
 ``joint_gap_long.md``, up to about 30 % of ``joint_dp``'s, with a 0.4 % and 1 % faster plan).
 Lifting by 125 or 250 slots found nothing more on the six network points that gained most.
-A re-timing of the plan's transfers by CP-SAT (op sequence fixed) was not built: the model of
-:mod:`chainoffload.solvers.cpsat` knows the order F_1..F_L, B_L..B_1 only, and the lift
-already reaches the finer tables.
+What neither the lift nor a finer table reaches (a plan with one recomputation fewer, whose
+transfers the fluid queues mis-time) is left to CP-SAT (``NOTE [ joint: CP-SAT re-timing ]`` in
+:mod:`.joint_cpsat`), below.
 
 *The method.* :func:`joint` returns the fastest of this plan, the exact DP's
 (:mod:`chainoffload.solvers.joint_exact`: one transfer in flight per channel, whole items, a
 bound the simulator confirms), rotor's and the pure-offloading result, so it is never worse
-than any of them; at bandwidth 0 it is rotor's schedule.
+than any of them; at bandwidth 0 it is rotor's schedule. The fastest, when it recomputes, is then
+improved by CP-SAT on ``cpsat_work`` deterministic seconds (``NOTE [ joint: CP-SAT re-timing ]``):
+only a schedule the simulator finds strictly faster replaces it, so this keeps every guarantee.
 """
 
 from __future__ import annotations
@@ -131,6 +133,8 @@ from ..platform import Platform
 from ..result import Result, Status
 from ..schedule import Schedule, Transfer
 from ..simulate import Timeline, simulate
+from .joint_cpsat import JOINT_CPSAT_WORK
+from .joint_cpsat import improve as improve_joint
 from .joint_exact import dp_result, joint_exact
 from .rotor import DEFAULT_SLOTS, Slots, emit_segment, lift_slots, slots_for
 
@@ -833,6 +837,7 @@ def joint(
     offload: Result | None = None,
     time_limit: float | None = None,
     lift: int | None = None,
+    cpsat_work: float | None = None,
 ) -> Result:
     """Rematerialization plus offloading: the best of the joint DPs, rotor and pure offloading.
 
@@ -871,6 +876,12 @@ def joint(
         Slots the paper's DP's table gets above the budget, whose plans slot rounding hides
         (``NOTE [ joint: lifted plans ]``; default :func:`joint_lift`, 0: none, the method as
         it was before them). ``info["lifted_by"]`` says when the returned DP plan is one.
+    cpsat_work
+        CP-SAT's deterministic seconds for improving the chosen plan when it rematerializes
+        (``NOTE [ joint: CP-SAT re-timing ]`` in :mod:`.joint_cpsat`; default
+        :data:`~chainoffload.solvers.joint_cpsat.JOINT_CPSAT_WORK`, 0: off). ``info["cpsat"]``
+        says what it did (with ``"from"``, the chosen candidate's makespan, when it found a faster
+        schedule; ``info["source"]`` still names that candidate).
     """
     from .._cost import joint_exact_seconds
     from ._options import check_time_limit, refusal
@@ -879,6 +890,10 @@ def joint(
 
     if offload is not None and not isinstance(offload, Result):
         raise TypeError(f"offload: expected a Result, got {type(offload).__name__}")
+    if cpsat_work is None:
+        cpsat_work = JOINT_CPSAT_WORK
+    if not (isinstance(cpsat_work, (int, float)) and not isinstance(cpsat_work, bool) and 0 <= cpsat_work < math.inf):
+        raise ValueError(f"cpsat_work: {cpsat_work!r} must be a number of deterministic seconds >= 0")
     t0 = time.perf_counter()
     time_limit = check_time_limit(time_limit)
     timed = time_limit is not None
@@ -967,4 +982,13 @@ def joint(
             message=f"joint: neither the joint DP, rotor nor {name} fits in {platform.memory} B",
         )
     info["source"] = best_name
-    return Result("joint", Status.FEASIBLE, chosen.schedule, makespan=chosen.makespan, runtime=runtime, info=info)
+    schedule, makespan = chosen.schedule, chosen.makespan
+    if cpsat_work > 0 and platform.can_transfer and not (timed and deadline - time.perf_counter() <= 0):
+        imp = improve_joint(chain, platform, schedule, makespan, work=float(cpsat_work), deadline=deadline)
+        info["cpsat"] = imp.info
+        if imp.makespan < makespan:
+            # ``source`` stays the candidate improved; the improvement is said here.
+            info["cpsat"] = {**imp.info, "from": makespan}
+            schedule, makespan = imp.schedule, imp.makespan
+    runtime = time.perf_counter() - t0
+    return Result("joint", Status.FEASIBLE, schedule, makespan=makespan, runtime=runtime, info=info)
