@@ -940,6 +940,8 @@ class Outcome:
         For ``both_raised``: whether both raised the same type with the same message.
     recomputations
         For ``equal``: forward ops the plan ran again per step (0: it recomputed nothing).
+    moved_bytes
+        For ``equal``: bytes the plan copied device to host in the last step (0: it moved nothing).
     """
 
     kind: str
@@ -950,6 +952,7 @@ class Outcome:
     offloaded_error: str | None = None
     same_error: bool | None = None
     recomputations: int = 0
+    moved_bytes: int = 0
 
     @property
     def ok(self) -> bool:
@@ -1080,7 +1083,8 @@ def differential_check(
         try:
             outcome = _train_both(case, plain, off, batch, seed, steps, lr, setup_error, units, sides)
             if outcome.kind == "equal" and handle.last_step is not None:
-                outcome = dataclasses.replace(outcome, recomputations=handle.last_step.recomputed_ops)
+                last = handle.last_step
+                outcome = dataclasses.replace(outcome, recomputations=last.recomputed_ops, moved_bytes=last.offloaded_bytes)
             return outcome
         finally:
             if handle is not None:
