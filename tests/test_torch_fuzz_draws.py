@@ -53,6 +53,7 @@ def test_recompute_only_draws_a_budget_only_a_recomputing_plan_meets(k):
         out = differential_check(case, memory=memory, method=method)
     assert out.kind == "equal", out.detail
     assert out.recomputations > 0
+    assert out.steps and all(ops > 0 for ops, _ in out.steps)  # each step of the plan recomputed
 
 
 def test_the_other_modes_draw_as_before():
