@@ -72,6 +72,8 @@ REMAT_LOW, REMAT_HIGH = 0.15, 0.95
 #: offloading (no budget fits offloading alone): the methods that recompute at any budget below
 #: the keep-all peak (NOTE [ budgets only a recomputing plan meets ]).
 FORCED_METHODS = ("rotor", "recompute-all")
+#: The steps of Probe.bracket's bisection: it stops within 1/BISECTIONS of the range searched.
+BISECTIONS = 16
 #: The methods of REMAT_METHODS that may also choose a plan that recomputes nothing.
 OFFLOADING_METHODS = ("joint", None)
 
@@ -164,10 +166,13 @@ def above_floor(case: ModelCase, drawn: float, device: str = "cpu") -> float:
 # docs/model.md) and the keep-all peak P (step_peak), and solves as offload() solves (solve_for
 # with the planner's link, options, keep, blocks and their unsafe ones). The top T is min(O, P)
 # for rotor and recompute-all; for joint and offload()'s choice, which may also pick a plan that
-# recomputes nothing, min(max(O, B), P) with B best's least budget (the adapter's S counts more
+# recomputes nothing, min(max(O, B), P) with B above the largest budget seen not to fit best's plan
+# (a bisection to 1/16 of [S, P]: a solve of best takes up to a second here; the adapter's S counts more
 # than the core's proven floor: on models 0-38 of seed 43, S >= O in 8 of 13 probed, so O alone
 # left those methods no budget). For the drawn method, M is the least budget in [S, T) at which
-# its plan fits (bisection); the budget is b = M + floor(u (T - M)), given as the fraction
+# its plan fits (bisection to 1/16 of [S, T); offload()'s choice there is rotor's or joint's, best
+# not fitting, so its M is the lower of theirs, with no solve of best); the budget is
+# b = M + floor(u (T - M)), given as the fraction
 # (b + 1/2) / P so that Budget.bytes_for gives back exactly b. Below T no plan that recomputes
 # nothing fits (offload()'s choice cannot take best's; joint's own search may still find one
 # below B, which the table's per-step counts would show). Where no such M exists, the forced
@@ -194,8 +199,8 @@ def below_offload_floor(case: ModelCase, drawn: float, method: str | None, force
         # The adapter's own floor of pure offloading: its floor of any schedule counts more
         # than the core's proven one (held units, the saving forward), so best's least budget
         # is the bound where offload()'s choice could keep from recomputing.
-        best = probe.least("best", probe.peak)
-        top = min(max(top, best if best is not None else probe.peak), probe.peak)
+        best = probe.bracket("best", probe.peak)
+        top = min(max(top, best[0] + 1 if best is not None else probe.peak), probe.peak)
     least = probe.least(method, top)
     if least is None:
         method, top = forced, max(probe.stage + 1, int(REMAT_HIGH * probe.peak) + 1)
@@ -262,19 +267,32 @@ class Probe:
 
         return cls(stage_floor(chain, sizes) + resident, offload_memory_floor(chain) + resident, step_peak(chain, sizes), solve)
 
-    def least(self, method: str | None, top: int) -> int | None:
-        """The least budget in [stage, top) at which ``method``'s plan fits (by bisection, as if
-        fitting were monotone in the budget), ``None`` where none fits at ``top - 1``."""
+    def bracket(self, method: str | None, top: int) -> tuple[int, int] | None:
+        """``(lo, hi)``: ``method``'s plan fits at ``hi`` in [stage, top) and not at ``lo`` nor,
+        fitting taken as monotone in the budget, below it (``stage - 1`` where nothing below
+        ``hi`` was tried), ``hi - lo`` within 1/BISECTIONS of the range; ``None`` where it does not
+        fit at ``top - 1``. Bisection: a solve of best takes up to a second on these chains."""
         lo, hi = self.stage - 1, top - 1
         if hi <= lo or not self.solve(method, hi):
             return None
-        while hi - lo > 1:
+        tol = max(1, (hi - lo) // BISECTIONS)
+        while hi - lo > tol:
             mid = (lo + hi) // 2
             if self.solve(method, mid):
                 hi = mid
             else:
                 lo = mid
-        return hi
+        return lo, hi
+
+    def least(self, method: str | None, top: int) -> int | None:
+        """A budget in [stage, top) at which ``method``'s plan fits, within 1/BISECTIONS of the
+        range above the least one (:meth:`bracket`); offload()'s choice (``None``) below best's
+        least budget is rotor's or joint's, whichever fits lower (no solve of best)."""
+        if method is None:
+            found = [x for x in (self.least("rotor", top), self.least("joint", top)) if x is not None]
+            return min(found) if found else None
+        found = self.bracket(method, top)
+        return None if found is None else found[1]
 
 
 def _check(spec: ModelSpec, memory: float, method: str | None, device: str) -> str:

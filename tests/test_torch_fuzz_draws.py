@@ -79,6 +79,9 @@ def test_without_a_budget_below_the_pure_offloading_floor_the_method_is_forced()
         def solve(self, method, budget):
             return budget >= 600
 
+        def bracket(self, method, top):
+            return fuzz.Probe.bracket(self, method, top)
+
         def least(self, method, top):
             return fuzz.Probe.least(self, method, top)
 
@@ -87,8 +90,10 @@ def test_without_a_budget_below_the_pure_offloading_floor_the_method_is_forced()
         memory, chosen = fuzz.below_offload_floor(None, 0.5, method, "recompute-all")
         assert chosen == "recompute-all"
         assert 600 <= int(memory * 1000) < 1000
-    Flat.pure_offload = 900
-    memory, chosen = fuzz.below_offload_floor(None, 0.0, "joint", "rotor")
-    assert (chosen, int(memory * 1000)) == ("joint", 600)
-    memory, chosen = fuzz.below_offload_floor(None, 0.999, "joint", "rotor")
-    assert (chosen, int(memory * 1000)) == ("joint", 899)
+    Flat.pure_offload = 900  # best fits from 600: the top stays the proven floor
+    tol = (899 - 499) // fuzz.BISECTIONS  # the bisection's precision
+    for method in ("joint", None):
+        memory, chosen = fuzz.below_offload_floor(None, 0.0, method, "rotor")
+        assert chosen == method and 600 <= int(memory * 1000) <= 600 + tol
+        memory, chosen = fuzz.below_offload_floor(None, 0.999, method, "rotor")
+        assert chosen == method and int(memory * 1000) == 899
