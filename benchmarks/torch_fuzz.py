@@ -185,7 +185,10 @@ def above_floor(case: ModelCase, drawn: float, device: str = "cpu") -> float:
 # what offload() does). What stays: a model plain PyTorch cannot train is both_raised whatever
 # the plan (about 40 % of the draws); a model whose later shapes (varying_shapes) have other
 # floors is planned per shape at the same fraction; fitting is assumed monotone in the budget,
-# and the check's own profile (its times) may choose otherwise than the probe's.
+# and the check's own profile (its times) may choose otherwise than the probe's. Measured on
+# models 0-399 of seed 43 (two shards, CPU, load average 6-7): 246 equal, every one recomputing in
+# some step and 71 of them moving bytes in a step they recompute in; 153 both_raised, 1 refused
+# (model 84: the profile's own draws made an in-place error), no failure; 0.6 CPU s per model.
 
 
 def below_offload_floor(case: ModelCase, drawn: float, method: str | None, forced: str, device: str = "cpu") -> tuple[float, str | None]:
