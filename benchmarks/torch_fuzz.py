@@ -251,7 +251,10 @@ class Probe:
                 plan, planner = handle.plan, handle._planner
                 chain, sizes, resident = plan.chain, plan.sizes, plan.sizes.resident_bytes
                 keep = co.solvers.check_keep(chain, planner.keep)
-                blocks = _Unsafe(handle._instrument.blocks, dict(planner.unsafe), prefix_watched=True)
+                # As _Planner.plan's: what its profile saw unsafe to recompute, inputs written included.
+                blocks = _Unsafe(
+                    handle._instrument.blocks, dict(planner.unsafe), prefix_watched=True, inputs=dict(planner.inputs_written),
+                )
         except Exception:  # noqa: BLE001 - the check says what offload() does with such a model
             return None
         finally:
