@@ -8,6 +8,9 @@ and compares losses, gradients and parameters bitwise. Each result is one JSON l
 ``<out>.jsonl``, so a run resumes where it stopped and shards (``--shard i/n``, model k goes to
 shard ``k % n``) can run in parallel and be merged by a last call with ``--report``. The first
 failures (``--shrink``, 25 by default) are shrunk to a smaller description with the same outcome.
+``--recompute`` draws methods that recompute at budgets above the model's floor;
+``--recompute-only`` budgets below its floor of pure offloading, so that every model that trains
+does so with a plan that recomputes (NOTE [ budgets only a recomputing plan meets ]).
 
     python benchmarks/torch_fuzz.py --models 5000 --seed 0                 # one process
     python benchmarks/torch_fuzz.py --models 5000 --shard 0/2 &            # or two shards,
@@ -29,6 +32,7 @@ import random
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 # Deterministic cuBLAS, so that a difference on CUDA is the adapter's, not the kernels'.
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
@@ -64,16 +68,33 @@ STEPS = 3
 REMAT_LOW, REMAT_HIGH = 0.15, 0.95
 
 
+#: With --recompute-only, where the model's floor of any schedule is at or above its floor of pure
+#: offloading (no budget fits offloading alone): the methods that recompute at any budget below
+#: the keep-all peak (NOTE [ budgets only a recomputing plan meets ]).
+FORCED_METHODS = ("rotor", "recompute-all")
+#: The steps of Probe.bracket's bisection: it stops within 1/BISECTIONS of the range searched.
+BISECTIONS = 16
+#: The methods of REMAT_METHODS that may also choose a plan that recomputes nothing.
+OFFLOADING_METHODS = ("joint", None)
+
+
 def trial(
-    seed: int, k: int, features: frozenset[str] = frozenset(FEATURES), recompute: bool = False, device: str = "cpu"
+    seed: int, k: int, features: frozenset[str] = frozenset(FEATURES), recompute: bool = False, device: str = "cpu",
+    only: bool = False,
 ) -> tuple[ModelCase, float, str | None]:
     """Model ``k`` of the run seeded ``seed``: its case, budget and method (independent of
     every other model, so shards and resumed runs draw exactly the same). ``recompute``: a
     method of :data:`REMAT_METHODS` and a budget between the model's floor of any schedule and
     0.95 of its keep-all peak (NOTE [ budgets a recomputing plan can meet ]), ``device`` where
-    that floor is measured."""
+    that floor is measured. ``only``: a budget below the model's floor of pure offloading, so
+    that every plan that fits recomputes, or a method that recomputes at any budget where no
+    such budget exists (NOTE [ budgets only a recomputing plan meets ])."""
     rng = random.Random(f"{seed}:{k}")
     case = draw_model(rng, features=features)
+    if only:
+        drawn, method, forced = rng.random(), rng.choice(REMAT_METHODS), rng.choice(FORCED_METHODS)
+        memory, method = below_offload_floor(case, drawn, method, forced, device)
+        return case, memory, method
     if recompute:
         drawn = rng.uniform(REMAT_LOW, REMAT_HIGH)
         return case, above_floor(case, drawn, device), rng.choice(REMAT_METHODS)
@@ -129,6 +150,155 @@ def above_floor(case: ModelCase, drawn: float, device: str = "cpu") -> float:
             handle.remove()
     low = min(max(REMAT_LOW, math.ceil(100 * share) / 100), REMAT_HIGH)
     return round(low + (drawn - REMAT_LOW) * (REMAT_HIGH - low) / (REMAT_HIGH - REMAT_LOW), 2)
+
+
+# NOTE [ budgets only a recomputing plan meets ]
+# --recompute drew budgets above the model's floor of any schedule; of the equal models, fewer
+# than half trained with a plan that recomputes (seed 43: 1113 of 2435), as offload()'s choice,
+# joint and the fallbacks met those budgets by offloading alone. --recompute-only draws, for
+# model k, the same model as --recompute (draw_model first, from the same generator), then a
+# number u in [0, 1), a method of REMAT_METHODS and one of FORCED_METHODS, always all three, so
+# that what is drawn does not depend on the probe. The probe (Probe.of: offload() at the keep-all
+# peak, method rotor so the chain is priced for recomputation as for every method drawn here, the
+# check's seeding, on a copy, removed at once) gives, in bytes of the step, the adapter's floor
+# of any schedule S (stage_floor + resident), the proven floor of pure offloading O
+# (offload_memory_floor + resident: below it no schedule that recomputes nothing fits,
+# docs/model.md) and the keep-all peak P (step_peak), and solves as offload() solves (solve_for
+# with the planner's link, options, keep, blocks and their unsafe ones). The top T is min(O, P)
+# for rotor and recompute-all; for joint and offload()'s choice, which may also pick a plan that
+# recomputes nothing, min(max(O, B), P) with B above the largest budget seen not to fit best's plan
+# (a bisection to 1/16 of [S, P]: a solve of best takes up to a second here; the adapter's S counts more
+# than the core's proven floor: on models 0-38 of seed 43, S >= O in 8 of 13 probed, so O alone
+# left those methods no budget). For the drawn method, M is the least budget in [S, T) at which
+# its plan fits (bisection to 1/16 of [S, T); offload()'s choice there is rotor's or joint's, best
+# not fitting, so its M is the lower of theirs, with no solve of best); the budget is
+# b = M + floor(u (T - M)), given as the fraction
+# (b + 1/2) / P so that Budget.bytes_for gives back exactly b. Below T no plan that recomputes
+# nothing fits (offload()'s choice cannot take best's; joint's own search may still find one
+# below B, which the table's per-step counts would show). Where no such M exists, the forced
+# method takes over, with M its least budget in [S, 0.95 P] and b drawn the same way: rotor and
+# recompute-all recompute at any budget below P.
+# Drawing at least M, not S, keeps the budgets the executor cannot carry out (a recomputation of
+# a stage it cannot call again, a unit joint would move that must stay) out of the run: on models
+# 0-29 of seed 43, drawing from S refused 10 of the 18 models plain PyTorch trains, from M none.
+# A model whose probe raises gets 0.15 + 0.8 u of P and the forced method (the check then says
+# what offload() does). What stays: a model plain PyTorch cannot train is both_raised whatever
+# the plan (about 40 % of the draws); a model whose later shapes (varying_shapes) have other
+# floors is planned per shape at the same fraction; fitting is assumed monotone in the budget,
+# and the check's own profile (its times) may choose otherwise than the probe's. Measured on
+# models 0-399 of seed 43 (two shards, CPU, load average 6-7): 246 equal, every one recomputing in
+# some step and 71 of them moving bytes in a step they recompute in; 153 both_raised, 1 refused
+# (model 84: the profile's own draws made an in-place error), no failure; 0.6 CPU s per model.
+
+
+def below_offload_floor(case: ModelCase, drawn: float, method: str | None, forced: str, device: str = "cpu") -> tuple[float, str | None]:
+    """The budget (a fraction of the keep-all peak) and the method for ``drawn`` in [0, 1)
+    (NOTE [ budgets only a recomputing plan meets ])."""
+    probe = Probe.of(case, device)
+    if probe is None:
+        return round(REMAT_LOW + drawn * (REMAT_HIGH - REMAT_LOW), 2), forced
+    top = min(probe.pure_offload, probe.peak)
+    if method in OFFLOADING_METHODS:
+        # The adapter's own floor of pure offloading: its floor of any schedule counts more
+        # than the core's proven one (held units, the saving forward), so best's least budget
+        # is the bound where offload()'s choice could keep from recomputing.
+        best = probe.bracket("best", probe.peak)
+        top = min(max(top, best[0] + 1 if best is not None else probe.peak), probe.peak)
+    least = probe.least(method, top)
+    if least is None:
+        method, top = forced, max(probe.stage + 1, int(REMAT_HIGH * probe.peak) + 1)
+        least = probe.least(method, top)
+    low = probe.stage if least is None else least
+    budget = low + int(drawn * max(0, top - low))
+    return min(1.0, (budget + 0.5) / probe.peak), method
+
+
+@dataclasses.dataclass
+class Probe:
+    """What offload() plans for a case's first batch, to place budgets (NOTE [ budgets only a
+    recomputing plan meets ]): the step's floor of any schedule the adapter may run (``stage``),
+    the proven floor of pure offloading (``pure_offload``) and the keep-all peak (``peak``), in
+    bytes, and a way to ask whether a method's plan fits a budget, as offload() solves it."""
+
+    stage: int
+    pure_offload: int
+    peak: int
+    solve: Any
+
+    @classmethod
+    def of(cls, case: ModelCase, device: str = "cpu") -> Probe | None:
+        """``None`` where offload() raises on ``case`` at its keep-all peak."""
+        import warnings
+
+        import chainoffload as co
+        from chainoffload.bounds import offload_memory_floor
+        from chainoffload_torch import offload
+        from chainoffload_torch._coverage import step_peak
+        from chainoffload_torch.plans import _Unsafe, solve_for, stage_floor
+        from chainoffload_torch.testing import _Globals
+
+        dev = torch.device(device)
+        cuda = [dev.index or 0] if dev.type == "cuda" else []
+        handle = None
+        try:
+            with torch.random.fork_rng(devices=cuda), _Globals(case.spec.seed), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                model = case.build(dev)
+                torch.manual_seed(case.spec.seed)
+                # A method that recomputes: the chain is priced for recomputation, as offload()
+                # prices it for every method drawn here (None included).
+                handle = offload(model, case.batch(dev, 0), memory=1.0, method="rotor", repeats=1, warmup=0)
+                plan, planner = handle.plan, handle._planner
+                chain, sizes, resident = plan.chain, plan.sizes, plan.sizes.resident_bytes
+                keep = co.solvers.check_keep(chain, planner.keep)
+                # As _Planner.plan's: what its profile saw unsafe to recompute, inputs written included.
+                blocks = _Unsafe(
+                    handle._instrument.blocks, dict(planner.unsafe), prefix_watched=True, inputs=dict(planner.inputs_written),
+                )
+        except Exception:  # noqa: BLE001 - the check says what offload() does with such a model
+            return None
+        finally:
+            if handle is not None:
+                handle.remove()
+
+        def solve(method: str | None, budget: int) -> bool:
+            platform = planner.link.with_memory(max(0, budget - resident))
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    solve_for(chain, platform, method, keep, sizes, planner.options, plan.key, blocks=blocks, overlap=planner.overlap)
+            except ValueError:
+                return False
+            return True
+
+        return cls(stage_floor(chain, sizes) + resident, offload_memory_floor(chain) + resident, step_peak(chain, sizes), solve)
+
+    def bracket(self, method: str | None, top: int) -> tuple[int, int] | None:
+        """``(lo, hi)``: ``method``'s plan fits at ``hi`` in [stage, top) and not at ``lo`` nor,
+        fitting taken as monotone in the budget, below it (``stage - 1`` where nothing below
+        ``hi`` was tried), ``hi - lo`` within 1/BISECTIONS of the range; ``None`` where it does not
+        fit at ``top - 1``. Bisection: a solve of best takes up to a second on these chains."""
+        lo, hi = self.stage - 1, top - 1
+        if hi <= lo or not self.solve(method, hi):
+            return None
+        tol = max(1, (hi - lo) // BISECTIONS)
+        while hi - lo > tol:
+            mid = (lo + hi) // 2
+            if self.solve(method, mid):
+                hi = mid
+            else:
+                lo = mid
+        return lo, hi
+
+    def least(self, method: str | None, top: int) -> int | None:
+        """A budget in [stage, top) at which ``method``'s plan fits, within 1/BISECTIONS of the
+        range above the least one (:meth:`bracket`); offload()'s choice (``None``) below best's
+        least budget is rotor's or joint's, whichever fits lower (no solve of best)."""
+        if method is None:
+            found = [x for x in (self.least("rotor", top), self.least("joint", top)) if x is not None]
+            return min(found) if found else None
+        found = self.bracket(method, top)
+        return None if found is None else found[1]
 
 
 def _check(spec: ModelSpec, memory: float, method: str | None, device: str) -> str:
@@ -232,7 +402,7 @@ def run(args: argparse.Namespace) -> None:
     shrunk = 0
     with path.open("a") as f:
         for n, k in enumerate(todo, start=1):
-            case, memory, method = trial(args.seed, k, args.features, args.recompute, args.device)
+            case, memory, method = trial(args.seed, k, args.features, args.recompute, args.device, args.recompute_only)
             start = time.perf_counter()
             result = differential_check(case, memory=memory, method=method, steps=STEPS, device=args.device)
             row = {
@@ -244,6 +414,8 @@ def run(args: argparse.Namespace) -> None:
                 "method": method,
                 "units": list(result.offloaded_units),
                 "recomputations": result.recomputations,
+                "moved": result.moved_bytes,
+                "steps": [list(x) for x in result.steps],
                 "features": sorted(case.features),
                 "seconds": round(time.perf_counter() - start, 4),
                 "spec": repr(case.spec),
@@ -295,6 +467,27 @@ def report(args: argparse.Namespace, command: str) -> None:
             f"({sum(r['recomputations'] for r in remat)} forward ops run again per step in all; by method: "
             + ", ".join(f"{m} {n}" for m, n in sorted(by.items())) + ").",
         ]
+    if any("steps" in r for r in rows):
+        # A plan that recomputes in some step (the last one may run another shape's plan, or
+        # skip the block the plan recomputes), and one that also moves bytes in that step.
+        equal = [r for r in rows if r["kind"] == "equal"]
+        remat = [r for r in equal if any(ops for ops, _ in r.get("steps", ()))]
+        joint = [r for r in remat if any(ops and moved for ops, moved in r.get("steps", ()))]
+        lines += [
+            "",
+            "| trainings | models |",
+            "|---|---:|",
+            f"| (a) equal, with a plan that recomputes in some step (the sentence above: in the last step) | {len(remat)} |",
+            f"| (b) of (a), the plan also moved bytes to the host in a step it recomputed in (joint) | {len(joint)} |",
+            f"| equal, with a plan that recomputes nothing | {len(equal) - len(remat)} |",
+            f"| silent differences | {counts.get('silent_difference', 0)} |",
+            f"| loud one-sided raises | {counts.get('offloaded_only_raise', 0) + counts.get('plain_only_raise', 0)} |",
+            f"| refused by offload() up front | {counts.get('refused', 0)} |",
+            f"| both raised (plain PyTorch cannot train the model) | {counts.get('both_raised', 0)} |",
+            "",
+            "(b) by method drawn: " + (", ".join(
+                f"{m} {n}" for m, n in sorted(collections.Counter(str(r["method"]) for r in joint).items())) or "none") + ".",
+        ]
     lines += ["", "Per feature (a model counts under every feature it uses):", ""]
     lines.append("| feature | models | " + " | ".join(OUTCOMES) + " |")
     lines.append("|---|---:|" + "---:|" * len(OUTCOMES))
@@ -344,7 +537,13 @@ def main(argv: list[str] | None = None) -> None:
         help="plans that recompute: rotor, joint, recompute-all or offload()'s choice, at 15-95 %% of the keep-all "
         "peak, without late hooks (a pre-hook added after offload() on a recomputed block is refused at the step)",
     )
+    parser.add_argument(
+        "--recompute-only", action="store_true",
+        help="as --recompute, at a budget below the model's floor of pure offloading (every plan that fits "
+        "recomputes), or rotor / recompute-all where that floor is the floor of any schedule",
+    )
     args = parser.parse_args(argv)
+    args.recompute = args.recompute or args.recompute_only
     args.features = frozenset(FEATURES) - set(args.without) - ({"late_hooks"} if args.recompute else set())
     torch.set_num_threads(args.threads)
     if args.device != "cpu":

@@ -940,6 +940,13 @@ class Outcome:
         For ``both_raised``: whether both raised the same type with the same message.
     recomputations
         For ``equal``: forward ops the plan ran again per step (0: it recomputed nothing).
+    moved_bytes
+        For ``equal``: bytes the plan copied device to host in the last step (0: it moved nothing).
+    steps
+        For ``equal``: per offloaded step that completed a step of a plan, ``(forward ops run
+        again, bytes copied device to host)`` (a step that runs no plan's step, say one whose
+        blocks a LayerDrop skipped, is left out): whether a plan recomputed, or recomputed and
+        moved, in some step, where the last step alone may not (another shape's plan, a skip).
     """
 
     kind: str
@@ -950,6 +957,8 @@ class Outcome:
     offloaded_error: str | None = None
     same_error: bool | None = None
     recomputations: int = 0
+    moved_bytes: int = 0
+    steps: tuple[tuple[int, int], ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -1077,10 +1086,21 @@ def differential_check(
         case.register_late_hooks(plain)
         case.register_late_hooks(off)
         units = tuple(handle.schedule.offloaded_units) if handle is not None else ()
+        seen: list[Any] = []
+
+        def on_step() -> None:
+            last = handle.last_step
+            if last is not None and not any(last is s for s in seen):
+                seen.append(last)
+
         try:
-            outcome = _train_both(case, plain, off, batch, seed, steps, lr, setup_error, units, sides)
+            outcome = _train_both(case, plain, off, batch, seed, steps, lr, setup_error, units, sides, on_step)
             if outcome.kind == "equal" and handle.last_step is not None:
-                outcome = dataclasses.replace(outcome, recomputations=handle.last_step.recomputed_ops)
+                last = handle.last_step
+                outcome = dataclasses.replace(
+                    outcome, recomputations=last.recomputed_ops, moved_bytes=last.offloaded_bytes,
+                    steps=tuple((s.recomputed_ops, s.offloaded_bytes) for s in seen),
+                )
             return outcome
         finally:
             if handle is not None:
@@ -1157,6 +1177,7 @@ def _train_both(
     setup_error: BaseException | None,
     units: tuple[int, ...],
     sides: tuple[_Globals, _Globals] | None = None,
+    on_step: Callable[[], None] | None = None,
 ) -> Outcome:
     if sides is None:
         sides = (_Globals(seed), _Globals(seed))
@@ -1189,6 +1210,8 @@ def _train_both(
             opt_off.zero_grad()
         with sides[1]:
             loss_o, err_o = _step(case, off, batch, seed + step)
+        if err_o is None and on_step is not None:
+            on_step()
         if err_p is not None or err_o is not None:
             kind = "both_raised" if err_p is not None and err_o is not None else (
                 "plain_only_raise" if err_p is not None else "offloaded_only_raise"
