@@ -84,7 +84,7 @@ def test_the_dps_never_offload_a_kept_unit_and_the_simulator_accepts_them():
 
 def test_joint_with_keep_never_offloads_a_kept_unit():
     rng = np.random.default_rng(11)
-    checked = 0
+    checked = dropped = 0
     for chain, platform in instances(51, 6, lengths=(4, 9)):
         stand_in = rotor(chain, platform, slots=80)  # pure offloading's place: best is run with keep below
         for keep in _keeps(rng, chain.length, 2):
@@ -96,10 +96,16 @@ def test_joint_with_keep_never_offloads_a_kept_unit():
             # The improver's instances: none of a kept unit.
             if res.schedule is not None and res.schedule.has_remat:
                 assert not {it.stage for it in _items(chain.length, res.schedule.compute, keep)} & keep
-            # A given pure-offloading result that moves a kept unit is no candidate.
-            given = joint(chain, platform, slots=80, offload=stand_in, keep=keep, cpsat_work=0)
-            assert not keep & _moved(given)
-    assert checked >= 8
+        # A given pure-offloading result that moves a kept unit is no candidate.
+        given = solve(chain, platform, "offload-all")
+        if given.status.has_schedule and given.schedule.offloaded_units:
+            keep = frozenset(given.schedule.offloaded_units[:1])
+            res = joint(chain, platform, slots=80, offload=given, keep=keep, cpsat_work=0)
+            assert res.info["offload_dropped"] == sorted(keep) and "offload-all_makespan" not in res.info
+            assert not keep & _moved(res)
+            dropped += 1
+        assert "offload_dropped" not in joint(chain, platform, slots=80, offload=stand_in, cpsat_work=0).info
+    assert checked >= 8 and dropped >= 2
 
 
 def test_keep_empty_is_joint_as_before_and_deterministic():

@@ -122,9 +122,9 @@ NOTE [ joint: keep ]
 --------------------
 ``keep=`` means what it means for the pure-offloading methods (``check_keep``, docs/model.md):
 no schedule offloads a unit in it, whole or as its lone a_i (``Schedule.offloaded_units``).
-It does not forbid recomputing: a kept stage may still be run Fck / Fn and re-run (what the
-executor cannot recompute, the PyTorch adapter removes from the chain it solves, apart from
-``keep``). Every candidate honours it where it chooses: the paper's DP and the exact DP never
+It does not forbid recomputing: a kept stage may still be run Fck / Fn and re-run (the PyTorch
+adapter keeps a stage the executor cannot call again from being recomputed through the chain it
+solves, ``recompute_chain``, not through ``keep``). Every candidate honours it where it chooses: the paper's DP and the exact DP never
 offer an offload of a kept unit's item (its copy time is infinite, as a_0's), so their tables
 are the unkept ones with those choices removed (``keep=()`` fills the very same tables); rotor
 moves nothing; pure offloading is ``best`` with the same ``keep``; the CP-SAT improver has no
