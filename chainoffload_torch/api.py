@@ -1310,8 +1310,9 @@ def budget_curve(
         limits = [max(1, Budget.parse(m).bytes_for(chain, resident, step_peak(chain, prof.sizes)) - resident) for m in memories]
     keep = co.solvers.check_keep(chain, tuple(keep))
     kept = sorted(resident_units(chain, prof.sizes, keep))
-    # A method that takes keep= is told which units stay resident, as offload() tells it; one
-    # that takes none (rotor, joint) is swept without, at the same memories (the first sweep's,
+    # A method that takes keep= (the offloading ones, joint included) is told which units stay
+    # resident, as offload() tells it; one that takes none (rotor and the other methods that only
+    # recompute: they move nothing) is swept without, at the same memories (the first sweep's,
     # which include the fixed policies' peaks).
     with_keep = [n for n in names if "keep" in (_takes(n) or {"keep"})]
     without = [n for n in names if n not in with_keep]

@@ -660,8 +660,9 @@ def _solve_one(
         return result, None
     moved = sorted(set(result.schedule.offloaded_units) & resident)
     if not kept and moved:
-        # A method that takes no keep= (joint) moved a unit that cannot move (aliased, held,
-        # saving what a byte copy cannot carry): the executor would free less than planned.
+        # A method that takes no keep= (a registered one; every built-in method that offloads,
+        # joint included, takes it) moved a unit that cannot move (aliased, held, saving what a
+        # byte copy cannot carry): the executor would free less than planned.
         return None, f"method {method}: its plan offloads unit(s) {moved}, which must stay resident"
     if solved_on is chain:
         return result, None
@@ -845,7 +846,8 @@ def _recomputed(schedule: co.Schedule) -> set[int]:
 # records such a block i+1 apart (_Found.inputs); a schedule that recomputes it and offloads
 # unit i is solved again with it never recomputed (_solve_one), and the plan's not_recomputable
 # names it, with why, where the schedule offloads unit i (handle.table()). Not chosen: keeping
-# unit i resident whenever block i+1 is recomputed (joint takes no keep=), or banning block
+# unit i resident whenever block i+1 is recomputed (keep= cannot say "whenever": it would keep
+# unit i in plans that never recompute block i+1), or banning block
 # i+1's recomputation for every method (rotor lost it: 4301 at 0.5 of the keep-all peak).
 
 

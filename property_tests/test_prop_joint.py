@@ -31,3 +31,23 @@ def test_lifted_plans_are_never_slower_and_the_simulators(instance, slots, lift)
         assert timeline.feasible and timeline.makespan == after.makespan
         again = joint_dp(chain, platform, slots=slots, lift=lift)
         assert again.schedule == after.schedule and again.makespan == after.makespan
+
+
+@settings(max_examples=examples(0.5))
+@given(instance=INSTANCES, slots=st.sampled_from([7, 40, 120]), data=st.data())
+def test_keep_is_never_offloaded_and_empty_keep_changes_nothing(instance, slots, data):
+    """NOTE [ joint: keep ]: neither DP offloads a kept unit (whole or its lone a_i), what they
+    return is the simulator's, and ``keep=()`` gives the schedule of no keep at all."""
+    from chainoffload.solvers.joint_exact import joint_exact
+
+    chain, platform = instance
+    keep = frozenset(data.draw(st.sets(st.integers(1, chain.length), max_size=chain.length), label="keep"))
+    for dp in (joint_dp, joint_exact):
+        free = dp(chain, platform, slots=slots)
+        empty = dp(chain, platform, slots=slots, keep=())
+        assert empty.status == free.status and empty.schedule == free.schedule
+        kept = dp(chain, platform, slots=slots, keep=keep)
+        if kept.status.has_schedule:
+            assert not keep & set(kept.schedule.offloaded_units)
+            timeline = simulate(chain, platform, kept.schedule)
+            assert timeline.feasible and timeline.makespan == kept.makespan

@@ -99,3 +99,29 @@ def test_skips_given_as_arguments_stay_within_the_prediction_and_train_equal(met
         handle = ct.offload(model, x, memory=int(floor * share), method=method, repeats=1, warmup=0)
     train_equal(model, ref, x, handle)
     handle.remove()
+
+
+def test_a_forced_joint_keeps_the_held_units_and_trains_equal():
+    """method='joint' takes keep= now (NOTE [ joint: keep ] in chainoffload/solvers/joint.py): at
+    1.05 x the stated floor its plan used to offload held units 7 and 8 and offload() refused it
+    ("its plan offloads unit(s) [8], which must stay resident"); now joint is told to keep them,
+    and its plan trains bitwise equal to plain PyTorch."""
+    model, x = _unet()
+    probe = ct.offload(model, x, memory=1.0, method="best", repeats=1, warmup=0)
+    floor = stage_floor(probe.chain, probe.plan.sizes) + probe.plan.resident_bytes
+    probe.remove()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        handle = ct.offload(model, x, memory=int(floor * 1.05), method="joint", repeats=1, warmup=0)
+    resident = set(handle.plan.sizes.resident) | {handle.chain.length}
+    assert handle.plan.result.method == "joint" and handle.schedule.offloaded_units
+    assert not resident & set(handle.schedule.offloaded_units)
+    _assert_live_within_prediction(model, x, handle)
+    handle.remove()
+    model, x = _unet()
+    ref = copy.deepcopy(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        handle = ct.offload(model, x, memory=int(floor * 1.05), method="joint", repeats=1, warmup=0)
+    train_equal(model, ref, x, handle)
+    handle.remove()

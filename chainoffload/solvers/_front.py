@@ -38,8 +38,8 @@ def solve(chain: Chain, platform: Platform, method: str | None = None, **options
     method
         A registry name (see :func:`methods`); ``None`` means :data:`DEFAULT_METHOD`.
     **options
-        Passed to the method (e.g. ``slots``). Every pure-offloading method takes ``keep``:
-        units (stages 1..L) that must stay resident (see :func:`check_keep`). Every method
+        Passed to the method (e.g. ``slots``). Every pure-offloading method and ``joint`` take
+        ``keep``: units (stages 1..L) that must stay resident (see :func:`check_keep`). Every method
         takes ``time_limit`` (below).
 
     time_limit

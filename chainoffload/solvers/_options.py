@@ -47,7 +47,8 @@ def check_memory_floor(chain: Chain, platform: Platform) -> None:
 def check_keep(chain: Chain, keep: Any) -> frozenset[int]:
     """Validate a ``keep`` option: the units (stages 1..L) that must stay resident.
 
-    Every pure-offloading method takes ``keep=``; none of its schedules offloads a unit in it.
+    Every pure-offloading method and ``joint`` take ``keep=``; none of their schedules offloads a
+    unit in it (``joint`` may still recompute one).
 
     Parameters
     ----------

@@ -532,8 +532,8 @@ def best(
         Also run ``joint`` (rematerialization + offloading) and keep it when it is faster;
         its schedules recompute, which the torch executor does not run.
     keep
-        Units (stages 1..L) that must stay resident: no start or move offloads one (and a
-        ``joint`` schedule that offloads one is not taken).
+        Units (stages 1..L) that must stay resident: no start or move offloads one (``joint``,
+        with ``remat``, is given the same ``keep``).
     first_fit
         Stop at the first schedule that fits, the makespan not searched further (what a memory
         search asks: :func:`chainoffload.minimum_memory` passes it). Fits exactly when the full
@@ -669,9 +669,10 @@ def best(
 
         # joint compares with a pure-offloading result: this one, not a second search; under a
         # clock it gets what the pure-offloading part left (REMAT_SHARE of the limit at least).
-        other = joint(chain, platform, offload=result, time_limit=max(deadline - time.perf_counter(), 1e-3) if timed else None)
-        moves_kept = other.schedule is not None and bool(kept & set(other.schedule.offloaded_units))
-        if other.status.has_schedule and not moves_kept and (not result.status.has_schedule or other.makespan < result.makespan):
+        # joint takes keep as this search does (NOTE [ joint: keep ] in joint.py).
+        other = joint(chain, platform, offload=result, keep=kept,
+                      time_limit=max(deadline - time.perf_counter(), 1e-3) if timed else None)
+        if other.status.has_schedule and (not result.status.has_schedule or other.makespan < result.makespan):
             # The pure-offloading bound does not bind a schedule that recomputes.
             result = other.replace(method="best", runtime=time.perf_counter() - t0, info={**info, "remat": other.info})
     return result

@@ -117,12 +117,25 @@ bound the simulator confirms), rotor's and the pure-offloading result, so it is 
 than any of them; at bandwidth 0 it is rotor's schedule. The fastest, when it recomputes, is then
 improved by CP-SAT on ``cpsat_work`` deterministic seconds (``NOTE [ joint: CP-SAT re-timing ]``):
 only a schedule the simulator finds strictly faster replaces it, so this keeps every guarantee.
+
+NOTE [ joint: keep ]
+--------------------
+``keep=`` means what it means for the pure-offloading methods (``check_keep``, docs/model.md):
+no schedule offloads a unit in it, whole or as its lone a_i (``Schedule.offloaded_units``).
+It does not forbid recomputing: a kept stage may still be run Fck / Fn and re-run (the PyTorch
+adapter keeps a stage the executor cannot call again from being recomputed through the chain it
+solves, ``recompute_chain``, not through ``keep``). Every candidate honours it where it chooses: the paper's DP and the exact DP never
+offer an offload of a kept unit's item (its copy time is infinite, as a_0's), so their tables
+are the unkept ones with those choices removed (``keep=()`` fills the very same tables); rotor
+moves nothing; pure offloading is ``best`` with the same ``keep``; the CP-SAT improver has no
+instance of a kept unit to choose. With ``keep`` the result is the fastest of those, as without.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -326,6 +339,7 @@ def joint_table(
     act_alone: bool = False,
     windows: tuple[np.ndarray, np.ndarray] | None = None,
     lift: int = 0,
+    keep: Iterable[int] = (),
 ) -> JointTable:
     """Fill rotor's table and the spine table of ``NOTE [ joint recurrence ]``.
 
@@ -353,6 +367,9 @@ def joint_table(
         Fill the table ``lift`` slots above ``sl.budget`` (``NOTE [ joint: lifted plans ]``);
         the queue grids are the ones of ``sl.budget``, so every entry up to it is the unlifted
         table's. ``rot`` and ``windows`` must then be for the lifted budget.
+    keep
+        Units (stages 1..L) no node may offload, whole or as a lone a_i (``NOTE [ joint: keep ]``);
+        they may still be recomputed.
 
     Returns
     -------
@@ -408,6 +425,13 @@ def joint_table(
         h_in = np.full((n + 2, 2), np.inf)
         n_f = n_b = 0
         delta_f = delta_b = 1.0
+    # NOTE [ joint: keep ]: node u + 1's input is unit u (whole or its lone a_u); a kept unit's
+    # input cannot move, which the kernels read as an infinite copy time (as for a_0). Set after
+    # the grids, so that the table is the unkept one's with those choices removed.
+    for u in keep:
+        if 1 <= u < n:
+            d_in[u + 1, :] = np.inf
+            h_in[u + 1, :] = np.inf
     rate_f = platform.bandwidth_d2h / sl.quantum
     rate_b = platform.bandwidth_h2d / sl.quantum
     opt, choice = _kj.spine_table(
@@ -641,6 +665,7 @@ def joint_dp(
     act_alone: bool | None = True,
     time_limit: float | None = None,
     lift: int | None = None,
+    keep: Iterable[int] = (),
 ) -> Result:
     """The joint dynamic program alone: its rebuilt schedule, simulated and repaired.
 
@@ -686,6 +711,9 @@ def joint_dp(
         the DP as it was before them). At most ``LIFT_WORK // L`` (at least 8) of the lifted
         budgets, evenly spread, are walked: a work bound, not a clock, so the result is the same
         on any machine.
+    keep
+        Units (stages 1..L) no plan offloads (:func:`~chainoffload.solvers.check_keep`;
+        ``NOTE [ joint: keep ]``).
 
     Returns
     -------
@@ -693,10 +721,11 @@ def joint_dp(
         ``feasible`` with the schedule, or ``infeasible`` when no plan fits.
     """
     from .._cost import joint_dp_bytes, joint_dp_seconds
-    from ._options import check_time_limit, refusal
+    from ._options import check_keep, check_time_limit, refusal
 
     t0 = time.perf_counter()
     time_limit = check_time_limit(time_limit)
+    kept = check_keep(chain, keep)
     deadline = math.inf if time_limit is None else t0 + time_limit
     info: dict = {"slots": int(slots)}
     if act_alone is not None and not isinstance(act_alone, bool):
@@ -721,7 +750,7 @@ def joint_dp(
             info["stopped"] = "time"
             break
         table = joint_table(chain, platform, sl, rows=rows, max_span=max_span, rot=rot, act_alone=alone,
-                            windows=windows, lift=lift)
+                            windows=windows, lift=lift, keep=kept)
         windows = (table.win, table.win_choice)
         # The last table's choices include the others': its value is the model's optimum.
         info.update(quantum=sl.quantum, budget_slots=sl.budget, dp_makespan=table.value, rows=table.n_b)
@@ -838,6 +867,7 @@ def joint(
     time_limit: float | None = None,
     lift: int | None = None,
     cpsat_work: float | None = None,
+    keep: Iterable[int] = (),
 ) -> Result:
     """Rematerialization plus offloading: the best of the joint DPs, rotor and pure offloading.
 
@@ -882,9 +912,14 @@ def joint(
         :data:`~chainoffload.solvers.joint_cpsat.JOINT_CPSAT_WORK`, 0: off). ``info["cpsat"]``
         says what it did (with ``"from"``, the chosen candidate's makespan, when it found a faster
         schedule; ``info["source"]`` still names that candidate).
+    keep
+        Units (stages 1..L) that must stay resident, as for the pure-offloading methods: no
+        candidate offloads one, whole or as a lone a_i; they may still be recomputed (``NOTE
+        [ joint: keep ]``). An ``offload`` result that moves one is not a candidate
+        (``info["offload_dropped"]`` says which units it moved).
     """
     from .._cost import joint_exact_seconds
-    from ._options import check_time_limit, refusal
+    from ._options import check_keep, check_time_limit, refusal
     from ._registry import spec
     from .rotor import rotor
 
@@ -894,6 +929,7 @@ def joint(
         cpsat_work = JOINT_CPSAT_WORK
     if not (isinstance(cpsat_work, (int, float)) and not isinstance(cpsat_work, bool) and 0 <= cpsat_work < math.inf):
         raise ValueError(f"cpsat_work: {cpsat_work!r} must be a number of deterministic seconds >= 0")
+    kept = check_keep(chain, keep)
     t0 = time.perf_counter()
     time_limit = check_time_limit(time_limit)
     timed = time_limit is not None
@@ -911,7 +947,7 @@ def joint(
     found: dict[str, Result] = {}
     if offload is None and timed:
         # Under a clock the one candidate that can be cut runs first: a schedule in hand early.
-        offload = spec("best").load()(chain, platform, time_limit=max(OFFLOAD_SHARE * time_limit, 1e-3))
+        offload = spec("best").load()(chain, platform, time_limit=max(OFFLOAD_SHARE * time_limit, 1e-3), keep=kept)
     rot = None
     if exact:
         # Both DPs read rotor's dense table: fill it once, when the exact DP fits the clock,
@@ -926,19 +962,21 @@ def joint(
             exact = False
             skipped["joint-exact"] = refused.message
     found["joint-dp"] = joint_dp(chain, platform, slots=slots, rows=rows, max_span=max_span, rot=rot, time_limit=left(),
-                                 lift=lift)
+                                 lift=lift, keep=kept)
     found["rotor"] = rotor(chain, platform, slots=slots, time_limit=left())
     if exact:
         if lift:
             # The exact DP's table stops at the budget.
             rot = tuple(np.ascontiguousarray(a[:, :, : sl.budget + 1]) for a in rot)
-        found["joint-exact"] = joint_exact(chain, platform, slots=slots, rot=rot)
+        found["joint-exact"] = joint_exact(chain, platform, slots=slots, rot=rot, keep=kept)
     if offload is None:
         # best itself may run joint (remat=True): reach it by name, as the registry does, so
         # that the two modules do not import each other.
-        offload = spec("best").load()(chain, platform)
+        offload = spec("best").load()(chain, platform, keep=kept)
     name = offload.method or "offload"
-    found[name] = offload
+    dropped = sorted(kept & set(offload.schedule.offloaded_units)) if offload.schedule is not None else []
+    if not dropped:
+        found[name] = offload
     candidates: dict[str, Result] = {}
     cut = []
     for key, res in found.items():
@@ -957,6 +995,8 @@ def joint(
     info.pop("refused", None)
     if skipped:
         info["skipped"] = skipped
+    if dropped:
+        info["offload_dropped"] = dropped
     if cut:
         info["cut_short"] = cut
     if timed and (skipped or cut):
@@ -984,7 +1024,7 @@ def joint(
     info["source"] = best_name
     schedule, makespan = chosen.schedule, chosen.makespan
     if cpsat_work > 0 and platform.can_transfer and not (timed and deadline - time.perf_counter() <= 0):
-        imp = improve_joint(chain, platform, schedule, makespan, work=float(cpsat_work), deadline=deadline)
+        imp = improve_joint(chain, platform, schedule, makespan, work=float(cpsat_work), deadline=deadline, keep=kept)
         info["cpsat"] = imp.info
         if imp.makespan < makespan:
             # ``source`` stays the candidate improved; the improvement is said here.

@@ -161,12 +161,13 @@ def _arrays(compute, transfers=()):
     return out
 
 
-def _items(length: int, compute) -> list[_Item]:
-    """Every offloadable instance of ``compute``, read off the simulator's resolver (probes)."""
+def _items(length: int, compute, keep: frozenset[int] = frozenset()) -> list[_Item]:
+    """Every offloadable instance of ``compute``, read off the simulator's resolver (probes);
+    none of a unit in ``keep`` (NOTE [ joint: keep ] in :mod:`.joint`)."""
     n = len(compute)
     items = []
     for m, (kind, i) in enumerate(compute):
-        if kind == "B":
+        if kind == "B" or i in keep:
             continue
         first_b = next(k for k in range(m + 1, n) if compute[k][0] == "B")
         nxt = next((k for k in range(m + 1, n) if compute[k][0] != "B" and compute[k][1] == i), n)
@@ -585,14 +586,17 @@ def improve(
     *,
     work: float = JOINT_CPSAT_WORK,
     deadline: float = math.inf,
+    keep: frozenset[int] = frozenset(),
 ) -> Improvement:
     """Improve a feasible ``schedule`` (any compute sequence) with CP-SAT (NOTE [ joint: CP-SAT re-timing ]).
 
     First the transfers of the incumbent's own sequence are re-chosen and re-timed (when it
     stalls at all), then structural moves (NOTE [ joint: CP-SAT structure moves ]) are tried,
     the largest saving first. ``work`` is CP-SAT's deterministic seconds in all (> 0);
-    ``deadline`` a ``time.perf_counter()`` value past which no call runs. Returns the incumbent
-    or a strictly faster schedule the simulator accepts.
+    ``deadline`` a ``time.perf_counter()`` value past which no call runs. ``keep``: units no
+    instance of which is offloaded (NOTE [ joint: keep ] in :mod:`.joint`; the incumbent must
+    offload none of them). Returns the incumbent or a strictly faster schedule the simulator
+    accepts.
     """
     from .cpsat.grid import TimeGrid
     from .lns import _Runner, _set_hint, _values
@@ -636,7 +640,7 @@ def improve(
     if makespan <= _sequence_seconds(chain, compute) * (1 + 1e-9):
         info["retime"] = "no stall"
     else:
-        items = _items(length, compute)
+        items = _items(length, compute, keep)
         model = _Model(chain, platform, compute, items, grid, upper=makespan) if items else None
         if model is None or not model.hint(schedule):
             info["retime"] = "outside the model's space" if model is not None else "nothing can be offloaded"
@@ -701,7 +705,7 @@ def improve(
                 runner.stopped = "deadline"
                 break
             tried.add(new)
-            items = _items(length, new)
+            items = _items(length, new, keep)
             if not items:
                 continue
             model = _Model(chain, platform, new, items, grid, upper=best_span)

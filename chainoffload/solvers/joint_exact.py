@@ -96,6 +96,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -155,8 +156,9 @@ class ExactTable:
         return float(self.spine[self.row_of[1, 0], self.slots.budget])
 
 
-def _item_arrays(chain: Chain, platform: Platform, sl: Slots) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per item p (``chainoffload._kernels.joint``): bytes given back (slots, down), offload and prefetch times."""
+def _item_arrays(chain: Chain, platform: Platform, sl: Slots, keep: Iterable[int] = ()) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per item p (``chainoffload._kernels.joint``): bytes given back (slots, down), offload and prefetch times
+    (``inf`` for the items of a unit in ``keep``: NOTE [ joint: keep ] in :mod:`.joint`)."""
     n = chain.length
     x = np.zeros(_kx.STRIDE * (n + 1), dtype=np.int64)
     size = np.zeros(_kx.STRIDE * (n + 1), dtype=np.int64)
@@ -170,10 +172,15 @@ def _item_arrays(chain: Chain, platform: Platform, sl: Slots) -> tuple[np.ndarra
     h = _times(platform, size, platform.bandwidth_h2d)
     d[:_kx.STRIDE] = np.inf
     h[:_kx.STRIDE] = np.inf
+    for u in keep:
+        if 1 <= u <= n:  # a lone a_u and unit u whole, every credit variant: no credit stage exists
+            d[_kx.STRIDE * u : _kx.STRIDE * (u + 1)] = np.inf
+            h[_kx.STRIDE * u : _kx.STRIDE * (u + 1)] = np.inf
     return x, d, h
 
 
-def exact_table(chain: Chain, platform: Platform, sl: Slots, rot: tuple[np.ndarray, np.ndarray] | None = None) -> ExactTable:
+def exact_table(chain: Chain, platform: Platform, sl: Slots, rot: tuple[np.ndarray, np.ndarray] | None = None,
+                keep: Iterable[int] = ()) -> ExactTable:
     """Fill rotor's table and the spine table of ``NOTE [ exact joint recurrence ]``.
 
     Parameters
@@ -184,6 +191,8 @@ def exact_table(chain: Chain, platform: Platform, sl: Slots, rot: tuple[np.ndarr
         The chain's sizes in slots and the budget, from :func:`~chainoffload.solvers.rotor.slots_for`.
     rot
         Rotor's ``(opt, choice)`` tables for ``sl``, when the caller has them already.
+    keep
+        Units whose items are never offloaded (NOTE [ joint: keep ] in :mod:`.joint`).
 
     Returns
     -------
@@ -193,7 +202,7 @@ def exact_table(chain: Chain, platform: Platform, sl: Slots, rot: tuple[np.ndarr
     if rot is None:
         rot = _kr.rotor_table(chain.fwd, chain.bwd, chain.fwd_nosave, sl.act, sl.saved, sl.fwd_tmp, sl.bwd_tmp, sl.budget)
     rot, rot_choice = rot
-    x, d, h = _item_arrays(chain, platform, sl)
+    x, d, h = _item_arrays(chain, platform, sl, keep)
     fwd_min = np.ascontiguousarray(np.minimum(chain.fwd, chain.fwd_nosave))
     u, v = _kx.item_credit_stage(fwd_min, chain.bwd, d, h, chain.length)
     spine, choice, row_of = _kx.spine_table(
@@ -276,7 +285,8 @@ def exact_schedule(table: ExactTable, length: int) -> Schedule:
 
 
 def joint_exact(
-    chain: Chain, platform: Platform, *, slots: int = DEFAULT_SLOTS, rot: tuple[np.ndarray, np.ndarray] | None = None
+    chain: Chain, platform: Platform, *, slots: int = DEFAULT_SLOTS, rot: tuple[np.ndarray, np.ndarray] | None = None,
+    keep: Iterable[int] = (),
 ) -> Result:
     """The exact joint DP alone: its rebuilt schedule, simulated; repaired if rejected.
 
@@ -295,19 +305,25 @@ def joint_exact(
         Memory slots S of the dynamic programs (as for rotor).
     rot
         Rotor's tables at the platform's memory and ``slots`` (reused for the first attempt).
+    keep
+        Units (stages 1..L) no plan offloads (:func:`~chainoffload.solvers.check_keep`;
+        NOTE [ joint: keep ] in :mod:`.joint`).
 
     Returns
     -------
     Result
         ``feasible`` with the schedule, or ``infeasible`` when no plan fits.
     """
+    from ._options import check_keep
+
+    kept = check_keep(chain, keep)
     t0 = time.perf_counter()
     info: dict = {"slots": int(slots)}
     last_message = ""
 
     def attempt(shrink: float):
         sl = slots_for(chain, int(platform.memory * shrink), slots)
-        table = exact_table(chain, platform, sl, rot if shrink == 1.0 else None)
+        table = exact_table(chain, platform, sl, rot if shrink == 1.0 else None, kept)
         value = table.value
         if not math.isfinite(value):
             return None, value, None, sl
