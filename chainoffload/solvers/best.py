@@ -696,6 +696,9 @@ def best(
         result = _find(chain, platform, result, float(cpsat_work), kept, deadline, info, t0)
     elif cpsat_work > 0 and result.feasible and not first_fit and chain.length <= lns.WINDOW_MAX_STAGES:
         result = _exact(chain, platform, result, float(cpsat_work), kept, deadline, info)
+    # The whole call's time, the exact improver and the ladder's bound included (the result of the
+    # local search carried its own: compare.py's runtimes left CP-SAT's seconds out).
+    result = result.replace(runtime=time.perf_counter() - t0)
     if remat:
         from .joint import joint
 
