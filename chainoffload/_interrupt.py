@@ -18,12 +18,14 @@ command line's main thread turns it into exit 130 (``NOTE [ cli contract ]`` in
 that whoever handles the signal can end it through the solver's own API
 (``CpSolver.stop_search``) instead of leaving it to run: :func:`stop_all` does that for the
 command line, and :func:`run_stoppable` for a library caller in the main thread, who then gets
-KeyboardInterrupt at once rather than after the search's time limit.
+KeyboardInterrupt at once rather than after the search's time limit; both call the stop again
+until the search ends (``NOTE [ a stop that came too early ]``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import signal
 import threading
 from collections.abc import Callable, Iterator
@@ -83,36 +85,58 @@ def _call(stop: Callable[[], None]) -> None:
         stop()
 
 
-def run_stoppable(search: Callable[[], T], stop: Callable[[], None]) -> T:
-    """Run ``search()``, ending it with ``stop()`` on Ctrl-C; return what it returns.
+# NOTE [ a stop that came too early ]
+# -----------------------------------
+# A solver's stop reaches only a search that has begun: ``CpSolver.stop_search`` does nothing
+# until ``solve`` has made its wrapper (ortools 9.15: ``if self.__solve_wrapper``), and
+# ``interrupt_solve`` likewise. So a Ctrl-C that came after the search was registered but before
+# it began, the helper thread just started (a loaded machine widens that window to tens of
+# milliseconds), was answered by one stop() that ended nothing: the caller then waited for
+# the search's whole work before its KeyboardInterrupt (8 s at vgg19 in
+# tests/test_cpsat_bound.py), and the command line's worker for its whole search. Now whoever
+# waits on the search calls stop() again at every poll (POLL seconds) until the search returns;
+# stop() on a search that has ended does nothing. The search always runs in a helper thread
+# (SIGINT blocked there), so its caller is free to do that: the main thread on
+# KeyboardInterrupt, any other thread once stop_all() was called.
 
-    In the main thread with Python's own SIGINT handler, the search runs in a helper thread (with
-    SIGINT blocked, so the signal is the main thread's) while the main thread waits in short,
-    interruptible waits: on KeyboardInterrupt it calls ``stop()``, waits for the search to
-    return, and raises KeyboardInterrupt. Anywhere else (the command line's worker, a thread
-    of the caller's) the search runs here, registered with :func:`stoppable`.
+#: Seconds between two looks at a running search (a Ctrl-C, or stop_all()).
+POLL = 0.05
+
+
+def run_stoppable(search: Callable[[], T], stop: Callable[[], None]) -> T:
+    """Run ``search()``, ending it with ``stop()`` on Ctrl-C or :func:`stop_all`; return what it returns.
+
+    The search runs in a helper thread (with SIGINT blocked, so the signal is the main
+    thread's; in the caller's context variables) while the caller waits in short,
+    interruptible waits, registered with :func:`stoppable`. In the main thread, on
+    KeyboardInterrupt (Python's SIGINT handler, or any exception the wait raises) it stops the
+    search, waits for it to return, and raises; in any thread, once :func:`stop_all` was called,
+    it stops the search and returns what the search returned. Either way ``stop()`` is called
+    again at every poll until the search returns (NOTE [ a stop that came too early ]).
     """
-    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
-        with stoppable(stop):
-            return search()
     box: dict[str, object] = {}
+    context = contextvars.copy_context()
 
     def work() -> None:
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         try:
-            box["value"] = search()
+            box["value"] = context.run(search)
         except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread, raised there
             box["error"] = exc
 
     helper = threading.Thread(target=work, name="chainoffload-search", daemon=True)
     with stoppable(stop):
-        helper.start()
         try:
+            helper.start()
             while helper.is_alive():
-                helper.join(0.05)
-        except KeyboardInterrupt:
-            _call(stop)
-            helper.join()
+                if _stopped.is_set():
+                    _call(stop)
+                helper.join(POLL)
+        except BaseException:
+            # KeyboardInterrupt in the wait (or in start(), the helper possibly running already).
+            while helper.is_alive():
+                _call(stop)
+                helper.join(POLL)
             raise
     if "error" in box:
         raise box["error"]  # type: ignore[misc]

@@ -29,3 +29,14 @@ def ctrl_c_child():
     as a shell's background job (`cmd &`, which ignores SIGINT, and children inherit that) would
     see every child ignore the Ctrl-C."""
     return lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+@pytest.fixture
+def python_sigint():
+    """SIGINT at Python's own handler (KeyboardInterrupt) for the test, whatever the run inherited:
+    started as a shell's background job (`cmd &`), Python finds SIGINT ignored and leaves it so, and
+    a test that sends itself a Ctrl-C then never sees it (2 of 7 runs of
+    test_ctrl_c_in_a_library_caller_raises "did not raise", the search run to its end)."""
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, old)

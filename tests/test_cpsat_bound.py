@@ -141,17 +141,28 @@ def test_vgg19_gap_closes():
     assert problem_bound(chain, platform, target=VGG19_BEST).value < 0.9 * VGG19_BEST  # the ladder alone: 1.3124 x
 
 
-def test_ctrl_c_in_a_library_caller_raises():
+def test_ctrl_c_in_a_library_caller_raises(python_sigint):
+    """The Ctrl-C comes at the worst moment, the search registered but not begun (NOTE [ a stop
+    that came too early ] in chainoffload/_interrupt.py): it was sent after a fixed second, which
+    on a loaded machine landed anywhere from the model's build to the search, and the run's
+    inherited SIGINT disposition decided whether it was seen at all (the python_sigint fixture)."""
+    from chainoffload import _interrupt
+
     chain, platform = _vgg19_half()
-    timer = threading.Timer(1.0, lambda: os.kill(os.getpid(), signal.SIGINT))
-    t0 = time.monotonic()
-    timer.start()
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            cpsat_bound(chain, platform, VGG19_BEST, work=60.0)
-    finally:
-        timer.cancel()
-    assert time.monotonic() - t0 < 1.0 + 5.0
+    sent = []
+
+    def ctrl_c_once_registered():
+        while not _interrupt._active and len(sent) == 0:
+            time.sleep(0.001)
+        sent.append(time.monotonic())
+        os.kill(os.getpid(), signal.SIGINT)
+
+    sender = threading.Thread(target=ctrl_c_once_registered, daemon=True)
+    sender.start()
+    with pytest.raises(KeyboardInterrupt):
+        cpsat_bound(chain, platform, VGG19_BEST, work=60.0)
+    sender.join(5.0)
+    assert sent and time.monotonic() - sent[0] < 5.0
 
 
 def test_a_search_stopped_by_stop_all_gives_no_value(monkeypatch):
@@ -205,7 +216,7 @@ def test_best_climbs_the_stronger_rung_when_its_improver_leaves_a_gap(monkeypatc
 
 def test_the_readme_main_job_never_climbs_it(monkeypatch):
     """The README's main job (resnet50 in 4 GiB, 25 GB/s, 10 us) must stay under 15 s cold: best is
-    within LNS_GAP of the ladder's bound there, so neither the improver nor the rung runs."""
+    within LNS_GAP of the ladder's bound there (and within STALL_SHARE of its stall), so neither the improver nor the rung runs."""
     from chainoffload.examples import example
 
     monkeypatch.delenv("CHAINOFFLOAD_CPSAT_WORK", raising=False)

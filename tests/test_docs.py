@@ -445,3 +445,28 @@ def test_the_hooks_file_is_the_one_mkdocs_runs():
     assert "hooks:\n  - docs/_hooks.py" in config and "docstring_style: numpy" in config
     assert {"on_files", "on_page_markdown", "on_page_content"} <= {n.name for n in ast.parse((DOCS / "_hooks.py").read_text()).body
                                                  if isinstance(n, ast.FunctionDef)}
+
+
+def test_best_is_within_1_percent_of_every_proven_optimum_and_the_bound_within_3():
+    """Issue 33: wherever a results file has a proven optimum (best's own status, or cpsat's), best is
+    within 1 % above it and its bound within 3 % below it (compare.json: the sweep's lower-bound row;
+    best_optimum.json: best's bound)."""
+    seen = 0
+    for name, links in json.loads((RESULTS / "compare.json").read_text())["runs"].items():
+        for label, t in links.items():
+            ms = t["methods"]
+            for i, b in enumerate(ms["best"]["points"]):
+                proven = [p["makespan"] for p in (b, ms.get("cpsat", {"points": [{}] * (i + 1)})["points"][i])
+                          if p.get("status") == "optimal"]
+                if not proven:
+                    continue
+                opt, seen = min(proven), seen + 1
+                assert b["makespan"] <= opt * 1.01, (name, label, t["memories"][i], b["makespan"], opt)
+                assert t["lower_bound"][i] >= opt * 0.97, (name, label, t["memories"][i], t["lower_bound"][i], opt)
+    for key, row in json.loads((RESULTS / "best_optimum.json").read_text())["points"].items():
+        proven = [r["makespan"] for r in (row["best"], row.get("cpsat") or {}) if r.get("status") == "optimal"]
+        if not proven:
+            continue
+        opt, seen = min(proven), seen + 1
+        assert row["best"]["makespan"] <= opt * 1.01 and row["best"]["bound"] >= opt * 0.97, key
+    assert seen > 50

@@ -2,6 +2,7 @@
 
 import itertools
 import math
+import time
 
 import pytest
 
@@ -40,6 +41,69 @@ def test_the_default_reaches_the_proven_optimum_of_resnet18_at_half_memory(monke
     # The bound is CP-SAT's, within its rounding slack of the optimum (issue 33: within 3 %).
     assert result.makespan * (1 - 1e-4) <= result.lower_bound <= result.makespan
     assert result.info["bound"] == "best's own"
+
+
+def test_within_lns_gap_but_all_stall_the_whole_step_reaches_the_optimum(monkeypatch):
+    """NOTE [ exact improver's gap ]: compare.py's vgg19 point at 4.17 GiB, PCIe 4. The local search
+    ends 0.92 % above the ladder's bound (the sum of op times, which CP-SAT proves optimal): within
+    LNS_GAP, but the bound leaves all the stall open, so the whole-chain step runs, alone, on at
+    most STALL_WORK, and reaches and proves the optimum."""
+    from chainoffload.networks import network
+    from chainoffload.solvers import best as _best
+
+    monkeypatch.delenv("CHAINOFFLOAD_CPSAT_WORK", raising=False)
+    chain = network("vgg19")
+    platform = Platform(memory=4480070087, bandwidth_d2h=25e9, bandwidth_h2d=25e9, latency=10e-6)
+    before = _local(chain, platform)
+    assert before.makespan == pytest.approx(0.107091, abs=1e-6)
+    assert before.makespan < before.lower_bound * (1 + _best.LNS_GAP) and before.lower_bound == pytest.approx(chain.compute_time)
+    t0 = time.perf_counter()
+    result = solve(chain, platform)
+    wall = time.perf_counter() - t0
+    assert result.status.value == "optimal" and result.makespan == pytest.approx(0.106116, abs=1e-6)
+    # Its runtime is the whole call's, CP-SAT's step included (it was the local search's alone: 0.38 s of 6.7).
+    assert result.runtime >= 0.5 * wall
+    assert result.info["lns"]["mode"] == "whole" and result.info["lns"]["windows"] == 0
+    assert 0 < result.info["lns"]["work"] <= _best.STALL_WORK
+    assert simulate(chain, platform, result.schedule).makespan == result.makespan
+
+
+def test_the_stall_share_decides_within_lns_gap(monkeypatch):
+    """Within LNS_GAP the improver runs, windows off and on STALL_WORK, exactly where the bound leaves
+    more than STALL_SHARE of the stall open (a stubbed improver records how it was called)."""
+    from chainoffload.solvers import best as _best
+
+    chain, platform = _small()
+    start = _local(chain, platform)
+    calls = []
+
+    def stub(chain, platform, schedule, makespan, **kw):
+        calls.append(kw)
+        return lns.Improvement(schedule, makespan, -math.inf, False, {"mode": "stub"})
+
+    monkeypatch.setattr(lns, "improve", stub)
+    from chainoffload import bounds as _bounds
+    from chainoffload.bounds.ladder import ProblemBound
+
+    stall = start.makespan - chain.compute_time
+    assert stall > 0
+    # The bound leaves 10 % of the stall open; LNS_GAP wide enough that only the share decides.
+    value = start.makespan - 0.1 * stall
+    monkeypatch.setattr(_bounds, "problem_bound", lambda *a, **k: ProblemBound(value, "stub", ("stub",), ()))
+    monkeypatch.setattr(_best, "LNS_GAP", 1.0)
+    for share, runs in ((0.05, True), (0.5, False)):
+        calls.clear()
+        monkeypatch.setattr(_best, "STALL_SHARE", share)
+        r = solve(chain, platform, "best", cpsat_work=2.0)
+        if runs:
+            assert len(calls) == 1 and calls[0]["windows"] is False and calls[0]["work"] == _best.STALL_WORK
+        else:
+            assert not calls and r.info["lns"]["mode"] == "skipped"
+    # Above LNS_GAP: the windows and the whole work, as before.
+    monkeypatch.setattr(_best, "LNS_GAP", 0.0)
+    calls.clear()
+    solve(chain, platform, "best", cpsat_work=2.0)
+    assert len(calls) == 1 and calls[0]["windows"] is True and calls[0]["work"] == 2.0
 
 
 @pytest.mark.thorough(seconds=120)

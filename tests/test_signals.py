@@ -177,7 +177,7 @@ def test_a_signal_after_the_rename_never_kills_the_process(tmp_path, name):
     assert (tmp_path / "s.json").exists() and "makespan" in proc.stdout and "Traceback" not in proc.stderr
 
 
-def test_ctrl_c_reaches_a_library_caller_during_cpsat():
+def test_ctrl_c_reaches_a_library_caller_during_cpsat(python_sigint):
     """In a library caller's main thread CP-SAT kept the SIGINT to itself and returned at its
     own pace; now the search is stopped through its API and KeyboardInterrupt raised at once."""
     from chainoffload.solvers.cpsat import cpsat
@@ -206,6 +206,55 @@ def test_stoppable_stops_a_search_started_after_stop_all(monkeypatch):
     with _interrupt.stoppable(lambda: calls.append("late")):
         pass
     assert calls == ["first", "late"]
+
+
+def _late_search():
+    """A search like CP-SAT's: its stop ends it only once it has begun (``CpSolver.stop_search``
+    does nothing before ``solve`` has made its wrapper); it begins ``window`` seconds after it is
+    called, and runs 30 s unless stopped."""
+    begun, stopped = threading.Event(), threading.Event()
+
+    def stop():
+        if begun.is_set():
+            stopped.set()
+
+    def search(before=lambda: None, window=0.3):
+        before()
+        time.sleep(window)
+        begun.set()
+        return "stopped" if stopped.wait(30.0) else "ran to its end"
+
+    return search, stop, stopped
+
+
+def test_a_ctrl_c_before_the_search_begins_still_ends_it(python_sigint):
+    """NOTE [ a stop that came too early ]: the Ctrl-C comes after the search was registered and
+    before it began; the one stop() run_stoppable called then ended nothing, and the caller got
+    its KeyboardInterrupt only after the whole search (here 30 s). Now stop() is called again
+    until the search returns."""
+    from chainoffload._interrupt import run_stoppable
+
+    search, stop, stopped = _late_search()
+    t0 = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        run_stoppable(lambda: search(before=lambda: os.kill(os.getpid(), signal.SIGINT)), stop)
+    assert stopped.is_set() and time.monotonic() - t0 < 10.0
+
+
+def test_stop_all_before_the_search_begins_still_ends_it(monkeypatch):
+    """The command line's Ctrl-C (stop_all from the main thread) while its worker's search has been
+    registered but not begun: the worker, waiting on it, stops it again until it returns."""
+    from chainoffload import _interrupt
+
+    monkeypatch.setattr(_interrupt, "_stopped", threading.Event())
+    monkeypatch.setattr(_interrupt, "_active", {})
+    search, stop, stopped = _late_search()
+    box = {}
+    worker = threading.Thread(target=lambda: box.setdefault("got", _interrupt.run_stoppable(lambda: search(before=_interrupt.stop_all), stop)))
+    t0 = time.monotonic()
+    worker.start()
+    worker.join(20.0)
+    assert not worker.is_alive() and box == {"got": "stopped"} and time.monotonic() - t0 < 10.0
 
 
 def test_the_solvers_are_told_to_leave_sigint_alone():

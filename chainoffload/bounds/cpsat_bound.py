@@ -55,7 +55,8 @@ whose cold run must stay under 15 s (benchmarks/results/cold_start.md: 13.05 s).
 rung of :data:`chainoffload.bounds.ladder.STRONGER`, climbed with ``stronger=True``, on chains
 of at most :data:`CPSAT_BOUND_MAX_STAGES` stages (the model grows as L^2): by ``best`` when its
 exact improver leaves a gap (NOTE [ large neighbourhood search ]; ``best`` skips the improver
-within ``LNS_GAP`` of the ladder's bound, the README's main job included, and the rung with it),
+within ``LNS_GAP`` of the ladder's bound unless the bound leaves more than ``STALL_SHARE`` of the
+stall open, NOTE [ exact improver's gap ]; the README's main job is skipped, and the rung with it),
 and by ``benchmarks/best_optimum.py --stronger``. ``cpsat`` does not climb it: it has no
 target before its search, and its search proves the same thing with the whole time limit.
 """

@@ -232,6 +232,7 @@ def improve(
     keep: frozenset[int] = frozenset(),
     lower_bound: float | None = None,
     deadline: float = math.inf,
+    windows: bool = True,
 ) -> Improvement:
     """Improve a feasible fixed-order ``schedule`` with CP-SAT (NOTE [ large neighbourhood search ]).
 
@@ -250,6 +251,9 @@ def improve(
     deadline
         ``time.perf_counter()`` value past which no CP-SAT call runs (``inf``: none; the calls
         then stop by work alone).
+    windows
+        Run step 1 (false: the whole-chain step alone, NOTE [ exact improver's gap ] in
+        ``best.py``).
 
     Returns
     -------
@@ -305,7 +309,7 @@ def improve(
     rng = np.random.default_rng(SEED)
     width = min(WINDOW_STAGES, length)
     stride = max(1, width // 2)
-    windows_ok = length > width  # a window as long as the chain is the whole solve below
+    windows_ok = windows and length > width  # a window as long as the chain is the whole solve below
     while windows_ok and runner.left > 0 and runner.stopped is None:
         offset = int(rng.integers(0, stride))
         starts = list(range(1 - offset, length, stride))
