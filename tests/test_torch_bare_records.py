@@ -19,7 +19,7 @@ from torch.multiprocessing.reductions import StorageWeakRef  # noqa: E402
 
 import chainoffload as co  # noqa: E402
 import chainoffload_torch as ct  # noqa: E402
-from chainoffload_torch import _stages  # noqa: E402
+from chainoffload_torch import _stages, executor  # noqa: E402
 from chainoffload_torch._recompute import Slot  # noqa: E402
 from chainoffload_torch._saved import version_probe  # noqa: E402
 
@@ -89,6 +89,9 @@ def test_a_recomputing_plan_that_offloads_nothing_trains_bitwise_equal_without_t
     ref = copy.deepcopy(model)
     x = torch.randn(32, 16)
     calls = count_ledger_calls(monkeypatch)
+    walks: list[int] = []
+    real_walk = executor.resident_storages
+    monkeypatch.setattr(executor, "resident_storages", lambda roots: walks.append(1) or real_walk(roots))
     handle = ct.Offloader(model, hand_chain(L), checkpointing_schedule(L))
     oa = torch.optim.SGD(model.parameters(), lr=0.1)
     ob = torch.optim.SGD(ref.parameters(), lr=0.1)
@@ -101,22 +104,28 @@ def test_a_recomputing_plan_that_offloads_nothing_trains_bitwise_equal_without_t
         assert handle.last_step.recomputed_ops == L - 1
         oa.step()
         ob.step()
-    # No saved tensor of these steps went through the ledger (no unit moves: nothing to own).
+    # No saved tensor of these steps went through the ledger (no unit moves: nothing to own),
+    # and no step walked the model for its resident storages.
     assert calls == []
+    assert walks == []
     assert handle.live_entries() == 0
     handle.remove()
 
 
 def test_a_plan_that_offloads_still_packs_through_the_ledger(monkeypatch):
-    """The spy above sees the ledger's calls when a unit moves (so its silence means something)."""
+    """The spies above see the ledger's calls and the walk when a unit moves (so their silence
+    means something)."""
     torch.manual_seed(0)
     model = nn.Sequential(*[Blk(16) for _ in range(L)])
     x = torch.randn(32, 16)
     handle = ct.offload(model, x, memory=0.5)
     assert handle.schedule.offloaded_units
     calls = count_ledger_calls(monkeypatch)
+    walks: list[int] = []
+    real_walk = executor.resident_storages
+    monkeypatch.setattr(executor, "resident_storages", lambda roots: walks.append(1) or real_walk(roots))
     model(x).square().mean().backward()
-    assert "pack" in calls
+    assert "pack" in calls and walks == [1]
     handle.remove()
 
 
