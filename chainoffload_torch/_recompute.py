@@ -71,7 +71,7 @@ class Slot:
     plain PyTorch, although the recomputation made a fresh one.
     """
 
-    __slots__ = ("index", "made_by", "output_nr", "probe", "record", "size", "stage", "type_name", "version")
+    __slots__ = ("_type_name", "index", "made_by", "output_nr", "probe", "record", "size", "stage", "version")
 
     def __init__(self, stage: int, index: int, t: torch.Tensor) -> None:
         self.stage = stage
@@ -80,8 +80,15 @@ class Slot:
         self.probe = version_probe(t)
         self.version = t._version
         self.made_by, self.output_nr = _describe(t)
-        self.type_name = t.type()
+        # Read only to raise: a plain tensor's probe has its dtype and device, so its type()
+        # string is the tensor's, and is built then (about 1 us a slot on CPU).
+        self._type_name = None if type(t) is torch.Tensor else t.type()
         self.size = t.size()
+
+    @property
+    def type_name(self) -> str:
+        """``t.type()`` of the tensor the slot stands for (autograd's in-place message names it)."""
+        return self.probe.type() if self._type_name is None else self._type_name
 
 
 class Act:

@@ -31,13 +31,36 @@ def version_probe(t: torch.Tensor) -> torch.Tensor:
 
     ``detach()`` shares the version counter (and the storage); re-pointing it at an empty
     storage drops the storage but, being an in-place op, bumps the shared counter, which is
-    set back at once. Nothing runs between the two, so no one sees the bumped value.
+    set back at once. Nothing runs between the two, so no one sees the bumped value. A plain
+    strided tensor takes a cheaper path that bumps nothing (NOTE [ a probe through .data ]).
     """
     version = t._version
     probe = t.detach()
+    if type(t) is torch.Tensor and t.layout == torch.strided:
+        # NOTE [ a probe through .data ]
+        try:
+            probe.data = _empty_tensor(t.dtype, t.device)
+        except RuntimeError:
+            pass
+        else:
+            if probe._version == version and probe.untyped_storage().nbytes() == 0:
+                return probe
+        probe = t.detach()
     probe.set_(_empty_storage(t.dtype, t.device), 0, (0,), (1,))
     torch._C._autograd._unsafe_set_version_counter((probe,), (version,))
     return probe
+
+
+# NOTE [ a probe through .data ]
+# Assigning ``probe.data`` swaps the probe's storage and metadata for an empty tensor's and keeps
+# the probe's own version counter (TensorImpl::shallow_copy_from copies everything but it), without
+# bumping it: half of a probe's cost on CPU (about 2 of 4.5 us; set_ bumps the shared counter, so
+# it has to be set back, a third call). A plain strided tensor only; the probe's version and empty
+# storage are checked after, and anything else takes the set_ path. The empty tensors are shared
+# per dtype and device as the storages are (NOTE [ one empty storage for the probes ]).
+@functools.lru_cache(maxsize=64)
+def _empty_tensor(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    return torch.empty(0, dtype=dtype, device=device)
 
 
 # NOTE [ one empty storage for the probes ]

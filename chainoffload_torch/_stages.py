@@ -609,7 +609,8 @@ def _is_view_of(t: torch.Tensor, inp: Any) -> bool:
 # pinned[stage]), so a stage the profile pinned nothing of is not counted: an Fck's saved
 # tensors then cost no ledger work (about 5 us each on CPU, 266 a step in
 # benchmarks/checkpointing.py's Llama at checkpointing's memory), and its lookups later draw
-# ordinals that no pin reads.
+# ordinals that no pin reads. A plan that offloads no unit counts nothing at all, pins or not
+# (NOTE [ a plan that moves nothing owns nothing ] in executor.py).
 
 
 @contextlib.contextmanager

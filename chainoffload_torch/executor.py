@@ -441,8 +441,10 @@ class ScheduleRun:
         if self.pool is None:
             self.pool = HostPool(pin=device.type == "cuda")
         passive = not self.offloaded and self.remat is None
-        # NOTE [ passive steps ]: a schedule that moves nothing needs no map of the storages.
-        ledger = UnitLedger(device, set() if passive else resident_storages(self.roots), hold=self.offloaded, pinned=self.pinned)
+        # NOTE [ passive steps ]: a schedule that moves nothing needs no map of the storages;
+        # nor, off CUDA, one that only recomputes (NOTE [ a plan that moves nothing owns nothing ]).
+        walk = not passive and (bool(self.offloaded) or device.type == "cuda")
+        ledger = UnitLedger(device, resident_storages(self.roots) if walk else set(), hold=self.offloaded, pinned=self.pinned)
         ledger.add_resident((args, kwargs))
         step = _Step(ledger)
         step.passive = passive
@@ -881,7 +883,8 @@ class ScheduleRun:
             return Kept(t, None)
         if step.dropping is not None:
             # NOTE [ pins in a stage run without saving ] in _stages.py
-            step.ledger.count(t, step.current)
+            if self.offloaded:  # NOTE [ a plan that moves nothing owns nothing ]
+                step.ledger.count(t, step.current)
             slots = step.slots[step.dropping]
             slot = Slot(step.dropping, len(slots), t)
             slots.append(slot)
@@ -889,6 +892,8 @@ class ScheduleRun:
         return self._record(step, t, step.current)
 
     def _record(self, step: _Step, t: torch.Tensor, stage: int | None) -> Any:
+        if not self.offloaded:
+            return Kept(t, stage)  # NOTE [ a plan that moves nothing owns nothing ]
         between = not step.forward_done and stage is not None and stage == step.ended
         known = len(step.ledger.units.get(stage, ())) if between else 0
         entry = step.ledger.pack(t, stage)
@@ -909,6 +914,24 @@ class ScheduleRun:
                 self._recopy_if_stale(step, entry, t)
         probe = _counter(entry, t)[1]
         return Packed(entry, t, probe, stage)
+
+    # NOTE [ a plan that moves nothing owns nothing ]
+    # A rematerializing plan that offloads no unit (checkpointing's schedule, Fck 1..L-1, F L)
+    # still runs the saved-tensor hooks: a no-save stage's tensors become slots, and every record
+    # carries the version autograd would check. What the ledger learns from a saved tensor (which
+    # unit owns its storage, the ordinals the profile's pins are known by, the units a later
+    # block holds, what was saved between blocks) decides what moves, and what the executor
+    # refuses or warns of for an offloaded unit (held, aliased: always `& self.offloaded`); with
+    # no unit offloaded nothing reads it but the reports unit_states() and live_entries(). So
+    # such a plan's pack makes its record and nothing else: no ledger pack or count per saved
+    # tensor (317 a step, about 10 us each on CPU, in benchmarks/checkpointing.py's Llama at
+    # checkpointing's memory). The ledger still sees the stages' inputs and outputs (stage_start,
+    # stage_end: aliasing, the outputs a recomputation reads) and the forward's end. The records
+    # are the same Kept records, so the in-place checks are as before. Nor does such a step walk
+    # the model for its resident storages at its start (about 1 ms a step in that Llama): they
+    # only keep a unit from owning what it cannot free, and no unit moves. On CUDA it still
+    # does: the step's measured peak counts a model input a_0 (step.a0_before) by whether the
+    # ledger owns it, which reads them.
 
     def _recopy_if_stale(self, step: _Step, e: Entry, t: torch.Tensor) -> None:
         """Copy ``e`` to the host again if its storage may have changed since its copy was queued.
@@ -952,7 +975,10 @@ class ScheduleRun:
                     "when the output is a view that later code modifies in place). Train with method='best' (no "
                     "recomputation), or let offload() plan (it never recomputes a block whose output view is modified)"
                 )
-            return self.unpack(packed.record)
+            r = packed.record
+            if type(r) is Kept and r.tensor._version == r.version:
+                return r.tensor  # what the Kept branch below returns, one call less
+            return self.unpack(r)
         if isinstance(packed, Kept):
             if packed.tensor._version != packed.version:  # the message is built only to raise
                 check_version(packed, packed.tensor._version, self._where(packed))
