@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import dataclasses
 import json
 import os
@@ -121,14 +122,14 @@ def trial(
 # plans.py) is still refused up front; those refusals say the adapter's limits, not the draw's.
 
 
-def above_floor(case: ModelCase, drawn: float, device: str = "cpu") -> float:
-    """``drawn`` (in [REMAT_LOW, REMAT_HIGH]) moved onto [the model's floor share, REMAT_HIGH]
-    (NOTE [ budgets a recomputing plan can meet ])."""
-    import math
+@contextlib.contextmanager
+def _probed(case: ModelCase, device: str, method: str):
+    """offload() of a copy of ``case`` built from its spec, at the whole keep-all peak, under the
+    check's own seeding (NOTE [ budgets a recomputing plan can meet ]); removed on leaving. Raises
+    what offload() raises."""
     import warnings
 
     from chainoffload_torch import offload
-    from chainoffload_torch._coverage import step_peak
     from chainoffload_torch.testing import _Globals
 
     dev = torch.device(device)
@@ -139,15 +140,27 @@ def above_floor(case: ModelCase, drawn: float, device: str = "cpu") -> float:
             warnings.simplefilter("ignore")
             model = case.build(dev)
             torch.manual_seed(case.spec.seed)
-            handle = offload(model, case.batch(dev, 0), memory=1.0, method="best", repeats=1, warmup=0)
+            handle = offload(model, case.batch(dev, 0), memory=1.0, method=method, repeats=1, warmup=0)
+            yield handle
+    finally:
+        if handle is not None:
+            handle.remove()
+
+
+def above_floor(case: ModelCase, drawn: float, device: str = "cpu") -> float:
+    """``drawn`` (in [REMAT_LOW, REMAT_HIGH]) moved onto [the model's floor share, REMAT_HIGH]
+    (NOTE [ budgets a recomputing plan can meet ])."""
+    import math
+
+    from chainoffload_torch._coverage import step_peak
+
+    try:
+        with _probed(case, device, "best") as handle:
             plan = handle.plan
             floor = plan.chain.stage_memory_floor() + plan.sizes.resident_bytes
             share = floor / step_peak(plan.chain, plan.sizes)
     except Exception:  # noqa: BLE001 - the check says what offload() does with such a model
         return round(drawn, 2)
-    finally:
-        if handle is not None:
-            handle.remove()
     low = min(max(REMAT_LOW, math.ceil(100 * share) / 100), REMAT_HIGH)
     return round(low + (drawn - REMAT_LOW) * (REMAT_HIGH - low) / (REMAT_HIGH - REMAT_LOW), 2)
 
@@ -232,22 +245,13 @@ class Probe:
 
         import chainoffload as co
         from chainoffload.bounds import offload_memory_floor
-        from chainoffload_torch import offload
         from chainoffload_torch._coverage import step_peak
         from chainoffload_torch.plans import _Unsafe, solve_for, stage_floor
-        from chainoffload_torch.testing import _Globals
 
-        dev = torch.device(device)
-        cuda = [dev.index or 0] if dev.type == "cuda" else []
-        handle = None
         try:
-            with torch.random.fork_rng(devices=cuda), _Globals(case.spec.seed), warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                model = case.build(dev)
-                torch.manual_seed(case.spec.seed)
-                # A method that recomputes: the chain is priced for recomputation, as offload()
-                # prices it for every method drawn here (None included).
-                handle = offload(model, case.batch(dev, 0), memory=1.0, method="rotor", repeats=1, warmup=0)
+            # A method that recomputes: the chain is priced for recomputation, as offload()
+            # prices it for every method drawn here (None included).
+            with _probed(case, device, "rotor") as handle:
                 plan, planner = handle.plan, handle._planner
                 chain, sizes, resident = plan.chain, plan.sizes, plan.sizes.resident_bytes
                 keep = co.solvers.check_keep(chain, planner.keep)
@@ -257,9 +261,6 @@ class Probe:
                 )
         except Exception:  # noqa: BLE001 - the check says what offload() does with such a model
             return None
-        finally:
-            if handle is not None:
-                handle.remove()
 
         def solve(method: str | None, budget: int) -> bool:
             platform = planner.link.with_memory(max(0, budget - resident))
