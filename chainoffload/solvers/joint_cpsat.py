@@ -616,7 +616,7 @@ def improve(
     if not platform.can_transfer:
         return skip("no transfer is possible")
     if all(kind in ("F", "B") for kind, _ in compute) and len(compute) == 2 * length:
-        return skip("a fixed-order schedule (best's improver, lns.py)")
+        return skip("a fixed-order schedule, which best's exact improver already re-solves")
     try:
         grid = TimeGrid.build(chain, platform)
     except ValueError as exc:
