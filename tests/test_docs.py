@@ -371,6 +371,16 @@ def test_the_adapter_figures_of_the_readme_are_the_files():
     raises = "" if loud == 0 else f", {loud} loud raise" + ("s" if loud > 1 else "")
     assert outcomes["silent_difference"] == 0
     assert f"| {models} models, 0 silent differences{raises} |" in README
+    # The run whose every trained model recomputes (--recompute-only): the README counts the
+    # models that trained equal with a plan that recomputes in some step.
+    only = (RESULTS / "torch_fuzz_recompute_only.md").read_text()
+    outcomes = {r["outcome"]: int(r["models"]) for r in md_table(only, "Outcomes:")}
+    trained = {r["trainings"]: int(r["models"]) for r in md_table(only, "Of the `equal` models")}
+    recomputing = next(n for what, n in trained.items() if what.startswith("(a) equal, with a plan that recomputes"))
+    loud = outcomes["offloaded_only_raise"] + outcomes["plain_only_raise"]
+    assert outcomes["silent_difference"] == 0
+    loud = "" if loud == 0 else f", {loud} loud"
+    assert f"| fuzz, recomputing plans | {recomputing} equal, 0 silent{loud} |" in README
 
 
 # --- The trade-off guide against benchmarks/results/readme_tradeoff.md -----------------------
