@@ -59,9 +59,8 @@ def test_recompute_only_draws_a_budget_only_a_recomputing_plan_meets(k):
 
 def test_the_other_modes_draw_as_before():
     fuzz = _script()
-    # Model 878 of the seed-43 --recompute run and model 0 of a plain run, as their results recorded.
-    text = (BENCH / "results" / "torch_fuzz_recompute.md").read_text()
-    assert "### model 878: offloaded_only_raise (memory=0.73, method='recompute-all'" in text
+    # Model 878 of the seed-43 --recompute run (a loud raise once, recorded as drawn with this budget
+    # and method; fixed since, so the results file no longer lists it) and model 0 of a plain run.
     _, memory, method = fuzz.trial(43, 878, FEATURES_REMAT, recompute=True)
     assert (memory, method) == (0.73, "recompute-all")
     rng = random.Random("0:0")
