@@ -144,3 +144,69 @@ def test_resident_storages_walk_is_the_modules_walk():
         for t in [*mod.parameters(recurse=False), *mod.buffers(recurse=False), *(v for v in vars(mod).values() if isinstance(v, torch.Tensor))]:
             expected.add(_storage_key(t))
     assert resident_storages([model]) == expected
+
+
+class Drawing(torch.nn.Module):
+    """A block whose forward draws from Python's and NumPy's global generators when ``draws``."""
+
+    def __init__(self, d: int, draws: bool) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(d, d)
+        self.draws = draws
+
+    def forward(self, x):
+        y = torch.tanh(self.lin(x))
+        if self.draws:
+            import random
+
+            np = pytest.importorskip("numpy")
+            y = y * (1.0 + float(np.random.rand()) + random.random())
+        return x + y
+
+
+class DrawingNet(torch.nn.Module):
+    def __init__(self, draws=()):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(Drawing(16, k in draws) for k in range(8))
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = b(x)
+        return x
+
+
+@pytest.mark.parametrize("draws", [(), (2, 5)])
+def test_recomputations_touch_the_host_generators_only_for_blocks_that_drew(draws, monkeypatch):
+    """NOTE [ a call that drew nothing from the host's generators ]: blocks that drew nothing
+    are recomputed without setting Python's and NumPy's states (the dearest bookkeeping of a
+    recomputation on CPU); blocks that drew are recomputed under the states they drew from, and
+    either way the gradients and the host generators' states after each step are plain training's."""
+    import copy
+    import random
+
+    np = pytest.importorskip("numpy")
+    torch.manual_seed(0)
+    model = DrawingNet(draws)
+    ref = copy.deepcopy(model)
+    x = torch.randn(64, 16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        handle = ct.offload(model, x, memory=0.5, method="recompute-all")
+    sets = []
+    real = recompute._set_host_rng_state
+    monkeypatch.setattr(recompute, "_set_host_rng_state", lambda state: (sets.append(1), real(state)))
+    for k in range(3):
+        states = []
+        for m in (model, ref):
+            m.zero_grad(set_to_none=True)
+            random.seed(k)
+            np.random.seed(k)
+            torch.manual_seed(k)
+            m(x).square().mean().backward()
+            states.append((random.getstate(), np.random.get_state()))
+        assert states[0][0] == states[1][0]
+        assert all(np.array_equal(a, b) if isinstance(a, np.ndarray) else a == b for a, b in zip(states[0][1], states[1][1], strict=True))
+        assert all(torch.equal(a.grad, b.grad) for a, b in zip(model.parameters(), ref.parameters(), strict=True))
+    assert handle.last_step.recomputed_ops > 0
+    # Two blocks that drew: each recomputation of them sets the states and puts them back.
+    assert (len(sets) > 0) == bool(draws)
