@@ -593,7 +593,7 @@ def arguments_state(obj: Any, depth: int = 0) -> Any:
 
 def recompute_overhead(module: nn.Module, hidden_at: tuple[str, Any], device: torch.device, repeats: int = 5) -> float:
     """The executor's host seconds for recomputing ``module`` beyond its compute: one
-    :class:`CallRecord`, its end, and one enter / exit of its states (NOTE [ what a recomputation costs
+    :class:`CallRecord` and one enter / exit of its states (NOTE [ what a recomputation costs
     the executor ]), the median of ``repeats``; ``module`` is not called."""
     import statistics
     import time
@@ -606,7 +606,6 @@ def recompute_overhead(module: nn.Module, hidden_at: tuple[str, Any], device: to
     for _ in range(max(1, repeats)):
         start = time.perf_counter()
         rec = CallRecord(module, 1, args, kwargs, hidden_at, hidden, device, set())
-        rec.ended()  # a call that drew nothing from the host's generators, the common case
         with rec._state():
             pass
         times.append(time.perf_counter() - start)
@@ -628,19 +627,6 @@ def _plain_attrs(modules: Iterable[nn.Module]) -> list[tuple[nn.Module, str, Any
     return out
 
 
-# NOTE [ a call that drew nothing from the host's generators ]
-# A recomputation runs under the host generators' states of the original call (Python's random,
-# NumPy's global RandomState) and puts back after it the states it found: a block that draws
-# from them must draw again what it drew. Reading, comparing and setting those states is the
-# dearest part of a recomputation's bookkeeping on the host (NumPy's get_state and set_state,
-# about 35 us each on CPU: some 100 us a recomputation, 0.7 ms a step of an 8-block Llama whose
-# blocks are all recomputed, where no block draws). Decision: when the original call ends
-# (CallRecord.ended), its states are read again; if they are the states it started from, the
-# call drew nothing, and its recomputations neither set nor put back the host's states (the
-# same code on the same inputs, torch generators and module state draws nothing either). A
-# call whose end the executor does not see (one that raised) keeps the full treatment. One
-# extra read at the end of a call is paid whether or not it is recomputed later; the executor
-# records only the calls of blocks its schedule recomputes.
 def _host_rng_state() -> tuple[Any, Any]:
     """Python's global generator state, and NumPy's where NumPy is imported (``None`` otherwise)."""
     np_random = sys.modules.get("numpy.random")
@@ -739,7 +725,7 @@ class CallRecord:
         # Python's and NumPy's global generators too: code that runs again draws from them (the
         # code before the first block scaling by random.random(), a stochastic depth drawn with
         # NumPy), and a recomputation must draw what the forward drew.
-        self.host_rng: tuple[Any, Any] | None = _host_rng_state()  # None: the call drew nothing (ended)
+        self.host_rng = _host_rng_state()
         self.grad = torch.is_grad_enabled()
         dev_type = device.type
         self.autocast = {
@@ -784,9 +770,6 @@ class CallRecord:
         block, the head) moves the versions of buffers the record covers."""
         self._check_versions()
         self.checked = True
-        if self.host_rng is not None and _same_host_rng_state(_host_rng_state(), self.host_rng):
-            # NOTE [ a call that drew nothing from the host's generators ]
-            self.host_rng = None
         if self.objects is not None:
             self.after, self.after_tensors, self.after_versions, why = state_call_ended(self.objects)
             if why is not None:
@@ -880,11 +863,9 @@ class CallRecord:
             torch.set_rng_state(self.cpu_rng)
             if self.cuda_rng is not None:
                 torch.cuda.set_rng_state(self.cuda_rng, self.device)
-            host = self.host_rng
-            if host is not None:
-                host_now = _host_rng_state()
-                if not _same_host_rng_state(host_now, host):
-                    _set_host_rng_state(host)
+            host_now = _host_rng_state()
+            if not _same_host_rng_state(host_now, self.host_rng):
+                _set_host_rng_state(self.host_rng)
             with contextlib.ExitStack() as stack:
                 for dt, (enabled, dtype) in self.autocast.items():
                     stack.enter_context(torch.amp.autocast(dt, enabled=enabled, dtype=dtype, cache_enabled=self.autocast_cache))
@@ -899,8 +880,7 @@ class CallRecord:
                 try:
                     yield
                 finally:
-                    if host is not None:
-                        _set_host_rng_state(host_now)
+                    _set_host_rng_state(host_now)
                     for m, k, v in now_attrs:
                         object.__setattr__(m, k, v)
                     with torch.no_grad():
