@@ -1,0 +1,114 @@
+"""LayerDrop models of the recomputing fuzz (benchmarks/torch_fuzz.py --recompute-only --models
+8500 --seed 43) that plain PyTorch trained and the offloaded one raised mid-step: each shrunk
+spec now trains bitwise equal (differential_check compares with torch.equal) or is refused by
+offload(), before any step."""
+
+import warnings
+
+import pytest
+
+pytest.importorskip("torch")
+
+from chainoffload_torch.testing import BlockSpec, ModelCase, ModelSpec, differential_check  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
+
+
+def _check(spec, memory, method):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return differential_check(ModelCase(spec), memory=memory, method=method, steps=3)
+
+
+def test_a_dropout_block_run_in_place_of_a_skipped_one_leaves_the_calls_later_skips_as_drawn():
+    # NOTE [ the draws of a block run in place ] in _instrument.py: the measuring forward of a new
+    # shape ran the skipped dropout blocks in place, which moved torch's generator, so LayerDrop's
+    # later draws ran the batch-norm block the call skips, on a batch of one (model 8093).
+    spec = ModelSpec(
+        blocks=(
+            BlockSpec(("linear",)),
+            BlockSpec(("linear",)),
+            BlockSpec(("dropout",)),
+            BlockSpec(("dropout",)),
+            BlockSpec(("linear",)),
+            BlockSpec(("linear",)),
+            BlockSpec(("linear",)),
+            BlockSpec(("batchnorm",)),
+        ),
+        seed=33094,
+        width=6,
+        batch=1,
+        batches=(3, 2, 1, 5),
+        layerdrop=0.1,
+    )
+    out = _check(spec, 0.5956498951781971, "recompute-all")
+    assert out.kind == "equal", out.detail
+    assert out.recomputations > 0
+
+
+def test_a_profiling_backward_that_raises_replays_the_calls_own_draws():
+    # NOTE [ a profiling backward that raises ] in _recorder.py: relu_ (block 3) saves its
+    # result and mul_ (block 4) writes it; plain PyTorch skips one of them in every step it
+    # trains, the profile of a new draw ran both and its backward raised (model 4999).
+    spec = ModelSpec(
+        blocks=(
+            BlockSpec(("tanh", "tanh")),
+            BlockSpec(("linear",)),
+            BlockSpec(("index",)),
+            BlockSpec(("relu_",)),
+            BlockSpec(("mul_", "index")),
+            BlockSpec(("residual",)),
+            BlockSpec(("linear",)),
+            BlockSpec(("linear",)),
+            BlockSpec(("linear",)),
+            BlockSpec(("linear",)),
+            BlockSpec(("add_",)),
+        ),
+        seed=41774,
+        width=6,
+        batch=1,
+        draws=((8, "counter"), (9, "counter")),
+        layerdrop=0.5,
+    )
+    out = _check(spec, 0.8732993197278912, "recompute-all")
+    assert out.kind == "equal", out.detail
+
+
+def test_a_view_output_that_a_later_in_place_block_writes_when_the_blocks_between_are_skipped_is_not_recomputed():
+    # NOTE [ a view that a skipping step writes ] in plans.py: block 2's output is a view (the
+    # transpose block's reshape); block 4's mul_ writes it in a step that skips block 3, its
+    # hook never fired, and the recomputation had not run when its backward read (model 6084).
+    spec = ModelSpec(
+        blocks=(
+            BlockSpec(("linear",)),
+            BlockSpec(("residual", "transpose")),
+            BlockSpec(("linear",)),
+            BlockSpec(("mul_",)),
+            BlockSpec(("linear",)),
+            BlockSpec(("linear",)),
+            BlockSpec(("linear",)),
+            BlockSpec(("linear",)),
+        ),
+        seed=20617,
+        batch=1,
+        layerdrop=0.1,
+    )
+    out = _check(spec, 0.9244150246305419, "rotor")
+    assert out.kind == "equal", out.detail
+    assert out.recomputations > 0  # the other blocks are still recomputed
+
+
+def test_recompute_all_that_needs_such_a_view_block_recomputed_is_refused_up_front():
+    # The same rule (model 5870): block 9's output is a view, block 11 starts with relu_ on its
+    # input, and recompute-all fits only by recomputing block 9; offload() refuses, naming it.
+    spec = ModelSpec(
+        blocks=(BlockSpec(("linear",)),) * 8
+        + (BlockSpec(("transpose",)), BlockSpec(("linear",)), BlockSpec(("relu_", "transpose"))),
+        seed=45205,
+        width=2,
+        batch=1,
+        layerdrop=0.5,
+    )
+    out = _check(spec, 0.6033442982456141, "recompute-all")
+    assert out.kind == "refused", out.detail
+    assert "its output is a view" in out.detail and "block 11" in out.detail
