@@ -211,7 +211,10 @@ def _under_compile() -> bool:
 # remembers the first such draw of any profiling pass (untrainable_skip), and offload() refuses
 # after its first profile, with a ValueError naming it, before anything trained: the model's own
 # random skipping makes that step, at a rate the profile's few draws already met (one in its
-# tries at most 32). What stays: a model whose profile never drew such a step, and a profile
+# tries at most 32). It is also the refusal named when the first plan's solve finds no plan
+# (model 3725 with recompute-all, once the profile's draws after a dropout run in place were the
+# call's own: NOTE [ the draws of a block run in place ]), since it holds for every method and
+# budget. What stays: a model whose profile never drew such a step, and a profile
 # of a new shape in training (its draws are remembered, nothing refuses there), are refused
 # at the step that draws it, as before.
 

@@ -945,6 +945,16 @@ def _same_sizes(a: Any, b: Any) -> bool:
 # run raises there, before its step.
 
 
+def _untrainable(skip: str) -> ValueError:
+    """offload()'s refusal of a model whose profile drew a skip no offloaded step can carry out
+    (NOTE [ a skip no step can carry out ] in _instrument.py)."""
+    return ValueError(
+        "offload: a random draw of the profile skipped blocks that no offloaded step can skip ("
+        + skip.removeprefix("chainoffload_torch: ")
+        + "): a training step that draws it would be refused mid-training, where plain PyTorch trains"
+    )
+
+
 class _Measuring:
     """A training step of new shapes that measures their sizes with its own forward, every
     tensor it saves kept on the device (NOTE [ one plan for many shapes ]): the recorder of the
@@ -1168,14 +1178,17 @@ def offload(
     handle._setup(model, blks, dev, planner, on_new_shape, cache_size, host)
     handle._instrument.install()
     try:
-        plan = planner.plan(handle._instrument, args, kwargs, call_key(model, args, kwargs))
+        try:
+            plan = planner.plan(handle._instrument, args, kwargs, call_key(model, args, kwargs))
+        except ValueError as exc:
+            # A solve that found no plan: the draw no step can skip is the refusal that holds for
+            # every method and budget, so it is the one named.
+            if handle._instrument.untrainable_skip is None:
+                raise
+            raise _untrainable(handle._instrument.untrainable_skip) from exc
         if handle._instrument.untrainable_skip is not None:
             # NOTE [ a skip no step can carry out ] in _instrument.py: refused before training.
-            raise ValueError(
-                "offload: a random draw of the profile skipped blocks that no offloaded step can skip ("
-                + handle._instrument.untrainable_skip.removeprefix("chainoffload_torch: ")
-                + "): a training step that draws it would be refused mid-training, where plain PyTorch trains"
-            )
+            raise _untrainable(handle._instrument.untrainable_skip)
         # The first plan may have made the prefix a stage (NOTE [ the prefix as a stage ]).
         handle.blocks = blks = handle._instrument.blocks
         handle._use(plan)
