@@ -833,24 +833,6 @@ def _recomputed(schedule: co.Schedule) -> set[int]:
 # is kept, not recomputed; offloading it stays safe (a read before its prefetch fetches it).
 
 
-# NOTE [ a view that a skipping step writes ]
-# The check above sees a write on a block's output view only where the profile's passes make it.
-# A model that skips blocks (LayerDrop) makes others: block m that writes its hidden input in
-# place (x.relu_() first) writes block k's output when a step skips blocks k+1..m-1, and so does
-# code after block m that writes the hidden state when a step skips k+1..m. Every profiling
-# pass runs every block (NOTE [ skipped stages ] in executor.py), so the write the profile saw
-# always landed on block m-1's (or m's) own output. Where block k's output is a view, a step
-# that skipped those blocks rebased it, its hook never fired, and the step raised in the
-# backward that the recomputation had not run, where plain PyTorch trains (the recomputing fuzz
-# of seed 43: models 5870, recompute-all, a transpose block's output and relu_ two blocks on;
-# 6084, rotor, a transpose block's output and mul_ two blocks on). Decision: once a pass of the
-# profile skipped a block (or ran one in a skipped place), a block whose output was a view in
-# some pass is never recomputed when a write on the hidden state was seen at such a later place.
-# It may over-mark (the blocks between never skipped all together), at the cost of that block's
-# recomputation; a profile none of whose passes skipped a block marks nothing more, and a step
-# that makes such a write then raises as before, never trains on.
-
-
 # NOTE [ an input written after its block returned ]
 # The code between blocks i and i+1 may modify a_i in place (h.mul_(0.9)). Block i is then never
 # recomputed (a recomputed a_i would miss the write: above). Block i+1 reads the written a_i, and
@@ -908,11 +890,6 @@ def _watch_blocks(blocks: Any, model: nn.Module | None = None) -> Iterator[dict[
     # (block, a probe of the output's version counter that holds none of its storage, the
     # version at the block's end).
     state: dict[str, Any] = {"open": [], "last": None, "root": None, "views": [], "versions": {}}
-    # NOTE [ a view that a skipping step writes ]: the blocks whose output was a view in some
-    # pass, the places where a write on the hidden state was seen (("in", b): block b wrote its
-    # hidden input; ("after", k): the code after block k wrote its output), and whether a pass
-    # skipped blocks.
-    far: dict[str, Any] = {"views": set(), "writes": set(), "skips": False}
 
     def root_pre(module: nn.Module, a: tuple, kw: dict) -> None:
         # A new pass: one before it may have stopped inside a block (a profiling pass that
@@ -946,7 +923,6 @@ def _watch_blocks(blocks: Any, model: nn.Module | None = None) -> Iterator[dict[
         # modified in place by the code after it, and the block after it then read the written
         # tensor (NOTE [ an input written after its block returned ]).
         outputs = tuple(outputs)
-        far["writes"].update(("after", k) for k in outputs)
         for k in outputs:
             if k == 0:
                 found.setdefault(
@@ -986,8 +962,6 @@ def _watch_blocks(blocks: Any, model: nn.Module | None = None) -> Iterator[dict[
         # out (NOTE [ blocks a profile cannot run ] in _recorder.py) is never called.
         at = places[id(module)]
         b = next((x for x in at if x >= calls[0] % n + 1), at[0])
-        if b > calls[0] % n + 1 or IN_PLACE_OF[0] is not None:
-            far["skips"] = True  # a block left out before this one, or run in its place
         calls[0] = b
         root = state["root"]
         if b == 1 and root is not None and arguments_state(root[0]) != root[1]:
@@ -1040,7 +1014,6 @@ def _watch_blocks(blocks: Any, model: nn.Module | None = None) -> Iterator[dict[
                 found.setdefault(b, why)
         if ver is not None and hidden._version != ver:
             found.setdefault(b, "modifies its hidden input in place")
-            far["writes"].add(("in", b))
         if arguments_state(others) != before:
             found.setdefault(
                 b, "changes an argument it is given (appends to a list, modifies a tensor in place): a recomputation "
@@ -1053,7 +1026,6 @@ def _watch_blocks(blocks: Any, model: nn.Module | None = None) -> Iterator[dict[
         state["last"] = (b, weakref.ref(first), version_probe(first), first._version) if first is not None else None
         if first is not None and first.requires_grad and first._is_view():
             state["views"].append((b, version_probe(first), first._version))
-            far["views"].add(b)
 
     handles = []
     for b, module in enumerate(blocks.modules, start=1):
@@ -1075,17 +1047,6 @@ def _watch_blocks(blocks: Any, model: nn.Module | None = None) -> Iterator[dict[
     finally:
         views_modified()  # the last pass's outputs, modified by the code after the last block
         state["views"] = []
-        if far["skips"]:
-            # NOTE [ a view that a skipping step writes ]
-            for k in sorted(far["views"]):
-                at = next((w for w in sorted(far["writes"], key=lambda w: w[1]) if w[1] >= k + (2 if w[0] == "in" else 1)), None)
-                if at is not None:
-                    where = f"block {at[1]} modifies its hidden input" if at[0] == "in" else f"the code after block {at[1]} modifies the hidden state"
-                    found.setdefault(
-                        k, f"its output is a view and {where} in place, which lands on this view in a step that skips the "
-                        "blocks between (LayerDrop), so the backward would reach the block around its output, before a "
-                        "recomputation could run"
-                    )
         for h in handles:
             h.remove()
 
