@@ -200,6 +200,27 @@ def _under_compile() -> bool:
 # compare with: NOTE [ a write on a carried a_0 ] in plans.py.
 
 
+# NOTE [ a carried view written in place ]
+# The gradient mark of stage k (the start of B_k, where a recomputation of block k runs) is a
+# tensor hook on a_k. An in-place write on a view rebases it: its base's node becomes CopySlices,
+# whose next edge is the base's old node, and the gradient goes around a_k's node, so the hook
+# never fires. The profile sees the writes its passes make (plans._watch_blocks); a LayerDrop
+# step makes others: block m that writes its hidden input (x.relu_() first) writes a_k when the
+# step skips blocks k+1..m-1, and the backward of block k read its recomputation's slots before
+# the recomputation ran (the recomputing fuzz of seed 43: models 5870 and 6084, a transpose
+# block's reshaped output, relu_ or mul_ two blocks on). Decision: a training step that skips
+# blocks after stage k, carrying a view a_k on, also puts stage k's mark before the node of a_k's
+# base (a node pre-hook): that node runs once all of a_k's gradient reached it, by a_k's node or
+# around it, and before any of block k's own backward that the view's gradient goes through; a
+# second mark of a stage is a no-op (the executor's and the recorder's marks only advance), and
+# this one never comes before a_k's own hook where that fires. Where the write came before the
+# skip was seen (code after a skipped place), the base's node is CopySlices already, whose
+# pre-hook fires once every later stage's backward ran: the same point. The common path (no
+# skip) registers nothing more. Not chosen: keeping such blocks from being recomputed once the
+# profile saw a skip (it costs their recomputation, and a profile that drew no skip misses it).
+# Left alone: a view written by the head's code after a step skipped the last blocks.
+
+
 # NOTE [ a skip no step can carry out ]
 # A step that skips blocks (LayerDrop) before a block that takes its hidden state elsewhere (a
 # keyword the skipped block did not hand on, the code before the blocks with no output) has no
@@ -521,6 +542,7 @@ class Instrument:
                 changed = args, kwargs = self._run_skipped(p, idx, args, kwargs)
             elif hasattr(p.listener, "stage_skipped"):
                 hidden = self.blocks.hidden_of(idx, args, kwargs)
+                self._mark_at_base(p, p.expect - 1, hidden)
                 for k in range(p.expect, idx):
                     self._skipped(p, k, hidden)
                 p.expect = idx
@@ -542,6 +564,23 @@ class Instrument:
         p.running.setdefault(id(module), []).append(idx)
         p.listener.stage_start(p.step, self.blocks.stage_of(idx), hidden, args, kwargs)
         return changed
+
+    def _mark_at_base(self, p: _HookedPass, prev: int, hidden: Any) -> None:
+        """A step skipped the blocks after block ``prev``, whose stage's output ``hidden`` is
+        carried on: where it is a view, its gradient mark is also put before its base's node
+        (NOTE [ a carried view written in place ])."""
+        if not isinstance(hidden, torch.Tensor) or not hidden.requires_grad or not hidden._is_view():
+            return
+        if prev < 1 and not self.blocks.prefix:
+            return  # a_0 of no stage: no mark
+        node = hidden._base.grad_fn
+        if node is None:
+            return
+        stage = self.blocks.stage_of(prev) + (1 if prev in self.blocks.tails else 0)
+        node.register_prehook(functools.partial(self._node_mark, p, stage))
+
+    def _node_mark(self, p: _HookedPass, idx: int, grad_outputs: Any) -> None:
+        self._grad_hook(p, idx, None)
 
     def _untrainable(self, p: _HookedPass, message: str) -> Exception:
         """A step that skipped blocks before one that takes its hidden state elsewhere: a
