@@ -216,7 +216,10 @@ def _under_compile() -> bool:
 # this one never comes before a_k's own hook where that fires. Where the write came before the
 # skip was seen (code after a skipped place), the base's node is CopySlices already, whose
 # pre-hook fires once every later stage's backward ran: the same point. The common path (no
-# skip) registers nothing more. Not chosen: keeping such blocks from being recomputed once the
+# skip) registers nothing more. Where the code after block k is a stage (a tail) that made no
+# new tensor, a_k and the tail's output are one view and both hooks are lost: the mark is then
+# block k's, which the executor's marks reach through the tail's (the fuzz's model 5870 unshrunk);
+# a tail that made the base gets its own. Not chosen: keeping such blocks from being recomputed once the
 # profile saw a skip (it costs their recomputation, and a profile that drew no skip misses it).
 # Left alone: a view written by the head's code after a step skipped the last blocks.
 
@@ -518,10 +521,15 @@ class Instrument:
                     "config.layerdrop = 0)",
                 )
             self._end(p, 0, None, a1)
+        own = None
         if p.pending is not None and p.pending[0] < idx:
             # NOTE [ blocks not linked ]: the pending block ends here, its a_i is this block's
             # input (blocks skipped in between hand it on unchanged).
             prev, prev_in, tail = p.pending[0], p.pending[1], p.pending[3]  # not the output: held, it would look late
+            if idx > prev + 1 and tail and isinstance(p.pending[2], torch.Tensor):
+                # NOTE [ a carried view written in place ]: the storage root of the block's own
+                # output, by id (held, the output would look late).
+                own = id(p.pending[2]._base if p.pending[2]._is_view() else p.pending[2])
             p.pending = None
             a_prev = self.blocks.hidden_of(idx, args, kwargs)
             if idx > prev + 1 and not isinstance(a_prev, torch.Tensor):
@@ -542,7 +550,7 @@ class Instrument:
                 changed = args, kwargs = self._run_skipped(p, idx, args, kwargs)
             elif hasattr(p.listener, "stage_skipped"):
                 hidden = self.blocks.hidden_of(idx, args, kwargs)
-                self._mark_at_base(p, p.expect - 1, hidden)
+                self._mark_at_base(p, p.expect - 1, hidden, own)
                 for k in range(p.expect, idx):
                     self._skipped(p, k, hidden)
                 p.expect = idx
@@ -565,18 +573,22 @@ class Instrument:
         p.listener.stage_start(p.step, self.blocks.stage_of(idx), hidden, args, kwargs)
         return changed
 
-    def _mark_at_base(self, p: _HookedPass, prev: int, hidden: Any) -> None:
+    def _mark_at_base(self, p: _HookedPass, prev: int, hidden: Any, own: Any) -> None:
         """A step skipped the blocks after block ``prev``, whose stage's output ``hidden`` is
         carried on: where it is a view, its gradient mark is also put before its base's node
-        (NOTE [ a carried view written in place ])."""
+        (NOTE [ a carried view written in place ]). ``own``: when the code after block ``prev``
+        is a stage (a tail), the id of the tensor whose view, or which, the block's own output is."""
         if not isinstance(hidden, torch.Tensor) or not hidden.requires_grad or not hidden._is_view():
             return
         if prev < 1 and not self.blocks.prefix:
             return  # a_0 of no stage: no mark
-        node = hidden._base.grad_fn
+        base = hidden._base
+        node = base.grad_fn
         if node is None:
             return
-        stage = self.blocks.stage_of(prev) + (1 if prev in self.blocks.tails else 0)
+        stage = self.blocks.stage_of(prev)
+        if prev in self.blocks.tails and own != id(base):
+            stage += 1  # the tail made the base: its mark, not the block's
         node.register_prehook(functools.partial(self._node_mark, p, stage))
 
     def _node_mark(self, p: _HookedPass, idx: int, grad_outputs: Any) -> None:
