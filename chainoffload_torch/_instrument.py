@@ -218,9 +218,10 @@ def _under_compile() -> bool:
 # pre-hook fires once every later stage's backward ran: the same point. The common path (no
 # skip) registers nothing more. Where the code after block k is a stage (a tail) that made no
 # new tensor, a_k and the tail's output are one view and both hooks are lost: the mark is then
-# block k's, which the executor's marks reach through the tail's (the fuzz's model 5870 unshrunk);
-# a tail that made the base gets its own. Not chosen: keeping such blocks from being recomputed once the
-# profile saw a skip (it costs their recomputation, and a profile that drew no skip misses it).
+# block k's, which the executor's marks reach through the tail's (the fuzz's model 5870 as
+# drawn); a tail that made the base gets its own. Not chosen: keeping such blocks from being
+# recomputed once the profile saw a skip (it costs their recomputation, and a profile that drew
+# no skip misses it).
 # Left alone: a view written by the head's code after a step skipped the last blocks.
 
 
