@@ -1,0 +1,70 @@
+"""LayerDrop models whose plans recompute: the shrunk specs of the fuzz's loud one-sided raises
+(``benchmarks/torch_fuzz.py --recompute-only --models 8500 --seed 43``), each trained plain and
+offloaded with :func:`~chainoffload_torch.testing.differential_check` (``torch.equal`` on the
+losses, every gradient and every parameter, after each step).
+"""
+
+import warnings
+
+import pytest
+
+pytest.importorskip("torch")
+
+from chainoffload_torch.testing import BlockSpec, ModelCase, ModelSpec, differential_check  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
+
+
+def _linear() -> BlockSpec:
+    return BlockSpec(("linear",))
+
+
+def _check(spec: ModelSpec, memory: float, method: str | None) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = differential_check(ModelCase(spec), memory=memory, method=method)
+    assert out.kind == "equal", out.detail
+
+
+def test_a_skip_connection_carried_past_skipped_blocks_is_not_taken_for_their_hidden_state():
+    # Model 1250: the discovery's forward skipped blocks 6 and 7, so block 8's arguments (the
+    # drawn h * s, and skip=block 5's output) were made up for them; block 5's output, found as
+    # `skip`, was taken for block 7's hidden state, which a step that ran block 7 did not pass
+    # (NOTE [ blocks a forward skipped ] in _discovery.py).
+    spec = ModelSpec(
+        blocks=(_linear(), _linear(), _linear(), _linear(), BlockSpec(("complex",)), _linear(), _linear(), _linear(),
+                BlockSpec(("linear",), skip_from=5)),
+        seed=53206, width=10, batch=1, draws=((7, "counter"),), layerdrop=0.1,
+    )
+    _check(spec, 0.8757911392405063, "recompute-all")
+
+
+@pytest.mark.parametrize(
+    "spec, memory, method",
+    [
+        pytest.param(
+            # Model 5570: blocks 5 and 6 skipped in the discovery's forward, a Python draw after each.
+            ModelSpec(
+                blocks=(_linear(), _linear(), _linear(), BlockSpec(("skip", "complex"), skip_from=1), _linear(), _linear(),
+                        _linear(), BlockSpec(("mul_", "gain")), BlockSpec(("linear",), skip_from=6), BlockSpec(("sigmoid",))),
+                seed=47549, width=4, batch=1, draws=((5, "python"), (6, "python")), layerdrop=0.5,
+            ),
+            0.924618320610687, "recompute-all", id="5570",
+        ),
+        pytest.param(
+            # Model 6313: NumPy draws after blocks 2 and 5.
+            ModelSpec(
+                blocks=(_linear(), _linear(), _linear(), BlockSpec(("linear",), skip_from=1), _linear(), _linear(), _linear(),
+                        _linear(), _linear()),
+                seed=35403, batch=1, draws=((2, "numpy"), (5, "numpy")), layerdrop=0.3,
+            ),
+            0.9269919590643275, "rotor", id="6313",
+        ),
+    ],
+)
+def test_a_block_after_a_gap_with_a_drawn_state_is_not_linked_to_the_skipped_block(spec, memory, method):
+    # The discovery's forward skipped blocks after which the parent draws a new hidden state
+    # (h = h * s): the made-up calls were linked to the block called after them, so a step that
+    # ran the skipped block raised, its output not the next block's input (NOTE [ blocks a forward
+    # skipped ] in _discovery.py).
+    _check(spec, memory, method)
