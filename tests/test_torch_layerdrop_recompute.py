@@ -68,3 +68,16 @@ def test_a_block_after_a_gap_with_a_drawn_state_is_not_linked_to_the_skipped_blo
     # ran the skipped block raised, its output not the next block's input (NOTE [ blocks a forward
     # skipped ] in _discovery.py).
     _check(spec, memory, method)
+
+
+def test_a_block_first_run_by_a_measuring_pass_is_watched_before_a_plan_recomputes_it():
+    # Model 2747: block 8 (add_ on its input, then a skip) could not run in the profile's passes
+    # (collapsed: NOTE [ blocks a profile cannot run ] in _recorder.py), so no profile saw it
+    # modify its input in place; a call that ran it was measured under its own draws and solved
+    # into a plan that recomputed it, and the step raised. The measuring pass is watched too.
+    spec = ModelSpec(
+        blocks=(_linear(), _linear(), _linear(), BlockSpec(("skip",), skip_from=1), BlockSpec(("mask",)), _linear(), _linear(),
+                BlockSpec(("add_", "skip"), skip_from=3), _linear(), _linear(), _linear()),
+        seed=22836, width=10, batch=1, draws=((5, "counter"),), layerdrop=0.5,
+    )
+    _check(spec, 0.849233983286908, "rotor")
