@@ -81,3 +81,17 @@ def test_a_block_first_run_by_a_measuring_pass_is_watched_before_a_plan_recomput
         seed=22836, width=10, batch=1, draws=((5, "counter"),), layerdrop=0.5,
     )
     _check(spec, 0.849233983286908, "rotor")
+
+
+def test_a_carried_input_written_after_its_offload_was_queued_is_copied_again_before_a_recomputation_reads_it():
+    # Model 5485: the parent adds to block 8's output in place (h += 1). Block 10 is recomputed from
+    # the offloaded output of block 9; a step that skipped block 9 handed block 10 block 8's output,
+    # whose offload was queued before the write, and the recomputation refused the stale copy
+    # (NOTE [ a carried input written after its offload was queued ] in executor.py).
+    spec = ModelSpec(
+        blocks=(BlockSpec(("dropout",)), _linear(), BlockSpec(("stride", "residual")), _linear(), _linear(), _linear(), _linear(),
+                _linear(), BlockSpec(("linear", "gelu", "no_grad")), BlockSpec(("tanh", "index")), BlockSpec(("tanh", "dropout")),
+                BlockSpec(("expand", "gelu"))),
+        seed=35930, width=2, batch=1, between=((8, "iadd"),), layerdrop=0.3,
+    )
+    _check(spec, 0.3352534562211982, None)
