@@ -160,14 +160,13 @@ class Blocks:
 # not from the state the next block took (the fuzz found that silent). A training step that skips a block collapses its
 # stage (NOTE [ skipped stages ] in executor.py).
 # Inside a gap the made-up calls all take the next called block's arguments and hand on the
-# output of the last block called. Where the parent's code made a new hidden state in the gap
-# (h = h * s after a skipped block), a made-up call's input is not that output, and the next
-# call takes, where the blocks before took theirs, the state the made-up one was handed: that
-# is its location (linked between two made-up calls, as taken for granted above; not linked to
-# the block called after the gap, whose input the trace saw made by the parent's code). It is
-# not searched for elsewhere: the output handed on may also be passed as another argument (a
-# skip connection, skip=outputs[j]), which the fuzz's model 1250 (seed 43) took for the hidden
-# state, so a step that ran the block handed it none (tests/test_torch_layerdrop_recompute.py).
+# output of the last block called. That output is never looked for among the next call's other
+# arguments: where the parent's code made a new hidden state in the gap (h = h * s), the link
+# after a made-up call is then not found and the run ends there (the longest run is the chain),
+# as it always did; but where that output is also passed as another argument (a skip connection,
+# skip=outputs[j]), it was found there and taken for the hidden state, and a step that ran the
+# block handed it none, or another tensor than its block before's output (the fuzz's models
+# 1250, 5570 and 6313, seed 43: tests/test_torch_layerdrop_recompute.py).
 
 # NOTE [ finding the blocks ]
 # One forward of the sample (no autograd, model state restored after) with hooks on every child
@@ -403,11 +402,9 @@ def _link(
         return usual, True
     if fresh(here):
         return usual, False
-    if prev.skipped and here is not None and here == prev_in:
-        # ``prev`` is made up and ``cur`` takes, where the blocks before took theirs, the state
-        # ``prev`` was handed: the one carried past the gap (NOTE [ blocks a forward skipped ]).
-        return usual, cur.skipped
-    loc = _hidden_location(prev.out, cur.args, cur.kwargs)
+    # A made-up call's output is the last called block's, handed on: found as another argument
+    # (a skip connection), it is no hidden state (NOTE [ blocks a forward skipped ]).
+    loc = _hidden_location(prev.out, cur.args, cur.kwargs) if not prev.skipped else None
     if loc is not None:
         return loc, True
     loc = _first_location(cur.args, cur.kwargs)

@@ -39,35 +39,37 @@ def test_a_skip_connection_carried_past_skipped_blocks_is_not_taken_for_their_hi
     _check(spec, 0.8757911392405063, "recompute-all")
 
 
-@pytest.mark.parametrize(
-    "spec, memory, method",
-    [
-        pytest.param(
-            # Model 5570: blocks 5 and 6 skipped in the discovery's forward, a Python draw after each.
-            ModelSpec(
-                blocks=(_linear(), _linear(), _linear(), BlockSpec(("skip", "complex"), skip_from=1), _linear(), _linear(),
-                        _linear(), BlockSpec(("mul_", "gain")), BlockSpec(("linear",), skip_from=6), BlockSpec(("sigmoid",))),
-                seed=47549, width=4, batch=1, draws=((5, "python"), (6, "python")), layerdrop=0.5,
-            ),
-            0.924618320610687, "recompute-all", id="5570",
-        ),
-        pytest.param(
-            # Model 6313: NumPy draws after blocks 2 and 5.
-            ModelSpec(
-                blocks=(_linear(), _linear(), _linear(), BlockSpec(("linear",), skip_from=1), _linear(), _linear(), _linear(),
-                        _linear(), _linear()),
-                seed=35403, batch=1, draws=((2, "numpy"), (5, "numpy")), layerdrop=0.3,
-            ),
-            0.9269919590643275, "rotor", id="6313",
-        ),
-    ],
-)
-def test_a_block_after_a_gap_with_a_drawn_state_is_not_linked_to_the_skipped_block(spec, memory, method):
-    # The discovery's forward skipped blocks after which the parent draws a new hidden state
-    # (h = h * s): the made-up calls were linked to the block called after them, so a step that
-    # ran the skipped block raised, its output not the next block's input (NOTE [ blocks a forward
-    # skipped ] in _discovery.py).
-    _check(spec, memory, method)
+def test_a_skip_connection_after_a_gap_with_a_drawn_state_is_not_taken_for_the_hidden_state():
+    # Model 5570: blocks 5 and 6 skipped in the discovery's forward, a Python draw after each;
+    # block 8 takes skip=block 6's output, which was taken for the hidden state of the made-up
+    # calls after the gap, linking them to the blocks around it, so a step that ran them raised
+    # (their output not the next block's input). Now the run ends at the gap, as for a model
+    # without the skip connection, and the plan trains. The shrunk spec also met the unwatched
+    # measuring pass (the mul_ block, collapsed in the profile, recomputed: the 2747 test below);
+    # either fix alone makes it train, neither raises mid-step.
+    spec = ModelSpec(
+        blocks=(_linear(), _linear(), _linear(), BlockSpec(("skip", "complex"), skip_from=1), _linear(), _linear(),
+                _linear(), BlockSpec(("mul_", "gain")), BlockSpec(("linear",), skip_from=6), BlockSpec(("sigmoid",))),
+        seed=47549, width=4, batch=1, draws=((5, "python"), (6, "python")), layerdrop=0.5,
+    )
+    _check(spec, 0.924618320610687, "recompute-all")
+
+
+def test_a_skip_connection_into_a_gap_no_longer_links_it_and_a_plan_that_cannot_fit_is_refused_up_front():
+    # Model 6313: NumPy draws after blocks 2 and 5, block 3 takes skip=block 1's output. The
+    # made-up call of the skipped block 2 took that skip for block 3's hidden state, and a step
+    # that ran block 2 raised mid-step. The chain now ends at the gap (blocks 0-2), where rotor
+    # fits this budget only by recomputing a stage the executor cannot: offload() refuses, before
+    # any step; it never trains on other numbers, and never raises mid-step.
+    spec = ModelSpec(
+        blocks=(_linear(), _linear(), _linear(), BlockSpec(("linear",), skip_from=1), _linear(), _linear(), _linear(),
+                _linear(), _linear()),
+        seed=35403, batch=1, draws=((2, "numpy"), (5, "numpy")), layerdrop=0.3,
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = differential_check(ModelCase(spec), memory=0.9269919590643275, method="rotor")
+    assert out.kind in ("equal", "refused"), out.detail
 
 
 def test_a_block_first_run_by_a_measuring_pass_is_watched_before_a_plan_recomputes_it():
