@@ -159,6 +159,14 @@ class Blocks:
 # there (h = h * s): an unlinked block taken for linked would be recomputed from its own output,
 # not from the state the next block took (the fuzz found that silent). A training step that skips a block collapses its
 # stage (NOTE [ skipped stages ] in executor.py).
+# Inside a gap the made-up calls all take the next called block's arguments and hand on the
+# output of the last block called. That output is never looked for among the next call's other
+# arguments: where the parent's code made a new hidden state in the gap (h = h * s), the link
+# after a made-up call is then not found and the run ends there (the longest run is the chain),
+# as it always did; but where that output is also passed as another argument (a skip connection,
+# skip=outputs[j]), it was found there and taken for the hidden state, and a step that ran the
+# block handed it none, or another tensor than its block before's output (the fuzz's models
+# 1250, 5570 and 6313, seed 43: tests/test_torch_layerdrop_recompute.py).
 
 # NOTE [ finding the blocks ]
 # One forward of the sample (no autograd, model state restored after) with hooks on every child
@@ -394,7 +402,9 @@ def _link(
         return usual, True
     if fresh(here):
         return usual, False
-    loc = _hidden_location(prev.out, cur.args, cur.kwargs)
+    # A made-up call's output is the last called block's, handed on: found as another argument
+    # (a skip connection), it is no hidden state (NOTE [ blocks a forward skipped ]).
+    loc = _hidden_location(prev.out, cur.args, cur.kwargs) if not prev.skipped else None
     if loc is not None:
         return loc, True
     loc = _first_location(cur.args, cur.kwargs)

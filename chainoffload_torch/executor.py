@@ -581,6 +581,8 @@ class ScheduleRun:
                     "between them made a new hidden state), so a recomputation from it would start from another tensor; "
                     "the schedule recomputes it. Train with method='best' (no recomputation), or let offload() plan"
                 )
+            if held is not None and held[1].original and held[1].entry is not None and step.skipped:
+                self._recopy_written_input(step, held[1].entry, hidden)
             b = self.blocks.block_at(idx)
             module = self.blocks.modules[b - 1]
             others = [h for h in module._forward_pre_hooks.values() if not _is_instrument_hook(h)]
@@ -604,6 +606,33 @@ class ScheduleRun:
         if remat.first[idx - 1] != "F":
             step.dropping = idx
             step.slots[idx] = []
+
+    # NOTE [ a carried input written after its offload was queued ]
+    # A plan recomputes block i from an offloaded copy of a_{i-1} only where no profile saw the
+    # code before block i write a_{i-1} after the block before returned it (NOTE [ an input
+    # written after its block returned ] in plans.py). A step that skips the blocks between j and
+    # i hands block i the carried a_j (NOTE [ skipped stages ]), and the code after block j may
+    # write that one (h += 1 after block j) after the offload of unit j was queued at F_j's end:
+    # the copy would lack the write, and the recomputation could not start from it (the fuzz's
+    # model 5485, seed 43, raised at the read). Decision: at block i's start, when this step
+    # skipped blocks and the a_{i-1} held for its recomputation is an offloaded entry whose copy
+    # was queued at another version than the input block i takes, the entry is copied to the
+    # host again while its device copy is still there (the same rule as a storage saved again
+    # after its offload: recopied_bytes, one warning), so the recomputation starts from the bytes
+    # block i read. Not done: an entry whose device copy was already released at block i's start
+    # (no plan releases a unit's copy before F_{i+1} ends, and a carried a_j goes with the
+    # skipped unit's transfers, so the fuzz met none); the read still refuses it, loudly. A step
+    # that skips nothing pays nothing for this check (a test of step.skipped per recomputed block).
+
+    def _recopy_written_input(self, step: _Step, e: Entry, hidden: torch.Tensor) -> None:
+        """Copy ``e`` (the a_{i-1} block i's recomputation starts from) to the host again when
+        the code before block i wrote it after its offload was queued (NOTE [ a carried input
+        written after its offload was queued ])."""
+        if e.state is not S.OFFLOADING:
+            return
+        k = _known(e, hidden)
+        if k is not None and k[2] is not None and k[2] != hidden._version:
+            self._offload_entry(step, e)
 
     def _record_prefix(self, step: _Step) -> PrefixRecord:
         """The record of the code before the first block, stage 1, which the schedule recomputes

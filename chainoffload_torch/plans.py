@@ -373,7 +373,16 @@ class _Planner:
         counter sees ] in _recorder.py: found in a backward, which this measure has not).
         ``redraw=False``: measured under the call's own draws alone (NOTE [ blocks a profile
         cannot run ] in _recorder.py)."""
-        return self.with_written(measure_call_sizes(instrument, self.model, args, kwargs, self.device, redraw=redraw), like)
+        # Watched as a profile is (NOTE [ blocks a recomputation would get wrong ]): under the
+        # call's own draws this pass may run a block no profile ran (one it collapsed), and a plan
+        # solved on these sizes avoids recomputing what any watched pass saw unsafe.
+        with _watch_blocks(instrument.blocks, self.model) as unsafe:
+            sizes = measure_call_sizes(instrument, self.model, args, kwargs, self.device, redraw=redraw)
+        for b, why in unsafe.items():
+            self.unsafe.setdefault(b, why)
+        for b, why in unsafe.inputs.items():
+            self.inputs_written.setdefault(b, why)
+        return self.with_written(sizes, like)
 
     def with_written(self, sizes: Sizes, like: Plan | None) -> Sizes:
         """``sizes`` with the units ``like``'s profile found written where no version counter
@@ -831,6 +840,14 @@ def _recomputed(schedule: co.Schedule) -> set[int]:
 # reshaped output and a next block starting with relu_). An in-place op on a_i itself, or on a
 # view of an a_i that is no view, keeps a_i's node on the path and its hook fires. Such a block
 # is kept, not recomputed; offloading it stays safe (a read before its prefetch fetches it).
+#
+# Which passes are watched: every profile's, and every measuring forward's (_Planner.measure: a
+# new shape's sizes, or a call's own LayerDrop draws when its shapes' plan holds only for calls
+# that skip the blocks its profile could not run). What any of them saw is the handle's
+# (self.unsafe), and a plan solved on measured sizes avoids it. A block a profile collapsed
+# (NOTE [ blocks a profile cannot run ] in _recorder.py) is first run by such a measuring pass:
+# unwatched, the fuzz's model 2747 (seed 43) got a plan recomputing a block that adds to its
+# input in place, and the executor raised mid-step (tests/test_torch_layerdrop_recompute.py).
 
 
 # NOTE [ an input written after its block returned ]

@@ -587,7 +587,10 @@ def test_fuzz_236_a_skipped_stage_before_a_block_that_is_never_recomputed_trains
 # block 0's output as `skip=`, and discovery (under this seed's draws) found blocks 2-4's hidden
 # input at that keyword, which blocks 2 and 3 are not given; a step whose LayerDrop skips block 1
 # has no a_j to carry to block 2, and the step (or the measuring forward of its draws) raised
-# mid-training. The profile drew such a step: offload() now refuses up front.
+# mid-training. The profile drew such a step: offload() then refused up front. Discovery no
+# longer takes a made-up call's handed-on output found as `skip=` for the hidden state (NOTE
+# [ blocks a forward skipped ] in _discovery.py), so the blocks take theirs at argument 0 and
+# the model trains bitwise equal.
 SPEC_3725 = ModelSpec(
     blocks=(
         BlockSpec(('linear',)),
@@ -609,10 +612,9 @@ SPEC_3725 = ModelSpec(
 )
 
 
-def test_fuzz_3725_a_skip_no_step_can_carry_out_drawn_by_the_profile_is_refused_up_front():
+def test_fuzz_3725_a_skip_connection_is_not_taken_for_the_hidden_state_of_skipped_blocks():
     out = _check(SPEC_3725, 0.66, "recompute-all")
-    assert out.kind == "refused", out.detail
-    assert "no offloaded step can skip" in out.detail and "takes its hidden state elsewhere" in out.detail
+    assert out.kind == "equal", out.detail
 
 
 # Model 4812 of the seed-43 recomputing run (recompute-all, memory 0.7), shrunk (the shrunk
