@@ -22,6 +22,7 @@ import chainoffload_torch as ct  # noqa: E402
 from chainoffload_torch import _stages, executor  # noqa: E402
 from chainoffload_torch._recompute import Slot  # noqa: E402
 from chainoffload_torch._saved import version_probe  # noqa: E402
+from recompute_blocks import ScalesInput, TanhOut  # noqa: E402
 
 L = 8
 INPLACE_ERROR = "one of the variables needed for gradient computation has been modified by an inplace operation"
@@ -36,28 +37,6 @@ class Blk(nn.Module):
 
     def forward(self, x):
         return x + self.l2(self.dp(torch.tanh(self.l1(x))))
-
-
-class ScalesInput(nn.Module):
-    """Scales its input in place: the tanh output the block before saved (when that block is a
-    TanhOut, saved by a stage the schedule runs with saving)."""
-
-    def __init__(self, d):
-        super().__init__()
-        self.lin = nn.Linear(d, d)
-
-    def forward(self, x):
-        x.mul_(0.5)
-        return self.lin(x)
-
-
-class TanhOut(nn.Module):
-    def __init__(self, d):
-        super().__init__()
-        self.lin = nn.Linear(d, d)
-
-    def forward(self, x):
-        return torch.tanh(self.lin(x))  # tanh saves its output
 
 
 def checkpointing_schedule(length: int) -> co.Schedule:

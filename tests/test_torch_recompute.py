@@ -13,6 +13,7 @@ from torch import nn  # noqa: E402
 import chainoffload as co  # noqa: E402
 import chainoffload_torch as ct  # noqa: E402
 from chainoffload.bounds import offload_memory_floor  # noqa: E402
+from recompute_blocks import ScalesInput, TanhOut  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
@@ -380,25 +381,6 @@ def test_the_table_says_per_block_recompute_how_many_times_checkpoint_and_offloa
     rows = {r["stage"]: r["decision"] for r in handle.decisions()}
     assert rows[3] == "recompute (1 time); offload a_i alone; a_i kept as a checkpoint (recomputations start from it)"
     handle.remove()
-
-
-class TanhOut(nn.Module):
-    def __init__(self, d):
-        super().__init__()
-        self.lin = nn.Linear(d, d)
-
-    def forward(self, x):
-        return torch.tanh(self.lin(x))  # tanh saves its output
-
-
-class ScalesInput(nn.Module):
-    def __init__(self, d):
-        super().__init__()
-        self.lin = nn.Linear(d, d)
-
-    def forward(self, x):
-        x.mul_(0.5)  # the tensor the block before saved
-        return self.lin(x)
 
 
 def test_a_saved_tensor_modified_in_place_after_a_block_run_without_saving_raises_as_plain_pytorch():
