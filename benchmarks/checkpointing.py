@@ -32,9 +32,14 @@ simulated on the probe's chain for (c) and (d), its copies counted inline with c
 ``handle.decisions()``), and whether the gradients are ``torch.equal`` to plain training's
 (the same seed before every forward).
 
-    python benchmarks/checkpointing.py [--steps 7] [--warmup 2] [name ...]
+    python benchmarks/checkpointing.py [--steps 7] [--warmup 2] [--width 256] [name ...]
 
-Writes ``benchmarks/results/checkpointing.md`` when every model runs (no names given).
+``--width`` sets the hidden size (the feed-forward sizes scale with it; 8 layers, the same
+batch): the executor's host work per recomputation is about fixed, the blocks' compute grows
+with the width, so the width shows which share of the step that work is. Also the thread's CPU
+time of each step (the load of other sessions moves it far less than wall time). Writes
+``benchmarks/results/checkpointing.md`` (``checkpointing_wW.md`` at another width) when every
+model runs (no names given).
 """
 
 from __future__ import annotations
@@ -68,14 +73,21 @@ VARIANTS = (
 )
 
 
-def build(name: str) -> tuple[nn.Module, dict]:
-    """Model ``name`` of :data:`MODELS` from its config (seeded, in training mode) and its batch."""
+def build(name: str, width: int = 256) -> tuple[nn.Module, dict]:
+    """Model ``name`` of :data:`MODELS` from its config (seeded, in training mode) and its batch.
+
+    ``width`` is the hidden size (a multiple of 64: one attention head per 64); the feed-forward
+    sizes scale with it, the layers, sequence and batch stay. 256 is the results file's model."""
     import transformers as tf
 
+    if width < 64 or width % 64:
+        raise ValueError(f"width: {width} is not a positive multiple of 64")
+    heads, scale = width // 64, width / 256
     torch.manual_seed(0)
     if name == "llama":
         config = tf.LlamaConfig(
-            hidden_size=256, intermediate_size=688, num_attention_heads=4, num_key_value_heads=4, num_hidden_layers=8,
+            hidden_size=width, intermediate_size=round(688 * scale), num_attention_heads=heads,
+            num_key_value_heads=heads, num_hidden_layers=8,
             vocab_size=1024, max_position_embeddings=256, use_cache=False,
         )
         model = tf.LlamaForCausalLM(config)
@@ -83,7 +95,7 @@ def build(name: str) -> tuple[nn.Module, dict]:
         batch = {"input_ids": ids, "labels": ids}
     elif name == "bert":
         config = tf.BertConfig(
-            hidden_size=256, intermediate_size=1024, num_attention_heads=4, num_hidden_layers=8, vocab_size=1024,
+            hidden_size=width, intermediate_size=4 * width, num_attention_heads=heads, num_hidden_layers=8, vocab_size=1024,
             max_position_embeddings=256, hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1,
         )
         model = tf.BertForMaskedLM(config)
@@ -91,7 +103,7 @@ def build(name: str) -> tuple[nn.Module, dict]:
         batch = {"input_ids": ids, "labels": ids}
     elif name == "t5":
         config = tf.T5Config(
-            d_model=256, d_ff=1024, d_kv=64, num_heads=4, num_layers=8, num_decoder_layers=8, vocab_size=1024,
+            d_model=width, d_ff=4 * width, d_kv=64, num_heads=heads, num_layers=8, num_decoder_layers=8, vocab_size=1024,
             dropout_rate=0.1, use_cache=False, decoder_start_token_id=0, pad_token_id=0,
         )
         model = tf.T5ForConditionalGeneration(config)
@@ -102,13 +114,15 @@ def build(name: str) -> tuple[nn.Module, dict]:
     return model, batch
 
 
-def step(model: nn.Module, batch: dict, seed: int) -> float:
-    """One training step's seconds (forward, loss, backward), gradients zeroed before."""
+def step(model: nn.Module, batch: dict, seed: int) -> tuple[float, float]:
+    """One training step (forward, loss, backward), gradients zeroed before: its wall seconds
+    and the seconds of CPU the thread spent (``time.thread_time``: one thread computes, so the
+    other sessions of a shared machine move it far less than the wall time)."""
     model.zero_grad(set_to_none=True)
     torch.manual_seed(seed)  # the same dropout masks in every variant
-    t0 = time.perf_counter()
+    c0, t0 = time.thread_time(), time.perf_counter()
     model(**batch).loss.backward()
-    return time.perf_counter() - t0
+    return time.perf_counter() - t0, time.thread_time() - c0
 
 
 def plan_summary(handle: object) -> str:
@@ -124,8 +138,8 @@ def plan_summary(handle: object) -> str:
     )
 
 
-def run(name: str, steps: int, warmup: int) -> list[dict]:
-    base, batch = build(name)
+def run(name: str, steps: int, warmup: int, width: int = 256) -> list[dict]:
+    base, batch = build(name, width)
     # The model's own profile: a keep-all plan's chain (nothing offloaded), its link and the
     # bytes resident outside the chain (a whole step's memory is the chain's plus those).
     with warnings.catch_warnings():
@@ -173,10 +187,13 @@ def run(name: str, steps: int, warmup: int) -> list[dict]:
         for v in running:
             step(models[v], batch, s)
     seconds: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    cpu: dict[str, list[float]] = {v: [] for v in VARIANTS}
     equal = {v: True for v in VARIANTS}
     for s in range(steps):
         for v in running:
-            seconds[v].append(step(models[v], batch, 100 + s))
+            wall, thread = step(models[v], batch, 100 + s)
+            seconds[v].append(wall)
+            cpu[v].append(thread)
         for v in running[1:]:
             equal[v] &= all(
                 (p.grad is None) == (q.grad is None) and (p.grad is None or torch.equal(p.grad, q.grad))
@@ -203,6 +220,7 @@ def run(name: str, steps: int, warmup: int) -> list[dict]:
         rows.append({
             "model": name, "variant": v, "memory": memory[v], "keep_all": keep_all,
             "measured": statistics.median(seconds[v]) if seconds[v] else None, "simulated": simulated.get(v),
+            "cpu": statistics.median(cpu[v]) if cpu[v] else None,
             "does": does[v], "equal": None if v == "plain" or v in refused else equal[v],
             "ck_charged": ck_charged,
         })
@@ -214,18 +232,19 @@ def run(name: str, steps: int, warmup: int) -> list[dict]:
 def table(rows: list[dict]) -> str:
     lines = [
         "| model | run | memory (share of keep-all) | measured step (median) | simulated step | vs HF checkpointing "
-        "(measured / simulated) | what it does | grads vs plain |",
-        "|---|---|---:|---:|---:|---:|---|---|",
+        "(measured / simulated) | thread CPU (median), vs HF checkpointing | what it does | grads vs plain |",
+        "|---|---|---:|---:|---:|---:|---:|---|---|",
     ]
     for r in rows:
         ref = next(x for x in rows if x["model"] == r["model"] and x["variant"] == VARIANTS[1])
         equal = "-" if r["equal"] is None else ("torch.equal" if r["equal"] else "NOT EQUAL")
         if r["measured"] is None:
-            times = "- | - | -"
+            times = "- | - | - | -"
         else:
             times = (
                 f"{1000 * r['measured']:.1f} ms | {1000 * r['simulated']:.1f} ms | "
-                f"{r['measured'] / ref['measured']:.3f} / {r['simulated'] / ref['simulated']:.3f}"
+                f"{r['measured'] / ref['measured']:.3f} / {r['simulated'] / ref['simulated']:.3f} | "
+                f"{1000 * r['cpu']:.1f} ms, {r['cpu'] / ref['cpu']:.3f}"
             )
         lines.append(
             f"| {r['model']} | {r['variant']} | {format_bytes(r['memory'])} ({100 * r['memory'] / r['keep_all']:.0f} %) | "
@@ -246,8 +265,9 @@ def verdicts(rows: list[dict]) -> list[str]:
             continue
         text = (
             f"- {name}: at checkpointing's memory offload() takes {c['measured'] / ck['measured']:.3f}x checkpointing's "
-            f"measured step ({c['simulated'] / ck['simulated']:.3f}x simulated); halfway to keep-all "
-            f"{d['measured'] / ck['measured']:.3f}x measured ({d['simulated'] / ck['simulated']:.3f}x simulated)."
+            f"measured step ({c['cpu'] / ck['cpu']:.3f}x its thread CPU time, {c['simulated'] / ck['simulated']:.3f}x "
+            f"simulated); halfway to keep-all {d['measured'] / ck['measured']:.3f}x measured ({d['cpu'] / ck['cpu']:.3f}x "
+            f"thread CPU, {d['simulated'] / ck['simulated']:.3f}x simulated)."
             f" On offload()'s own chain, which charges the executor's host work per recomputation, checkpointing's "
             f"schedule simulates {1000 * c['ck_charged']:.1f} ms: the plan at its memory {c['simulated'] / c['ck_charged']:.3f}x that."
         )
@@ -266,7 +286,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("names", nargs="*", metavar="name", help=f"models (default: all): {', '.join(MODELS)}")
     parser.add_argument("--steps", type=int, default=7, help="timed steps per run (default 7)")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps per run first (default 2)")
+    parser.add_argument("--width", type=int, default=256, help="hidden size, a multiple of 64 (default 256)")
     opts = parser.parse_args(argv)
+    if opts.width < 64 or opts.width % 64:
+        parser.error(f"--width: {opts.width} is not a positive multiple of 64")
     for n in opts.names:
         if n not in MODELS:
             parser.error(f"name: {n!r} is not one of {', '.join(MODELS)}")
@@ -276,20 +299,22 @@ def main(argv: list[str]) -> int:
     load = open("/proc/loadavg").read().split()[:3] if os.path.exists("/proc/loadavg") else ["?"]
     rows = []
     for name in opts.names or MODELS:
-        rows += run(name, opts.steps, opts.warmup)
+        rows += run(name, opts.steps, opts.warmup, opts.width)
         print(f"{name}: done", flush=True)
     end = open("/proc/loadavg").read().split()[:3] if os.path.exists("/proc/loadavg") else ["?"]
     text = "\n".join([
         table(rows), "", "Verdicts:", "", *verdicts(rows), "",
         f"Median of {opts.steps} steps after {opts.warmup} warm-up steps per run, the runs of a model interleaved "
-        f"step by step; CPU, torch.set_num_threads(1), torch {torch.__version__}; load average (/proc/loadavg) "
+        f"step by step; hidden size {opts.width}; CPU, torch.set_num_threads(1), torch {torch.__version__}; load average (/proc/loadavg) "
         f"{' '.join(load)} at the start, {' '.join(end)} at the end.",
     ])
     print(text)
     if not opts.names:
         RESULTS.mkdir(exist_ok=True)
-        command = f"python benchmarks/checkpointing.py --steps {opts.steps} --warmup {opts.warmup}"
-        (RESULTS / "checkpointing.md").write_text(f"`{command}`\n\n{text}\n")
+        wide = "" if opts.width == 256 else f" --width {opts.width}"
+        command = f"python benchmarks/checkpointing.py --steps {opts.steps} --warmup {opts.warmup}{wide}"
+        out = "checkpointing.md" if opts.width == 256 else f"checkpointing_w{opts.width}.md"
+        (RESULTS / out).write_text(f"`{command}`\n\n{text}\n")
     return 0 if all(r["equal"] is not False for r in rows) else 1
 
 

@@ -52,6 +52,7 @@ from ._recompute import (
     Act,
     CallRecord,
     PrefixRecord,
+    RecomputationEnd,
     RematPlan,
     Slot,
     argument_state,
@@ -232,6 +233,14 @@ class ScheduleRun:
             raise TypeError(f"platform: expected a chainoffload.Platform, got {type(platform).__name__}")
         schedule.validate(chain)
         self.remat = RematPlan.of(schedule, chain.length) if schedule.has_remat else None
+        #: The ops after the forward whose recomputation may stop once it filled its last slot:
+        #: an F whose a_i no later recomputation reads and no transfer of its unit moves
+        #: (NOTE [ a recomputation stops at its last saved tensor ] in _recompute.py).
+        self._stops = frozenset(
+            k for k, (kind, i) in enumerate(schedule.compute)
+            if self.remat is not None and kind == "F" and k > self.remat.orig[i - 1] and k not in self.remat.last_read
+            and not any(t.unit == i and t.op >= k for t in schedule.transfers)
+        )
         self.blocks = blocks
         self.model = model
         if self.remat is not None:
@@ -1159,16 +1168,23 @@ class ScheduleRun:
         step.inst[i] = "whole" if kind == "F" else "a"
         records: list[Any] = []
         if kind == "F":
+            # NOTE [ a recomputation stops at its last saved tensor ] in _recompute.py
+            stop = len(step.slots.get(i) or ()) if (
+                k in self._stops and type(rec) is CallRecord and rec.objects is None
+            ) else 0
             hooks = torch.autograd.graph.saved_tensors_hooks(
-                lambda t: self._pack_recomputed(step, i, records, t), _unpack_nothing
+                lambda t: self._pack_recomputed(step, i, records, t, stop), _unpack_nothing
             )
         else:
             hooks = torch.autograd.graph.saved_tensors_hooks(_pack_nothing, _unpack_nothing)
         current, step.current = step.current, i
+        stopped = False
         try:
             with recomputing():
                 # Fck / Fn keep nothing: on CPU without autograd (NOTE [ what an Fck or Fn costs ]).
                 out = rec.call(x, hooks, grad=kind == "F" or not recomputes_without_grad(self.device))
+        except RecomputationEnd:
+            out, stopped = None, True
         except Exception as exc:
             if str(exc).startswith("chainoffload_torch:"):
                 raise
@@ -1183,7 +1199,7 @@ class ScheduleRun:
         finally:
             step.current = current
         a = first_tensor(out)
-        if not isinstance(a, torch.Tensor):
+        if not stopped and not isinstance(a, torch.Tensor):
             raise RuntimeError(f"chainoffload_torch: {what} returned no tensor when recomputed")
         if kind == "F":
             slots = step.slots.pop(i, None)
@@ -1200,19 +1216,26 @@ class ScheduleRun:
         twins, rec.twins = rec.twins, []
         if twins:  # NOTE [ state a recomputation puts back ] in _recompute.py
             _save_originals(twins, records, what)
+        if stopped:  # no a_i made, and none read (NOTE [ a recomputation stops at its last saved tensor ])
+            step.stats.recomputed_ops += 1
+            return
         ledger.stage_end(i, x, None, a)
         if k in self.remat.last_read:
             step.acts[i] = (k, Act(a, ledger.output.get(i), original=False))
         step.stats.recomputed_ops += 1
         del out, a, x
 
-    def _pack_recomputed(self, step: _Step, stage: int, records: list, t: torch.Tensor) -> None:
+    def _pack_recomputed(self, step: _Step, stage: int, records: list, t: torch.Tensor, stop: int = 0) -> None:
         """Pack hook of a recomputed F: the record goes to the original call's slot, nothing to
-        the recomputation's own graph (which is never run backward)."""
+        the recomputation's own graph (which is never run backward). ``stop``: raise
+        RecomputationEnd once that many records are made (0: never; NOTE [ a recomputation
+        stops at its last saved tensor ] in _recompute.py)."""
         record = self._record(step, t, stage)
         if isinstance(record, Kept):
             record.tensor = t.detach()  # not the recomputation's graph, which is dropped
         records.append(record)
+        if len(records) == stop:
+            raise RecomputationEnd
 
     def _read_act(self, step: _Step, act: Act, rec: CallRecord) -> torch.Tensor:
         """The a_{i-1} a recomputation starts from: on the device, or its prefetched copy."""

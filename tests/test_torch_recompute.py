@@ -545,13 +545,28 @@ def test_checkpointing_what_the_executor_can_recompute_is_a_candidate_of_every_r
 
 
 def _grad_modes(model):
-    """Hooks that log, per block call, (block, whether grad mode was on)."""
+    """Wrappers of the blocks' forwards that log, per block call, (block, whether grad mode was
+    on), and their undoers. Not forward hooks: a recomputation that stops at its last saved
+    tensor never reaches them (NOTE [ a recomputation stops at its last saved tensor ]); nor
+    pre-hooks, which a recomputed block must not have."""
     log = []
-    handles = [
-        m.register_forward_hook(lambda mod, a, out, b=b: log.append((b, torch.is_grad_enabled())))
-        for b, m in enumerate(model, start=1)
-    ]
-    return log, handles
+
+    def logged(b, forward):
+        def run(*args, **kwargs):
+            log.append((b, torch.is_grad_enabled()))
+            return forward(*args, **kwargs)
+        return run
+
+    class Undo:
+        def __init__(self, m):
+            self.m = m
+
+        def remove(self):
+            del self.m.forward
+
+    for b, m in enumerate(model, start=1):
+        m.forward = logged(b, m.forward)
+    return log, [Undo(m) for m in model]
 
 
 def _reforwards(schedule, length):
