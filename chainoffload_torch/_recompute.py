@@ -487,11 +487,19 @@ def _argument_name(module: nn.Module, k: int) -> str:
     return params[k].name if k < len(params) else f"positional argument {k}"
 
 
-def _named_arguments(module: nn.Module, args: tuple, kwargs: dict, hidden_at: tuple[str, Any] | None) -> list[tuple[str, Any]]:
+def _arguments(args: tuple, kwargs: dict, hidden_at: tuple[str, Any] | None) -> list[tuple[int | str, Any]]:
+    """The call's arguments but the hidden state, each with its position or keyword. A
+    position's name is read from the forward's signature only for a message (``_name``):
+    inspect.signature at every argument of every recorded call was about 2 ms of a step of
+    benchmarks/checkpointing.py's T5, whose blocks take eight positional arguments."""
     where, key = hidden_at if hidden_at is not None else (None, None)
-    named = [(_argument_name(module, j), a) for j, a in enumerate(args) if not (where == "arg" and j == key)]
+    named: list[tuple[int | str, Any]] = [(j, a) for j, a in enumerate(args) if not (where == "arg" and j == key)]
     named += [(k, v) for k, v in kwargs.items() if not (where == "kw" and k == key)]
     return named
+
+
+def _name(module: nn.Module, at: int | str) -> str:
+    return at if isinstance(at, str) else _argument_name(module, at)
 
 
 def _a(kind: str) -> str:
@@ -504,12 +512,12 @@ def stateful_argument(module: nn.Module, args: tuple, kwargs: dict, hidden_at: t
     ``hidden_at``; ``None``: none) that holds an object other than a tensor, a value or a
     container of those (NOTE [ arguments a recomputation would change again ]). Used where no
     state is put back: the model's own call, which the code before the first block reruns."""
-    for name, value in _named_arguments(module, args, kwargs, hidden_at):
+    for at, value in _arguments(args, kwargs, hidden_at):
         found = _stateful_in(value)
         if found is not None:
             kind = type(found).__name__
             return (
-                f"takes {_a(kind)} argument ({name}) that its forward may change: a recomputation would change it "
+                f"takes {_a(kind)} argument ({_name(module, at)}) that its forward may change: a recomputation would change it "
                 f"again{' (a key/value cache: call the model with use_cache=False)' if 'Cache' in kind else ''}"
             )
     return None
@@ -521,17 +529,19 @@ def argument_state(
     """The picture of the state objects among a block call's arguments (``None``: none), or why
     a recomputation cannot put their state back (NOTE [ state a recomputation puts back ])."""
     roots: list = []
-    names: list[str] = []
-    for name, value in _named_arguments(module, args, kwargs, hidden_at):
+    places: list[int | str] = []
+    for at, value in _arguments(args, kwargs, hidden_at):
         found: list = []
         _state_objects(value, found)
         roots += found
-        names += [name] * len(found)
+        places += [at] * len(found)
     if not roots:
         return None, None
     state = ObjectState(roots)
     if state.why is not None:
-        kinds = ", ".join(dict.fromkeys(f"{_a(type(r).__name__)} ({n})" for r, n in zip(roots, names, strict=True)))
+        kinds = ", ".join(dict.fromkeys(
+            f"{_a(type(r).__name__)} ({_name(module, at)})" for r, at in zip(roots, places, strict=True)
+        ))
         hf = any(type(r).__module__.startswith("transformers") for r in roots)
         cache = "; call the model with use_cache=False" if hf else ""
         return None, f"takes {kinds}, whose state a recomputation cannot put back ({state.why}){cache}"
