@@ -950,6 +950,9 @@ class ScheduleRun:
                 self._offload_entry(step, entry)
             elif entry.state is S.OFFLOADING:
                 self._recopy_if_stale(step, entry, t)
+        elif entry.state is S.OFFLOADING:
+            # NOTE [ a carried entry saved after its copy was queued ]
+            self._recopy_if_stale(step, entry, t)
         probe = _counter(entry, t)[1]
         return Packed(entry, t, probe, stage)
 
@@ -970,6 +973,20 @@ class ScheduleRun:
     # only keep a unit from owning what it cannot free, and no unit moves. On CUDA it still
     # does: the step's measured peak counts a model input a_0 (step.a0_before) by whether the
     # ledger owns it, which reads them.
+
+    # NOTE [ a carried entry saved after its copy was queued ]
+    # A step that skips block k carries a_{k-1} on, and its entry goes to the skipped unit k
+    # (NOTE [ skipped stages ]). When unit k-1's offload was queued at F_{k-1}'s end, the entry's
+    # copy is queued with it (state OFFLOADING), and the code after block k-1 may write a_{k-1}
+    # after that (h.mul_(0.9) after the block). A block after the skipped place saves the written
+    # a_{k-1}: its entry is now unit k's, whose own offload is not issued yet, so the rule of a
+    # storage saved after its unit's offload (recopy if stale) did not apply; the saved record
+    # read the unwritten host copy in the backward and the block's weight gradient was off,
+    # silently (the recomputing fuzz of seed 43, model 5669: a joint plan that offloads every
+    # unit, LayerDrop 0.5). Decision: a storage whose copy was queued is copied again when it is
+    # saved at another version than the copy's, whichever unit owns it now (the same rule,
+    # recopied_bytes and one warning); unit k's offload then finds it queued and sends nothing
+    # more.
 
     def _recopy_if_stale(self, step: _Step, e: Entry, t: torch.Tensor) -> None:
         """Copy ``e`` to the host again if its storage may have changed since its copy was queued.
