@@ -18,7 +18,11 @@ one process, the steps interleaved (round robin, so that the machine's load fall
 (d) ``ct.offload(model, batch, memory=(M_ck + keep-all peak) / 2)``;
 (e) ``ct.offload(model, batch)`` (the keep-all peak: nothing moved or recomputed, so the
     executor stays passive): the same work as plain training, a control whose gap to (a) is the
-    run's noise.
+    run's noise;
+(f) ``ct.offload(model, batch, memory=M_ck, method="rotor")``: recomputation alone at (c)'s
+    memory, a schedule of checkpointing's own family (rotor never loses to checkpoint-all), so
+    its gap to (b) is the executor's against ``torch.utils.checkpoint`` on the same kind of
+    schedule, and its gap to (c) what moving bytes costs where (c) moves some.
 
 For each: the median step time (forward, the model's loss, backward; no optimizer step, so every
 step computes the same gradients) of ``--steps`` steps after ``--warmup``, the simulated step
@@ -32,7 +36,12 @@ simulated on the probe's chain for (c) and (d), its copies counted inline with c
 ``handle.decisions()``), and whether the gradients are ``torch.equal`` to plain training's
 (the same seed before every forward).
 
-    python benchmarks/checkpointing.py [--steps 7] [--warmup 2] [--width 256] [name ...]
+    python benchmarks/checkpointing.py [--steps 7] [--warmup 2] [--width 256] [--rounds 1] [name ...]
+
+``--rounds R`` runs it all R times, each round on fresh deep copies of the model (offload()
+profiling and planning anew), and takes the medians over every round's steps: two copies of one
+model trained alike measure up to 2 % apart on this machine (where their storages lie), which
+one round cannot tell from a difference between the runs.
 
 ``--width`` sets the hidden size (the feed-forward sizes scale with it; 8 layers, the same
 batch): the executor's host work per recomputation is about fixed, the blocks' compute grows
@@ -69,7 +78,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 MODELS = ("llama", "bert", "t5")
 VARIANTS = (
     "plain", "HF checkpointing", "offload() at checkpointing's memory", "offload() halfway to keep-all",
-    "offload() at the keep-all peak",
+    "offload() at the keep-all peak", "offload(method='rotor') at checkpointing's memory",
 )
 
 
@@ -138,7 +147,7 @@ def plan_summary(handle: object) -> str:
     )
 
 
-def run(name: str, steps: int, warmup: int, width: int = 256) -> list[dict]:
+def run(name: str, steps: int, warmup: int, width: int = 256, rounds: int = 1) -> list[dict]:
     base, batch = build(name, width)
     # The model's own profile: a keep-all plan's chain (nothing offloaded), its link and the
     # bytes resident outside the chain (a whole step's memory is the chain's plus those).
@@ -170,42 +179,59 @@ def run(name: str, steps: int, warmup: int, width: int = 256) -> list[dict]:
     core_peak = policy_peak(chain, "checkpoint-all")
     memory_ck = ck_chain_peak + resident
     memory_half = (memory_ck + keep_all) // 2
-    models = {v: copy.deepcopy(base) for v in VARIANTS}
-    models["HF checkpointing"].gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    handles, refused = {}, {}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        for v, memory in ((VARIANTS[2], memory_ck), (VARIANTS[3], memory_half), (VARIANTS[4], None)):
-            try:
-                handles[v] = ct.offload(models[v], batch, memory=memory)
-            except ValueError as err:  # the row says so, with offload()'s reason
-                if "no schedule fits" not in str(err):
-                    raise
-                refused[v] = str(err).split("; least memory known to work", 1)[0]
-    running = [v for v in VARIANTS if v not in refused]
-    for s in range(warmup):
-        for v in running:
-            step(models[v], batch, s)
     seconds: dict[str, list[float]] = {v: [] for v in VARIANTS}
     cpu: dict[str, list[float]] = {v: [] for v in VARIANTS}
     equal = {v: True for v in VARIANTS}
-    for s in range(steps):
-        for v in running:
-            wall, thread = step(models[v], batch, 100 + s)
-            seconds[v].append(wall)
-            cpu[v].append(thread)
-        for v in running[1:]:
-            equal[v] &= all(
-                (p.grad is None) == (q.grad is None) and (p.grad is None or torch.equal(p.grad, q.grad))
-                for p, q in zip(models[v].parameters(), models["plain"].parameters(), strict=True)
-            )
+    refused: dict[str, str] = {}
+    plans: dict[str, list[str]] = {v: [] for v in VARIANTS}  # per round, what the plan does
+    sims: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    for _ in range(rounds):
+        # Fresh copies every round: two copies of one model, trained alike, differ by up to 2 %
+        # on this machine (where their storages lie), and each round's offload() profiles anew.
+        models = {v: copy.deepcopy(base) for v in VARIANTS}
+        models["HF checkpointing"].gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        handles = {}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for v, memory, method in (
+                (VARIANTS[2], memory_ck, None), (VARIANTS[3], memory_half, None), (VARIANTS[4], None, None),
+                (VARIANTS[5], memory_ck, "rotor"),
+            ):
+                if v in refused:
+                    continue
+                try:
+                    handles[v] = ct.offload(models[v], batch, memory=memory, method=method)
+                except ValueError as err:  # the row says so, with offload()'s reason
+                    if "no schedule fits" not in str(err):
+                        raise
+                    refused[v] = str(err).split("; least memory known to work", 1)[0]
+        running = [v for v in VARIANTS if v not in refused]
+        for s in range(warmup):
+            for v in running:
+                step(models[v], batch, s)
+        for s in range(steps):
+            for v in running:
+                wall, thread = step(models[v], batch, 100 + s)
+                seconds[v].append(wall)
+                cpu[v].append(thread)
+            for v in running[1:]:
+                equal[v] &= all(
+                    (p.grad is None) == (q.grad is None) and (p.grad is None or torch.equal(p.grad, q.grad))
+                    for p, q in zip(models[v].parameters(), models["plain"].parameters(), strict=True)
+                )
+        for v, h in handles.items():
+            # The plan's schedule on the probe's profile (the same stages: the layout is the model's),
+            # its step as the adapter predicts it: on CPU its copies inline with compute (Plan.overlap).
+            same = h.plan.chain.length == chain.length
+            sims[v].append(step_time(co.simulate(chain, unlimited, h.plan.schedule), h.plan.overlap) if same else h.plan.makespan)
+            plans[v].append(plan_summary(h))
+            h.remove()
     simulated = {VARIANTS[0]: chain.compute_time, VARIANTS[1]: ck.makespan}
-    for v, h in handles.items():
-        # The plan's schedule on the probe's profile (the same stages: the layout is the model's),
-        # its step as the adapter predicts it: on CPU its copies inline with compute (Plan.overlap).
-        same = h.plan.chain.length == chain.length
-        simulated[v] = step_time(co.simulate(chain, unlimited, h.plan.schedule), h.plan.overlap) if same else h.plan.makespan
-    memory = {VARIANTS[0]: keep_all, VARIANTS[1]: memory_ck, VARIANTS[2]: memory_ck, VARIANTS[3]: memory_half, VARIANTS[4]: keep_all}
+    simulated.update({v: statistics.median(x) for v, x in sims.items() if x})
+    memory = {
+        VARIANTS[0]: keep_all, VARIANTS[1]: memory_ck, VARIANTS[2]: memory_ck, VARIANTS[3]: memory_half,
+        VARIANTS[4]: keep_all, VARIANTS[5]: memory_ck,
+    }
     kept = ", ".join(x for x in ("the prefix stage" if prefix else "", f"{len(tails)} code-after-block stage(s)" if tails else "") if x)
     ck_does = f"every block but the last recomputed once ({chain.length} stages{', ' + kept + ' kept' if kept else ''})"
     if core_peak != ck_chain_peak:
@@ -213,8 +239,13 @@ def run(name: str, steps: int, warmup: int, width: int = 256) -> list[dict]:
     does = {VARIANTS[0]: "keeps everything", VARIANTS[1]: ck_does}
     rows = []
     for v in VARIANTS:
-        if v in handles:
-            does[v] = plan_summary(handles[v])
+        if plans[v]:
+            # The plan of each round (profiles differ), with the rounds that made it.
+            made = {d: [i + 1 for i, x in enumerate(plans[v]) if x == d] for d in dict.fromkeys(plans[v])}
+            does[v] = "; ".join(
+                d if len(made) == 1 else f"{d} (round{'s' if len(i) > 1 else ''} {', '.join(map(str, i))})"
+                for d, i in made.items()
+            )
         if v in refused:
             does[v] = f"REFUSED: {refused[v]}"
         rows.append({
@@ -224,8 +255,6 @@ def run(name: str, steps: int, warmup: int, width: int = 256) -> list[dict]:
             "does": does[v], "equal": None if v == "plain" or v in refused else equal[v],
             "ck_charged": ck_charged,
         })
-    for h in handles.values():
-        h.remove()
     return rows
 
 
@@ -277,6 +306,16 @@ def verdicts(rows: list[dict]) -> list[str]:
                 f" Control: offload() at the keep-all peak, plain training's work, measured {e['measured'] / plain['measured']:.3f}x "
                 "plain training's step (the noise of this run; simulated 1.000x)."
             )
+        f = by.get(VARIANTS[5])
+        if f is not None and f["measured"] is not None:
+            text += (
+                f" Recomputation alone at checkpointing's memory (method='rotor', a schedule of its family): "
+                f"{f['measured'] / ck['measured']:.3f}x checkpointing's measured step ({f['cpu'] / ck['cpu']:.3f}x thread CPU, "
+                f"{f['simulated'] / ck['simulated']:.3f}x simulated)"
+            )
+            if c["does"] != f["does"]:
+                text += f"; offload()'s own plan there {c['measured'] / f['measured']:.3f}x its measured step ({c['simulated'] / f['simulated']:.3f}x simulated)"
+            text += "."
         out.append(text)
     return out
 
@@ -287,32 +326,39 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--steps", type=int, default=7, help="timed steps per run (default 7)")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps per run first (default 2)")
     parser.add_argument("--width", type=int, default=256, help="hidden size, a multiple of 64 (default 256)")
+    parser.add_argument(
+        "--rounds", type=int, default=1,
+        help="rounds, each on fresh copies of the model with offload() run anew (default 1); medians over all",
+    )
     opts = parser.parse_args(argv)
     if opts.width < 64 or opts.width % 64:
         parser.error(f"--width: {opts.width} is not a positive multiple of 64")
     for n in opts.names:
         if n not in MODELS:
             parser.error(f"name: {n!r} is not one of {', '.join(MODELS)}")
-    if opts.steps < 1 or opts.warmup < 0:
-        parser.error(f"--steps, --warmup: {opts.steps}, {opts.warmup} must be >= 1 and >= 0")
+    if opts.steps < 1 or opts.warmup < 0 or opts.rounds < 1:
+        parser.error(f"--steps, --warmup, --rounds: {opts.steps}, {opts.warmup}, {opts.rounds} must be >= 1, >= 0, >= 1")
     torch.set_num_threads(1)
     load = open("/proc/loadavg").read().split()[:3] if os.path.exists("/proc/loadavg") else ["?"]
     rows = []
     for name in opts.names or MODELS:
-        rows += run(name, opts.steps, opts.warmup, opts.width)
+        rows += run(name, opts.steps, opts.warmup, opts.width, opts.rounds)
         print(f"{name}: done", flush=True)
     end = open("/proc/loadavg").read().split()[:3] if os.path.exists("/proc/loadavg") else ["?"]
     text = "\n".join([
         table(rows), "", "Verdicts:", "", *verdicts(rows), "",
-        f"Median of {opts.steps} steps after {opts.warmup} warm-up steps per run, the runs of a model interleaved "
-        f"step by step; hidden size {opts.width}; CPU, torch.set_num_threads(1), torch {torch.__version__}; load average (/proc/loadavg) "
+        f"Median of {opts.steps} steps after {opts.warmup} warm-up steps per run"
+        + (f" in each of {opts.rounds} rounds (fresh copies of the model, offload() run anew; the simulated step the "
+           "median of the rounds')" if opts.rounds > 1 else "")
+        + f", the runs of a model interleaved step by step; hidden size {opts.width}; CPU, torch.set_num_threads(1), torch {torch.__version__}; load average (/proc/loadavg) "
         f"{' '.join(load)} at the start, {' '.join(end)} at the end.",
     ])
     print(text)
     if not opts.names:
         RESULTS.mkdir(exist_ok=True)
         wide = "" if opts.width == 256 else f" --width {opts.width}"
-        command = f"python benchmarks/checkpointing.py --steps {opts.steps} --warmup {opts.warmup}{wide}"
+        rounds = "" if opts.rounds == 1 else f" --rounds {opts.rounds}"
+        command = f"python benchmarks/checkpointing.py --steps {opts.steps} --warmup {opts.warmup}{wide}{rounds}"
         out = "checkpointing.md" if opts.width == 256 else f"checkpointing_w{opts.width}.md"
         (RESULTS / out).write_text(f"`{command}`\n\n{text}\n")
     return 0 if all(r["equal"] is not False for r in rows) else 1
