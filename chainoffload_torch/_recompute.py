@@ -14,6 +14,7 @@ saved: the recomputation fills it, autograd's unpack reads it (NOTE [ recomputat
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import dataclasses
 import random
 import sys
@@ -617,7 +618,8 @@ def arguments_state(obj: Any, depth: int = 0) -> Any:
 # thread: for a decoder layer of benchmarks/checkpointing.py's Llama, 0.42 ms for the record and
 # 0.81 ms for the states entered and left (timeit, load average 8 on the project's 2-core
 # machine), 0.26 to 0.30 ms for both by offload()'s own timing below at a lighter moment; NumPy's
-# state read and set is about 0.1 ms of it. Where no prediction counts it, offload() picks, at
+# state read and set was about 0.1 ms of it, and 0.27 ms of each of T5's recomputations inside a
+# step, before it was compared as its words (NOTE [ NumPy's generator read as its words ]). Where no prediction counts it, offload() picks, at
 # checkpointing's memory, a plan the simulator calls as fast as checkpointing that runs slower
 # (issue 31). So on CPU offload()'s chain charges it: recompute_overhead times this very
 # code on each block (a record and an enter / exit of its states, no call of the block; the
@@ -681,9 +683,11 @@ def _same_host_rng_state(a: tuple[Any, Any], b: tuple[Any, Any]) -> bool:
     """Whether two :func:`_host_rng_state` pictures are the same states (then setting one where
     the other is in force changes nothing: NumPy's set_state is the dearer half of a
     recomputation's host generators, and nothing draws from them between most calls)."""
-    if a[0] != b[0]:
-        return False
-    na, nb = a[1], b[1]
+    return a[0] == b[0] and _same_numpy_state(a[1], b[1])
+
+
+def _same_numpy_state(na: Any, nb: Any) -> bool:
+    """Whether two ``np.random.get_state()`` tuples (``None``: NumPy not imported) are one state."""
     if na is None or nb is None:
         return na is nb
     if len(na) != len(nb) or na[0] != nb[0] or tuple(na[2:]) != tuple(nb[2:]):
@@ -693,12 +697,67 @@ def _same_host_rng_state(a: tuple[Any, Any], b: tuple[Any, Any]) -> bool:
     return bool(np.array_equal(na[1], nb[1]))
 
 
-def _set_host_rng_state(state: tuple[Any, Any]) -> None:
-    py, np_state = state
-    random.setstate(py)
+# NOTE [ NumPy's generator read as its words ]
+# A recomputation puts back Python's and NumPy's global generators as its block's forward found
+# them, and after it the states it found (NOTE [ state changes happen once ]). NumPy's full state
+# read (get_state: the 624 words copied into a new array, in a tuple) and set each cost 35 to
+# 100 us on CPU, and a recomputation took three (read, compare, set back): 0.27 ms of each of
+# T5's, almost half of what its states cost (benchmarks/host_work.py, "a recomputation's states").
+# MT19937's state is its 624 words and a position, and the bit generator's ctypes interface gives
+# their address: read as 2.5 kB of bytes they cost about 1 us. The same words and position are
+# the same state but for the legacy Gaussian NumPy caches beside them (has_gauss): a draw that
+# fills that cache moves the words, one that empties it does not. So where the record's state has
+# no cached Gaussian, the same bytes at the recomputation mean the same state (nothing to set),
+# and the same bytes after it mean the block drew nothing (nothing to put back); where they
+# differ, the full state is set. Anything else -- a cached Gaussian at the record, NumPy's global
+# generator not an MT19937, its bytes not its get_state() words and position when first read --
+# takes the full reads as before. (Read only: the bytes are compared, never written.)
+
+#: The words' reader of NumPy's global bit generator: (that generator, its state's address, or
+#: None where the bytes there are not its words and position).
+_WORDS: tuple[Any, int | None] | None = None
+_WORDS_BYTES = 624 * 4 + 4
+
+
+def _numpy_words() -> bytes | None:
+    """NumPy's global MT19937 words and position as bytes, or ``None`` where they cannot be read
+    so (NOTE [ NumPy's generator read as its words ])."""
+    global _WORDS
     np_random = sys.modules.get("numpy.random")
-    if np_state is not None and np_random is not None:
-        np_random.set_state(np_state)
+    if np_random is None:
+        return None
+    try:
+        state = np_random.mtrand._rand
+        bitgen = state._bit_generator
+    except AttributeError:
+        return None
+    words = _WORDS
+    if words is None or words[0] is not bitgen:
+        _WORDS = words = (bitgen, _words_address(bitgen, state))
+    return None if words[1] is None else ctypes.string_at(words[1], _WORDS_BYTES)
+
+
+def _words_address(bitgen: Any, state: Any) -> int | None:
+    """The address of ``bitgen``'s words and position, checked against ``state.get_state()``."""
+    try:
+        if type(bitgen).__name__ != "MT19937":
+            return None
+        address = int(bitgen.ctypes.state_address)
+        import numpy as np
+
+        full = state.get_state(legacy=True)
+        expected = np.ascontiguousarray(full[1], dtype=np.uint32).tobytes() + np.int32(full[2]).tobytes()
+    except Exception:
+        return None
+    return address if len(expected) == _WORDS_BYTES and ctypes.string_at(address, _WORDS_BYTES) == expected else None
+
+
+def _numpy_words_of(state: Any) -> bytes | None:
+    """The words of NumPy's global generator now, where ``state`` (its get_state() read just
+    before) has no cached Gaussian and they can be read (NOTE [ NumPy's generator read as its words ])."""
+    if state is None or len(state) < 4 or state[3]:
+        return None
+    return _numpy_words()
 
 
 class CallRecord:
@@ -763,6 +822,7 @@ class CallRecord:
         # code before the first block scaling by random.random(), a stochastic depth drawn with
         # NumPy), and a recomputation must draw what the forward drew.
         self.host_rng = _host_rng_state()
+        self.host_words = _numpy_words_of(self.host_rng[1])
         self.grad = torch.is_grad_enabled()
         dev_type = device.type
         self.autocast = {
@@ -895,34 +955,63 @@ class CallRecord:
         now_attrs = [(m, k, getattr(m, k, None)) for m, k, _ in self.attrs]
         restore = [(b, snap) for _, b, _, snap in self.buffers if snap is not None]
         now_bufs = [(b, b.detach().clone()) for b, _ in restore]
-        devices = [self.device.index if self.device.index is not None else torch.cuda.current_device()] if self.cuda_rng is not None else []
-        with torch.random.fork_rng(devices=devices, device_type=self.device.type if devices else "cuda"):
-            torch.set_rng_state(self.cpu_rng)
-            if self.cuda_rng is not None:
-                torch.cuda.set_rng_state(self.cuda_rng, self.device)
-            host_now = _host_rng_state()
-            if not _same_host_rng_state(host_now, self.host_rng):
-                _set_host_rng_state(self.host_rng)
+        # The torch generators read and set directly: fork_rng's checks and context cost more
+        # than the reads (NOTE [ NumPy's generator read as its words ] measures the rest).
+        cpu_now = torch.get_rng_state()
+        cuda_now = torch.cuda.get_rng_state(self.device) if self.cuda_rng is not None else None
+        torch.set_rng_state(self.cpu_rng)
+        if self.cuda_rng is not None:
+            torch.cuda.set_rng_state(self.cuda_rng, self.device)
+        try:
+            py_now = random.getstate()
+            if py_now != self.host_rng[0]:
+                random.setstate(self.host_rng[0])
+            words = self.host_words
+            same_words = words is not None and _numpy_words() == words
+            np_random = sys.modules.get("numpy.random")
+            np_now = None
+            if not same_words and np_random is not None:
+                np_now = np_random.get_state()
+                if self.host_rng[1] is not None and not _same_numpy_state(np_now, self.host_rng[1]):
+                    np_random.set_state(self.host_rng[1])
             with contextlib.ExitStack() as stack:
                 for dt, (enabled, dtype) in self.autocast.items():
-                    stack.enter_context(torch.amp.autocast(dt, enabled=enabled, dtype=dtype, cache_enabled=self.autocast_cache))
+                    # Entered only where it changes something: autocast off, and off now with the
+                    # same dtype and cache setting, is the state the block ran in.
+                    if (
+                        enabled or torch.is_autocast_enabled(dt) or torch.get_autocast_dtype(dt) != dtype
+                        or torch.is_autocast_cache_enabled() != self.autocast_cache
+                    ):
+                        stack.enter_context(torch.amp.autocast(dt, enabled=enabled, dtype=dtype, cache_enabled=self.autocast_cache))
                 stack.enter_context(torch.set_grad_enabled(self.grad))
                 # Through .data: the version counter stays (autograd holds these buffers as saved
                 # tensors, batch norm's running statistics, and checks their version at unpack).
-                with torch.no_grad():
-                    for b, snap in restore:
-                        b.data.copy_(snap)
+                if restore:
+                    with torch.no_grad():
+                        for b, snap in restore:
+                            b.data.copy_(snap)
                 for m, k, v in self.attrs:
                     object.__setattr__(m, k, v)
                 try:
                     yield
                 finally:
-                    _set_host_rng_state(host_now)
+                    random.setstate(py_now)
+                    if same_words:
+                        # The state at the start was the record's: put it back if the block drew.
+                        if _numpy_words() != words:
+                            np_random.set_state(self.host_rng[1])
+                    elif np_now is not None:
+                        np_random.set_state(np_now)
                     for m, k, v in now_attrs:
                         object.__setattr__(m, k, v)
-                    with torch.no_grad():
-                        for b, v in now_bufs:
-                            b.data.copy_(v)
+                    if now_bufs:
+                        with torch.no_grad():
+                            for b, v in now_bufs:
+                                b.data.copy_(v)
+        finally:
+            torch.set_rng_state(cpu_now)
+            if cuda_now is not None:
+                torch.cuda.set_rng_state(cuda_now, self.device)
 
 
 # NOTE [ recomputing the code before the first block ]

@@ -1,6 +1,7 @@
 """The executor carries out recomputation: rotor's and joint's schedules (Fck, Fn, a repeated F, lone
 a_i offloaded), bitwise equal to plain training, state changed once, refusals where it cannot."""
 
+import contextlib
 import copy
 import os
 
@@ -401,23 +402,30 @@ def test_a_saved_tensor_modified_in_place_after_a_block_run_without_saving_raise
     assert str(plain.value).split(" is at version")[0] in str(ours.value)
 
 
-def test_a_recomputation_runs_under_the_autocast_state_of_the_original_call():
+@pytest.mark.parametrize("where", ["forward", "backward"])
+def test_a_recomputation_runs_under_the_autocast_state_of_the_original_call(where):
     """Trained under torch.autocast (bfloat16 on CPU): the recomputations in the backward, where
-    autocast is off, must compute what the forward computed, in its dtypes."""
+    autocast is off, must compute what the forward computed, in its dtypes. ``backward``: the
+    forward without autocast and the backward called under it (which changes nothing of plain
+    training's backward): the recomputations must run without it, as their forwards did."""
     model, x = blocks_model()
     ref = copy.deepcopy(model)
     prof = ct.profile_full(model, x, repeats=1, warmup=0)
     schedule = schedule_for(prof.chain, prof.platform, "recompute-all", co.keep_all_peak(prof.chain))
     handle = ct.Offloader(model, prof.chain, schedule, platform=prof.platform)
+    fwd = torch.autocast("cpu", dtype=torch.bfloat16) if where == "forward" else contextlib.nullcontext()
+    bwd = torch.autocast("cpu", dtype=torch.bfloat16) if where == "backward" else contextlib.nullcontext()
     for step in range(2):
         torch.manual_seed(step)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with fwd:
             la = model(x).float().square().mean()
-        la.backward()
+        with bwd:
+            la.backward()
         torch.manual_seed(step)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with fwd:
             lb = ref(x).float().square().mean()
-        lb.backward()
+        with bwd:
+            lb.backward()
         assert torch.equal(la, lb)
         assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(), ref.parameters(), strict=True))
         assert handle.last_step.recomputed_ops > 0

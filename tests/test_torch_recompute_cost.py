@@ -131,6 +131,26 @@ def test_same_host_rng_state_tells_every_draw():
     assert not recompute._same_host_rng_state(one, recompute._host_rng_state())
 
 
+def test_numpy_words_are_the_generators_words_and_position():
+    np = pytest.importorskip("numpy")
+    np.random.seed(3)
+    before = recompute._numpy_words()
+    state = np.random.get_state()
+    assert before == np.asarray(state[1], dtype=np.uint32).tobytes() + np.int32(state[2]).tobytes()
+    np.random.rand()
+    assert recompute._numpy_words() != before
+    np.random.set_state(state)
+    assert recompute._numpy_words() == before
+    np.random.randn()  # a pair drawn, the second cached: the words moved
+    cached = np.random.get_state()
+    assert cached[3] == 1 and recompute._numpy_words() != before
+    assert recompute._numpy_words_of(cached) is None  # a cached Gaussian: the full state decides
+    assert recompute._numpy_words_of(state) == recompute._numpy_words() is not None  # none: the words decide
+    np.random.randn()  # the cached one taken: the words stay, the state does not
+    assert recompute._numpy_words() == np.asarray(cached[1], dtype=np.uint32).tobytes() + np.int32(cached[2]).tobytes()
+    assert not recompute._same_host_rng_state((0, cached), (0, np.random.get_state()))
+
+
 def test_resident_storages_walk_is_the_modules_walk():
     from chainoffload_torch._stages import _storage_key, resident_storages
 
@@ -162,6 +182,10 @@ class Drawing(torch.nn.Module):
         import numpy as np
 
         y = torch.tanh(self.lin(x))
+        if self.how == "gauss":
+            # NumPy's legacy Gaussian draws two at a time and caches the second: of two such
+            # blocks in a row the second takes the cached one and leaves the words as they were.
+            return x + y * (1.0 + 0.1 * float(np.random.randn()))
         if self.how is not None:
             py, st = random.getstate(), np.random.get_state()
             y = y * (1.0 + float(np.random.rand()) + random.random())
@@ -182,17 +206,30 @@ class DrawingNet(torch.nn.Module):
         return x
 
 
-@pytest.mark.parametrize("how", [{}, {2: "draw", 5: "draw"}, {3: "peek", 6: "draw"}, {1: "draw", 4: "peek", 7: "draw"}])
-def test_recomputations_draw_from_the_host_generators_what_the_forward_drew(how):
+@pytest.mark.parametrize("reset", [False, True], ids=["", "reset"])
+@pytest.mark.parametrize("words", [True, False], ids=["words", "full-states"])
+@pytest.mark.parametrize(
+    "how",
+    [{}, {2: "draw", 5: "draw"}, {3: "peek", 6: "draw"}, {1: "draw", 4: "peek", 7: "draw"}, {2: "gauss", 3: "gauss"}],
+)
+def test_recomputations_draw_from_the_host_generators_what_the_forward_drew(how, words, reset, monkeypatch):
     """Every recomputation runs under the host generators' states of its block's forward and puts
     back the states it found: gradients and the states after each step are plain training's. A
     block that peeks (draws, then puts the states back) ends its forward with the states it
     started from, so a cheaper rule that skips the states of blocks whose forward left them as
-    they were would recompute it on other numbers: kept out for that reason."""
+    they were would recompute it on other numbers: kept out for that reason. NumPy's state is
+    compared as its words where it can be (NOTE [ NumPy's generator read as its words ]), and
+    read in full where not (``full-states``); the second of two Gaussian blocks starts from the
+    words the first left and a cached Gaussian it takes, which the words alone do not show, and
+    the blocks after it are recomputed from its output. ``reset``: the loop puts the generators
+    back as they were before the forward, so the first blocks' recomputations start where their
+    forwards did, and the states they leave must be put back."""
     import copy
     import random
 
     np = pytest.importorskip("numpy")
+    if not words:
+        monkeypatch.setattr(recompute, "_numpy_words", lambda: None)
     torch.manual_seed(0)
     model = DrawingNet(how)
     ref = copy.deepcopy(model)
@@ -207,7 +244,12 @@ def test_recomputations_draw_from_the_host_generators_what_the_forward_drew(how)
             random.seed(k)
             np.random.seed(k)
             torch.manual_seed(k)
-            m(x).square().mean().backward()
+            start = (random.getstate(), np.random.get_state())
+            loss = m(x).square().mean()
+            if reset:
+                random.setstate(start[0])
+                np.random.set_state(start[1])
+            loss.backward()
             states.append((random.getstate(), np.random.get_state()))
         assert states[0][0] == states[1][0]
         assert all(np.array_equal(a, b) if isinstance(a, np.ndarray) else a == b for a, b in zip(states[0][1], states[1][1], strict=True))
