@@ -703,25 +703,34 @@ def _same_numpy_state(na: Any, nb: Any) -> bool:
 # read (get_state: the 624 words copied into a new array, in a tuple) and set each cost 35 to
 # 100 us on CPU, and a recomputation took three (read, compare, set back): 0.27 ms of each of
 # T5's, almost half of what its states cost (benchmarks/host_work.py, "a recomputation's states").
-# MT19937's state is its 624 words and a position, and the bit generator's ctypes interface gives
-# their address: read as 2.5 kB of bytes they cost about 1 us. The same words and position are
-# the same state but for the legacy Gaussian NumPy caches beside them (has_gauss): a draw that
-# fills that cache moves the words, one that empties it does not. So where the record's state has
-# no cached Gaussian, the same bytes at the recomputation mean the same state (nothing to set),
-# and the same bytes after it mean the block drew nothing (nothing to put back); where they
-# differ, the full state is set. Anything else -- a cached Gaussian at the record, NumPy's global
-# generator not an MT19937, its bytes not its get_state() words and position when first read --
-# takes the full reads as before. (Read only: the bytes are compared, never written.)
+# The legacy generator's whole state is MT19937's 624 words and position, whose address the bit
+# generator's ctypes interface gives, and the Gaussian it caches (has_gauss, gauss), which the
+# RandomState object holds in its own struct. Read as bytes (the words, then the 16 bytes of the
+# cache) they cost about 1 us, and the same bytes are the same state: a draw that empties the
+# cache moves no word but changes has_gauss, so the words alone would not tell it. The cache's
+# offset in the object is not published: at first use it is found by setting a state whose
+# cached Gaussian is a value no other field holds and reading where it lands, then checked by
+# setting others (has_gauss 0 and 1, two values; the state the program had is put back after).
+# The words' bytes are checked against get_state() the same way. So a recomputation whose bytes
+# at its start are its record's sets nothing, one whose bytes after it are those at its start
+# puts nothing back, and a record whose bytes are the last record's reuses that full state.
+# Anything else -- NumPy's global generator not an MT19937, a layout the checks do not confirm --
+# takes the full reads as before. (Read only, after the checks: the bytes are compared, never
+# written.)
 
-#: The words' reader of NumPy's global bit generator: (that generator, its state's address, or
-#: None where the bytes there are not its words and position).
-_WORDS: tuple[Any, int | None] | None = None
+#: NumPy's global generator and how to read it as bytes: (the RandomState, its bit generator, the
+#: words' address, the cache's offset in the RandomState), the last two None where unconfirmed.
+_WORDS: tuple[Any, Any, int | None, int | None] | None = None
 _WORDS_BYTES = 624 * 4 + 4
+_CACHE_BYTES = 16  # int has_gauss, its padding, double gauss
+#: The last full state read for a record and its bytes (NOTE [ NumPy's generator read as its words ]).
+_LAST_NUMPY: tuple[bytes, Any] | None = None
 
 
 def _numpy_words() -> bytes | None:
-    """NumPy's global MT19937 words and position as bytes, or ``None`` where they cannot be read
-    so (NOTE [ NumPy's generator read as its words ])."""
+    """NumPy's global generator's whole legacy state as bytes (its MT19937 words and position and
+    its cached Gaussian), or ``None`` where it cannot be read so (NOTE [ NumPy's generator read
+    as its words ])."""
     global _WORDS
     np_random = sys.modules.get("numpy.random")
     if np_random is None:
@@ -732,32 +741,69 @@ def _numpy_words() -> bytes | None:
     except AttributeError:
         return None
     words = _WORDS
-    if words is None or words[0] is not bitgen:
-        _WORDS = words = (bitgen, _words_address(bitgen, state))
-    return None if words[1] is None else ctypes.string_at(words[1], _WORDS_BYTES)
+    if words is None or words[0] is not state or words[1] is not bitgen:
+        address, cache = _words_address(bitgen, state)
+        _WORDS = words = (state, bitgen, address, cache)
+    if words[2] is None or words[3] is None:
+        return None
+    return ctypes.string_at(words[2], _WORDS_BYTES) + ctypes.string_at(id(state) + words[3], _CACHE_BYTES)
 
 
-def _words_address(bitgen: Any, state: Any) -> int | None:
-    """The address of ``bitgen``'s words and position, checked against ``state.get_state()``."""
+def _words_address(bitgen: Any, state: Any) -> tuple[int | None, int | None]:
+    """The address of ``bitgen``'s words and position, and the offset of ``state``'s cached
+    Gaussian in ``state``, each checked against ``state.get_state()`` (``None`` where not)."""
+    import struct
+
+    import numpy as np
+
     try:
         if type(bitgen).__name__ != "MT19937":
-            return None
+            return None, None
         address = int(bitgen.ctypes.state_address)
-        import numpy as np
-
-        full = state.get_state(legacy=True)
-        expected = np.ascontiguousarray(full[1], dtype=np.uint32).tobytes() + np.int32(full[2]).tobytes()
+        saved = state.get_state(legacy=True)
+        expected = np.ascontiguousarray(saved[1], dtype=np.uint32).tobytes() + np.int32(saved[2]).tobytes()
+        if len(expected) != _WORDS_BYTES or ctypes.string_at(address, _WORDS_BYTES) != expected:
+            return None, None
     except Exception:
-        return None
-    return address if len(expected) == _WORDS_BYTES and ctypes.string_at(address, _WORDS_BYTES) == expected else None
+        return None, None
+    size = type(state).__basicsize__
+    cache = None
+    try:
+        marks = (-1.2345678901234567e-123, 9.876543210987654e+210)
+        state.set_state((saved[0], saved[1], saved[2], 1, marks[0]))
+        raw = ctypes.string_at(id(state), size)
+        found = [i for i in range(8, size - 7) if raw[i:i + 8] == struct.pack("d", marks[0])]
+        if len(found) == 1:
+            at = found[0] - 8  # aug_bitgen_t: the bit generator's pointer, int has_gauss, double gauss
+            fits = True
+            for has, value in ((1, marks[1]), (0, marks[0]), (1, marks[0])):
+                state.set_state((saved[0], saved[1], saved[2], has, value))
+                got = ctypes.string_at(id(state) + at, _CACHE_BYTES)
+                fits &= struct.unpack("i", got[:4])[0] == has and struct.unpack("d", got[8:])[0] == value
+            cache = at if fits else None
+    except Exception:
+        cache = None
+    finally:
+        state.set_state(saved)
+    return address, cache
 
 
-def _numpy_words_of(state: Any) -> bytes | None:
-    """The words of NumPy's global generator now, where ``state`` (its get_state() read just
-    before) has no cached Gaussian and they can be read (NOTE [ NumPy's generator read as its words ])."""
-    if state is None or len(state) < 4 or state[3]:
-        return None
-    return _numpy_words()
+def _numpy_state() -> tuple[Any, bytes | None]:
+    """NumPy's global state now (``np.random.get_state()``, ``None`` where NumPy is not imported)
+    and its bytes (``None`` where they cannot be read): the last record's state where the bytes
+    are its (NOTE [ NumPy's generator read as its words ])."""
+    global _LAST_NUMPY
+    np_random = sys.modules.get("numpy.random")
+    if np_random is None:
+        return None, None
+    words = _numpy_words()
+    last = _LAST_NUMPY
+    if words is not None and last is not None and last[0] == words:
+        return last[1], words
+    state = np_random.get_state()
+    if words is not None:
+        _LAST_NUMPY = (words, state)
+    return state, words
 
 
 class CallRecord:
@@ -821,8 +867,8 @@ class CallRecord:
         # Python's and NumPy's global generators too: code that runs again draws from them (the
         # code before the first block scaling by random.random(), a stochastic depth drawn with
         # NumPy), and a recomputation must draw what the forward drew.
-        self.host_rng = _host_rng_state()
-        self.host_words = _numpy_words_of(self.host_rng[1])
+        np_state, self.host_words = _numpy_state()
+        self.host_rng = (random.getstate(), np_state)
         self.grad = torch.is_grad_enabled()
         dev_type = device.type
         self.autocast = {

@@ -131,24 +131,40 @@ def test_same_host_rng_state_tells_every_draw():
     assert not recompute._same_host_rng_state(one, recompute._host_rng_state())
 
 
-def test_numpy_words_are_the_generators_words_and_position():
+def test_numpy_words_are_the_generators_whole_state():
+    """The bytes are the MT19937 words and position, then the cached Gaussian: a draw that takes
+    the cached value moves no word, and the bytes still change."""
     np = pytest.importorskip("numpy")
+    n = recompute._WORDS_BYTES
     np.random.seed(3)
     before = recompute._numpy_words()
     state = np.random.get_state()
-    assert before == np.asarray(state[1], dtype=np.uint32).tobytes() + np.int32(state[2]).tobytes()
+    assert before[:n] == np.asarray(state[1], dtype=np.uint32).tobytes() + np.int32(state[2]).tobytes()
     np.random.rand()
     assert recompute._numpy_words() != before
     np.random.set_state(state)
     assert recompute._numpy_words() == before
-    np.random.randn()  # a pair drawn, the second cached: the words moved
-    cached = np.random.get_state()
-    assert cached[3] == 1 and recompute._numpy_words() != before
-    assert recompute._numpy_words_of(cached) is None  # a cached Gaussian: the full state decides
-    assert recompute._numpy_words_of(state) == recompute._numpy_words() is not None  # none: the words decide
-    np.random.randn()  # the cached one taken: the words stay, the state does not
-    assert recompute._numpy_words() == np.asarray(cached[1], dtype=np.uint32).tobytes() + np.int32(cached[2]).tobytes()
-    assert not recompute._same_host_rng_state((0, cached), (0, np.random.get_state()))
+    np.random.randn()  # a pair drawn, the second cached
+    cached = recompute._numpy_words()
+    assert np.random.get_state()[3] == 1 and cached[:n] != before[:n]
+    np.random.randn()  # the cached one taken: the same words, another state
+    taken = recompute._numpy_words()
+    assert taken[:n] == cached[:n] and taken != cached
+    np.random.set_state(state)
+    assert recompute._numpy_words() == before  # the checks at first use left no trace
+
+
+def test_a_record_reuses_the_last_numpy_state_only_for_the_same_bytes():
+    np = pytest.importorskip("numpy")
+    np.random.seed(5)
+    one, words = recompute._numpy_state()
+    again, same = recompute._numpy_state()
+    assert again is one and same == words
+    np.random.randn()
+    np.random.randn()  # a cached Gaussian filled, then taken
+    now, other = recompute._numpy_state()
+    assert now is not one and other != words
+    assert recompute._same_numpy_state(now, np.random.get_state())
 
 
 def test_resident_storages_walk_is_the_modules_walk():
@@ -210,7 +226,10 @@ class DrawingNet(torch.nn.Module):
 @pytest.mark.parametrize("words", [True, False], ids=["words", "full-states"])
 @pytest.mark.parametrize(
     "how",
-    [{}, {2: "draw", 5: "draw"}, {3: "peek", 6: "draw"}, {1: "draw", 4: "peek", 7: "draw"}, {2: "gauss", 3: "gauss"}],
+    [
+        {}, {2: "draw", 5: "draw"}, {3: "peek", 6: "draw"}, {1: "draw", 4: "peek", 7: "draw"}, {2: "gauss", 3: "gauss"},
+        {1: "gauss", 2: "gauss", "primed": True},
+    ],
 )
 def test_recomputations_draw_from_the_host_generators_what_the_forward_drew(how, words, reset, monkeypatch):
     """Every recomputation runs under the host generators' states of its block's forward and puts
@@ -223,7 +242,9 @@ def test_recomputations_draw_from_the_host_generators_what_the_forward_drew(how,
     words the first left and a cached Gaussian it takes, which the words alone do not show, and
     the blocks after it are recomputed from its output. ``reset``: the loop puts the generators
     back as they were before the forward, so the first blocks' recomputations start where their
-    forwards did, and the states they leave must be put back."""
+    forwards did, and the states they leave must be put back. ``primed``: the step starts with a
+    cached Gaussian, which the first block takes, so the loop's reset brings back the words the
+    second block's record has with another cache."""
     import copy
     import random
 
@@ -244,6 +265,8 @@ def test_recomputations_draw_from_the_host_generators_what_the_forward_drew(how,
             random.seed(k)
             np.random.seed(k)
             torch.manual_seed(k)
+            if how.get("primed"):
+                np.random.randn()
             start = (random.getstate(), np.random.get_state())
             loss = m(x).square().mean()
             if reset:
