@@ -619,8 +619,8 @@ def arguments_state(obj: Any, depth: int = 0) -> Any:
 # 0.81 ms for the states entered and left (timeit, load average 8 on the project's 2-core
 # machine), 0.26 to 0.30 ms for both by offload()'s own timing below at a lighter moment; NumPy's
 # state read and set was about 0.1 ms of it, and 0.27 ms of each of T5's recomputations inside a
-# step, before it was compared as its words (NOTE [ NumPy's generator read as its words ]). Where no prediction counts it, offload() picks, at
-# checkpointing's memory, a plan the simulator calls as fast as checkpointing that runs slower
+# step, before it was compared as its words (NOTE [ NumPy's generator read as its words ]).
+# Where no prediction counts it, offload() picks, at checkpointing's memory, a plan the simulator calls as fast as checkpointing that runs slower
 # (issue 31). So on CPU offload()'s chain charges it: recompute_overhead times this very
 # code on each block (a record and an enter / exit of its states, no call of the block; the
 # median of a few) and the chain's fwd_nosave[i] is fwd[i] plus that time (Fck_i and Fn_i are the
@@ -666,24 +666,11 @@ def _plain_attrs(modules: Iterable[nn.Module]) -> list[tuple[nn.Module, str, Any
     return out
 
 
-def _host_rng_state() -> tuple[Any, Any]:
-    """Python's global generator state, and NumPy's where NumPy is imported (``None`` otherwise)."""
-    np_random = sys.modules.get("numpy.random")
-    return random.getstate(), (np_random.get_state() if np_random is not None else None)
-
-
 def _tracks_statistics(module: nn.Module) -> bool:
     """Whether ``module`` is one of torch's norm layers that update running statistics in
     training: its buffers may change in any call, whether or not an earlier step's did
     (NOTE [ state changes happen once ])."""
     return isinstance(module, nn.modules.batchnorm._NormBase) and bool(module.track_running_stats)
-
-
-def _same_host_rng_state(a: tuple[Any, Any], b: tuple[Any, Any]) -> bool:
-    """Whether two :func:`_host_rng_state` pictures are the same states (then setting one where
-    the other is in force changes nothing: NumPy's set_state is the dearer half of a
-    recomputation's host generators, and nothing draws from them between most calls)."""
-    return a[0] == b[0] and _same_numpy_state(a[1], b[1])
 
 
 def _same_numpy_state(na: Any, nb: Any) -> bool:
