@@ -897,10 +897,13 @@ def _measure(
                         rec.check_saved = timed
                         probed = None
                         continue
-                    if reference is None and timed and repeats is None:
-                        # Nothing warmed up this forward: it is the reference, without a backward.
-                        rec.timer.sync()
-                        reference = sum(_forward_times(rec.timer, p, n)) - p.bookkeeping
+                    if timed:
+                        # NOTE [ the probe's forward is not a step ]: its times are its dispatch
+                        # mode's as much as the model's; no backward follows it.
+                        if reference is None and repeats is None:
+                            # Nothing warmed up this forward: it is the reference.
+                            rec.timer.sync()
+                            reference = sum(_forward_times(rec.timer, p, n)) - p.bookkeeping
                         del out, p
                         rec._prints.clear()  # no backward reads them (their ids may come back)
                         rec._at_end.clear()
@@ -1295,10 +1298,10 @@ def _kept_steps(steps: list[dict[str, list]], reference: float | None, warmup: i
 # step's forward does and pays those faults itself (0.8 of a step for that GPT-2 instead of
 # 0.45); the reference is then lenient by as much on CPU, the price of a first step that needs
 # no second. A profile with no forward just before it (a new shape's plan) takes the probe's
-# forward as its reference and runs no backward after it, one forward more.
-# The first step is the probe (NOTE [ storages the forward keeps ]): its checks run at stage
-# starts, inside the stages' forwards, and on CPU their seconds are taken off those stages'
-# times (on a GPU the host checks while the device runs). A step is compared with the
+# forward as its reference.
+# The probe (NOTE [ storages the forward keeps ]) is a forward of its own, with no backward,
+# before the steps, and its times are no step's (NOTE [ the probe's forward is not a step ]).
+# A step is compared with the
 # reference less the seconds its forward spent in the recorder's bookkeeping (the ledger, per
 # saved tensor), which the reference does not run: 24-33 % of the forward of the tiny models of
 # benchmarks/offload_time.py on CPU (forwards of 5-25 ms), which made each first step look cold
@@ -1308,17 +1311,34 @@ def _kept_steps(steps: list[dict[str, list]], reference: float | None, warmup: i
 # its forward 2.5 s instead of 1.1 s. The ledger holds no storage alive then (every weak
 # reference in it has expired), so the heap's layout, not live data, is the likely cause.
 # The cost: a model already warm (offload() after a few plain steps, or a forward-heavy first
-# call that settles at once) pays discovery's forward and one step; a cold or noisy one pays up
-# to four steps, as before. What it gives up: the backward of a one-step profile is a single
+# call that settles at once) pays discovery's forward, the probe's forward and one step; a cold
+# or noisy one pays up to four steps, as before. What it gives up: the backward of a one-step profile is a single
 # sample, unchecked (no earlier backward to compare it with); a backward with a one-time cost
 # that the forward did not have shows up in bwd[i] of the stages it hit. Pass repeats= (and
 # warmup=) for the median of a fixed number of steps.
 #
 # The prefix's layout is decided from the probe's sizes (the same ledger on the same forward,
-# NOTE [ the prefix as a stage ]) after its forward, before its backward, so a model whose stem
-# pays is measured once, with one more forward on the first layout, instead of twice.
+# NOTE [ the prefix as a stage ]) after its forward, so a model whose stem pays is measured
+# once, with one more forward (the probe's on the first layout), instead of twice.
 # tests/test_torch_profile_cost.py holds both the count of model calls and the sizes against
 # the layout decided after a full step.
+#
+# NOTE [ the probe's forward is not a step ]
+# The probe's forward runs every op through a Python dispatch mode (_Made: NOTE [ storages no
+# unit owns ]), aliases every saved tensor and fingerprints it; the checks' seconds are taken
+# off the stages' times, the mode's mere presence (Python's dispatch of every op) cannot be.
+# The probe was the first profiling step, and with repeats=None its step alone was the profile
+# whenever its forward looked warm, which it did (the reference runs hooks too): on CPU the
+# forwards of benchmarks/profile_accuracy.py's Llama, BERT and T5 (width 256) profiled 1.08-1.16,
+# 1.18-1.33 and 1.36-1.39 times the plain forward's (two runs, the median of 5 profiles each),
+# so every recomputation was priced a third above its cost, and a step 10-20 % above. Decision:
+# the probe is a forward alone, its sizes kept and its times dropped, and the steps that count
+# come after it, with explicit repeats too (warmup counts steps after the probe). The forward
+# then profiles 1.04-1.12 times the plain one (the rest is the recorder's ledger, which the
+# executor runs too where a plan moves bytes) and a step 1.02-1.07 times
+# (benchmarks/results/profile_accuracy.md). The cost: one forward more per profile (the probe's
+# backward is gone, one step's backward comes instead); a later shape's profile already ran the
+# probe's forward alone, as its reference.
 #
 # NOTE [ discovery as the warm-up ]
 # find_blocks traces one forward to find the blocks; offload() and profile() run it with

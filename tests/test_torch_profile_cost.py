@@ -86,11 +86,12 @@ def with_stem():
 def test_offload_runs_one_forward_to_find_the_blocks_and_one_step(settles_at_once):
     model, x = mlp()
     handle, counts = counted(ct.offload, model, x, memory=0.6)
-    # Block discovery: one forward with autograd (NOTE [ discovery as the warm-up ]); then one
-    # step, the probe's. No forward without autograd: fwd_nosave is fwd plus, on CPU, the
-    # executor's host work per recomputation, timed without calling a block (NOTE [ what a
-    # recomputation costs the executor ] in _recompute.py).
-    assert counts == (2, 0, 1)
+    # Block discovery: one forward with autograd (NOTE [ discovery as the warm-up ]); the probe's
+    # forward alone (NOTE [ the probe's forward is not a step ]); then one step. No forward
+    # without autograd: fwd_nosave is fwd plus, on CPU, the executor's host work per
+    # recomputation, timed without calling a block (NOTE [ what a recomputation costs the
+    # executor ] in _recompute.py).
+    assert counts == (3, 0, 1)
     chain = handle.chain
     extra = [float(n) - float(f) for n, f in zip(chain.fwd_nosave, chain.fwd, strict=True)]
     assert all(0 < e < 0.1 for e in extra), extra
@@ -102,8 +103,8 @@ def test_a_stem_that_becomes_a_stage_costs_one_more_forward_not_a_second_profile
     handle, counts = counted(ct.offload, model, x)  # the keep-all peak: its stages are held by its forward
     assert handle.blocks.prefix
     # Discovery, the probe on the blocks as found (its forward alone: its sizes decide the
-    # layout before a backward), and one step, the probe's on the new layout.
-    assert counts == (3, 0, 1)
+    # layout before a backward), the probe on the new layout (its forward alone), and one step.
+    assert counts == (4, 0, 1)
     handle.remove()
 
 
@@ -111,7 +112,7 @@ def test_a_first_step_slower_than_the_probe_takes_steps_until_two_agree_at_most_
     monkeypatch.setattr(recorder, "AUTO_TOLERANCE", -1.0)  # nothing ever agrees: the cap
     model, x = mlp()
     handle, counts = counted(ct.offload, model, x, memory=0.6)
-    assert counts == (1 + recorder.AUTO_MAX_STEPS, 0, recorder.AUTO_MAX_STEPS)
+    assert counts == (2 + recorder.AUTO_MAX_STEPS, 0, recorder.AUTO_MAX_STEPS)  # discovery, the probe, the steps
     handle.remove()
 
 
@@ -183,13 +184,13 @@ def test_the_probe_gives_autograd_its_aliases_and_keeps_none_through_the_backwar
 def test_explicit_repeats_and_warmup_take_that_many_steps():
     model, x = mlp()
     handle, counts = counted(ct.offload, model, x, memory=0.6, repeats=3, warmup=1)
-    assert counts == (1 + 4, 0, 4)  # discovery, then the steps, the first the probe's
+    assert counts == (2 + 4, 0, 4)  # discovery, the probe's forward alone, then the steps
     handle.remove()
     handle, counts = counted(ct.offload, model, x, memory=0.6, repeats=2)  # warmup: its fixed default, 1
-    assert counts == (1 + 3, 0, 3)
+    assert counts == (2 + 3, 0, 3)
     handle.remove()
     handle, counts = counted(ct.offload, model, x, memory=0.6, warmup=0)  # repeats: its fixed default, 3
-    assert counts == (1 + 3, 0, 3)
+    assert counts == (2 + 3, 0, 3)
     handle.remove()
 
 
@@ -262,7 +263,7 @@ def test_repeats_and_warmup_errors_name_the_field():
 def test_profile_still_measures_fwd_nosave_for_rematerializing_methods():
     model, x = mlp()
     (chain, platform), counts = counted(ct.profile, model, x, repeats=2, warmup=1)
-    assert counts == (1 + 3, 3, 3)  # a forward without autograd after each step
+    assert counts == (2 + 3, 3, 3)  # the probe's forward alone; a forward without autograd after each step
     assert "fwd_nosave" in chain.to_dict() and all(t > 0 for t in chain.fwd_nosave)
     result = co.solve(chain, platform.with_memory(int(0.7 * co.keep_all_peak(chain))), "rotor")
     assert result.feasible
@@ -270,7 +271,7 @@ def test_profile_still_measures_fwd_nosave_for_rematerializing_methods():
     (chain, _), counts = counted(ct.profile, model, x, repeats=None, warmup=None)
     assert counts[1] == counts[2] and "fwd_nosave" in chain.to_dict()
     prof, counts = counted(ct.profile_full, model, x, repeats=1, warmup=0, nosave=False, measure_platform=False)
-    assert counts == (2, 0, 1) and "fwd_nosave" not in prof.chain.to_dict()
+    assert counts == (3, 0, 1) and "fwd_nosave" not in prof.chain.to_dict()
 
 
 def test_the_link_is_measured_once_per_device_in_a_process(monkeypatch):
@@ -339,3 +340,28 @@ def test_sizes_and_stages_are_those_of_a_full_profile_and_of_the_old_defaults(na
     for field in ("act", "saved", "fwd_tmp", "bwd_tmp"):
         assert getattr(old.plan.chain, field).tolist() == getattr(plan.chain, field).tolist(), field
     old.remove()
+
+
+def test_no_step_that_counts_ran_under_the_probe_dispatch_mode(monkeypatch):
+    """NOTE [ the probe's forward is not a step ]: the probe's forward runs every op through a
+    Python dispatch mode, so its stage times are never a step's; with explicit repeats too."""
+    import weakref
+
+    probes, timed = weakref.WeakSet(), []
+    real_probed, real_times = recorder._probed, recorder._forward_times
+
+    def probed(p):
+        probes.add(p)
+        return real_probed(p)
+
+    def times(timer, p, n):
+        timed.append(p in probes)
+        return real_times(timer, p, n)
+
+    monkeypatch.setattr(recorder, "_probed", probed)
+    monkeypatch.setattr(recorder, "_forward_times", times)
+    model, x = mlp()
+    for kwargs in ({}, {"repeats": 1, "warmup": 0}, {"repeats": 2, "warmup": 1}):
+        timed.clear()
+        ct.offload(model, x, memory=0.6, **kwargs).remove()
+        assert timed and not any(timed), kwargs
