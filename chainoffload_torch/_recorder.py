@@ -1330,12 +1330,12 @@ def _kept_steps(steps: list[dict[str, list]], reference: float | None, warmup: i
 # The probe was the first profiling step, and with repeats=None its step alone was the profile
 # whenever its forward looked warm, which it did (the reference runs hooks too): on CPU the
 # forwards of benchmarks/profile_accuracy.py's Llama, BERT and T5 (width 256) profiled 1.08-1.16,
-# 1.18-1.33 and 1.36-1.39 times the plain forward's (two runs, the median of 5 profiles each),
-# so every recomputation was priced a third above its cost, and a step 10-20 % above. Decision:
+# 1.18-1.33 and 1.13-1.39 times the plain forward's (three runs, the median of 5 profiles each),
+# so a recomputation was priced up to 39 % above its cost, and a step 4-20 % above. Decision:
 # the probe is a forward alone, its sizes kept and its times dropped, and the steps that count
 # come after it, with explicit repeats too (warmup counts steps after the probe). The forward
-# then profiles 1.04-1.12 times the plain one (the rest is the recorder's ledger, which the
-# executor runs too where a plan moves bytes) and a step 1.02-1.07 times
+# then profiles 1.04-1.15 times the plain one (three runs; the rest is mostly the recorder's
+# ledger, which the executor runs too where a plan moves bytes) and a step 1.02-1.07 times
 # (benchmarks/results/profile_accuracy.md). The cost: one forward more per profile (the probe's
 # backward is gone, one step's backward comes instead); a later shape's profile already ran the
 # probe's forward alone, as its reference.
