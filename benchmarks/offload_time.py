@@ -13,7 +13,8 @@ pairs does not enter it) and of the phase times.
 Phases (each wraps the function named, in this process only; nothing in the library is timed
 by itself): block discovery (``find_blocks_warm``, one forward with autograd; ``find_blocks``,
 one without, in code before it), link (``measure_link``, host copies), probe (code that has
-``profiler._probe``: one forward before the steps; since, the first step is the probe),
+``profiler._probe``: one forward before the steps; then the first step was the probe; since
+5017c8f a forward alone again, inside the profile),
 profiling steps (``profiler.measure_chain`` less a probe inside it; the re-measure with the
 stem as stage 1 when it pays is counted apart as "second profile" where the code has one),
 solve (``plans.solve_for``), other (the rest: hooks, checks, warnings). The model calls

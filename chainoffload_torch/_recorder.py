@@ -2,8 +2,9 @@
 
 :func:`measure_chain` runs whole training steps of the model through an installed
 :class:`~chainoffload_torch._instrument.Instrument`, a recorder as its listener (NOTE [ what the
-profiler measures ]): the first step is the probe (NOTE [ storages the forward keeps ]), then as
-many more as the timings need (NOTE [ how many profiling steps ]); per stage the boundary times
+profiler measures ]): first the probe, a forward alone (NOTE [ storages the forward keeps ],
+NOTE [ the probe's forward is not a step ]), then as many steps as the timings need (NOTE [ how
+many profiling steps ]); per stage the boundary times
 and transients, per unit the storages it owns (:class:`Sizes`); :func:`chain_of` makes the
 :class:`chainoffload.Chain` of them. The public profile API (``profiler.py``) and the plans
 (``plans.py``) call it.
@@ -1345,8 +1346,9 @@ def _kept_steps(steps: list[dict[str, list]], reference: float | None, warmup: i
 # autograd, as a training step's forward runs, and time it, so it is also the warm-up and the
 # reference above. Without autograd it cost 0.43 of a step of the 21 M GPT-2, and the separate
 # probe forward after it another 0.78 (the faults of a heap growing to a step's peak); now the
-# discovery pays the faults, the probe is the first step, and the forward it saves is the one
-# in between. Discovery's model call is the same but for autograd: its trace sees the same
+# discovery pays the faults. The probe was then made the first step, which saved its forward,
+# until its dispatch mode was found to inflate that step's times (NOTE [ the probe's forward is
+# not a step ]): it is a forward of its own again, after discovery's. Discovery's model call is the same but for autograd: its trace sees the same
 # calls (the model's code rarely branches on torch.is_grad_enabled(), and where it does the
 # training step takes the branch this forward takes). The public find_blocks keeps its forward
 # without autograd.

@@ -1117,7 +1117,7 @@ def offload(
     repeats, warmup
         Timed profiling steps per plan (the median is kept) and untimed steps before them.
         Both ``None`` (the default): as many as the timings need, one when its forward agrees
-        with the probe's, at most 4 (NOTE [ how many profiling steps ]). One given: the other
+        with block discovery's, at most 4 (NOTE [ how many profiling steps ]). One given: the other
         is 3 timed steps or 1 warm-up step.
     **options
         Passed to the solver (e.g. ``time_limit``).
@@ -1131,10 +1131,10 @@ def offload(
     -----
     What a plan costs, in the model's own work: one forward with autograd and no backward to
     find the blocks, which warms up the first step (the first plan only; NOTE [ discovery as
-    the warm-up ]; a later shape's plan runs its probe's forward alone instead), one more
-    when the stem becomes a stage, and the profiling steps, the first the probe (NOTE
-    [ storages the forward keeps ]): one on a warm model, up to 4 otherwise (``warmup +
-    repeats`` when given). About two training steps in all on a warm model
+    the warm-up ]), the probe's forward alone (NOTE [ storages the forward keeps ]; one
+    more when the stem becomes a stage), and the profiling steps after it (NOTE [ the probe's
+    forward is not a step ]): one on a warm model, up to 4 otherwise (``warmup + repeats``
+    when given). About two and a half training steps in all on a warm model
     (``benchmarks/results/offload_time.md``), plus one solve and, once per process, the
     link's host copies.
 

@@ -265,8 +265,8 @@ def profile(
     Notes
     -----
     Cost: a forward with autograd and no backward (block discovery, NOTE [ discovery as the
-    warm-up ]; one more when the stem becomes a stage: the probe's on the first layout), then
-    ``warmup + repeats`` steps, the first the probe (NOTE [ storages the forward keeps ]), each
+    warm-up ]), the probe's forward alone on each layout the profile tries (NOTE [ storages the
+    forward keeps ]; two when the stem becomes a stage), then ``warmup + repeats`` steps, each
     followed by a forward without autograd, and the link (host copies, once per process).
     """
     prof = profile_full(
