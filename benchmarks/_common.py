@@ -1,5 +1,5 @@
-"""What several benchmarks share: the mid-memory random instance, writing a report, and the
-mutants of the mutation benchmarks.
+"""What several benchmarks share: the mid-memory random instance, writing a report, which code
+a before / after run measured, and the mutants of the mutation benchmarks.
 
 Child processes of the benchmarks import this module by putting ``BENCH`` on ``sys.path``
 (it needs only ``chainoffload``'s public names, so it also runs against an older revision).
@@ -8,6 +8,7 @@ Child processes of the benchmarks import this module by putting ``BENCH`` on ``s
 from __future__ import annotations
 
 import dataclasses
+import subprocess
 import sys
 from pathlib import Path
 
@@ -50,6 +51,21 @@ class Mutation:
     rule: str
     file: str
     edits: tuple[tuple[str, str], ...]
+
+
+def library(package_file: str, src: str) -> str:
+    """Which code a benchmark measured: this checkout's commit (and whether the library has
+    uncommitted changes), or ``src``, the folder ``--src`` named, when ``package_file`` (an
+    imported package's ``__file__``) lies outside this checkout."""
+    root = Path(package_file).resolve().parent.parent
+    if root != Path(BENCH).parent:
+        return f"`--src {src}`"
+    try:
+        rev = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "chainoffload", "chainoffload_torch"], capture_output=True, text=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "this checkout"
+    return f"this checkout at {rev}" + (" with uncommitted changes" if dirty else "")
 
 
 def mutate(text: str, mutation: Mutation) -> str:

@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -59,7 +58,7 @@ try:  # the links measured in this process: in _link since the profiler's room w
     import chainoffload_torch._link as ct_link  # noqa: E402
 except ModuleNotFoundError:  # --src: an earlier revision, the cache in the profiler
     ct_link = ct_profiler
-from _common import write_report  # noqa: E402
+from _common import library, write_report  # noqa: E402
 from torch_models import ResidualMLP, ResNet, _transformers, gpt2, hf_family  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -251,19 +250,6 @@ def run(name: str, repeats: int) -> dict:
     }
 
 
-def library() -> str:
-    """Which code was measured: this checkout's commit, or the ``--src`` folder."""
-    root = Path(ct.__file__).resolve().parent.parent
-    if root != Path(__file__).resolve().parents[1]:
-        return f"`--src {_src}`"
-    try:
-        rev = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "chainoffload", "chainoffload_torch"], capture_output=True, text=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "this checkout"
-    return f"this checkout at {rev}" + (" with uncommitted changes" if dirty else "")
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("names", nargs="*", help=f"models (default: {' '.join(TINY + LARGER)})")
@@ -297,7 +283,7 @@ def main() -> int:
         "# offload() time in training steps",
         "",
         f"`python benchmarks/offload_time.py {' '.join(sys.argv[1:])}`".replace(" `", "`"),
-        f"library: {library()}",
+        f"library: {library(ct.__file__, _src)}",
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs; "
         f"load average {load0[0]:.2f} / {load0[1]:.2f} / {load0[2]:.2f} at the start, "
         f"{load1[0]:.2f} / {load1[1]:.2f} / {load1[2]:.2f} at the end; {time.perf_counter() - t0:.0f} s in all.",

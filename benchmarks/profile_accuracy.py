@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import time
 import warnings
@@ -34,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 
 import chainoffload_torch as ct  # noqa: E402
+from _common import library  # noqa: E402
 from checkpointing import MODELS, build  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -94,19 +94,6 @@ def table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def _code() -> str:
-    """Which code was measured: this checkout's commit, or the ``--src`` folder."""
-    root = Path(ct.__file__).resolve().parent.parent
-    if root != Path(__file__).resolve().parents[1]:
-        return f"`--src {_src}`"
-    try:
-        rev = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "chainoffload_torch"], capture_output=True, text=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "this checkout"
-    return f"this checkout at {rev}" + (" with uncommitted changes" if dirty else "")
-
-
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("names", nargs="*", help=f"models (default: all of {', '.join(MODELS)})")
@@ -128,7 +115,7 @@ def main(argv: list[str]) -> int:
     text = "\n".join([
         f"`{command}`",
         "",
-        f"Code: {_code()}; torch {torch.__version__}, CPU, torch.set_num_threads(1); {args.rounds} rounds per model; "
+        f"Code: {library(ct.__file__, _src)}; torch {torch.__version__}, CPU, torch.set_num_threads(1); {args.rounds} rounds per model; "
         f"load average {start_load[0]:.2f} at the start, {end_load[0]:.2f} at the end.",
         "",
         table(results),

@@ -620,10 +620,10 @@ def arguments_state(obj: Any, depth: int = 0) -> Any:
 # machine), 0.26 to 0.30 ms for both by offload()'s own timing below at a lighter moment; NumPy's
 # state read and set was about 0.1 ms of it, and 0.27 ms of each of T5's recomputations inside a
 # step, before it was compared as its words (NOTE [ NumPy's generator read as its words ]).
-# Where no prediction counts it, offload() picks, at checkpointing's memory, a plan the simulator calls as fast as checkpointing that runs slower
-# (issue 31). So on CPU offload()'s chain charges it: recompute_overhead times this very
-# code on each block (a record and an enter / exit of its states, no call of the block; the
-# median of a few) and the chain's fwd_nosave[i] is fwd[i] plus that time (Fck_i and Fn_i are the
+# Where no prediction counts it, offload() picks, at checkpointing's memory, a plan the simulator
+# calls as fast as checkpointing that runs slower (issue 31). So on CPU offload()'s chain charges
+# it: recompute_overhead times this very code on each block (a record and an enter / exit of its
+# states, no call of the block; the median of a few) and the chain's fwd_nosave[i] is fwd[i] plus that time (Fck_i and Fn_i are the
 # ops that start a recomputed stage: the forward's Fck_i pays the record, each recomputation its
 # states; a stage recomputed twice is charged one record too many, an upper bound). The solvers
 # then plan with it and the simulator judges with it. On CUDA the host work overlaps the

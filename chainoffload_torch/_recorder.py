@@ -4,9 +4,8 @@
 :class:`~chainoffload_torch._instrument.Instrument`, a recorder as its listener (NOTE [ what the
 profiler measures ]): first the probe, a forward alone (NOTE [ storages the forward keeps ],
 NOTE [ the probe's forward is not a step ]), then as many steps as the timings need (NOTE [ how
-many profiling steps ]); per stage the boundary times
-and transients, per unit the storages it owns (:class:`Sizes`); :func:`chain_of` makes the
-:class:`chainoffload.Chain` of them. The public profile API (``profiler.py``) and the plans
+many profiling steps ]); per stage the boundary times and transients, per unit the storages it
+owns (:class:`Sizes`); :func:`chain_of` makes the :class:`chainoffload.Chain` of them. The public profile API (``profiler.py``) and the plans
 (``plans.py``) call it.
 """
 
@@ -1313,8 +1312,9 @@ def _kept_steps(steps: list[dict[str, list]], reference: float | None, warmup: i
 # reference in it has expired), so the heap's layout, not live data, is the likely cause.
 # The cost: a model already warm (offload() after a few plain steps, or a forward-heavy first
 # call that settles at once) pays discovery's forward, the probe's forward and one step; a cold
-# or noisy one pays up to four steps, as before. What it gives up: the backward of a one-step profile is a single
-# sample, unchecked (no earlier backward to compare it with); a backward with a one-time cost
+# or noisy one pays up to four steps, as before. What it gives up: the backward of a one-step
+# profile is a single sample, unchecked (no earlier backward to compare it with); a backward with a
+# one-time cost
 # that the forward did not have shows up in bwd[i] of the stages it hit. Pass repeats= (and
 # warmup=) for the median of a fixed number of steps.
 #
@@ -1348,8 +1348,9 @@ def _kept_steps(steps: list[dict[str, list]], reference: float | None, warmup: i
 # probe forward after it another 0.78 (the faults of a heap growing to a step's peak); now the
 # discovery pays the faults. The probe was then made the first step, which saved its forward,
 # until its dispatch mode was found to inflate that step's times (NOTE [ the probe's forward is
-# not a step ]): it is a forward of its own again, after discovery's. Discovery's model call is the same but for autograd: its trace sees the same
-# calls (the model's code rarely branches on torch.is_grad_enabled(), and where it does the
+# not a step ]): it is a forward of its own again, after discovery's. Discovery's model call is the
+# same but for autograd: its trace sees the same calls (the model's code rarely branches on
+# torch.is_grad_enabled(), and where it does the
 # training step takes the branch this forward takes). The public find_blocks keeps its forward
 # without autograd.
 

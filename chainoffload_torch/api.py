@@ -1135,8 +1135,8 @@ def offload(
     more when the stem becomes a stage), and the profiling steps after it (NOTE [ the probe's
     forward is not a step ]): one on a warm model, up to 4 otherwise (``warmup + repeats``
     when given). About three training steps in all on a warm model of a few million
-    parameters (2.8-3.4 in ``benchmarks/results/offload_time.md``), plus one solve and, once per process, the
-    link's host copies.
+    parameters (2.8-3.4 in ``benchmarks/results/offload_time.md``), plus one solve and, once
+    per process, the link's host copies.
 
     Raises
     ------
